@@ -1,0 +1,183 @@
+"""The command line: options, exit codes, file output and the one error boundary (the only typer import)."""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import io
+import json
+import os
+import sys
+import tempfile
+import traceback
+from typing import Optional
+
+import typer
+
+from . import __version__
+from .errors import Location, RngauditError, SpecError
+
+EXIT_OK, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+
+app = typer.Typer(
+    name="rngaudit",
+    help="See and check the PRNG keys Flax hands every make_rng call.\n\n"
+    "Exit codes: 0 clean, 1 findings, 2 usage or input error.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+class Format(str, enum.Enum):
+    text = "text"
+    json = "json"
+
+
+class Phase(str, enum.Enum):
+    init = "init"
+    apply = "apply"
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"rngaudit {__version__}")
+        raise typer.Exit(EXIT_OK)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
+    """See and check the PRNG keys Flax hands every make_rng call."""
+
+
+def _fail(err: RngauditError) -> None:
+    sys.stderr.write(f"error: {err}\n")
+    raise typer.Exit(EXIT_ERROR)
+
+
+def _write_output(text: str, output: Optional[str]) -> None:
+    """Print the report, or write it to `output` only now that the run has succeeded."""
+    if output is None or output == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    target = os.path.abspath(output)
+    if os.path.isdir(target):
+        raise SpecError(f"--output {output}: is a directory")
+    directory = os.path.dirname(target)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".rngaudit-", dir=directory)
+    except OSError as e:
+        raise SpecError(f"--output {output}: cannot write there ({e.strerror or e})") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _parse_draw(text: str):
+    """`--draw normal:2,2` -> a Draw."""
+    from .spec import parse_draw
+    from .yamlsrc import YNode
+
+    loc = Location("--draw", 1, 1)
+    kind, _, shape = text.partition(":")
+    try:
+        dims = [int(s) for s in shape.split(",") if s.strip()] if shape.strip() else []
+    except ValueError:
+        raise SpecError(f"--draw {text!r}: the shape must be integers, e.g. normal:2,2", loc) from None
+    node = YNode({kind: YNode([YNode(d, loc) for d in dims], loc)}, loc, {kind: loc})
+    return parse_draw(node, "--draw")
+
+
+def _run(fn) -> None:
+    """The error boundary: our errors print one line and exit 2; nothing leaks a traceback."""
+    try:
+        fn()
+    except typer.Exit:
+        raise
+    except RngauditError as e:
+        _fail(e)
+    except KeyboardInterrupt:
+        sys.stderr.write("error: interrupted\n")
+        raise typer.Exit(EXIT_ERROR)
+    except RecursionError:
+        sys.stderr.write("error: the spec nests too deeply to replay\n")
+        raise typer.Exit(EXIT_ERROR)
+    except MemoryError:
+        sys.stderr.write("error: out of memory; the spec asks for too many keys or values\n")
+        raise typer.Exit(EXIT_ERROR)
+    except Exception as e:  # a bug of ours: say so, briefly, and still exit 2
+        if os.environ.get("RNGAUDIT_DEBUG"):
+            traceback.print_exc()
+        sys.stderr.write(f"error: internal error ({type(e).__name__}: {e}); "
+                         "please report it with the spec (RNGAUDIT_DEBUG=1 shows details)\n")
+        raise typer.Exit(EXIT_ERROR)
+
+
+@app.command()
+def derive(
+    spec: str = typer.Argument(..., help="The model spec (YAML, format version 1)."),
+    fmt: Format = typer.Option(Format.text, "--format", "-f", help="Output format."),
+    output: Optional[str] = typer.Option(None, "--output", "-o",
+                                         help="Write the report here (only if the run succeeds)."),
+    phase: Optional[Phase] = typer.Option(None, "--phase", help="Override the spec's phase."),
+    draw: Optional[str] = typer.Option(None, "--draw", metavar="KIND:SHAPE",
+                                       help="Draw values from every key without a `draw:`, "
+                                       "e.g. normal:2,2 or uniform:3."),
+    values: bool = typer.Option(True, "--values/--no-values",
+                                help="Compute the values of `draw`s (needs JAX)."),
+    strict: bool = typer.Option(False, "--strict",
+                                help="Exit 1 when any key has a note (e.g. a fallback to 'params')."),
+) -> None:
+    """Print the key every make_rng call receives, exactly as Flax derives it."""
+
+    def go():
+        from .report import derive as run_derive
+        from .report import to_json
+        from .spec import load_spec
+
+        s = load_spec(spec)
+        if phase is not None and phase.value != s.phase:
+            s = dataclasses.replace(s, phase=phase.value, mutable=phase.value == "init")
+        default_draw = _parse_draw(draw) if draw else None
+        report = run_derive(s, values=values, default_draw=default_draw)
+        if fmt is Format.json:
+            text = json.dumps(to_json(report), sort_keys=True, indent=2, ensure_ascii=False) + "\n"
+        else:
+            from rich.console import Console
+
+            from .render import render_derive
+
+            buf = io.StringIO()
+            tty = output is None and sys.stdout.isatty()
+            console = Console(file=buf, force_terminal=tty, no_color=not tty or "NO_COLOR" in os.environ,
+                              width=None if tty else 400, highlight=False, soft_wrap=not tty)
+            render_derive(report, console)
+            text = buf.getvalue()
+        _write_output(text, output)
+        if strict and report.notes:
+            raise typer.Exit(EXIT_FINDINGS)
+
+    _run(go)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app(prog_name="rngaudit")
+    except SystemExit as e:
+        code = e.code
+        if code is None:
+            code = 0
+        if not isinstance(code, int):
+            code = EXIT_ERROR
+        # click reports usage errors with exit 2, which is ours for usage errors too
+        sys.exit(code)

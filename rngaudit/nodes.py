@@ -1,0 +1,119 @@
+"""The parsed spec as frozen dataclasses; every node carries its spec file:line:col."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import Location
+from .keyexpr import KeyExpr
+
+
+@dataclass(frozen=True)
+class Draw:
+    """Values to draw from a key: jax.random.<kind>(key, shape, dtype, **params)."""
+
+    kind: str
+    shape: tuple[int, ...]
+    dtype: str
+    params: tuple[tuple[str, object], ...]
+    loc: Location
+
+    def describe(self) -> str:
+        extra = "".join(f", {k}={v!r}" for k, v in self.params)
+        return f"{self.kind}(shape={list(self.shape)}, dtype={self.dtype}{extra})"
+
+
+@dataclass(frozen=True)
+class Item:
+    """One statement of a module body, in execution order."""
+
+    loc: Location
+    when: str | None  # None: both phases; 'init' or 'apply': only then
+
+
+@dataclass(frozen=True)
+class MakeRng(Item):
+    stream: str
+    repeat: int = 1
+    label: str | None = None
+    draw: Draw | None = None
+    kind: str = "make_rng"  # make_rng | dropout | attention_dropout (what asked for the key)
+
+
+@dataclass(frozen=True)
+class Param(Item):
+    name: str
+    draw: Draw | None = None
+
+
+@dataclass(frozen=True)
+class Variable(Item):
+    collection: str
+    name: str
+    streams: tuple[str, ...] = ()
+    eager: bool = False  # make_rng passed as an argument: evaluated on every call
+    draw: Draw | None = None
+
+
+@dataclass(frozen=True)
+class ModuleDef:
+    """A Flax module: its class name, optional explicit name, setup() and __call__ bodies."""
+
+    cls: str
+    name: str | None
+    setup: tuple[Item, ...]
+    body: tuple[Item, ...]
+    loc: Location
+    layer: str | None = None  # the standard layer this stands for, if any
+
+
+@dataclass(frozen=True)
+class Child(Item):
+    """Create a child module (auto-named unless `module.name`) and call it once."""
+
+    module: ModuleDef
+    repeat: int = 1
+
+
+@dataclass(frozen=True)
+class Define(Item):
+    """A child assigned in setup(): created and named, not called."""
+
+    module: ModuleDef
+
+
+@dataclass(frozen=True)
+class Call(Item):
+    """Call an existing child again; its counters and variables carry on."""
+
+    name: str
+    repeat: int = 1
+
+
+@dataclass(frozen=True)
+class Sequential(Item):
+    """nn.Sequential(layers): in @compact the layers are named in the enclosing module."""
+
+    name: str | None
+    layers: tuple[ModuleDef, ...]
+    in_setup: bool = False
+
+
+@dataclass(frozen=True)
+class RngSource:
+    expr: KeyExpr
+    text: str
+    loc: Location
+
+
+@dataclass(frozen=True)
+class Spec:
+    file: str
+    fix_rng_separator: bool
+    prng_impl: str
+    threefry_partitionable: bool
+    phase: str
+    mutable: tuple[str, ...] | bool
+    rngs: dict[str, RngSource]
+    model: ModuleDef
+    version: int = 1
+    extra: dict = field(default_factory=dict)

@@ -1,0 +1,467 @@
+"""YAML model spec (format version 1) -> frozen dataclasses, every problem reported at file:line:col."""
+from __future__ import annotations
+
+import difflib
+import math
+
+from . import keyexpr
+from .errors import Location, SpecError
+from .layers import LAYERS, OPTION_TYPES, make_layer
+from .nodes import (Call, Child, Define, Draw, Item, MakeRng, ModuleDef, Param, RngSource,
+                    Sequential, Spec, Variable)
+from .yamlsrc import YNode, load_file, load_text
+
+FORMAT_VERSION = 1
+PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
+KEY_WIDTH = {"threefry2x32": 2, "rbg": 4, "unsafe_rbg": 4}
+PHASES = ("init", "apply")
+MAX_REPEAT = 10_000_000
+MAX_DRAW_ELEMENTS = 10_000_000
+
+DRAW_KINDS = {
+    # kind -> {param: default}; None means required
+    "normal": {},
+    "uniform": {"minval": 0.0, "maxval": 1.0},
+    "bernoulli": {"p": 0.5},
+    "randint": {"minval": None, "maxval": None},
+    "truncated_normal": {"lower": -2.0, "upper": 2.0},
+    "lecun_normal": {"in_axis": -2, "out_axis": -1},
+    "lecun_uniform": {"in_axis": -2, "out_axis": -1},
+    "glorot_normal": {"in_axis": -2, "out_axis": -1},
+    "glorot_uniform": {"in_axis": -2, "out_axis": -1},
+    "xavier_normal": {"in_axis": -2, "out_axis": -1},
+    "xavier_uniform": {"in_axis": -2, "out_axis": -1},
+    "he_normal": {"in_axis": -2, "out_axis": -1},
+    "he_uniform": {"in_axis": -2, "out_axis": -1},
+    "kaiming_normal": {"in_axis": -2, "out_axis": -1},
+    "kaiming_uniform": {"in_axis": -2, "out_axis": -1},
+    "variance_scaling": {"scale": 1.0, "mode": "fan_in", "distribution": "truncated_normal",
+                         "in_axis": -2, "out_axis": -1},
+}
+FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+INT_DTYPES = ("int32", "uint32", "int16", "int8", "uint8")
+
+ITEM_KINDS = ("make_rng", "param", "variable", "module", "call", "Sequential") + tuple(LAYERS)
+
+
+def _suggest(word: str, choices) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _type_name(v) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, int):
+        return "an integer"
+    if isinstance(v, float):
+        return "a number"
+    if isinstance(v, str):
+        return "a string"
+    if isinstance(v, list):
+        return "a list"
+    return "a mapping"
+
+
+class _Fields:
+    """Reads a mapping node: known keys only, each one checked for type."""
+
+    def __init__(self, node: YNode, what: str, allowed, required=()):
+        if not node.is_map:
+            raise SpecError(f"{what} must be a mapping, not {_type_name(node.value)}", node.loc)
+        self.node = node
+        self.what = what
+        for key in node.value:
+            if key not in allowed:
+                raise SpecError(
+                    f"unknown key {key!r} in {what}{_suggest(key, allowed)}; "
+                    f"allowed: {', '.join(sorted(allowed))}",
+                    node.key_locs[key],
+                )
+        for key in required:
+            if key not in node.value:
+                raise SpecError(f"{what} needs `{key}`", node.loc)
+
+    def has(self, key: str) -> bool:
+        return key in self.node.value
+
+    def get(self, key: str) -> YNode | None:
+        return self.node.value.get(key)
+
+    def str(self, key: str, default=None) -> str | None:
+        n = self.get(key)
+        if n is None:
+            return default
+        return _str(n, f"`{key}` of {self.what}")
+
+    def bool(self, key: str, default: bool) -> bool:
+        n = self.get(key)
+        if n is None:
+            return default
+        if not isinstance(n.value, bool):
+            raise SpecError(f"`{key}` must be true or false, not {_type_name(n.value)}", n.loc)
+        return n.value
+
+    def int(self, key: str, default: int, lo: int, hi: int) -> int:
+        n = self.get(key)
+        if n is None:
+            return default
+        return _int(n, f"`{key}`", lo, hi)
+
+
+def _str(n: YNode, what: str) -> str:
+    if not isinstance(n.value, str):
+        raise SpecError(f"{what} must be a string, not {_type_name(n.value)}; quote it", n.loc)
+    return n.value
+
+
+def _int(n: YNode, what: str, lo: int, hi: int) -> int:
+    v = n.value
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise SpecError(f"{what} must be an integer, not {_type_name(v)}", n.loc)
+    if not lo <= v <= hi:
+        raise SpecError(f"{what} must be between {lo} and {hi}, not {v}", n.loc)
+    return v
+
+
+def _when(f: _Fields) -> str | None:
+    n = f.get("when")
+    if n is None:
+        return None
+    w = _str(n, "`when`")
+    if w not in PHASES:
+        raise SpecError(f"`when` must be init or apply, not {w!r}", n.loc)
+    return w
+
+
+# ---------------------------------------------------------------- draws
+def parse_draw(node: YNode, what: str = "draw") -> Draw:
+    if not node.is_map or len(node.value) != 1:
+        raise SpecError(
+            f"{what} must be a mapping with one distribution, e.g. {{normal: [2, 2]}}; "
+            f"known: {', '.join(DRAW_KINDS)}",
+            node.loc,
+        )
+    (kind, arg), = node.value.items()
+    kloc = node.key_locs[kind]
+    if kind not in DRAW_KINDS:
+        raise SpecError(f"unknown distribution {kind!r}{_suggest(kind, DRAW_KINDS)}; "
+                        f"known: {', '.join(DRAW_KINDS)}", kloc)
+    defaults = DRAW_KINDS[kind]
+    if arg.is_seq:
+        shape_node, f = arg, None
+    else:
+        f = _Fields(arg, f"{kind} draw", ("shape", "dtype") + tuple(defaults), ("shape",))
+        shape_node = f.get("shape")
+    if not shape_node.is_seq:
+        raise SpecError("`shape` must be a list of integers, e.g. [2, 2] ([] for a scalar)", shape_node.loc)
+    shape = tuple(_int(d, "a shape dimension", 0, 2**31 - 1) for d in shape_node.value)
+    if math.prod(shape) > MAX_DRAW_ELEMENTS:
+        raise SpecError(f"the draw has more than {MAX_DRAW_ELEMENTS} values; draw a smaller shape", shape_node.loc)
+    is_int = kind == "randint"
+    dtype = "int32" if is_int else ("bool" if kind == "bernoulli" else "float32")
+    params = []
+    if f is not None:
+        if f.has("dtype"):
+            dtype = f.str("dtype")
+            allowed = INT_DTYPES if is_int else (("bool",) if kind == "bernoulli" else FLOAT_DTYPES)
+            if dtype not in allowed:
+                raise SpecError(f"dtype {dtype!r} is not supported for {kind}; use one of "
+                                f"{', '.join(allowed)}", f.get("dtype").loc)
+        for p, default in defaults.items():
+            n = f.get(p)
+            if n is None:
+                if default is None:
+                    raise SpecError(f"{kind} draw needs `{p}`", arg.loc)
+                params.append((p, default))
+                continue
+            v = n.value
+            if isinstance(default, str) or p in ("mode", "distribution"):
+                ok = isinstance(v, str)
+            elif p in ("in_axis", "out_axis") or is_int:
+                ok = isinstance(v, int) and not isinstance(v, bool)
+            else:
+                ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+            if not ok:
+                raise SpecError(f"`{p}` of the {kind} draw has the wrong type ({_type_name(v)})", n.loc)
+            if isinstance(v, float) and not math.isfinite(v):
+                raise SpecError(f"`{p}` must be finite", n.loc)
+            params.append((p, v))
+    else:
+        for p, default in defaults.items():
+            if default is None:
+                raise SpecError(f"{kind} draw needs `{p}`: write {{{kind}: {{shape: [...], {p}: ...}}}}", arg.loc)
+            params.append((p, default))
+    return Draw(kind, shape, dtype, tuple(params), node.loc)
+
+
+def _draw(f: _Fields) -> Draw | None:
+    n = f.get("draw")
+    return None if n is None else parse_draw(n)
+
+
+# ---------------------------------------------------------------- items
+class _Parser:
+    def __init__(self):
+        self.nodes = 0
+
+    def items(self, node: YNode | None, what: str, in_setup: bool) -> tuple[Item, ...]:
+        if node is None or node.value is None:
+            return ()
+        if not node.is_seq:
+            raise SpecError(f"{what} must be a list of statements, not {_type_name(node.value)}", node.loc)
+        return tuple(self.item(n, in_setup) for n in node.value)
+
+    def item(self, node: YNode, in_setup: bool) -> Item:
+        if isinstance(node.value, str):
+            kind, arg, kloc = node.value, YNode(None, node.loc), node.loc
+        elif node.is_map and len(node.value) == 1:
+            (kind, arg), = node.value.items()
+            kloc = node.key_locs[kind]
+        elif node.is_map:
+            raise SpecError(
+                "a statement is a mapping with exactly one key (make_rng, param, variable, module, "
+                f"call, Sequential or a layer); this one has {len(node.value)}: "
+                f"{', '.join(node.value)}; indent options under the statement",
+                node.loc,
+            )
+        else:
+            raise SpecError(f"a statement must be a mapping like `make_rng: dropout`, not "
+                            f"{_type_name(node.value)}", node.loc)
+        if kind not in ITEM_KINDS:
+            raise SpecError(f"unknown statement {kind!r}{_suggest(kind, ITEM_KINDS)}; known: "
+                            "make_rng, param, variable, module, call, Sequential, "
+                            + ", ".join(LAYERS), kloc)
+        return getattr(self, "_" + kind if kind in ("make_rng", "param", "variable", "module", "call",
+                                                    "Sequential") else "_layer")(kind, arg, kloc, in_setup)
+
+    def _make_rng(self, kind, arg: YNode, loc, in_setup):
+        if arg.value is None:
+            return MakeRng(loc, None, "params")
+        if isinstance(arg.value, str):
+            return MakeRng(loc, None, arg.value)
+        f = _Fields(arg, "make_rng", ("stream", "repeat", "label", "draw", "when"))
+        return MakeRng(loc, _when(f), f.str("stream", "params"), f.int("repeat", 1, 1, MAX_REPEAT),
+                       f.str("label"), _draw(f))
+
+    def _param(self, kind, arg: YNode, loc, in_setup):
+        if isinstance(arg.value, str):
+            return Param(loc, None, arg.value)
+        if arg.value is None:
+            raise SpecError("param needs a name: `param: w` or `param: {name: w, draw: ...}`", loc)
+        f = _Fields(arg, "param", ("name", "draw", "when"), ("name",))
+        return Param(loc, _when(f), f.str("name"), _draw(f))
+
+    def _variable(self, kind, arg: YNode, loc, in_setup):
+        f = _Fields(arg, "variable", ("collection", "name", "make_rng", "eager", "draw", "when"),
+                    ("collection", "name"))
+        streams: tuple[str, ...] = ()
+        n = f.get("make_rng")
+        if n is not None:
+            if n.is_seq:
+                streams = tuple(_str(s, "a make_rng stream") for s in n.value)
+            else:
+                streams = (_str(n, "`make_rng`"),)
+        eager = f.bool("eager", False)
+        if eager and not streams:
+            raise SpecError("`eager: true` needs `make_rng:` (the stream passed as an argument)", loc)
+        return Variable(loc, _when(f), f.str("collection"), f.str("name"), streams, eager, _draw(f))
+
+    def _call(self, kind, arg: YNode, loc, in_setup):
+        if isinstance(arg.value, str):
+            return Call(loc, None, arg.value)
+        f = _Fields(arg, "call", ("name", "repeat", "when"), ("name",))
+        return Call(loc, _when(f), f.str("name"), f.int("repeat", 1, 1, MAX_REPEAT))
+
+    def module_def(self, node: YNode, what: str, root: bool = False) -> tuple[ModuleDef, _Fields]:
+        allowed = ("class", "name", "setup", "body") + (() if root else ("repeat", "when"))
+        f = _Fields(node, what, allowed, ("class",))
+        m = ModuleDef(f.str("class"), f.str("name"), self.items(f.get("setup"), "setup", True),
+                      self.items(f.get("body"), "body", False), node.loc)
+        return m, f
+
+    def _module(self, kind, arg: YNode, loc, in_setup):
+        m, f = self.module_def(arg, "module")
+        return self._child(m, f, loc, in_setup)
+
+    def _child(self, m: ModuleDef, f: _Fields, loc, in_setup):
+        repeat = f.int("repeat", 1, 1, MAX_REPEAT)
+        if in_setup:
+            if m.name is None:
+                raise SpecError(
+                    "a module created in setup is named by its attribute: give `name:` "
+                    "(self.enc = ... -> enc; a list self.layers = [...] -> layers_0, layers_1; "
+                    "a dict -> dct_<key>)",
+                    loc,
+                )
+            if repeat != 1:
+                raise SpecError("`repeat` is not available in setup; list each attribute", f.get("repeat").loc)
+            return Define(loc, _when(f), m)
+        return Child(loc, _when(f), m, repeat)
+
+    def _Sequential(self, kind, arg: YNode, loc, in_setup):
+        f = _Fields(arg, "Sequential", ("name", "layers", "when"), ("layers",))
+        n = f.get("layers")
+        if not n.is_seq or not n.value:
+            raise SpecError("`layers` must be a non-empty list of modules or layers", n.loc)
+        layers = []
+        for ln in n.value:
+            item = self.item(ln, False)
+            if not isinstance(item, Child) or item.repeat != 1:
+                raise SpecError("Sequential layers must be modules or standard layers (no repeat)", ln.loc)
+            layers.append(item.module)
+        name = f.str("name")
+        if in_setup and name is None:
+            raise SpecError("a Sequential created in setup needs `name:` (its attribute name)", loc)
+        return Sequential(loc, _when(f), name, tuple(layers), in_setup)
+
+    def _layer(self, kind, arg: YNode, loc, in_setup):
+        lk = LAYERS[kind]
+        if arg.value is None:
+            arg = YNode({}, arg.loc)
+        allowed = ("name", "draw", "when", "repeat") + tuple(lk.options) + lk.passive
+        f = _Fields(arg, kind, allowed)
+        opts = {}
+        for opt in lk.options:
+            n = f.get(opt)
+            if n is None:
+                if opt == "rate":
+                    raise SpecError("Dropout needs `rate` (the drop probability)", loc)
+                continue
+            want = OPTION_TYPES[opt]
+            v = n.value
+            if want is float:
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
+                    raise SpecError(f"`{opt}` must be a number between 0 and 1", n.loc)
+                v = float(v)
+            elif not isinstance(v, want) or (want is not bool and isinstance(v, bool)):
+                raise SpecError(f"`{opt}` must be {'true or false' if want is bool else 'a string'}, "
+                                f"not {_type_name(v)}", n.loc)
+            opts[opt] = v
+        draws = {}
+        dn = f.get("draw")
+        if dn is not None:
+            if not dn.is_map:
+                raise SpecError(f"`draw` of a {kind} maps its param names to draws, e.g. "
+                                f"{{{lk.params[0]}: {{normal: [2, 2]}}}}", dn.loc)
+            for pname, pnode in dn.value.items():
+                if pname not in lk.params:
+                    raise SpecError(f"{kind} has no {pname!r} to draw{_suggest(pname, lk.params)}; "
+                                    f"it has {', '.join(lk.params)}", dn.key_locs[pname])
+                draws[pname] = parse_draw(pnode, f"draw of {pname}")
+        m = make_layer(kind, opts, loc, f.str("name"), draws)
+        return self._child(m, f, loc, in_setup)
+
+
+# ---------------------------------------------------------------- top level
+def _rng_source(n: YNode, impl_width: int) -> RngSource:
+    v = n.value
+    if isinstance(v, bool) or v is None or isinstance(v, float) or n.is_map:
+        raise SpecError(f"a key must be an integer seed, raw key data [w0, w1] or a key expression "
+                        f"string, not {_type_name(v)}", n.loc)
+    if isinstance(v, int):
+        if not keyexpr.INT64_MIN <= v <= keyexpr.INT64_MAX:
+            raise SpecError("the seed must fit in a signed 64-bit integer (JAX raises OverflowError)", n.loc)
+        expr = keyexpr.Seed(v)
+        text = str(v)
+    elif n.is_seq:
+        words = []
+        for w in n.value:
+            if isinstance(w.value, bool) or not isinstance(w.value, int) or not 0 <= w.value < 2**32:
+                raise SpecError("raw key data must be unsigned 32-bit integers", w.loc)
+            words.append(w.value)
+        expr = keyexpr.Raw(tuple(words))
+        text = str(expr)
+    else:
+        expr = keyexpr.parse(v, n.loc, quoted=n.quoted)
+        text = v
+    if isinstance(expr, keyexpr.Raw) or _has_raw(expr):
+        raw = _find_raw(expr)
+        if len(raw.words) != impl_width:
+            raise SpecError(
+                f"raw key data has {len(raw.words)} words but the PRNG impl needs {impl_width} "
+                "(Flax raises ValueError for a key of another impl); check jax.prng_impl",
+                n.loc,
+            )
+    return RngSource(expr, text, n.loc)
+
+
+def _find_raw(e):
+    while not isinstance(e, keyexpr.Raw):
+        if isinstance(e, keyexpr.Seed):
+            return None
+        e = e.parent
+    return e
+
+
+def _has_raw(e) -> bool:
+    return _find_raw(e) is not None
+
+
+def spec_from_node(root: YNode) -> Spec:
+    file = root.loc.file
+    top = _Fields(root, "the spec", ("rngaudit", "flax", "jax", "phase", "mutable", "rngs", "model"),
+                  ())
+    vn = top.get("rngaudit")
+    if vn is None:
+        raise SpecError("the spec needs `rngaudit: 1` (the spec format version) at the top", root.loc)
+    if isinstance(vn.value, bool) or vn.value != FORMAT_VERSION:
+        raise SpecError(f"unsupported spec format version {vn.value!r}; this rngaudit reads version "
+                        f"{FORMAT_VERSION}", vn.loc)
+    if not top.has("model"):
+        raise SpecError("the spec needs `model:` (the root module: class, body)", root.loc)
+
+    fix = False
+    if top.has("flax"):
+        ff = _Fields(top.get("flax"), "flax", ("fix_rng_separator",))
+        fix = ff.bool("fix_rng_separator", False)
+    impl, part = "threefry2x32", True
+    if top.has("jax"):
+        jf = _Fields(top.get("jax"), "jax", ("prng_impl", "threefry_partitionable"))
+        impl = jf.str("prng_impl", impl)
+        if impl not in PRNG_IMPLS:
+            raise SpecError(f"unknown prng_impl {impl!r}{_suggest(impl, PRNG_IMPLS)}; use one of "
+                            f"{', '.join(PRNG_IMPLS)}", jf.get("prng_impl").loc)
+        part = jf.bool("threefry_partitionable", True)
+    phase = top.str("phase", "init")
+    if phase not in PHASES:
+        raise SpecError(f"`phase` must be init or apply, not {phase!r}{_suggest(phase, PHASES)}",
+                        top.get("phase").loc)
+    mutable: tuple[str, ...] | bool = phase == "init"
+    mn = top.get("mutable")
+    if mn is not None:
+        if phase == "init":
+            raise SpecError("`mutable` applies to phase: apply only (init makes every collection mutable)",
+                            mn.loc)
+        if isinstance(mn.value, bool):
+            mutable = mn.value
+        elif mn.is_seq:
+            mutable = tuple(_str(c, "a collection name") for c in mn.value)
+        else:
+            mutable = (_str(mn, "`mutable`"),)
+
+    rngs: dict[str, RngSource] = {}
+    rn = top.get("rngs")
+    width = KEY_WIDTH[impl]
+    if rn is not None and rn.value is not None:
+        if rn.is_map:
+            for stream, kn in rn.value.items():
+                rngs[stream] = _rng_source(kn, width)
+        else:
+            rngs["params"] = _rng_source(rn, width)  # a bare key means {'params': key}, as in Flax
+
+    parser = _Parser()
+    model, _ = parser.module_def(top.get("model"), "model", root=True)
+    return Spec(file, fix, impl, part, phase, mutable, rngs, model)
+
+
+def load_spec(path: str) -> Spec:
+    """Load and validate a spec file."""
+    return spec_from_node(load_file(path))
+
+
+def parse_spec(text: str, file: str = "<spec>") -> Spec:
+    """Parse spec text (for tests and tools that build specs in memory)."""
+    return spec_from_node(load_text(text, file))
