@@ -53,8 +53,13 @@ def _root(
     """See and check the PRNG keys Flax hands every make_rng call."""
 
 
+def _one_line(text: str) -> str:
+    """Error output is one line, whatever names or values a message quotes."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
 def _fail(err: RngauditError) -> None:
-    sys.stderr.write(f"error: {err}\n")
+    sys.stderr.write(f"error: {_one_line(str(err))}\n")
     raise typer.Exit(EXIT_ERROR)
 
 
@@ -75,10 +80,16 @@ def _write_output(text: str, output: Optional[str]) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        # mkstemp creates 0600; give the report the permissions any new file gets here
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError):
+            raise SpecError(f"--output {output}: cannot write ({e.strerror or e})") from None
         raise
 
 
@@ -95,6 +106,20 @@ def _parse_draw(text: str):
         raise SpecError(f"--draw {text!r}: the shape must be integers, e.g. normal:2,2", loc) from None
     node = YNode({kind: YNode([YNode(d, loc) for d in dims], loc)}, loc, {kind: loc})
     return parse_draw(node, "--draw")
+
+
+def _check_draw_budget(spec, default_draw, text: str) -> None:
+    """--draw applies to every key: refuse it up front when that is too many values."""
+    import math
+
+    from .spec import MAX_DRAWN_VALUES, budget
+
+    keys, drawn, _ = budget(spec.model)
+    total = drawn + keys * math.prod(default_draw.shape)
+    if total > MAX_DRAWN_VALUES:
+        raise SpecError(f"--draw {text!r} draws up to {total} values over up to {keys} keys; rngaudit draws "
+                        f"at most {MAX_DRAWN_VALUES}: draw a smaller shape, or use --no-values",
+                        Location("--draw", 1, 1))
 
 
 def _run(fn) -> None:
@@ -117,14 +142,14 @@ def _run(fn) -> None:
     except Exception as e:  # a bug of ours: say so, briefly, and still exit 2
         if os.environ.get("RNGAUDIT_DEBUG"):
             traceback.print_exc()
-        sys.stderr.write(f"error: internal error ({type(e).__name__}: {e}); "
+        sys.stderr.write(f"error: internal error ({type(e).__name__}: {_one_line(str(e))}); "
                          "please report it with the spec (RNGAUDIT_DEBUG=1 shows details)\n")
         raise typer.Exit(EXIT_ERROR)
 
 
 @app.command()
 def derive(
-    spec: str = typer.Argument(..., help="The model spec (YAML, format version 1)."),
+    spec: str = typer.Argument(..., metavar="SPEC", help="The model spec (YAML, format version 1)."),
     fmt: Format = typer.Option(Format.text, "--format", "-f", help="Output format."),
     output: Optional[str] = typer.Option(None, "--output", "-o",
                                          help="Write the report here (only if the run succeeds)."),
@@ -148,6 +173,8 @@ def derive(
         if phase is not None and phase.value != s.phase:
             s = dataclasses.replace(s, phase=phase.value, mutable=phase.value == "init")
         default_draw = _parse_draw(draw) if draw else None
+        if default_draw is not None and values:
+            _check_draw_budget(s, default_draw, draw)
         report = run_derive(s, values=values, default_draw=default_draw)
         if fmt is Format.json:
             text = json.dumps(to_json(report), sort_keys=True, indent=2, ensure_ascii=False) + "\n"

@@ -1,6 +1,7 @@
 """Key expressions of a spec (`key(0)`, `split(key(0), 3)[2]`, `fold_in(k, 7)`, raw data), parsed, never eval'd."""
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 
@@ -50,39 +51,51 @@ class FoldIn(KeyExpr):
 
 
 _TOKEN = re.compile(
-    r"\s*(?:(?P<int>-?(?:0[xX][0-9a-fA-F]+|0[bB][01]+|\d+))|(?P<name>[A-Za-z_][A-Za-z_0-9.]*)|(?P<punct>[(),\[\]]))"
+    r"\s*(?:(?P<int>-?(?:0[xX][0-9a-fA-F]+|0[bB][01]+|0[oO][0-7]+|\d+))(?![A-Za-z_0-9])"
+    r"|(?P<name>[A-Za-z_][A-Za-z_0-9.]*)|(?P<punct>[(),\[\]]))"
 )
+_SPACE = re.compile(r"\s*")
 _PREFIXES = ("jax.random.", "random.", "jr.")
 _FUNCS = {"key": "key", "PRNGKey": "key", "split": "split", "fold_in": "fold_in"}
 USAGE = "write key(N), split(KEY, N)[I], fold_in(KEY, N) or raw key data [W0, W1, ...]"
+MAX_EXPR_DEPTH = 100
 
 
 class _Parser:
-    def __init__(self, text: str, loc: Location):
+    def __init__(self, text: str, loc: Location, quoted: bool = True):
         self.text = text
         self.loc = loc
+        self._quoted = quoted  # set before tokenizing: its errors point into the text too
         self.tokens: list[tuple[str, str, int]] = []
+        self.i = 0
+        self.depth = 0
         pos = 0
-        while pos < len(text):
-            if text[pos:].strip() == "":
+        n = len(text)
+        while True:
+            pos = _SPACE.match(text, pos).end()
+            if pos >= n:
                 break
             m = _TOKEN.match(text, pos)
             if not m:
-                raise self.error(f"unexpected character {text[pos:].lstrip()[0]!r}", pos + len(text[pos:]) - len(text[pos:].lstrip()))
+                bad = re.compile(r"-?\w+").match(text, pos)
+                if bad and (text[pos].isdigit() or text[pos] == "-"):
+                    raise self.error(f"{bad.group(0)!r} is not a number (decimal, 0x.., 0o.. or 0b..)", pos)
+                raise self.error(f"unexpected character {text[pos]!r}", pos)
             kind = m.lastgroup
-            start = m.start(kind)
-            self.tokens.append((kind, m.group(kind), start))
+            self.tokens.append((kind, m.group(kind), m.start(kind)))
             pos = m.end()
-        self.i = 0
 
     def error(self, msg: str, offset: int | None = None) -> SpecError:
         if offset is None:
             offset = self.tokens[self.i][2] if self.i < len(self.tokens) else len(self.text)
         # the YAML value may be quoted: point inside the string where we can
         loc = Location(self.loc.file, self.loc.line, self.loc.col + offset + (1 if self._quoted else 0))
-        return SpecError(f"bad key expression {self.text!r}: {msg}; {USAGE}", loc)
-
-    _quoted = True
+        shown = self.text if len(self.text) <= 60 else self.text[:57] + "..."
+        t = self.text
+        if not self._quoted and (t.count("(") != t.count(")") or t.count("[") != t.count("]")):
+            # `{params: fold_in(key(0), 3)}`: YAML cut the plain value at the comma
+            msg += "; inside {...} or [...] YAML cuts a plain value at commas: quote the expression"
+        return SpecError(f"bad key expression {shown!r}: {msg}; {USAGE}", loc)
 
     def peek(self) -> tuple[str, str, int] | None:
         return self.tokens[self.i] if self.i < len(self.tokens) else None
@@ -90,14 +103,22 @@ class _Parser:
     def take(self, kind: str, value: str | None = None) -> tuple[str, str, int]:
         tok = self.peek()
         if tok is None or tok[0] != kind or (value is not None and tok[1] != value):
-            want = value if value is not None else kind
+            want = repr(value) if value is not None else {"int": "a number", "name": "a function"}[kind]
             got = "the end" if tok is None else repr(tok[1])
-            raise self.error(f"expected {want!r}, found {got}")
+            raise self.error(f"expected {want}, found {got}")
         self.i += 1
         return tok
 
     def integer(self) -> int:
-        return int(self.take("int")[1], 0)
+        tok = self.take("int")
+        text = tok[1]
+        digits = text.lstrip("-")
+        if len(digits) > 1 and digits[0] == "0" and digits[1].isdigit():
+            raise self.error(f"{text!r} has a leading zero; write {text[:-len(digits)]}{digits.lstrip('0') or '0'}",
+                             tok[2])
+        if len(digits) > 100:
+            raise self.error(f"the number {text[:20]}... is far too large", tok[2])
+        return int(text, 0)
 
     def parse(self) -> KeyExpr:
         expr = self.expr()
@@ -117,9 +138,15 @@ class _Parser:
         for p in _PREFIXES:
             if name.startswith(p):
                 name = name[len(p):]
+                break
         func = _FUNCS.get(name)
         if func is None:
-            raise self.error(f"unknown function {tok[1]!r}")
+            close = difflib.get_close_matches(name, list(_FUNCS), n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise self.error(f"unknown function {tok[1]!r}{hint}")
+        self.depth += 1
+        if self.depth > MAX_EXPR_DEPTH:
+            raise self.error(f"the expression nests deeper than {MAX_EXPR_DEPTH} calls")
         self.i += 1
         self.take("punct", "(")
         if func == "key":
@@ -160,12 +187,19 @@ class _Parser:
 
     def raw(self) -> Raw:
         self.take("punct", "[")
-        words = [self.integer()]
+        words = [self.word()]
         while self.peek() and self.peek()[1] == ",":
             self.take("punct", ",")
-            words.append(self.integer())
+            words.append(self.word())
         self.take("punct", "]")
-        return make_raw(words, lambda m: self.error(m))
+        return Raw(tuple(words))
+
+    def word(self) -> int:
+        at = self.peek()
+        w = self.integer()
+        if not 0 <= w < 2**32:
+            raise self.error("raw key data must be unsigned 32-bit integers", at[2])
+        return w
 
 
 def make_raw(words: list, error) -> Raw:
@@ -177,6 +211,4 @@ def make_raw(words: list, error) -> Raw:
 
 def parse(text: str, loc: Location, quoted: bool = True) -> KeyExpr:
     """Parse a key expression string found at `loc`."""
-    p = _Parser(text, loc)
-    p._quoted = quoted
-    return p.parse()
+    return _Parser(text, loc, quoted).parse()

@@ -25,7 +25,7 @@ class KeyEngine:
     # ---------------------------------------------------------------- primitives
     def seed(self, s: int) -> KeyData:
         half = threefry.seed_data(s)
-        # mirrors jax/_src/prng.py _rbg_seed: the threefry seed twice
+        # mirrors jax/_src/random/rbg.py _rbg_seed: the threefry seed twice
         return half if self.width == 2 else half + half
 
     def fold_in_many(self, key: KeyData, words: np.ndarray) -> np.ndarray:
@@ -34,7 +34,7 @@ class KeyEngine:
         if self.impl == "threefry2x32":
             return threefry.fold_in(key, words)
         if self.impl == "rbg":
-            # mirrors jax/_src/prng.py _rbg_fold_in: threefry fold_in on each 2-word half
+            # mirrors jax/_src/random/rbg.py _rbg_fold_in: threefry fold_in on each 2-word half
             return np.concatenate([threefry.fold_in(key[:2], words), threefry.fold_in(key[2:], words)], axis=-1)
         return self._jax_fold_in_many(key, words)
 
@@ -42,7 +42,7 @@ class KeyEngine:
         if self.impl == "threefry2x32":
             return threefry.split_one(key, n, i, self.partitionable)
         if self.impl == "rbg":
-            # mirrors jax/_src/prng.py _rbg_split: threefry split of each half, rows concatenated
+            # mirrors jax/_src/random/rbg.py _rbg_split: threefry split of each half, rows concatenated
             return (threefry.split_one(key[:2], n, i, self.partitionable)
                     + threefry.split_one(key[2:], n, i, self.partitionable))
         jax, jnp = _jax()
@@ -53,7 +53,11 @@ class KeyEngine:
     def _jax_fold_in_many(self, key: KeyData, words: np.ndarray) -> np.ndarray:
         jax, jnp = _jax()
         k = jax.random.wrap_key_data(jnp.asarray(key, jnp.uint32), impl=self.impl)
-        out = jax.jit(jax.vmap(lambda w: jax.random.key_data(jax.random.fold_in(k, w))))(jnp.asarray(words))
+        # lax.map, not vmap: jax/_src/lax/control_flow/loops.py _rng_bit_generator_batching_rule
+        # seeds a vmapped rng_bit_generator from keys[0] only, so a vmapped unsafe_rbg fold_in
+        # (jax/_src/random/rbg.py _unsafe_rbg_fold_in) is not Flax's one-word-at-a-time fold_in.
+        out = jax.jit(lambda ws: jax.lax.map(lambda w: jax.random.key_data(jax.random.fold_in(k, w)), ws))(
+            jnp.asarray(words))
         return np.asarray(out, dtype=np.uint32).reshape(len(words), self.width)
 
     # ---------------------------------------------------------------- expressions

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .errors import Location, SpecError
-from .nodes import Child, Draw, MakeRng, ModuleDef, Param
+from .nodes import Child, Draw, MakeRng, ModuleDef, Param, Variable
 
 # Constructor fields of flax.linen 0.12 layers that do not change which keys are drawn.
 # They are accepted (and ignored) so a user can paste a layer's arguments unchanged.
@@ -45,6 +45,13 @@ def _linear(opts, loc, draws):
 
 def _norm(opts, loc, draws):
     return _params((("scale", opts["use_scale"]), ("bias", opts["use_bias"])), loc, draws)
+
+
+def _batch_norm(opts, loc, draws):
+    # mirrors flax/linen/normalization.py BatchNorm.__call__: batch_stats mean and var are declared
+    # before the params, so in apply a missing batch_stats collection is the error Flax reports
+    stats = tuple(Variable(loc, None, "batch_stats", name) for name in ("mean", "var"))
+    return stats + _norm(opts, loc, draws)
 
 
 def _rms(opts, loc, draws):
@@ -110,7 +117,8 @@ LAYERS: dict[str, LayerKind] = {
                                      "embedding_init", "promote_dtype"), _embed, ("embedding",)),
     "LayerNorm": LayerKind("LayerNorm", {"use_scale": True, "use_bias": True}, _NORM, _norm, ("scale", "bias")),
     "RMSNorm": LayerKind("RMSNorm", {"use_scale": True}, _NORM, _rms, ("scale",)),
-    "BatchNorm": LayerKind("BatchNorm", {"use_scale": True, "use_bias": True}, _NORM, _norm, ("scale", "bias")),
+    "BatchNorm": LayerKind("BatchNorm", {"use_scale": True, "use_bias": True}, _NORM, _batch_norm,
+                           ("scale", "bias")),
     "GroupNorm": LayerKind("GroupNorm", {"use_scale": True, "use_bias": True}, _NORM, _norm, ("scale", "bias")),
     "InstanceNorm": LayerKind("InstanceNorm", {"use_scale": True, "use_bias": True}, _NORM, _norm, ("scale", "bias")),
     "Dropout": LayerKind("Dropout", {"rate": None, "deterministic": None, "rng_collection": "dropout",
@@ -131,4 +139,5 @@ def make_layer(layer: str, opts: dict, loc: Location, name: str | None, draws: d
     kind = LAYERS[layer]
     full = dict(kind.options)
     full.update(opts)
-    return ModuleDef(kind.cls, name, (), kind.build(full, loc, draws), loc, layer=layer)
+    return ModuleDef(kind.cls, name, (), kind.build(full, loc, draws), loc, layer=layer,
+                     layer_options=tuple(sorted(full.items())))

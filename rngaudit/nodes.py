@@ -64,6 +64,7 @@ class ModuleDef:
     body: tuple[Item, ...]
     loc: Location
     layer: str | None = None  # the standard layer this stands for, if any
+    layer_options: tuple[tuple[str, object], ...] = ()  # its key-changing options, defaults filled in
 
 
 @dataclass(frozen=True)

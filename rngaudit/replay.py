@@ -77,7 +77,7 @@ class _Run:
     mutable: tuple[str, ...] | bool
     streams: tuple[str, ...]
     discover: bool
-    store: set = field(default_factory=set)
+    store: dict = field(default_factory=dict)  # (path, collection, name) -> is a variable (not a subtree)
     counters: dict = field(default_factory=dict)
 
 
@@ -91,7 +91,7 @@ class Replayer:
 
     # -------------------------------------------------------------- entry
     def run(self) -> list[Derivation]:
-        store: set = set()
+        store: dict = {}
         if self.spec.phase == "apply":
             # The variables apply() receives are those init() of the same model created.
             pre = _Run("init", True, tuple(self.spec.rngs), discover=True)
@@ -199,6 +199,42 @@ class Replayer:
         local[seq.path[-1]] = seq
         self._call(seq, run)
 
+    def _require_collection(self, inst: _Instance, col: str, name: str, loc: Location, run: _Run) -> None:
+        # mirrors flax/core/scope.py Scope.param / Scope.variable: a missing variable of an immutable
+        # collection that holds no variable at all (is_collection_empty) is ScopeCollectionNotFound
+        if not any(stored[1] == col for stored in run.store):
+            raise FlaxError(
+                "ScopeCollectionNotFound",
+                f'Tried to access "{name}" from collection "{col}" in "/{"/".join(inst.path)}" but the '
+                f"collection is empty. init of this model makes no {col!r}: check `when:` and `mutable`",
+                loc,
+            )
+
+    @staticmethod
+    def _put(run: _Run, key: tuple) -> None:
+        # mirrors flax/core/scope.py Scope.put_variable / has_variable: a collection is one nested dict,
+        # so a child's variables make its name a variable of that collection in every ancestor scope
+        # (in apply, self.param('enc') finds the subtree a child named 'enc' made in init: no key)
+        path, col, name = key
+        run.store[key] = True
+        for i in range(len(path)):
+            run.store.setdefault((path[:i], col, path[i]), False)
+
+    def _exists(self, inst: _Instance, col: str, name: str, loc: Location, run: _Run) -> bool:
+        # mirrors flax/core/scope.py Scope.has_variable: a scope's collection is its entry in the parent's;
+        # where that entry is a variable (an array), `name in array` raises TypeError
+        path = inst.path
+        for i in range(len(path)):
+            if run.store.get((path[:i], col, path[i])):
+                raise FlaxError(
+                    "TypeError",
+                    "Array.__contains__: unsupported operand type <class 'str'>. "
+                    f'"/{"/".join(path[:i + 1])}" is a {col!r} variable that init made, so the module of '
+                    f"that name cannot read {col!r}: rename the module or the variable",
+                    loc,
+                )
+        return (path, col, name) in run.store
+
     def _mutable(self, run: _Run, col: str) -> bool:
         return run.mutable is True or (isinstance(run.mutable, tuple) and col in run.mutable)
 
@@ -206,9 +242,10 @@ class Replayer:
         # mirrors flax/linen/module.py Module.param and flax/core/scope.py Scope.param
         self._reserve(inst, item.name, "params", "param", item.loc)
         key = (inst.path, "params", item.name)
-        if key in run.store:
+        if self._exists(inst, "params", item.name, item.loc, run):
             return
         if not self._mutable(run, "params"):
+            self._require_collection(inst, "params", item.name, item.loc, run)
             raise FlaxError(
                 "ScopeParamNotFoundError",
                 f'Could not find parameter named "{item.name}" in scope "/{"/".join(inst.path)}". '
@@ -216,7 +253,7 @@ class Replayer:
                 item.loc,
             )
         self._make_rng(inst, "params", "param", item.name, item.draw, item.loc, run)
-        run.store.add(key)
+        self._put(run, key)
 
     def _variable(self, inst: _Instance, item: Variable, run: _Run) -> None:
         if item.eager:
@@ -225,9 +262,10 @@ class Replayer:
                 self._make_rng(inst, s, "variable", item.name, item.draw, item.loc, run)
         self._reserve(inst, item.name, item.collection, "variable", item.loc)
         key = (inst.path, item.collection, item.name)
-        if key in run.store:
+        if self._exists(inst, item.collection, item.name, item.loc, run):
             return
         if not self._mutable(run, item.collection):
+            self._require_collection(inst, item.collection, item.name, item.loc, run)
             raise FlaxError(
                 "ScopeVariableNotFoundError",
                 f'No Variable named "{item.name}" for collection "{item.collection}" exists in '
@@ -237,7 +275,7 @@ class Replayer:
         if not item.eager:
             for s in item.streams:
                 self._make_rng(inst, s, "variable", item.name, item.draw, item.loc, run)
-        run.store.add(key)
+        self._put(run, key)
 
     # -------------------------------------------------------------- the key itself
     def _make_rng(self, inst: _Instance, stream: str, kind: str, label: str | None, draw: Draw | None,

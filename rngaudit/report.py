@@ -49,7 +49,7 @@ def derive(spec: Spec, values: bool = True, default_draw: Draw | None = None) ->
         if values and draw is not None:
             try:
                 vals = draw_values(spec, key, draw)
-            except (ValueError, TypeError) as e:
+            except (ValueError, TypeError, ArithmeticError, IndexError) as e:
                 raise SpecError(f"cannot draw {draw.describe()}: {e}", draw.loc) from None
         calls.append(KeyedCall(d, key, draw, vals))
     return DeriveReport(spec, root_keys(spec, engine), calls)

@@ -17,6 +17,12 @@ KEY_WIDTH = {"threefry2x32": 2, "rbg": 4, "unsafe_rbg": 4}
 PHASES = ("init", "apply")
 MAX_REPEAT = 10_000_000
 MAX_DRAW_ELEMENTS = 10_000_000
+# Upper bounds on a whole replay (every repeat multiplied out, `when` ignored): about 50 us and
+# 6 KiB per key today, so a million keys is already a minute and gigabytes.
+MAX_KEYS = 1_000_000
+MAX_CALLS = 1_000_000
+MAX_DRAWN_VALUES = 20_000_000
+MAX_UNSAFE_RBG_SPLIT = 65_536
 
 DRAW_KINDS = {
     # kind -> {param: default}; None means required
@@ -113,7 +119,8 @@ class _Fields:
 
 def _str(n: YNode, what: str) -> str:
     if not isinstance(n.value, str):
-        raise SpecError(f"{what} must be a string, not {_type_name(n.value)}; quote it", n.loc)
+        hint = "; quote it" if not isinstance(n.value, (list, dict)) else ""
+        raise SpecError(f"{what} must be a string, not {_type_name(n.value)}{hint}", n.loc)
     return n.value
 
 
@@ -132,7 +139,7 @@ def _when(f: _Fields) -> str | None:
         return None
     w = _str(n, "`when`")
     if w not in PHASES:
-        raise SpecError(f"`when` must be init or apply, not {w!r}", n.loc)
+        raise SpecError(f"`when` must be init or apply, not {w!r}{_suggest(w, PHASES)}", n.loc)
     return w
 
 
@@ -152,6 +159,9 @@ def parse_draw(node: YNode, what: str = "draw") -> Draw:
     defaults = DRAW_KINDS[kind]
     if arg.is_seq:
         shape_node, f = arg, None
+    elif not arg.is_map:
+        raise SpecError(f"`{kind}` takes a shape ({{{kind}: [2, 2]}}) or a mapping "
+                        f"({{{kind}: {{shape: [2, 2], ...}}}}), not {_type_name(arg.value)}", arg.loc)
     else:
         f = _Fields(arg, f"{kind} draw", ("shape", "dtype") + tuple(defaults), ("shape",))
         shape_node = f.get("shape")
@@ -188,13 +198,44 @@ def parse_draw(node: YNode, what: str = "draw") -> Draw:
                 raise SpecError(f"`{p}` of the {kind} draw has the wrong type ({_type_name(v)})", n.loc)
             if isinstance(v, float) and not math.isfinite(v):
                 raise SpecError(f"`{p}` must be finite", n.loc)
+            if p in DRAW_CHOICES and v not in DRAW_CHOICES[p]:
+                raise SpecError(f"`{p}` of the {kind} draw must be one of {', '.join(DRAW_CHOICES[p])}, "
+                                f"not {v!r}{_suggest(v, DRAW_CHOICES[p])}", n.loc)
+            if is_int and not -(2**31) <= v < 2**31:
+                raise SpecError(f"`{p}` of the randint draw must fit in int32 (JAX raises OverflowError "
+                                f"with x64 off), not {v}", n.loc)
+            if isinstance(v, int) and not is_int and p not in ("in_axis", "out_axis"):
+                v = float(v)  # what the spec means; JAX would read a big int as an int32
             params.append((p, v))
     else:
         for p, default in defaults.items():
             if default is None:
                 raise SpecError(f"{kind} draw needs `{p}`: write {{{kind}: {{shape: [...], {p}: ...}}}}", arg.loc)
             params.append((p, default))
+    if "in_axis" in defaults:
+        _check_fans(kind, shape, dict(params), shape_node, f)
     return Draw(kind, shape, dtype, tuple(params), node.loc)
+
+
+# jax.nn.initializers.variance_scaling's choices
+DRAW_CHOICES = {"mode": ("fan_in", "fan_out", "fan_avg", "fan_geo_avg"),
+                "distribution": ("truncated_normal", "normal", "uniform")}
+
+
+def _check_fans(kind: str, shape: tuple, params: dict, shape_node: YNode, f) -> None:
+    """Variance-scaling initializers need a fan-in and fan-out; JAX fails obscurely without."""
+    ndim = len(shape)
+    for p in ("in_axis", "out_axis"):
+        axis = params[p]
+        if not -ndim <= axis < ndim:
+            n = f.get(p) if f is not None else None
+            if n is not None:
+                raise SpecError(f"`{p}` {axis} is out of range for a shape of {ndim} dimensions", n.loc)
+            raise SpecError(f"{kind} needs a shape of at least 2 dimensions (in_axis {params['in_axis']}, "
+                            f"out_axis {params['out_axis']}), or set in_axis/out_axis", shape_node.loc)
+    if 0 in shape:
+        raise SpecError(f"{kind} divides by the fan-in and fan-out: every dimension of the shape must be "
+                        "at least 1 (JAX raises ZeroDivisionError)", shape_node.loc)
 
 
 def _draw(f: _Fields) -> Draw | None:
@@ -242,6 +283,10 @@ class _Parser:
             return MakeRng(loc, None, "params")
         if isinstance(arg.value, str):
             return MakeRng(loc, None, arg.value)
+        if not arg.is_map:
+            raise SpecError(f"make_rng takes a stream name (`make_rng: dropout`) or a mapping "
+                            f"(`make_rng: {{stream: dropout, repeat: 2}}`), not {_type_name(arg.value)}",
+                            arg.loc)
         f = _Fields(arg, "make_rng", ("stream", "repeat", "label", "draw", "when"))
         return MakeRng(loc, _when(f), f.str("stream", "params"), f.int("repeat", 1, 1, MAX_REPEAT),
                        f.str("label"), _draw(f))
@@ -251,6 +296,9 @@ class _Parser:
             return Param(loc, None, arg.value)
         if arg.value is None:
             raise SpecError("param needs a name: `param: w` or `param: {name: w, draw: ...}`", loc)
+        if not arg.is_map:
+            raise SpecError(f"param takes a name (`param: w`) or a mapping (`param: {{name: w, draw: ...}}`), "
+                            f"not {_type_name(arg.value)}", arg.loc)
         f = _Fields(arg, "param", ("name", "draw", "when"), ("name",))
         return Param(loc, _when(f), f.str("name"), _draw(f))
 
@@ -272,6 +320,11 @@ class _Parser:
     def _call(self, kind, arg: YNode, loc, in_setup):
         if isinstance(arg.value, str):
             return Call(loc, None, arg.value)
+        if arg.value is None:
+            raise SpecError("call needs the child's name: `call: Dense_0` or `call: {name: enc, repeat: 2}`", loc)
+        if not arg.is_map:
+            raise SpecError(f"call takes a child's name (`call: enc`) or a mapping (`call: {{name: enc, repeat: 2}}`), "
+                            f"not {_type_name(arg.value)}", arg.loc)
         f = _Fields(arg, "call", ("name", "repeat", "when"), ("name",))
         return Call(loc, _when(f), f.str("name"), f.int("repeat", 1, 1, MAX_REPEAT))
 
@@ -355,8 +408,100 @@ class _Parser:
         return self._child(m, f, loc, in_setup)
 
 
+# ---------------------------------------------------------------- budget
+class _Budget:
+    """Upper bounds on what replaying a module costs per call: (keys handed out, values drawn,
+    module calls). Repeats multiply, so a few innocent-looking numbers can ask for 10**20 keys;
+    such specs are refused here, at the statement that crosses a limit, instead of exhausting
+    time and memory later."""
+
+    def __init__(self):
+        self.memo: dict[int, tuple[int, int, int]] = {}
+
+    def check(self, model: ModuleDef) -> None:
+        self.module(model)
+
+    def _limit(self, cost: tuple[int, int, int], loc: Location, what: str) -> tuple[int, int, int]:
+        keys, values, calls = cost
+        if keys > MAX_KEYS:
+            raise SpecError(f"{what} asks for up to {_big(keys)} keys (repeats multiplied out); rngaudit "
+                            f"replays at most {MAX_KEYS}: lower `repeat`", loc)
+        if calls > MAX_CALLS:
+            raise SpecError(f"{what} makes up to {_big(calls)} module calls (repeats multiplied out); "
+                            f"rngaudit replays at most {MAX_CALLS}: lower `repeat`", loc)
+        if values > MAX_DRAWN_VALUES:
+            raise SpecError(f"{what} draws up to {_big(values)} values (shapes times repeats); rngaudit "
+                            f"draws at most {MAX_DRAWN_VALUES}: draw smaller shapes or fewer times", loc)
+        return cost
+
+    def module(self, m: ModuleDef) -> tuple[int, int, int]:
+        if id(m) in self.memo:
+            return self.memo[id(m)]
+        children: dict[str, tuple[int, int, int]] = {}
+        for items in (m.setup, m.body):
+            for item in items:
+                for name, c in self._defined(item):
+                    old = children.get(name, (0, 0, 0))
+                    children[name] = tuple(max(x, y) for x, y in zip(old, c))
+        total = (0, 0, 1)
+        for items in (m.setup, m.body):
+            for item in items:
+                c = self._limit(self.item(item, children), item.loc, "this statement")
+                total = tuple(x + y for x, y in zip(total, c))
+        cost = self._limit(total, m.loc, f"module {m.cls}")
+        self.memo[id(m)] = cost
+        return cost
+
+    def _defined(self, item: Item):
+        """(name, cost per call) for each child the statement creates; auto-names by class."""
+        if isinstance(item, (Child, Define)):
+            yield (item.module.name or item.module.cls), self.module(item.module)
+        elif isinstance(item, Sequential):
+            for layer in item.layers:
+                yield (layer.name or layer.cls), self.module(layer)
+            yield (item.name or "Sequential"), self.item(item, {})
+
+    def item(self, item: Item, children: dict) -> tuple[int, int, int]:
+        def drawn(n: int, draw: Draw | None) -> tuple[int, int, int]:
+            return n, (n * math.prod(draw.shape) if draw is not None else 0), 0
+
+        def times(n: int, c: tuple[int, int, int]) -> tuple[int, int, int]:
+            return n * c[0], n * c[1], n * c[2]
+
+        if isinstance(item, MakeRng):
+            return drawn(item.repeat, item.draw)
+        if isinstance(item, Param):
+            return drawn(1, item.draw)
+        if isinstance(item, Variable):
+            return drawn(len(item.streams), item.draw)
+        if isinstance(item, Child):
+            return times(item.repeat, self.module(item.module))
+        if isinstance(item, Call):
+            name = item.name
+            target = children.get(name)
+            if target is None:
+                cls, _, num = name.rpartition("_")
+                target = children.get(cls) if num.isdigit() else None
+            return times(item.repeat, target or (0, 0, 0))
+        if isinstance(item, Sequential):
+            total = (0, 0, 1)
+            for layer in item.layers:
+                total = tuple(x + y for x, y in zip(total, self.module(layer)))
+            return total
+        return 0, 0, 0
+
+
+def budget(model: ModuleDef) -> tuple[int, int, int]:
+    """Upper bounds on one replay of `model`: (keys, drawn values, module calls)."""
+    return _Budget().module(model)
+
+
+def _big(n: int) -> str:
+    return str(n) if n < 10**12 else f"about 10**{len(str(n)) - 1}"
+
+
 # ---------------------------------------------------------------- top level
-def _rng_source(n: YNode, impl_width: int) -> RngSource:
+def _rng_source(n: YNode, impl_width: int, impl: str = "threefry2x32") -> RngSource:
     v = n.value
     if isinstance(v, bool) or v is None or isinstance(v, float) or n.is_map:
         raise SpecError(f"a key must be an integer seed, raw key data [w0, w1] or a key expression "
@@ -377,6 +522,13 @@ def _rng_source(n: YNode, impl_width: int) -> RngSource:
     else:
         expr = keyexpr.parse(v, n.loc, quoted=n.quoted)
         text = v
+    if impl == "unsafe_rbg":
+        e = expr
+        while isinstance(e, (keyexpr.Split, keyexpr.FoldIn)):
+            if isinstance(e, keyexpr.Split) and e.n > MAX_UNSAFE_RBG_SPLIT:
+                raise SpecError(f"split into {e.n} keys: for unsafe_rbg rngaudit asks JAX for all of them; "
+                                f"split into at most {MAX_UNSAFE_RBG_SPLIT}", n.loc)
+            e = e.parent
     if isinstance(expr, keyexpr.Raw) or _has_raw(expr):
         raw = _find_raw(expr)
         if len(raw.words) != impl_width:
@@ -407,9 +559,9 @@ def spec_from_node(root: YNode) -> Spec:
     vn = top.get("rngaudit")
     if vn is None:
         raise SpecError("the spec needs `rngaudit: 1` (the spec format version) at the top", root.loc)
-    if isinstance(vn.value, bool) or vn.value != FORMAT_VERSION:
+    if isinstance(vn.value, bool) or not isinstance(vn.value, int) or vn.value != FORMAT_VERSION:
         raise SpecError(f"unsupported spec format version {vn.value!r}; this rngaudit reads version "
-                        f"{FORMAT_VERSION}", vn.loc)
+                        f"{FORMAT_VERSION}: write `rngaudit: {FORMAT_VERSION}`", vn.loc)
     if not top.has("model"):
         raise SpecError("the spec needs `model:` (the root module: class, body)", root.loc)
 
@@ -425,8 +577,11 @@ def spec_from_node(root: YNode) -> Spec:
             raise SpecError(f"unknown prng_impl {impl!r}{_suggest(impl, PRNG_IMPLS)}; use one of "
                             f"{', '.join(PRNG_IMPLS)}", jf.get("prng_impl").loc)
         part = jf.bool("threefry_partitionable", True)
-    phase = top.str("phase", "init")
-    if phase not in PHASES:
+    pn = top.get("phase")
+    phase = pn.value if pn is not None else "init"
+    if not isinstance(phase, str) or phase not in PHASES:
+        if not isinstance(phase, str):
+            raise SpecError(f"`phase` must be init or apply, not {_type_name(phase)}", pn.loc)
         raise SpecError(f"`phase` must be init or apply, not {phase!r}{_suggest(phase, PHASES)}",
                         top.get("phase").loc)
     mutable: tuple[str, ...] | bool = phase == "init"
@@ -439,8 +594,11 @@ def spec_from_node(root: YNode) -> Spec:
             mutable = mn.value
         elif mn.is_seq:
             mutable = tuple(_str(c, "a collection name") for c in mn.value)
+        elif isinstance(mn.value, str):
+            mutable = (mn.value,)
         else:
-            mutable = (_str(mn, "`mutable`"),)
+            raise SpecError(f"`mutable` must be true, false, a collection name or a list of them, "
+                            f"not {_type_name(mn.value)}", mn.loc)
 
     rngs: dict[str, RngSource] = {}
     rn = top.get("rngs")
@@ -448,12 +606,13 @@ def spec_from_node(root: YNode) -> Spec:
     if rn is not None and rn.value is not None:
         if rn.is_map:
             for stream, kn in rn.value.items():
-                rngs[stream] = _rng_source(kn, width)
+                rngs[stream] = _rng_source(kn, width, impl)
         else:
-            rngs["params"] = _rng_source(rn, width)  # a bare key means {'params': key}, as in Flax
+            rngs["params"] = _rng_source(rn, width, impl)  # a bare key means {'params': key}, as in Flax
 
     parser = _Parser()
     model, _ = parser.module_def(top.get("model"), "model", root=True)
+    _Budget().check(model)
     return Spec(file, fix, impl, part, phase, mutable, rngs, model)
 
 

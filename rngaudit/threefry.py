@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-# mirrors jax/_src/prng.py _threefry2x32_lowering (Salmon et al., Threefry-2x32, 20 rounds)
+# mirrors jax/_src/random/threefry2x32.py _threefry2x32_lowering (Salmon et al., Threefry-2x32, 20 rounds)
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 _PARITY = np.uint32(0x1BD11BDA)
 U32 = np.uint32
@@ -39,7 +39,7 @@ def threefry2x32(k0, k1, x0, x1) -> tuple[np.ndarray, np.ndarray]:
 def fold_in(key: tuple[int, int], data) -> np.ndarray:
     """jax.random.fold_in for threefry2x32 key data; `data` is a uint32 scalar or array.
     Returns an array of shape data.shape + (2,)."""
-    # mirrors jax/_src/prng.py threefry_fold_in: threefry_2x32(key, threefry_seed(data))
+    # mirrors jax/_src/random/threefry2x32.py threefry_fold_in: threefry_2x32(key, threefry_seed(data))
     d = np.asarray(data, dtype=U32)
     y0, y1 = threefry2x32(key[0], key[1], np.zeros_like(d), d)
     return np.stack([y0, y1], axis=-1)
@@ -48,7 +48,7 @@ def fold_in(key: tuple[int, int], data) -> np.ndarray:
 def split_one(key: tuple[int, int], n: int, i: int, partitionable: bool) -> tuple[int, int]:
     """Row i of jax.random.split(key, n) for threefry2x32 key data."""
     if partitionable:
-        # mirrors jax/_src/prng.py _threefry_split_foldlike: counts are (hi, lo) of the index
+        # mirrors jax/_src/random/threefry2x32.py _threefry_split_foldlike: counts are (hi, lo) of the index
         y0, y1 = threefry2x32(key[0], key[1], U32(i >> 32), U32(i & 0xFFFFFFFF))
         return int(y0), int(y1)
     # mirrors _threefry_split_original: threefry_2x32(key, iota(2n)).reshape(n, 2)
