@@ -190,7 +190,76 @@ def derive(
             render_derive(report, console)
             text = buf.getvalue()
         _write_output(text, output)
-        if strict and report.notes:
+        if strict and report.fallbacks:
+            raise typer.Exit(EXIT_FINDINGS)
+
+    _run(go)
+
+
+def _console_text(render, *args, output: Optional[str]) -> str:
+    """What a rich renderer prints, as text: coloured only on a terminal."""
+    from rich.console import Console
+
+    buf = io.StringIO()
+    tty = output is None and sys.stdout.isatty()
+    console = Console(file=buf, force_terminal=tty, no_color=not tty or "NO_COLOR" in os.environ,
+                      width=None if tty else 400, highlight=False, soft_wrap=not tty)
+    render(*args, console)
+    return buf.getvalue()
+
+
+@app.command()
+def collisions(
+    inputs: list[str] = typer.Argument(..., metavar="SPEC...",
+                                       help="Model specs (YAML), or JSON files (*.json) of module paths or a "
+                                       "params tree."),
+    fmt: Format = typer.Option(Format.text, "--format", "-f", help="Output format."),
+    output: Optional[str] = typer.Option(None, "--output", "-o",
+                                         help="Write the report here (only if the run succeeds)."),
+    phase: Optional[Phase] = typer.Option(None, "--phase", help="Override the specs' phase."),
+    keys: bool = typer.Option(True, "--keys/--no-keys",
+                              help="Compute key data to find keys shared across streams (class 4). "
+                              "--no-keys checks hash inputs and words only (never imports JAX)."),
+    separator: Optional[bool] = typer.Option(None, "--fix-rng-separator/--no-fix-rng-separator",
+                                             help="The model's flax_fix_rng_separator: overrides a spec's; "
+                                             "for JSON inputs the default is off."),
+    latent_max_count: Optional[int] = typer.Option(None, "--latent-max-count", min=0, metavar="N",
+                                                   help="Report latent pairs whose smaller colliding count is "
+                                                   "at most N (default 65535; 0: no latent pairs)."),
+    strict: bool = typer.Option(False, "--strict",
+                                help="Exit 1 on information and latent findings too."),
+) -> None:
+    """Find call sites that receive identical keys, say why, and check the fixes."""
+
+    def go():
+        from .collisions import DEFAULT_LATENT_MAX_COUNT, SpecSites, audit
+        from .collisions_report import to_json
+        from .modpaths import load_module_sites
+        from .spec import load_spec
+
+        bound = DEFAULT_LATENT_MAX_COUNT if latent_max_count is None else latent_max_count
+        audits = []
+        for path in inputs:
+            if path.lower().endswith(".json"):
+                sites = load_module_sites(path, bool(separator))
+            else:
+                s = load_spec(path)
+                if phase is not None and phase.value != s.phase:
+                    s = dataclasses.replace(s, phase=phase.value, mutable=phase.value == "init")
+                if separator is not None:
+                    s = dataclasses.replace(s, fix_rng_separator=separator)
+                sites = SpecSites(s, keys=keys)
+            audits.append(audit(sites, bound))
+        if fmt is Format.json:
+            text = json.dumps(to_json(audits), sort_keys=True, indent=2, ensure_ascii=False) + "\n"
+        else:
+            from .render_collisions import render_collisions
+
+            text = _console_text(render_collisions, audits, output=output)
+        _write_output(text, output)
+        failing = sum(a.failing for a in audits)
+        info = sum(a.info + len(a.latent) for a in audits)
+        if failing or (strict and info):
             raise typer.Exit(EXIT_FINDINGS)
 
     _run(go)

@@ -9,7 +9,7 @@ import numpy as np
 from . import threefry
 from .keyexpr import FoldIn, KeyExpr, Raw, Seed, Split
 from .nodes import Draw, Spec
-from .replay import Derivation, RootKey
+from .replay import Derivation, FoldKey, ForkKey, RootKey, SplitKey
 
 KeyData = tuple[int, ...]
 
@@ -90,16 +90,38 @@ def root_keys(spec: Spec, engine: KeyEngine | None = None) -> dict[str, KeyData]
 
 
 def derive_keys(spec: Spec, rows: Sequence[Derivation], engine: KeyEngine | None = None) -> np.ndarray:
-    """Key data for every derivation, shape (len(rows), width), vectorised per base key."""
+    """Key data for every derivation, shape (len(rows), width), vectorised per base key.
+    Rows whose base is None (a per-step key of a trace Flax discards) get zeros."""
     engine = engine or engine_for(spec)
     roots = root_keys(spec, engine)
     out = np.zeros((len(rows), engine.width), dtype=np.uint32)
-    groups: dict[RootKey, list[int]] = defaultdict(list)
+    groups: dict = defaultdict(list)
     for i, d in enumerate(rows):
-        groups[d.base].append(i)
+        if d.base is not None:
+            groups[d.base].append(i)
+    bases: dict = {}
+
+    def base_key(ref) -> KeyData:
+        hit = bases.get(ref)
+        if hit is None:
+            if isinstance(ref, RootKey):
+                hit = roots[ref.stream]
+            elif isinstance(ref, SplitKey):
+                hit = engine.split(base_key(ref.parent), ref.n, ref.index)
+            elif isinstance(ref, FoldKey):
+                hit = tuple(int(w) for w in engine.fold_in_many(base_key(ref.parent), np.array([ref.data]))[0])
+            elif isinstance(ref, ForkKey):
+                # the fork row comes before every row that uses it, so its group is already done
+                hit = tuple(int(w) for w in out[ref.index])
+            else:
+                raise TypeError(ref)
+            bases[ref] = hit
+        return hit
+
+    # groups are in order of first use, and a fork row precedes the rows derived from it
     for base, idx in groups.items():
         words = np.fromiter((rows[i].hash_word for i in idx), dtype=np.uint32, count=len(idx))
-        out[np.asarray(idx)] = engine.fold_in_many(roots[base.stream], words)
+        out[np.asarray(idx)] = engine.fold_in_many(base_key(base), words)
     return out
 
 

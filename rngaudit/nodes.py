@@ -65,6 +65,7 @@ class ModuleDef:
     loc: Location
     layer: str | None = None  # the standard layer this stands for, if any
     layer_options: tuple[tuple[str, object], ...] = ()  # its key-changing options, defaults filled in
+    lifts: tuple["Lift", ...] = ()  # method-decorator transforms on __call__, outermost first
 
 
 @dataclass(frozen=True)
@@ -118,3 +119,56 @@ class Spec:
     model: ModuleDef
     version: int = 1
     extra: dict = field(default_factory=dict)
+
+
+# A stream or collection filter, as Flax's Filter: True (all), False (none) or a tuple of names.
+Filter = "bool | tuple[str, ...]"
+
+
+@dataclass(frozen=True)
+class Lift:
+    """One lifted transform applied to a module's __call__: vmap, scan, jit, remat, fold_rngs,
+    map_variables or remat_scan, with its key-relevant options normalised."""
+
+    kind: str
+    options: tuple[tuple[str, object], ...]
+    loc: Location
+
+    def opt(self, key: str, default=None):
+        for k, v in self.options:
+            if k == key:
+                return v
+        return default
+
+
+@dataclass(frozen=True)
+class Transform(Item):
+    """A child created from a transformed class (nn.vmap(MLP)(...)) and called once per repeat.
+    `target` is the wrapped module with `lifts` holding this transform (outermost first) and
+    `cls` already the transformed class name (VmapMLP)."""
+
+    target: ModuleDef
+    repeat: int = 1
+
+    @property
+    def kind(self) -> str:
+        return self.target.lifts[0].kind
+
+
+@dataclass(frozen=True)
+class Cond(Item):
+    """nn.cond(pred, true_fun, false_fun, self): both branches traced in order."""
+
+    branches: tuple[tuple[Item, ...], ...]
+    rngs: object = True
+    kind: str = "cond"
+
+
+@dataclass(frozen=True)
+class WhileLoop(Item):
+    """nn.while_loop(cond_fn, body_fn, self, ...): cond traced, then body; runs `iterations` times."""
+
+    cond_items: tuple[Item, ...]
+    body_items: tuple[Item, ...]
+    iterations: int
+    split_rngs: tuple[tuple[object, bool], ...] = ()

@@ -2,13 +2,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import product
 
 from .errors import FlaxError, Location, SpecError
 from .hashing import hash_input, hash_word
-from .nodes import (Call, Child, Define, Draw, Item, MakeRng, ModuleDef, Param, Sequential, Spec,
-                    Variable)
+from .nodes import (Call, Child, Cond, Define, Draw, Item, Lift, MakeRng, ModuleDef, Param, Sequential,
+                    Spec, Transform, Variable, WhileLoop)
 
 MAX_DERIVATIONS = 50_000_000
+
+
+# ------------------------------------------------------------------ key references
+# A key reference says which key a make_rng folds its hash word into. The engine builds
+# templates (a split or fold whose index is a lane axis still to be chosen); every reported
+# Derivation carries a concrete one, so equal references mean equal base keys.
 
 
 @dataclass(frozen=True)
@@ -22,6 +29,58 @@ class RootKey:
 
 
 @dataclass(frozen=True)
+class SplitKey:
+    """Row `index` of jax.random.split(parent, n): a vmap lane or scan step (R11, R12)."""
+
+    parent: object
+    n: int
+    index: int
+
+    def __str__(self) -> str:
+        return f"split({self.parent}, {self.n})[{self.index}]"
+
+
+@dataclass(frozen=True)
+class FoldKey:
+    """jax.random.fold_in(parent, data): a while_loop iteration (R15)."""
+
+    parent: object
+    data: int
+
+    def __str__(self) -> str:
+        return f"fold_in({self.parent}, {self.data})"
+
+
+@dataclass(frozen=True)
+class ForkKey:
+    """The key that call #index received: nn.jit / nn.fold_rngs fork every stream with one (R13)."""
+
+    index: int
+
+    def __str__(self) -> str:
+        return f"key of #{self.index}"
+
+
+@dataclass(frozen=True)
+class _LaneSplit:
+    parent: object
+    n: int
+    axis: int
+
+
+@dataclass(frozen=True)
+class _LaneFold:
+    parent: object
+    axis: int
+    negate: bool
+
+
+@dataclass(frozen=True)
+class _Fork:
+    template: int
+
+
+@dataclass(frozen=True)
 class Derivation:
     """One key Flax hands out: key = fold_in(base, hash_word(hash_input(suffix + (count,))))."""
 
@@ -30,15 +89,17 @@ class Derivation:
     stream_requested: str
     stream: str
     count: int
-    kind: str  # make_rng | param | variable | dropout | attention_dropout
+    kind: str  # make_rng | param | variable | dropout | attention_dropout | jit_fork | fold_rngs_fork
     label: str | None
     hash_items: tuple
     hash_input: bytes
     hash_word: int
-    base: RootKey
+    base: object  # RootKey | SplitKey | FoldKey | ForkKey, or None: a traced key Flax discards
     location: Location
     draw: Draw | None = None
     notes: tuple[str, ...] = ()
+    lane: tuple[int, ...] = ()  # vmap lane / scan step / while iteration indices, outermost first
+    discarded: bool = False  # made in a trace whose keys Flax throws away (scan's constancy check)
 
     @property
     def path_str(self) -> str:
@@ -49,18 +110,48 @@ class Derivation:
         return self.stream != self.stream_requested
 
 
+@dataclass
+class _Scope:
+    """What Flax's Scope holds for key purposes: a path, the visible streams as lazy keys
+    (base reference, path suffix since the base), the active lane axes, the collections a lift
+    lets through, and whether keys made here are thrown away."""
+
+    path: tuple[str, ...]
+    rngs: dict  # stream -> (key reference template, suffix)
+    axes: tuple[int, ...] = ()
+    cols: frozenset | None = None  # lifted collections; None: all
+    immutable: bool = False
+    discard: object = None  # None | True (keep variable inits) | frozenset (keep inits in these)
+    context: tuple[str, ...] = ()  # notes for every key made here
+
+    def push(self, name: str) -> "_Scope":
+        # mirrors flax/core/scope.py Scope.push: LazyRng.create(rng, name) appends to the suffix
+        return _Scope(self.path + (name,), {s: (r, suf + (name,)) for s, (r, suf) in self.rngs.items()},
+                      self.axes, self.cols, self.immutable, self.discard, self.context)
+
+    def lifted(self, **kw) -> "_Scope":
+        new = _Scope(self.path, self.rngs, self.axes, self.cols, self.immutable, self.discard, self.context)
+        for k, v in kw.items():
+            setattr(new, k, v)
+        return new
+
+
 class _Instance:
-    """A bound module instance: a scope path plus the state Flax keeps on the Module object."""
+    """A bound module instance: its scope plus the state Flax keeps on the Module object."""
 
-    __slots__ = ("mod", "path", "setup_done", "setup_children", "reserved", "seq_layers")
+    __slots__ = ("mod", "scope", "setup_done", "setup_children", "reserved", "seq_layers")
 
-    def __init__(self, mod: ModuleDef | None, path: tuple[str, ...]):
+    def __init__(self, mod: ModuleDef | None, scope: _Scope):
         self.mod = mod
-        self.path = path
+        self.scope = scope
         self.setup_done = False
         self.setup_children: dict[str, _Instance] = {}
         self.reserved: dict[str, set] = {}
         self.seq_layers: list[_Instance] | None = None
+
+    @property
+    def path(self) -> tuple[str, ...]:
+        return self.scope.path
 
     @property
     def cls(self) -> str:
@@ -81,13 +172,73 @@ class _Run:
     counters: dict = field(default_factory=dict)
 
 
+_SCAN_CHECK = ("made in nn.scan's first trace (the constancy check, check_constancy_invariants=True): "
+               "Flax throws this key away, but its count is used up")
+_MAP_RUN1 = ("made in nn.map_variables' first run (init=True with a mutable collection): Flax throws this "
+             "key away, but its count is used up")
+_KEPT = ("made in a first trace that Flax otherwise throws away, but kept: it initialises a variable "
+         "(a broadcast one, for nn.scan)")
+
+
+def _matches(flt, name: str) -> bool:
+    if flt is True or flt is False:
+        return flt
+    if isinstance(flt, str):
+        return flt == name
+    return name in flt
+
+
+def _select(names, filters) -> list[tuple[str, object]]:
+    """(name, value) for each name some filter takes, filter by filter, names in their order."""
+    # mirrors flax/core/scope.py group_collections
+    taken: set = set()
+    out = []
+    for flt, value in filters:
+        for n in names:
+            if n not in taken and _matches(flt, n):
+                taken.add(n)
+                out.append((n, value))
+    return out
+
+
+def _filter_set(flt) -> frozenset | None:
+    if flt is True:
+        return None
+    if flt is False:
+        return frozenset()
+    return frozenset((flt,) if isinstance(flt, str) else flt)
+
+
+def _union_cols(*filters) -> frozenset | None:
+    out: set = set()
+    for f in filters:
+        fs = _filter_set(f)
+        if fs is None:
+            return None
+        out |= fs
+    return frozenset(out)
+
+
+def _combine_discard(outer, inner):
+    if outer is None:
+        return inner
+    if inner is None:
+        return outer
+    if outer is True:
+        return inner
+    if inner is True:
+        return outer
+    return outer & inner
+
+
 class Replayer:
     """Walks a spec's model the way Flax executes it and records every key request."""
 
     def __init__(self, spec: Spec):
         self.spec = spec
         self.sep = spec.fix_rng_separator
-        self.rows: list[Derivation] = []
+        self.templates: list[tuple] = []
+        self.axis_size: list[int] = []
 
     # -------------------------------------------------------------- entry
     def run(self) -> list[Derivation]:
@@ -95,11 +246,18 @@ class Replayer:
         if self.spec.phase == "apply":
             # The variables apply() receives are those init() of the same model created.
             pre = _Run("init", True, tuple(self.spec.rngs), discover=True)
-            self._call(_Instance(self.spec.model, ()), pre)
+            self._call(self._root(), pre)
             store = pre.store
         run = _Run(self.spec.phase, self.spec.mutable, tuple(self.spec.rngs), False, store)
-        self._call(_Instance(self.spec.model, ()), run)
-        return self.rows
+        self._call(self._root(), run)
+        return self._expand()
+
+    def _root(self) -> _Instance:
+        return _Instance(self.spec.model, _Scope((), {s: (RootKey(s), ()) for s in self.spec.rngs}))
+
+    def _new_axis(self, size: int) -> int:
+        self.axis_size.append(size)
+        return len(self.axis_size) - 1
 
     # -------------------------------------------------------------- modules
     def _call(self, inst: _Instance, run: _Run) -> None:
@@ -107,13 +265,94 @@ class Replayer:
             for layer in inst.seq_layers:
                 self._call(layer, run)
             return
+        self._setup(inst, run)
+        self._lifted(inst, inst.mod.lifts, run)
+        # mirrors module.py _call_wrapped_method: a compact call ends with scope.rewound()
+        inst.reserved.clear()
+
+    def _setup(self, inst: _Instance, run: _Run) -> None:
         if not inst.setup_done:
             # mirrors flax/linen/module.py _try_setup: setup runs once, before the first method call
             inst.setup_done = True
             self._items(inst, inst.mod.setup, inst.setup_children, {}, run)
-        self._items(inst, inst.mod.body, {}, {}, run)
-        # mirrors module.py _call_wrapped_method: a compact call ends with scope.rewound()
-        inst.reserved.clear()
+
+    def _lifted(self, inst: _Instance, lifts: tuple[Lift, ...], run: _Run) -> None:
+        """Run the instance's __call__ through its lifted transforms, outermost first. Each trace
+        runs on a clone bound to the lifted scope, whose setup() runs again (linen/transforms.py
+        core_fn clones the module and sets its scopes)."""
+        if not lifts:
+            self._items(inst, inst.mod.body, {}, {}, run)
+            return
+        for inner in self._traces(lifts[0], inst, run):
+            clone = _Instance(inst.mod, inner)
+            if not lifts[0].opt("inner"):
+                self._setup(clone, run)
+            self._lifted(clone, lifts[1:], run)
+
+    def _traces(self, lift: Lift, inst: _Instance, run: _Run):
+        """Yield the lifted scope once per trace Flax makes of the wrapped function (R10-R17)."""
+        scope = inst.scope
+        kind = lift.kind
+        if kind in ("vmap", "scan"):
+            n = lift.opt("axis_size") if kind == "vmap" else lift.opt("length")
+            axis = self._new_axis(n)
+            rngs = {}
+            # mirrors flax/core/lift.py vmap/scan: split_rngs keys filter the streams; split acts on
+            # the raw base key (tree_map_rngs over LazyRng.rng) and keeps the suffix
+            for s, split in _select(scope.rngs, lift.opt("split_rngs", ())):
+                ref, suffix = scope.rngs[s]
+                rngs[s] = (_LaneSplit(ref, n, axis) if split else ref, suffix)
+            axes_cols = tuple(c for c, _ in lift.opt("variable_axes", ()))
+            broadcast = lift.opt("variable_broadcast", False)
+            cols = _union_cols(*axes_cols, broadcast, lift.opt("variable_carry", False))
+            if cols is not None and scope.cols is not None:
+                cols &= scope.cols
+            elif cols is None:
+                cols = scope.cols
+            if kind == "scan" and lift.opt("check_constancy_invariants", True):
+                # mirrors flax/core/axes_scan.py scan_fn: trace 1 (pe.trace_to_jaxpr) only checks that
+                # broadcast values are loop invariant; its keys are thrown away, except initialisers
+                # of broadcast variables, whose values are kept. Scanned variables made there are
+                # dropped and made again in trace 2.
+                before = set(run.store)
+                bset = _filter_set(broadcast)  # None: every collection is broadcast
+                keep = True if bset is None else bset
+                yield scope.lifted(rngs=rngs, cols=cols, discard=_combine_discard(scope.discard, keep),
+                                   context=scope.context + (_SCAN_CHECK,))
+                if bset is not None:
+                    for key in set(run.store) - before:
+                        if key[1] not in bset:
+                            del run.store[key]
+            yield scope.lifted(rngs=rngs, axes=scope.axes + (axis,), cols=cols)
+        elif kind in ("jit", "fold_rngs"):
+            # mirrors flax/linen/transforms.py fork_rngs: one make_rng per visible stream, at the
+            # module's own scope, on every call; inside, keys derive from the fork with no suffix
+            forked = {}
+            for s in list(scope.rngs):
+                t = self._make_rng(scope, s, f"{kind}_fork", f"fork of {s!r}", None, lift.loc, run,
+                                   note=f"nn.{kind} forks every visible stream here on every call: this uses "
+                                        "up a count, and keys inside derive from this key")
+                forked[s] = (_Fork(t) if t is not None else None, ())
+            rngs = {s: forked[s] for s, _ in _select(forked, ((lift.opt("rngs", True), None),))}
+            where = "/".join(scope.path) or "(root)"
+            yield scope.lifted(rngs=rngs, context=scope.context + (
+                f"inside nn.{kind} at {where}: derived from the fork key made there on this call, not from "
+                "rngs, so it differs from the un-transformed module's key",))
+        elif kind in ("remat", "map_variables"):
+            rngs = {s: scope.rngs[s] for s, _ in _select(scope.rngs, ((lift.opt("rngs", True), None),))}
+            inner = scope.lifted(rngs=rngs)
+            if kind == "map_variables" and lift.opt("init", False) and self._any_mutable(run, scope):
+                # mirrors flax/linen/transforms.py map_variables: with init=True and a mutable
+                # collection the body runs once to create the variables, then again
+                yield inner.lifted(discard=_combine_discard(scope.discard, True),
+                                   context=scope.context + (_MAP_RUN1,))
+            yield inner
+        else:
+            raise AssertionError(kind)
+
+    @staticmethod
+    def _any_mutable(run: _Run, scope: _Scope) -> bool:
+        return not scope.immutable and (run.mutable is True or bool(run.mutable))
 
     def _reserve(self, inst: _Instance, name: str, col: str | None, what: str, loc: Location) -> None:
         # mirrors flax/core/scope.py Scope.name_reserved / reserve
@@ -136,7 +375,7 @@ class Replayer:
         else:
             name = mod.name
         self._reserve(inst, name, None, "submodule", loc)
-        return _Instance(mod, inst.path + (name,))
+        return _Instance(mod, inst.scope.push(name))
 
     # -------------------------------------------------------------- statements
     def _items(self, inst: _Instance, items: tuple[Item, ...], local: dict, cursor: dict, run: _Run) -> None:
@@ -145,14 +384,15 @@ class Replayer:
                 continue
             if isinstance(item, MakeRng):
                 for _ in range(item.repeat):
-                    self._make_rng(inst, item.stream, item.kind, item.label, item.draw, item.loc, run)
+                    self._make_rng(inst.scope, item.stream, item.kind, item.label, item.draw, item.loc, run)
             elif isinstance(item, Param):
                 self._param(inst, item, run)
             elif isinstance(item, Variable):
                 self._variable(inst, item, run)
-            elif isinstance(item, Child):
+            elif isinstance(item, (Child, Transform)):
+                mod = item.module if isinstance(item, Child) else item.target
                 for _ in range(item.repeat):
-                    child = self._new_child(inst, item.module, cursor, item.loc)
+                    child = self._new_child(inst, mod, cursor, item.loc)
                     local[child.path[-1]] = child
                     self._call(child, run)
             elif isinstance(item, Define):
@@ -172,6 +412,55 @@ class Replayer:
                     self._call(target, run)
             elif isinstance(item, Sequential):
                 self._sequential(inst, item, local, cursor, run)
+            elif isinstance(item, Cond):
+                self._cond(inst, item, cursor, run)
+            elif isinstance(item, WhileLoop):
+                self._while(inst, item, cursor, run)
+
+    def _branch(self, inst: _Instance, scope: _Scope, items, cursor: dict, run: _Run) -> dict:
+        """Trace `items` as a function of the module (nn.cond/switch/while_loop): on a clone bound
+        to the lifted scope, starting from the module's current auto-name cursor."""
+        # mirrors flax/linen/transforms.py decorator_lift_transform core_fn: state.export() per target
+        clone = _Instance(inst.mod, scope)
+        self._setup(clone, run)
+        branch_cursor = dict(cursor)
+        self._items(clone, items, {}, branch_cursor, run)
+        return branch_cursor
+
+    def _cond(self, inst: _Instance, item: Cond, cursor: dict, run: _Run) -> None:
+        # mirrors flax/core/lift.py cond/switch: jax.lax.cond/switch trace every branch, in order
+        scope = inst.scope
+        rngs = {s: scope.rngs[s] for s, _ in _select(scope.rngs, ((item.rngs, None),))}
+        last = cursor
+        n = len(item.branches)
+        for k, branch in enumerate(item.branches):
+            which = ("true", "false")[k] if item.kind == "cond" else str(k)
+            inner = scope.lifted(rngs=rngs, context=scope.context + (
+                f"nn.{item.kind} branch {which}: every branch is traced, in order, so its counts are "
+                f"taken even when branch {which} does not run ({n} branches share counters)",))
+            last = self._branch(inst, inner, branch, cursor, run)
+        cursor.clear()
+        cursor.update(last)
+
+    def _while(self, inst: _Instance, item: WhileLoop, cursor: dict, run: _Run) -> None:
+        # mirrors flax/core/lift.py while_loop: cond traced before body; a split stream is folded with
+        # the iteration index, negated for cond (make_loop_rngs(-i)); cond sees immutable variables
+        scope = inst.scope
+        selected = _select(scope.rngs, item.split_rngs)
+        last = cursor
+        for items, negate, size, what in ((item.cond_items, True, item.iterations + 1, "cond"),
+                                          (item.body_items, False, item.iterations, "body")):
+            axis = self._new_axis(size)
+            rngs = {}
+            for s, split in selected:
+                ref, suffix = scope.rngs[s]
+                rngs[s] = (_LaneFold(ref, axis, negate) if split else ref, suffix)
+            inner = scope.lifted(rngs=rngs, axes=scope.axes + (axis,), cols=frozenset(),
+                                 immutable=what == "cond",
+                                 context=scope.context + (f"nn.while_loop {what}",))
+            last = self._branch(inst, inner, items, cursor, run)
+        cursor.clear()
+        cursor.update(last)
 
     def _sequential(self, inst: _Instance, item: Sequential, local: dict, cursor: dict, run: _Run) -> None:
         if item.in_setup:
@@ -185,7 +474,7 @@ class Replayer:
                         "drop `name:` from this layer",
                         layer.loc,
                     )
-                seq.seq_layers.append(_Instance(layer, seq.path + (f"layers_{i}",)))
+                seq.seq_layers.append(_Instance(layer, seq.scope.push(f"layers_{i}")))
             local[seq.path[-1]] = seq
             return
         # Built in @compact: the layers are created (and auto-named) in the enclosing module first.
@@ -199,14 +488,22 @@ class Replayer:
         local[seq.path[-1]] = seq
         self._call(seq, run)
 
+    # -------------------------------------------------------------- variables
+    @staticmethod
+    def _visible(scope: _Scope, col: str) -> bool:
+        return scope.cols is None or col in scope.cols
+
     def _require_collection(self, inst: _Instance, col: str, name: str, loc: Location, run: _Run) -> None:
         # mirrors flax/core/scope.py Scope.param / Scope.variable: a missing variable of an immutable
         # collection that holds no variable at all (is_collection_empty) is ScopeCollectionNotFound
-        if not any(stored[1] == col for stored in run.store):
+        if not self._visible(inst.scope, col) or not any(stored[1] == col for stored in run.store):
             raise FlaxError(
                 "ScopeCollectionNotFound",
                 f'Tried to access "{name}" from collection "{col}" in "/{"/".join(inst.path)}" but the '
-                f"collection is empty. init of this model makes no {col!r}: check `when:` and `mutable`",
+                f"collection is empty. " + (
+                    f"The enclosing transform does not lift {col!r}: add it to variable_axes or "
+                    "variable_broadcast" if not self._visible(inst.scope, col) else
+                    f"init of this model makes no {col!r}: check `when:` and `mutable`"),
                 loc,
             )
 
@@ -223,6 +520,8 @@ class Replayer:
     def _exists(self, inst: _Instance, col: str, name: str, loc: Location, run: _Run) -> bool:
         # mirrors flax/core/scope.py Scope.has_variable: a scope's collection is its entry in the parent's;
         # where that entry is a variable (an array), `name in array` raises TypeError
+        if not self._visible(inst.scope, col):
+            return False
         path = inst.path
         for i in range(len(path)):
             if run.store.get((path[:i], col, path[i])):
@@ -235,7 +534,9 @@ class Replayer:
                 )
         return (path, col, name) in run.store
 
-    def _mutable(self, run: _Run, col: str) -> bool:
+    def _mutable(self, run: _Run, scope: _Scope, col: str) -> bool:
+        if scope.immutable or not self._visible(scope, col):
+            return False
         return run.mutable is True or (isinstance(run.mutable, tuple) and col in run.mutable)
 
     def _param(self, inst: _Instance, item: Param, run: _Run) -> None:
@@ -244,7 +545,7 @@ class Replayer:
         key = (inst.path, "params", item.name)
         if self._exists(inst, "params", item.name, item.loc, run):
             return
-        if not self._mutable(run, "params"):
+        if not self._mutable(run, inst.scope, "params"):
             self._require_collection(inst, "params", item.name, item.loc, run)
             raise FlaxError(
                 "ScopeParamNotFoundError",
@@ -252,19 +553,19 @@ class Replayer:
                 "In apply, params come from init of the same model: check `when:` on this param",
                 item.loc,
             )
-        self._make_rng(inst, "params", "param", item.name, item.draw, item.loc, run)
+        self._make_rng(inst.scope, "params", "param", item.name, item.draw, item.loc, run, "params")
         self._put(run, key)
 
     def _variable(self, inst: _Instance, item: Variable, run: _Run) -> None:
         if item.eager:
             # self.variable(col, name, f, self.make_rng(s)): the argument is evaluated on every call
             for s in item.streams:
-                self._make_rng(inst, s, "variable", item.name, item.draw, item.loc, run)
+                self._make_rng(inst.scope, s, "variable", item.name, item.draw, item.loc, run)
         self._reserve(inst, item.name, item.collection, "variable", item.loc)
         key = (inst.path, item.collection, item.name)
         if self._exists(inst, item.collection, item.name, item.loc, run):
             return
-        if not self._mutable(run, item.collection):
+        if not self._mutable(run, inst.scope, item.collection):
             self._require_collection(inst, item.collection, item.name, item.loc, run)
             raise FlaxError(
                 "ScopeVariableNotFoundError",
@@ -274,42 +575,101 @@ class Replayer:
             )
         if not item.eager:
             for s in item.streams:
-                self._make_rng(inst, s, "variable", item.name, item.draw, item.loc, run)
+                self._make_rng(inst.scope, s, "variable", item.name, item.draw, item.loc, run,
+                               item.collection)
         self._put(run, key)
 
     # -------------------------------------------------------------- the key itself
-    def _make_rng(self, inst: _Instance, stream: str, kind: str, label: str | None, draw: Draw | None,
-                  loc: Location, run: _Run) -> None:
+    def _make_rng(self, scope: _Scope, stream: str, kind: str, label: str | None, draw: Draw | None,
+                  loc: Location, run: _Run, collection: str | None = None, note: str | None = None) -> int | None:
+        """Count one make_rng at `scope` and record its template; returns the template's number."""
         # mirrors flax/core/scope.py Scope.make_rng
         notes: tuple[str, ...] = ()
         used = stream
-        if stream not in run.streams:
-            if "params" in run.streams:
+        if stream not in scope.rngs:
+            if "params" in scope.rngs:
                 used = "params"
-                notes = (f"stream {stream!r} was not passed to {run.phase}; Flax falls back to 'params' "
-                         "and advances the params counter",)
+                if stream in run.streams:
+                    notes = (f"stream {stream!r} is hidden here by a transform's rng filter (split_rngs "
+                             "keys or rngs=); Flax falls back to 'params' and advances the params counter",)
+                else:
+                    notes = (f"stream {stream!r} was not passed to {run.phase}; Flax falls back to "
+                             "'params' and advances the params counter",)
             elif run.discover:
                 used = stream
             else:
+                name = scope.path[-1] if scope.path else "None"
+                hidden = stream in run.streams
                 raise FlaxError(
                     "InvalidRngError",
-                    f'{inst.scope_name} needs PRNG for "{stream}". Add `{stream}:` (or `params:`) to rngs',
+                    f'{name} needs PRNG for "{stream}". ' + (
+                        f"The stream is passed but hidden by a transform's rng filter: list {stream!r} in "
+                        "its split_rngs (or rngs=)" if hidden else
+                        f"Add `{stream}:` (or `params:`) to rngs"),
                     loc,
                 )
-        ckey = (inst.path, used)
+        ckey = (scope.path, used)
         count = run.counters.get(ckey, 0) + 1
         run.counters[ckey] = count
         if run.discover:
-            return
-        if len(self.rows) >= MAX_DERIVATIONS:
+            return None
+        if len(self.templates) >= MAX_DERIVATIONS:
             raise SpecError(f"the model asks for more than {MAX_DERIVATIONS} keys; reduce `repeat`", loc)
-        items = inst.path + (count,)
+        ref, suffix = scope.rngs[used]
+        items = suffix + (count,)
         data = hash_input(items, self.sep)
-        self.rows.append(Derivation(
-            index=len(self.rows), path=inst.path, stream_requested=stream, stream=used, count=count,
-            kind=kind, label=label, hash_items=items, hash_input=data, hash_word=hash_word(data),
-            base=RootKey(used), location=loc, draw=draw, notes=notes,
-        ))
+        discarded = False
+        context = scope.context
+        if scope.discard is not None:
+            keep = scope.discard
+            discarded = not (kind in ("param", "variable") and (keep is True or collection in keep))
+            if not discarded:
+                context = tuple(_KEPT if c in (_SCAN_CHECK, _MAP_RUN1) else c for c in context)
+        if note:
+            notes += (note,)
+        self.templates.append((scope.path, stream, used, count, kind, label, items, data, hash_word(data),
+                               ref, loc, draw, notes + context, scope.axes, discarded))
+        return len(self.templates) - 1
+
+    # -------------------------------------------------------------- lanes
+    def _expand(self) -> list[Derivation]:
+        """One Derivation per template and lane of its axes, with concrete key references."""
+        rows: list[Derivation] = []
+        index_of: dict = {}
+        memo: dict = {}
+        for t, (path, req, used, count, kind, label, items, data, word, ref, loc, draw, notes, axes,
+                discarded) in enumerate(self.templates):
+            for lane in product(*(range(self.axis_size[a]) for a in axes)) if axes else ((),):
+                assign = dict(zip(axes, lane))
+                base = ref if type(ref) is RootKey else self._concrete(ref, assign, index_of, memo)
+                index_of[(t, lane)] = len(rows)
+                rows.append(Derivation(len(rows), path, req, used, count, kind, label, items, data, word,
+                                       base, loc, draw, notes, lane, discarded))
+        return rows
+
+    def _concrete(self, ref, assign: dict, index_of: dict, memo: dict):
+        if ref is None or type(ref) is RootKey:
+            return ref
+        if type(ref) is _Fork:
+            axes = self.templates[ref.template][13]
+            if any(a not in assign for a in axes):
+                return None
+            return ForkKey(index_of[(ref.template, tuple(assign[a] for a in axes))])
+        if ref.axis not in assign:
+            return None  # a per-step key of a trace Flax discards: it never exists
+        key = (ref, assign[ref.axis], tuple(sorted(assign.items())))
+        hit = memo.get(key)
+        if hit is None:
+            parent = self._concrete(ref.parent, assign, index_of, memo)
+            if parent is None:
+                hit = None
+            elif type(ref) is _LaneSplit:
+                hit = SplitKey(parent, ref.n, assign[ref.axis])
+            else:
+                i = assign[ref.axis]
+                hit = FoldKey(parent, (-i if ref.negate else i) & 0xFFFFFFFF)
+            memo[key] = hit
+        return hit
 
 
 def replay(spec: Spec) -> list[Derivation]:

@@ -32,8 +32,9 @@ class DeriveReport:
     calls: list[KeyedCall]
 
     @property
-    def notes(self) -> int:
-        return sum(1 for c in self.calls if c.derivation.notes)
+    def fallbacks(self) -> int:
+        """Keys whose stream fell back to 'params' (the findings of `derive --strict`)."""
+        return sum(1 for c in self.calls if c.derivation.fallback)
 
 
 def derive(spec: Spec, values: bool = True, default_draw: Draw | None = None) -> DeriveReport:
@@ -43,10 +44,10 @@ def derive(spec: Spec, values: bool = True, default_draw: Draw | None = None) ->
     keys = derive_keys(spec, rows, engine)
     calls = []
     for d, k in zip(rows, keys):
-        key = tuple(int(w) for w in k)
+        key = tuple(int(w) for w in k) if d.base is not None else None
         draw = d.draw or default_draw
         vals = None
-        if values and draw is not None:
+        if values and draw is not None and key is not None:
             try:
                 vals = draw_values(spec, key, draw)
             except (ValueError, TypeError, ArithmeticError, IndexError) as e:
@@ -78,8 +79,10 @@ def call_json(c: KeyedCall) -> dict:
         "hash_items": list(d.hash_items),
         "hash_input_hex": d.hash_input.hex(),
         "hash_word": d.hash_word,
-        "base": str(d.base),
-        "key": list(c.key),
+        "base": str(d.base) if d.base is not None else None,
+        "key": list(c.key) if c.key is not None else None,
+        "lane": list(d.lane),
+        "discarded": d.discarded,
         "notes": list(d.notes),
         "location": d.location.as_json(),
     }
@@ -108,5 +111,9 @@ def to_json(report: DeriveReport) -> dict:
             s: {"expr": spec.rngs[s].text, "key": list(report.roots[s])} for s in sorted(spec.rngs)
         },
         "calls": [call_json(c) for c in report.calls],
-        "summary": {"calls": len(report.calls), "fallbacks": report.notes},
+        "summary": {
+            "calls": len(report.calls),
+            "fallbacks": report.fallbacks,
+            "discarded": sum(1 for c in report.calls if c.derivation.discarded),
+        },
     }

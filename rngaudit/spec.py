@@ -1,14 +1,15 @@
 """YAML model spec (format version 1) -> frozen dataclasses, every problem reported at file:line:col."""
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 
 from . import keyexpr
 from .errors import Location, SpecError
 from .layers import LAYERS, OPTION_TYPES, make_layer
-from .nodes import (Call, Child, Define, Draw, Item, MakeRng, ModuleDef, Param, RngSource,
-                    Sequential, Spec, Variable)
+from .nodes import (Call, Child, Cond, Define, Draw, Item, Lift, MakeRng, ModuleDef, Param, RngSource,
+                    Sequential, Spec, Transform, Variable, WhileLoop)
 from .yamlsrc import YNode, load_file, load_text
 
 FORMAT_VERSION = 1
@@ -47,7 +48,29 @@ DRAW_KINDS = {
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 INT_DTYPES = ("int32", "uint32", "int16", "int8", "uint8")
 
-ITEM_KINDS = ("make_rng", "param", "variable", "module", "call", "Sequential") + tuple(LAYERS)
+# class transforms: statement -> (Flax's class-name prefix, options allowed besides module/name/repeat/when)
+LIFTS = {
+    "vmap": ("Vmap", ("axis_size", "split_rngs", "variable_axes", "in_axes", "out_axes", "axis_name",
+                      "methods", "metadata_params", "spmd_axis_name")),
+    "scan": ("Scan", ("length", "split_rngs", "variable_axes", "variable_broadcast", "variable_carry",
+                      "check_constancy_invariants", "reverse", "unroll", "in_axes", "out_axes", "methods",
+                      "metadata_params", "data_transform", "_split_transpose")),
+    "jit": ("Jit", ("rngs", "variables", "static_argnums", "static_argnames", "donate_argnums", "device",
+                    "backend", "methods")),
+    "remat": ("Checkpoint", ("rngs", "variables", "prevent_cse", "static_argnums", "policy", "concrete",
+                             "methods")),
+    "checkpoint": ("Checkpoint", ("rngs", "variables", "prevent_cse", "static_argnums", "policy", "concrete",
+                                  "methods")),
+    "fold_rngs": ("Fold_rngs", ("rngs", "variables", "methods")),
+    "map_variables": ("Map_variables", ("rngs", "variables", "init", "mutable", "mapped_collections",
+                                        "trans_in_fn", "trans_out_fn", "methods")),
+    "remat_scan": ("Remat_scan", ("lengths", "split_rngs", "variable_axes", "variable_broadcast",
+                                  "variable_carry", "policy")),
+}
+FLOW = ("cond", "switch", "while_loop")
+ITEM_KINDS = (("make_rng", "param", "variable", "module", "call", "Sequential") + tuple(LAYERS)
+              + tuple(LIFTS) + FLOW)
+MAX_LANES = 1_000_000
 
 
 def _suggest(word: str, choices) -> str:
@@ -243,6 +266,67 @@ def _draw(f: _Fields) -> Draw | None:
     return None if n is None else parse_draw(n)
 
 
+# ---------------------------------------------------------------- transform options
+_ALL = ("all", "*")
+
+
+def _required_int(f: _Fields, key: str, kind: str, hi: int) -> int:
+    n = f.get(key)
+    if n is None:
+        raise SpecError(f"{kind} needs `{key}` (a positive integer)", f.node.loc)
+    return _int(n, f"`{key}`", 1, hi)
+
+
+def _filter(n: YNode | None, default, what: str):
+    """A Flax filter: true/all (every name), false/none, a name, or a list of names."""
+    if n is None:
+        return default
+    v = n.value
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str):
+        if v in _ALL:
+            return True
+        if v == "none":
+            return False
+        return (v,)
+    if n.is_seq:
+        return tuple(_str(x, f"a name in `{what}`") for x in n.value)
+    raise SpecError(f"`{what}` must be true, false, a name or a list of names, not {_type_name(v)}", n.loc)
+
+
+def _split_rngs(n: YNode | None, default) -> tuple:
+    if n is None:
+        return default
+    if isinstance(n.value, str) and n.value in _ALL or n.value is True:
+        return ((True, True),)
+    if n.value is False or n.value == "none":
+        return ()
+    if not n.is_map:
+        raise SpecError("`split_rngs` maps streams to true/false, e.g. {params: true, dropout: false} "
+                        "(`all` for every stream)", n.loc)
+    out = []
+    for stream, v in n.value.items():
+        if not isinstance(v.value, bool):
+            raise SpecError(f"`split_rngs` values must be true or false; {stream!r} has {_type_name(v.value)}",
+                            v.loc)
+        out.append((True if stream in _ALL else stream, v.value))
+    return tuple(out)
+
+
+def _variable_axes(n: YNode | None, default) -> tuple:
+    if n is None:
+        return default
+    if not n.is_map:
+        raise SpecError("`variable_axes` maps collections to an axis (or null), e.g. {params: 0}", n.loc)
+    out = []
+    for col, v in n.value.items():
+        if v.value is not None and (isinstance(v.value, bool) or not isinstance(v.value, int)):
+            raise SpecError(f"the axis of {col!r} must be an integer or null", v.loc)
+        out.append((True if col in _ALL else col, v.value))
+    return tuple(out)
+
+
 # ---------------------------------------------------------------- items
 class _Parser:
     def __init__(self):
@@ -275,6 +359,12 @@ class _Parser:
             raise SpecError(f"unknown statement {kind!r}{_suggest(kind, ITEM_KINDS)}; known: "
                             "make_rng, param, variable, module, call, Sequential, "
                             + ", ".join(LAYERS), kloc)
+        if kind in LIFTS:
+            return self._transform(kind, arg, kloc, in_setup)
+        if kind in FLOW:
+            if in_setup:
+                raise SpecError(f"nn.{kind} runs inside a method; put it in `body`", kloc)
+            return getattr(self, "_" + kind)(kind, arg, kloc)
         return getattr(self, "_" + kind if kind in ("make_rng", "param", "variable", "module", "call",
                                                     "Sequential") else "_layer")(kind, arg, kloc, in_setup)
 
@@ -329,11 +419,147 @@ class _Parser:
         return Call(loc, _when(f), f.str("name"), f.int("repeat", 1, 1, MAX_REPEAT))
 
     def module_def(self, node: YNode, what: str, root: bool = False) -> tuple[ModuleDef, _Fields]:
-        allowed = ("class", "name", "setup", "body") + (() if root else ("repeat", "when"))
+        allowed = ("class", "name", "setup", "body", "transforms") + (() if root else ("repeat", "when"))
         f = _Fields(node, what, allowed, ("class",))
+        lifts: tuple[Lift, ...] = ()
+        tn = f.get("transforms")
+        if tn is not None:
+            if not tn.is_seq:
+                raise SpecError("`transforms` is a list of method decorators, outermost first, e.g. "
+                                "[{jit: {}}]", tn.loc)
+            for t in tn.value:
+                if not t.is_map or len(t.value) != 1:
+                    raise SpecError("each transform is a mapping with one key, e.g. {jit: {rngs: [params]}}",
+                                    t.loc)
+                (kind, opts), = t.value.items()
+                if kind not in LIFTS:
+                    raise SpecError(f"unknown transform {kind!r}{_suggest(kind, LIFTS)}; known: "
+                                    f"{', '.join(LIFTS)}", t.key_locs[kind])
+                lifts += self.lifts(kind, opts if opts.value is not None else YNode({}, opts.loc),
+                                    t.key_locs[kind], decorator=True)
         m = ModuleDef(f.str("class"), f.str("name"), self.items(f.get("setup"), "setup", True),
-                      self.items(f.get("body"), "body", False), node.loc)
+                      self.items(f.get("body"), "body", False), node.loc, lifts=lifts)
         return m, f
+
+    def root(self, node: YNode) -> ModuleDef:
+        if node.is_map and len(node.value) == 1 and next(iter(node.value)) in LIFTS:
+            (kind, arg), = node.value.items()
+            item = self._transform(kind, arg, node.key_locs[kind], False, root=True)
+            return item.target
+        m, _ = self.module_def(node, "model", root=True)
+        return m
+
+    # ------------------------------------------------------------ lifted transforms
+    def target(self, node: YNode, what: str) -> ModuleDef:
+        """The `module:` of a transform: a user module, a standard layer or a nested transform."""
+        if node.is_map and "class" in node.value:
+            m, f = self.module_def(node, what, root=True)
+            if m.name is not None:
+                raise SpecError("put `name:` on the transform statement, not inside `module:` (the name "
+                                "belongs to the transformed instance)", f.node.key_locs["name"])
+            return m
+        if node.is_map and len(node.value) == 1:
+            (kind, arg), = node.value.items()
+            kloc = node.key_locs[kind]
+            if kind in LIFTS:
+                return self._transform(kind, arg, kloc, False, nested=True).target
+            if kind in LAYERS:
+                child = self._layer(kind, arg, kloc, False)
+                if child.module.name is not None or child.repeat != 1 or child.when is not None:
+                    raise SpecError("put `name`, `repeat` and `when` on the transform statement, not on "
+                                    "the wrapped layer", kloc)
+                return child.module
+            raise SpecError(f"`module` must be a module ({{class: ..., body: [...]}}), a standard layer "
+                            f"({{Dense: {{...}}}}) or a transform; {kind!r} is none of these"
+                            f"{_suggest(kind, tuple(LAYERS) + tuple(LIFTS))}", kloc)
+        raise SpecError("`module` must be a module ({class: ..., body: [...]}), a standard layer "
+                        "({Dense: {...}}) or a transform ({jit: {module: ...}})", node.loc)
+
+    def _transform(self, kind, arg: YNode, loc, in_setup, root=False, nested=False):
+        prefix, allowed = LIFTS[kind]
+        outer = () if (root or nested) else ("name", "repeat", "when")
+        f = _Fields(arg, kind, ("module",) + allowed + outer, ("module",))
+        target = self.target(f.get("module"), f"module of {kind}")
+        opts = YNode({k: v for k, v in arg.value.items() if k not in ("module", "name", "repeat", "when")},
+                     arg.loc, {k: v for k, v in arg.key_locs.items()})
+        lifts = self.lifts(kind, opts, loc)
+        mod = dataclasses.replace(target, cls=prefix + target.cls, name=None if root or nested else f.str("name"),
+                                  lifts=lifts + target.lifts)
+        if root or nested:
+            return Transform(loc, None, mod, 1)
+        if in_setup:
+            if mod.name is None:
+                raise SpecError("a transformed module created in setup is named by its attribute: give "
+                                "`name:`", loc)
+            return Define(loc, _when(f), mod)
+        return Transform(loc, _when(f), mod, f.int("repeat", 1, 1, MAX_REPEAT))
+
+    def lifts(self, kind: str, node: YNode, loc: Location, decorator: bool = False) -> tuple[Lift, ...]:
+        """Normalised options of one transform; remat_scan becomes its nested scans."""
+        _, allowed = LIFTS[kind]
+        f = _Fields(node, kind, allowed)
+        opts: dict = {}
+        if kind == "vmap":
+            opts["axis_size"] = _required_int(f, "axis_size", kind, MAX_LANES)
+        if kind == "scan":
+            opts["length"] = _required_int(f, "length", kind, MAX_LANES)
+            opts["check_constancy_invariants"] = f.bool("check_constancy_invariants", True)
+            f.bool("reverse", False)
+        if kind in ("vmap", "scan", "remat_scan"):
+            opts["split_rngs"] = _split_rngs(f.get("split_rngs"), default=() if kind != "remat_scan" else ((True, True),))
+            opts["variable_axes"] = _variable_axes(f.get("variable_axes"),
+                                                   () if kind != "remat_scan" else ((True, 0),))
+        if kind in ("scan", "remat_scan"):
+            opts["variable_broadcast"] = _filter(f.get("variable_broadcast"), False, "variable_broadcast")
+            opts["variable_carry"] = _filter(f.get("variable_carry"), False, "variable_carry")
+        if kind in ("jit", "remat", "checkpoint", "fold_rngs", "map_variables"):
+            opts["rngs"] = _filter(f.get("rngs"), True, "rngs")
+        if kind == "map_variables":
+            opts["init"] = f.bool("init", False)
+            opts["mutable"] = f.bool("mutable", False)
+        norm = "remat" if kind == "checkpoint" else kind
+        if kind != "remat_scan":
+            return (Lift(norm, tuple(opts.items()), loc),)
+        ln = f.get("lengths")
+        if ln is None:
+            raise SpecError("remat_scan needs `lengths: [a, b, ...]` (iterations per level)", node.loc)
+        if not ln.is_seq or not ln.value:
+            raise SpecError("`lengths` must be a non-empty list of positive integers", ln.loc)
+        lengths = [_int(n, "a length", 1, MAX_LANES) for n in ln.value]
+        # mirrors flax/core/lift.py remat_scan: scan(remat(remat_scan(lengths[1:]))) per level, all in
+        # one module call (no clone between levels)
+        out: list[Lift] = []
+        for i, n in enumerate(lengths):
+            level = dict(opts, length=n, check_constancy_invariants=True)
+            if i:
+                out.append(Lift("remat", (("rngs", True), ("inner", True)), loc))
+                level["inner"] = True
+            out.append(Lift("scan", tuple(level.items()), loc))
+        return tuple(out)
+
+    def _branches(self, node: YNode | None, what: str) -> tuple[Item, ...]:
+        return self.items(node, what, False)
+
+    def _cond(self, kind, arg: YNode, loc):
+        f = _Fields(arg, "cond", ("true_fun", "false_fun", "rngs", "variables", "when"), ("true_fun", "false_fun"))
+        return Cond(loc, _when(f), (self._branches(f.get("true_fun"), "true_fun"),
+                                    self._branches(f.get("false_fun"), "false_fun")),
+                    _filter(f.get("rngs"), True, "rngs"), "cond")
+
+    def _switch(self, kind, arg: YNode, loc):
+        f = _Fields(arg, "switch", ("branches", "rngs", "variables", "when"), ("branches",))
+        bn = f.get("branches")
+        if not bn.is_seq or not bn.value:
+            raise SpecError("`branches` must be a non-empty list of statement lists", bn.loc)
+        return Cond(loc, _when(f), tuple(self._branches(b, "a branch") for b in bn.value),
+                    _filter(f.get("rngs"), True, "rngs"), "switch")
+
+    def _while_loop(self, kind, arg: YNode, loc):
+        f = _Fields(arg, "while_loop", ("cond", "body", "iterations", "split_rngs", "carry_variables",
+                                        "broadcast_variables", "when"), ("cond", "body", "iterations"))
+        return WhileLoop(loc, _when(f), self._branches(f.get("cond"), "cond"), self._branches(f.get("body"), "body"),
+                         _int(f.get("iterations"), "`iterations`", 0, MAX_LANES),
+                         _split_rngs(f.get("split_rngs"), ()))
 
     def _module(self, kind, arg: YNode, loc, in_setup):
         m, f = self.module_def(arg, "module")
@@ -445,17 +671,28 @@ class _Budget:
                     children[name] = tuple(max(x, y) for x, y in zip(old, c))
         total = (0, 0, 1)
         for items in (m.setup, m.body):
-            for item in items:
-                c = self._limit(self.item(item, children), item.loc, "this statement")
-                total = tuple(x + y for x, y in zip(total, c))
-        cost = self._limit(total, m.loc, f"module {m.cls}")
+            total = tuple(x + y for x, y in zip(total, self.items(items, children)))
+        factor = 1
+        for lift in m.lifts:
+            factor *= _lift_factor(lift)
+        # lifted transforms repeat the call per lane and trace (and re-run setup on each clone)
+        cost = self._limit(tuple(x * factor * (2 if m.lifts else 1) for x in total), m.loc, f"module {m.cls}")
         self.memo[id(m)] = cost
         return cost
+
+    def items(self, items, children: dict) -> tuple[int, int, int]:
+        total = (0, 0, 0)
+        for item in items:
+            c = self._limit(self.item(item, children), item.loc, "this statement")
+            total = tuple(x + y for x, y in zip(total, c))
+        return total
 
     def _defined(self, item: Item):
         """(name, cost per call) for each child the statement creates; auto-names by class."""
         if isinstance(item, (Child, Define)):
             yield (item.module.name or item.module.cls), self.module(item.module)
+        elif isinstance(item, Transform):
+            yield (item.target.name or item.target.cls), self.module(item.target)
         elif isinstance(item, Sequential):
             for layer in item.layers:
                 yield (layer.name or layer.cls), self.module(layer)
@@ -476,6 +713,17 @@ class _Budget:
             return drawn(len(item.streams), item.draw)
         if isinstance(item, Child):
             return times(item.repeat, self.module(item.module))
+        if isinstance(item, Transform):
+            return times(item.repeat, self.module(item.target))
+        if isinstance(item, Cond):
+            total = (0, 0, 0)
+            for branch in item.branches:
+                total = tuple(x + y for x, y in zip(total, self.items(branch, children)))
+            return total
+        if isinstance(item, WhileLoop):
+            c = self.items(item.cond_items, children)
+            b = self.items(item.body_items, children)
+            return tuple((item.iterations + 1) * x + item.iterations * y for x, y in zip(c, b))
         if isinstance(item, Call):
             name = item.name
             target = children.get(name)
@@ -489,6 +737,16 @@ class _Budget:
                 total = tuple(x + y for x, y in zip(total, self.module(layer)))
             return total
         return 0, 0, 0
+
+
+def _lift_factor(lift: Lift) -> int:
+    if lift.kind == "vmap":
+        return lift.opt("axis_size")
+    if lift.kind == "scan":
+        return lift.opt("length") + (1 if lift.opt("check_constancy_invariants", True) else 0)
+    if lift.kind == "map_variables" and lift.opt("init"):
+        return 2
+    return 1
 
 
 def budget(model: ModuleDef) -> tuple[int, int, int]:
@@ -611,7 +869,7 @@ def spec_from_node(root: YNode) -> Spec:
             rngs["params"] = _rng_source(rn, width, impl)  # a bare key means {'params': key}, as in Flax
 
     parser = _Parser()
-    model, _ = parser.module_def(top.get("model"), "model", root=True)
+    model = parser.root(top.get("model"))
     _Budget().check(model)
     return Spec(file, fix, impl, part, phase, mutable, rngs, model)
 

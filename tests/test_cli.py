@@ -107,7 +107,7 @@ def test_guide_json_shape_and_keys():
     assert doc["rngs"]["params"]["key"] == [0, 0] and doc["rngs"]["other"]["key"] == [0, 1]
     calls = doc["calls"]
     assert [(c["path"], c["label"], c["stream"], c["count"], c["hash_items"]) for c in calls] == GUIDE_CALLS
-    assert doc["summary"] == {"calls": 6, "fallbacks": 0}
+    assert doc["summary"] == {"calls": 6, "fallbacks": 0, "discarded": 0}
     for c in calls:
         assert isinstance(c["key"], list) and len(c["key"]) == 2
         assert all(isinstance(w, int) and 0 <= w < 2**32 for w in c["key"])
