@@ -84,7 +84,7 @@ def test_guide_text():
     assert "rngs['other'] = 1 -> [0, 1]" in out
     for path, label, *_ in GUIDE_CALLS:
         assert label in out
-    assert "6 keys, 0 with notes" in out
+    assert "6 keys, 0 falling back to 'params'" in out
     assert "\x1b[" not in out  # no colour when not a terminal
     assert r.stderr == ""
 
