@@ -229,7 +229,7 @@ def test_strict_exit_1_with_a_fallback_note(fallback_spec, tmp_path):
     assert "falls back to 'params'" in r.stdout
     r = invoke("derive", fallback_spec, "--strict")
     assert r.exit_code == 1
-    assert "1 with notes" in r.stdout  # the report is still printed
+    assert "1 falling back to 'params'" in r.stdout  # the report is still printed
     doc = json.loads(invoke("derive", fallback_spec, "-f", "json").stdout)
     assert doc["summary"]["fallbacks"] == 1
     assert doc["calls"][0]["fallback"] is True and doc["calls"][0]["stream_requested"] == "dropout"
@@ -255,7 +255,7 @@ def test_output_written_only_on_success(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]  # no temporary left
     text_out = tmp_path / "report.txt"
     assert invoke("derive", GUIDE, "-o", str(text_out)).exit_code == 0
-    assert "6 keys, 0 with notes" in text_out.read_text(encoding="utf-8")
+    assert "6 keys, 0 falling back to 'params'" in text_out.read_text(encoding="utf-8")
     # `-o -` is stdout
     r = invoke("derive", GUIDE, "-f", "json", "-o", "-")
     assert r.stdout == guide_json()
@@ -308,7 +308,7 @@ def test_python_dash_m(tmp_path):
     assert r.returncode == 0 and r.stdout.strip() == f"rngaudit {rngaudit.__version__}"
     r = run_cli("derive", GUIDE, "--no-values")
     assert r.returncode == 0, r.stderr
-    assert "6 keys, 0 with notes" in r.stdout
+    assert "6 keys, 0 falling back to 'params'" in r.stdout
     assert r.stderr == ""
 
 
