@@ -588,9 +588,13 @@ class _Parser:
         layers = []
         for ln in n.value:
             item = self.item(ln, False)
-            if not isinstance(item, Child) or item.repeat != 1:
-                raise SpecError("Sequential layers must be modules or standard layers (no repeat)", ln.loc)
-            layers.append(item.module)
+            if not isinstance(item, (Child, Transform)) or item.repeat != 1:
+                raise SpecError("Sequential layers must be modules, standard layers or transformed modules "
+                                "(no repeat)", ln.loc)
+            if item.when is not None:
+                raise SpecError("`when` on a layer inside a Sequential is not supported: put `when` on the "
+                                "Sequential", ln.loc)
+            layers.append(item.module if isinstance(item, Child) else item.target)
         name = f.str("name")
         if in_setup and name is None:
             raise SpecError("a Sequential created in setup needs `name:` (its attribute name)", loc)

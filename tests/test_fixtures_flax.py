@@ -1,0 +1,18 @@
+"""Every bundled spec and fixture gives exactly the keys (and drawn values) real Flax hands out."""
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from rngaudit import load_spec
+
+from flax_oracle import check_against_flax
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SPECS = sorted((ROOT / "fixtures").rglob("*.yaml")) + sorted((ROOT / "rngaudit" / "examples").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SPECS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_fixture_matches_real_flax(path):
+    check_against_flax(load_spec(str(path)))
