@@ -265,7 +265,6 @@ class Replayer:
             for layer in inst.seq_layers:
                 self._call(layer, run)
             return
-        self._setup(inst, run)
         self._lifted(inst, inst.mod.lifts, run)
         # mirrors module.py _call_wrapped_method: a compact call ends with scope.rewound()
         inst.reserved.clear()
@@ -278,16 +277,16 @@ class Replayer:
 
     def _lifted(self, inst: _Instance, lifts: tuple[Lift, ...], run: _Run) -> None:
         """Run the instance's __call__ through its lifted transforms, outermost first. Each trace
-        runs on a clone bound to the lifted scope, whose setup() runs again (linen/transforms.py
-        core_fn clones the module and sets its scopes)."""
+        runs on a clone bound to the lifted scope (linen/transforms.py core_fn clones the module
+        and sets its scopes), and the clone runs setup() again. Outside the transform, the others
+        take a shallow setup (get_module_scopes: _try_setup(shallow=True)) that runs no user code;
+        nn.jit and nn.fold_rngs run the module's setup() after their fork (see _traces)."""
         if not lifts:
+            self._setup(inst, run)
             self._items(inst, inst.mod.body, {}, {}, run)
             return
         for inner in self._traces(lifts[0], inst, run):
-            clone = _Instance(inst.mod, inner)
-            if not lifts[0].opt("inner"):
-                self._setup(clone, run)
-            self._lifted(clone, lifts[1:], run)
+            self._lifted(_Instance(inst.mod, inner), lifts[1:], run)
 
     def _traces(self, lift: Lift, inst: _Instance, run: _Run):
         """Yield the lifted scope once per trace Flax makes of the wrapped function (R10-R17)."""
@@ -335,6 +334,13 @@ class Replayer:
                 forked[s] = (_Fork(t) if t is not None else None, ())
             rngs = {s: forked[s] for s, _ in _select(forked, ((lift.opt("rngs", True), None),))}
             where = "/".join(scope.path) or "(root)"
+            if not inst.setup_done:
+                # The first call runs the module's setup() outside the trace but inside fork_rngs,
+                # which has replaced the scope's rngs with the forks (every stream, no suffix).
+                inst.scope = scope.lifted(rngs=forked, context=scope.context + (
+                    f"setup() of a module under nn.{kind}: runs once, after the fork, and derives from it",))
+                self._setup(inst, run)
+                inst.scope = scope
             yield scope.lifted(rngs=rngs, context=scope.context + (
                 f"inside nn.{kind} at {where}: derived from the fork key made there on this call, not from "
                 "rngs, so it differs from the un-transformed module's key",))

@@ -428,6 +428,8 @@ class _Parser:
                 raise SpecError("`transforms` is a list of method decorators, outermost first, e.g. "
                                 "[{jit: {}}]", tn.loc)
             for t in tn.value:
+                if isinstance(t.value, str):
+                    t = YNode({t.value: YNode({}, t.loc)}, t.loc, {t.value: t.loc})
                 if not t.is_map or len(t.value) != 1:
                     raise SpecError("each transform is a mapping with one key, e.g. {jit: {rngs: [params]}}",
                                     t.loc)
@@ -526,15 +528,12 @@ class _Parser:
         if not ln.is_seq or not ln.value:
             raise SpecError("`lengths` must be a non-empty list of positive integers", ln.loc)
         lengths = [_int(n, "a length", 1, MAX_LANES) for n in ln.value]
-        # mirrors flax/core/lift.py remat_scan: scan(remat(remat_scan(lengths[1:]))) per level, all in
-        # one module call (no clone between levels)
+        # mirrors flax/core/lift.py remat_scan: scan(remat(remat_scan(lengths[1:]))) per level
         out: list[Lift] = []
         for i, n in enumerate(lengths):
-            level = dict(opts, length=n, check_constancy_invariants=True)
             if i:
-                out.append(Lift("remat", (("rngs", True), ("inner", True)), loc))
-                level["inner"] = True
-            out.append(Lift("scan", tuple(level.items()), loc))
+                out.append(Lift("remat", (("rngs", True),), loc))
+            out.append(Lift("scan", tuple(dict(opts, length=n, check_constancy_invariants=True).items()), loc))
         return tuple(out)
 
     def _branches(self, node: YNode | None, what: str) -> tuple[Item, ...]:
