@@ -234,14 +234,16 @@ def collisions(
     def go():
         from .collisions import DEFAULT_LATENT_MAX_COUNT, SpecSites, audit
         from .collisions_report import to_json
-        from .modpaths import load_module_sites
+        from .jsonsrc import load_json
+        from .modpaths import ModuleSites, is_spec
         from .spec import load_spec
 
         bound = DEFAULT_LATENT_MAX_COUNT if latent_max_count is None else latent_max_count
         audits = []
         for path in inputs:
-            if path.lower().endswith(".json"):
-                sites = load_module_sites(path, bool(separator))
+            doc = load_json(path) if path.lower().endswith(".json") else None
+            if doc is not None and not is_spec(doc.value):
+                sites = ModuleSites(doc, bool(separator))
             else:
                 s = load_spec(path)
                 if phase is not None and phase.value != s.phase:

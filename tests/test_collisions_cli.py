@@ -1,0 +1,240 @@
+"""`rngaudit collisions`: text and JSON reports, exit codes, file output, errors, and a JAX-free start."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import rngaudit
+from rngaudit.cli import app
+
+REPO = Path(__file__).resolve().parent.parent
+FIX = REPO / "fixtures" / "collisions"
+GUIDE = REPO / "fixtures" / "guide"
+
+
+def fx(name: str) -> str:
+    return str(FIX / name)
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app, ["collisions", *args], catch_exceptions=False)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, NO_COLOR="1", PYTHONIOENCODING="utf-8")
+    env.pop("RNGAUDIT_DEBUG", None)
+    return subprocess.run([sys.executable, "-m", "rngaudit", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, encoding="utf-8", timeout=120)
+
+
+# ---------------------------------------------------------------- exit codes
+@pytest.mark.parametrize("name, code", [
+    ("clean.yaml", 0), ("sharp_edge.yaml", 1), ("abc_family.yaml", 1), ("hash_word.yaml", 1),
+    ("shared_seed.yaml", 1), ("separator_survivor.yaml", 1), ("latent.yaml", 0),
+    ("paths.json", 1), ("params_tree.json", 1),
+])
+def test_exit_codes(name, code):
+    r = invoke(fx(name))
+    assert r.exit_code == code, r.stdout + r.stderr
+    assert r.stderr == ""
+
+
+def test_strict_fails_on_latent_and_information():
+    assert invoke(fx("latent.yaml")).exit_code == 0
+    assert invoke(fx("latent.yaml"), "--strict").exit_code == 1
+    assert invoke(fx("latent.yaml"), "--latent-max-count", "0", "--strict").exit_code == 0
+    assert invoke(fx("clean.yaml"), "--strict").exit_code == 0
+
+
+def test_any_failing_input_fails_the_run():
+    r = invoke(fx("clean.yaml"), fx("sharp_edge.yaml"))
+    assert r.exit_code == 1
+    assert "total: 1 failing, 0 information, 0 latent in 2 inputs" in r.stdout
+
+
+# ---------------------------------------------------------------- the text report
+def test_text_report_says_what_why_and_the_checked_fixes():
+    r = invoke(fx("sharp_edge.yaml"))
+    out = r.stdout
+    assert "FAIL  class 1 (concatenation): 2 call sites get the same key [2583384977 2116611972]" in out
+    assert f"{fx('sharp_edge.yaml')}:8:89" in out and f"{fx('sharp_edge.yaml')}:9:89" in out
+    assert "hash input 61626364656601 b'abcdef\\x01' -> word 2040429404" in out
+    assert "fix_rng_separator: true removes it (checked:" in out
+    assert "flipping fix_rng_separator changes every key in the model (all 2 here)" in out
+    assert f"rename module abc/def (Leaf) at {fx('sharp_edge.yaml')}:9:56: `name: def` -> `name: def_1`" in out
+    assert "1 failing, 0 information, 0 latent" in out
+    assert "\x1b[" not in out
+
+
+def test_text_report_of_each_class():
+    out = invoke(fx("count_meets_name.yaml")).stdout
+    assert "class 2 (count_meets_name)" in out and "layer count 12545 = 0x3101" in out
+    out = invoke(fx("hash_word.yaml")).stdout
+    assert "class 3 (hash_word)" in out and out.count("-> word 2867556399") == 2
+    out = invoke(fx("shared_seed.yaml")).stdout
+    assert "class 4 (shared_seed): 2 keys shared by 4 call sites" in out
+    assert "does NOT remove it" in out and "no rename helps" in out
+    out = invoke(fx("latent.yaml")).stdout
+    assert "LATENT layer (stream params" in out and "reaches count 3" in out
+    assert "count 1 (reaches 1) = layer count 12545 (0x3101)" in out
+    out = invoke(fx("separator_survivor.yaml")).stdout
+    assert "a\\x00/b" in out and "\x00" not in out  # names are shown escaped
+
+
+# ---------------------------------------------------------------- JSON
+def as_json(*args: str) -> tuple[str, dict]:
+    r = invoke(*args, "--format", "json")
+    assert r.exit_code in (0, 1) and r.stderr == ""
+    return r.stdout, json.loads(r.stdout)
+
+
+def test_json_format():
+    text, doc = as_json(fx("sharp_edge.yaml"), fx("paths.json"))
+    assert doc["format"] == "rngaudit.collisions" and doc["format_version"] == 1
+    assert doc["rngaudit_version"] == rngaudit.__version__
+    assert doc["summary"] == {"inputs": 2, "failing": 2, "info": 0, "latent": 1}
+    spec, paths = doc["inputs"]
+    assert (spec["input"], spec["call_sites"], spec["keys_checked"], spec["prng_impl"]) == ("spec", 2, True,
+                                                                                             "threefry2x32")
+    c, = spec["collisions"]
+    assert (c["class"], c["category"], c["failing"]) == (1, "concatenation", True)
+    h, = c["inputs"]
+    assert h["hash_input_hex"] == "61626364656601" and h["hash_word"] == 2040429404
+    assert h["key"] == [2583384977, 2116611972]
+    site = h["sites"][1]
+    assert site["path"] == ["abc", "def"] and site["hash_items"] == ["abc", "def", 1]
+    assert site["location"] == {"file": fx("sharp_edge.yaml"), "line": 9, "col": 89}
+    assert c["separator"] == {"flag": False, "removes": True, "changes_every_key": True, "keys_in_model": 2,
+                              "detail": "with it every call site of this finding gets its own key"}
+    r, = c["renames"]
+    assert (r["path"], r["old_name"], r["new_name"], r["keys_changed"]) == (["abc", "def"], "def", "def_1", 1)
+    assert (paths["input"], paths["keys_checked"], paths["prng_impl"]) == ("paths", False, None)
+    assert paths["collisions"][0]["inputs"][0]["key"] is None
+    lt, = paths["latent"]
+    assert lt["site"]["path"] == ["layer"] and lt["partners"][0]["counts"] == [12545, 1]
+    assert lt["partners"][0]["hash_input_hex"] == b"layer1\x01".hex()
+    # sorted and deterministic
+    assert text == json.dumps(doc, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
+    assert text == as_json(fx("sharp_edge.yaml"), fx("paths.json"))[0]
+
+
+def test_json_is_identical_across_processes(tmp_path):
+    outs = []
+    for k in range(2):
+        out = tmp_path / f"{k}.json"
+        r = run_cli("collisions", fx("abc_family.yaml"), fx("latent.yaml"), "-f", "json", "-o", str(out))
+        assert r.returncode == 1 and r.stdout == "" and r.stderr == ""
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1]
+
+
+# ---------------------------------------------------------------- options
+def test_options():
+    _, doc = as_json(fx("shared_seed.yaml"), "--no-keys")
+    assert doc["inputs"][0]["keys_checked"] is False and doc["inputs"][0]["collisions"] == []
+    assert invoke(fx("sharp_edge.yaml"), "--fix-rng-separator").exit_code == 0
+    _, doc = as_json(fx("separator_survivor.yaml"), "--fix-rng-separator")
+    assert doc["inputs"][0]["collisions"][0]["separator"]["flag"] is True
+    _, doc = as_json(fx("latent.yaml"), "--latent-max-count", "12544")
+    assert doc["inputs"][0]["latent"] == []
+    _, doc = as_json(fx("latent.yaml"), "--latent-max-count", "12545")
+    assert len(doc["inputs"][0]["latent"]) == 1
+    # --phase init makes the guide's sharp edge (an apply spec) no different: make_rng keys either way
+    assert invoke(fx("sharp_edge.yaml"), "--phase", "init").exit_code == 1
+
+
+def test_output_is_written_only_after_success(tmp_path):
+    out = tmp_path / "report.json"
+    r = invoke(fx("sharp_edge.yaml"), "-f", "json", "-o", str(out))
+    assert r.exit_code == 1 and r.stdout == ""
+    assert json.loads(out.read_text())["summary"]["failing"] == 1
+    out.write_text("previous\n")
+    r = invoke(fx("sharp_edge.yaml"), fx("bad.json"), "-o", str(out))
+    assert r.exit_code == 2 and r.stdout == ""
+    assert out.read_text() == "previous\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]
+
+
+# ---------------------------------------------------------------- bad input: exit 2, one line
+@pytest.mark.parametrize("name, text, message", [
+    ("bad.json", None, "bad.json:3:47: invalid JSON: Expecting property name enclosed in double quotes"),
+    ("entry.json", '[\n  "a/b",\n  {"path": "c"}\n]\n', "entry.json:3:3: entry 1: a module path is a string"),
+    ("dup.json", '{"a": {"w": [1]},\n "a": {}}\n', "dup.json:2:2: duplicate key 'a'"),
+    ("spec.yaml", "rngaudit: 1\nmodel: {class: M, bdy: []}\n", "spec.yaml:2:19: unknown key 'bdy'"),
+    ("missing.yaml", None, "missing.yaml:1:1: no such file"),
+])
+def test_bad_input_is_one_error_line(tmp_path, name, text, message):
+    path = fx(name) if text is None and name == "bad.json" else str(tmp_path / name)
+    if text is not None:
+        Path(path).write_text(text)
+    r = invoke(path)
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr.startswith("error: ") and r.stderr.count("\n") == 1
+    assert message in r.stderr, r.stderr
+    r = run_cli("collisions", path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def test_usage_errors_exit_2():
+    assert CliRunner().invoke(app, ["collisions"]).exit_code == 2
+    assert invoke(fx("clean.yaml"), "--latent-max-count", "-1").exit_code == 2
+    assert invoke(fx("clean.yaml"), "--format", "yaml").exit_code == 2
+
+
+# ---------------------------------------------------------------- a fast, JAX-free start
+_NO_JAX = textwrap.dedent("""
+    import sys
+    from rngaudit.cli import main
+    sys.argv = ["rngaudit", "collisions", *sys.argv[1:]]
+    try:
+        main()
+    except SystemExit as e:
+        print("exit:", e.code)
+    heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("jax", "jaxlib", "flax"))
+    print("imported:", heavy)
+""")
+
+
+UNSAFE_RBG = """rngaudit: 1
+jax: {prng_impl: unsafe_rbg}
+rngs: {params: 0}
+model: {class: M, body: [{module: {class: N, name: ab, body: [{module: {class: L, name: cdef, body: [make_rng]}}]}},
+                         {module: {class: N, name: abc, body: [{module: {class: L, name: def, body: [make_rng]}}]}}]}
+"""
+
+
+@pytest.mark.parametrize("args", [
+    [fx("sharp_edge.yaml")],
+    [fx("shared_seed.yaml"), fx("latent.yaml"), "--format", "json"],
+    [fx("paths.json"), fx("params_tree.json")],
+    ["UNSAFE_RBG", "--no-keys"],  # unsafe_rbg keys need JAX; hash-only does not
+])
+def test_collisions_never_imports_jax(tmp_path, args):
+    if args[0] == "UNSAFE_RBG":
+        (tmp_path / "u.yaml").write_text(UNSAFE_RBG)
+        args = [str(tmp_path / "u.yaml"), *args[1:]]
+    r = subprocess.run([sys.executable, "-c", _NO_JAX, *args], cwd=REPO, capture_output=True, text=True,
+                       timeout=120)
+    assert "exit: 1" in r.stdout, r.stdout + r.stderr
+    assert "imported: []" in r.stdout, r.stdout
+
+
+def test_python_dash_m():
+    r = run_cli("collisions", fx("clean.yaml"))
+    assert r.returncode == 0 and "0 failing, 0 information, 0 latent" in r.stdout and r.stderr == ""
+
+
+def test_a_spec_written_as_json_is_a_spec(tmp_path):
+    import yaml
+
+    spec = tmp_path / "sharp_edge.json"
+    spec.write_text(json.dumps(yaml.safe_load((FIX / "sharp_edge.yaml").read_text()), indent=1))
+    _, doc = as_json(str(spec))
+    assert doc["inputs"][0]["input"] == "spec" and doc["inputs"][0]["collisions"][0]["class"] == 1

@@ -1,0 +1,88 @@
+"""rngaudit.jsonsrc: strict JSON reading, and the line:col of any entry."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rngaudit.errors import SpecError
+from rngaudit.jsonsrc import load_json, parse_json
+
+SCALARS = st.one_of(st.integers(-10**6, 10**6), st.text(max_size=4), st.booleans(), st.none())
+VALUES = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                       st.dictionaries(st.text(max_size=4), inner, max_size=4)),
+                      max_leaves=20)
+
+
+def pointers(value, prefix=()):
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield prefix + (k,), v
+            yield from pointers(v, prefix + (k,))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield prefix + (i,), v
+            yield from pointers(v, prefix + (i,))
+
+
+def offset(text: str, line: int, col: int) -> int:
+    lines = text.split("\n")
+    return sum(len(x) + 1 for x in lines[:line - 1]) + col - 1
+
+
+@given(VALUES, st.sampled_from([None, 0, 2]), st.booleans())
+@settings(max_examples=200, deadline=None)
+def test_every_entry_is_located_at_its_key_or_value(value, indent, ascii_only):
+    text = json.dumps(value, indent=indent, ensure_ascii=ascii_only)
+    doc = parse_json(text, "v.json")
+    assert doc.value == value
+    wanted = dict(pointers(value))
+    where = doc.locate(wanted)
+    assert set(where) == set(wanted)
+    for p, loc in where.items():
+        assert loc.file == "v.json"
+        at = text[offset(text, loc.line, loc.col):]
+        if isinstance(p[-1], str):  # an object member: the location is its key
+            assert at.startswith(json.dumps(p[-1], ensure_ascii=ascii_only))
+        else:  # a list element: the location is the value
+            assert at.startswith(json.dumps(wanted[p], indent=indent, ensure_ascii=ascii_only)[:1])
+
+
+def test_locate_finds_a_subset_and_ignores_missing_pointers():
+    doc = parse_json('{"a": [10, {"b": 2}], "c": 3}', "x.json")
+    where = doc.locate([("a", 1, "b"), ("nope",), ("a", 7)])
+    assert {p: (l.line, l.col) for p, l in where.items()} == {("a", 1, "b"): (1, 13)}
+
+
+@pytest.mark.parametrize("text, message, where", [
+    ('{"a": [1, 2,]}', "invalid JSON: Expecting value", (1, 13)),
+    ('{\n  "a": 1\n  "b": 2\n}', "invalid JSON: Expecting ',' delimiter", (3, 3)),
+    ('[1] [2]', "invalid JSON: Extra data", (1, 5)),
+    ('', "the file is empty", (1, 1)),
+    ('{"a": {"x": 1, "x": 2}}', "duplicate key 'x'", (1, 16)),
+    ('{"a": 1,\n "b": [{"a": 1}],\n "a": 2}', "duplicate key 'a'", (3, 2)),
+])
+def test_errors_carry_line_and_column(text, message, where):
+    with pytest.raises(SpecError) as e:
+        parse_json(text, "bad.json")
+    assert message in e.value.message
+    assert (e.value.location.file, e.value.location.line, e.value.location.col) == ("bad.json", *where)
+
+
+def test_file_errors(tmp_path):
+    p = tmp_path / "x.json"
+    p.write_bytes(b'["a",\n "\xff"]')
+    with pytest.raises(SpecError) as e:
+        load_json(str(p))
+    assert "not UTF-8 (byte 0xff)" in e.value.message and (e.value.location.line, e.value.location.col) == (2, 3)
+    p.write_bytes(b'\xef\xbb\xbf["a"]')  # a BOM is not part of the text
+    assert load_json(str(p)).value == ["a"]
+    with pytest.raises(SpecError, match="no such file"):
+        load_json(str(tmp_path / "missing.json"))
+    with pytest.raises(SpecError, match="is a directory"):
+        load_json(str(tmp_path))
+    p.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(SpecError, match="nested too deeply"):
+        load_json(str(p))
