@@ -35,8 +35,12 @@ class LayerKind:
     params: tuple[str, ...]  # param names `draw` may name
 
 
+_KEYED = ("kernel", "embedding")  # default initializers that draw from their key (lecun_normal, ...)
+
+
 def _params(names_flags, loc, draws) -> tuple:
-    return tuple(Param(loc, None, name, draws.get(name)) for name, on in names_flags if on)
+    return tuple(Param(loc, None, name, draws.get(name), name in _KEYED or name in draws)
+                 for name, on in names_flags if on)
 
 
 def _linear(opts, loc, draws):
@@ -139,5 +143,7 @@ def make_layer(layer: str, opts: dict, loc: Location, name: str | None, draws: d
     kind = LAYERS[layer]
     full = dict(kind.options)
     full.update(opts)
-    return ModuleDef(kind.cls, name, (), kind.build(full, loc, draws), loc, layer=layer,
-                     layer_options=tuple(sorted(full.items())))
+    items = kind.build(full, loc, draws)
+    # mirrors flax/linen/linear.py Embed.setup: the embedding is made in setup(), not in __call__
+    setup, body = (items, ()) if layer == "Embed" else ((), items)
+    return ModuleDef(kind.cls, name, setup, body, loc, layer=layer, layer_options=tuple(sorted(full.items())))

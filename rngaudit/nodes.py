@@ -43,6 +43,7 @@ class MakeRng(Item):
 class Param(Item):
     name: str
     draw: Draw | None = None
+    uses_key: bool | None = None  # whether the initializer uses its key; None: unknown (no draw given)
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ class ModuleDef:
     layer: str | None = None  # the standard layer this stands for, if any
     layer_options: tuple[tuple[str, object], ...] = ()  # its key-changing options, defaults filled in
     lifts: tuple["Lift", ...] = ()  # method-decorator transforms on __call__, outermost first
+    impl_cls: str | None = None  # the class that runs inside the transforms (cls before renaming)
 
 
 @dataclass(frozen=True)

@@ -123,27 +123,43 @@ class _Scope:
     immutable: bool = False
     discard: object = None  # None | True (keep variable inits) | frozenset (keep inits in these)
     context: tuple[str, ...] = ()  # notes for every key made here
+    frozen: frozenset = frozenset()  # collections a lift makes read-only here
+    debug: tuple[str, ...] = ()  # Flax's debug_path: the path with transform names, for messages
+    root: tuple[str, ...] = ()  # path of the scope that is root here (a lift's scope has no parent)
+    lanes: tuple = ()  # (axis, transform, collections broadcast over its lanes or None for all)
+    carry: frozenset = frozenset()  # scan carry collections: the body cannot create them
 
     def push(self, name: str) -> "_Scope":
         # mirrors flax/core/scope.py Scope.push: LazyRng.create(rng, name) appends to the suffix
         return _Scope(self.path + (name,), {s: (r, suf + (name,)) for s, (r, suf) in self.rngs.items()},
-                      self.axes, self.cols, self.immutable, self.discard, self.context)
+                      self.axes, self.cols, self.immutable, self.discard, self.context, self.frozen,
+                      self.debug + (name,), self.root, self.lanes, self.carry)
 
-    def lifted(self, **kw) -> "_Scope":
-        new = _Scope(self.path, self.rngs, self.axes, self.cols, self.immutable, self.discard, self.context)
+    def lifted(self, pack: str | None = None, **kw) -> "_Scope":
+        new = _Scope(self.path, self.rngs, self.axes, self.cols, self.immutable, self.discard, self.context,
+                     self.frozen, self.debug, self.root, self.lanes, self.carry)
+        if pack is not None:
+            new.root = self.path
+            # mirrors flax/core/lift.py _partial_pack: the packed scope's debug path names the transform
+            new.debug = self.debug[:-1] + (f"{pack}({self.debug[-1]})",) if self.debug else (f"{pack}()",)
         for k, v in kw.items():
             setattr(new, k, v)
         return new
+
+    @property
+    def path_text(self) -> str:
+        return "/" + "/".join(self.debug)
 
 
 class _Instance:
     """A bound module instance: its scope plus the state Flax keeps on the Module object."""
 
-    __slots__ = ("mod", "scope", "setup_done", "setup_children", "reserved", "seq_layers")
+    __slots__ = ("mod", "scope", "setup_done", "setup_children", "reserved", "seq_layers", "clone")
 
-    def __init__(self, mod: ModuleDef | None, scope: _Scope):
+    def __init__(self, mod: ModuleDef | None, scope: _Scope, clone: bool = False):
         self.mod = mod
         self.scope = scope
+        self.clone = clone  # a clone made by a lifted transform: an instance of the untransformed class
         self.setup_done = False
         self.setup_children: dict[str, _Instance] = {}
         self.reserved: dict[str, set] = {}
@@ -155,7 +171,9 @@ class _Instance:
 
     @property
     def cls(self) -> str:
-        return self.mod.cls if self.mod is not None else "Sequential"
+        if self.mod is None:
+            return "Sequential"
+        return (self.mod.impl_cls or self.mod.cls) if self.clone else self.mod.cls
 
     @property
     def scope_name(self) -> str:
@@ -172,6 +190,7 @@ class _Run:
     counters: dict = field(default_factory=dict)
 
 
+_EVERY = "*every collection*"  # in _Scope.frozen: map_variables over every collection
 _SCAN_CHECK = ("made in nn.scan's first trace (the constancy check, check_constancy_invariants=True): "
                "Flax throws this key away, but its count is used up")
 _MAP_RUN1 = ("made in nn.map_variables' first run (init=True with a mutable collection): Flax throws this "
@@ -188,16 +207,17 @@ def _matches(flt, name: str) -> bool:
     return name in flt
 
 
-def _select(names, filters) -> list[tuple[str, object]]:
-    """(name, value) for each name some filter takes, filter by filter, names in their order."""
+def _select(names, filters, jax_pytree: bool = True) -> list[tuple[str, object]]:
+    """(name, value) for each name some filter takes, filter by filter. Within a filter's group the
+    names keep their order, or are sorted when the group passes through a JAX transform as a dict
+    (jax flattens dicts in sorted key order), which is what the inner scope then sees."""
     # mirrors flax/core/scope.py group_collections
     taken: set = set()
     out = []
     for flt, value in filters:
-        for n in names:
-            if n not in taken and _matches(flt, n):
-                taken.add(n)
-                out.append((n, value))
+        group = [n for n in names if n not in taken and _matches(flt, n)]
+        taken.update(group)
+        out.extend((n, value) for n in (sorted(group) if jax_pytree else group))
     return out
 
 
@@ -286,7 +306,7 @@ class Replayer:
             self._items(inst, inst.mod.body, {}, {}, run)
             return
         for inner in self._traces(lifts[0], inst, run):
-            self._lifted(_Instance(inst.mod, inner), lifts[1:], run)
+            self._lifted(_Instance(inst.mod, inner, clone=True), lifts[1:], run)
 
     def _traces(self, lift: Lift, inst: _Instance, run: _Run):
         """Yield the lifted scope once per trace Flax makes of the wrapped function (R10-R17)."""
@@ -308,21 +328,37 @@ class Replayer:
                 cols &= scope.cols
             elif cols is None:
                 cols = scope.cols
+            bset = _filter_set(broadcast)  # None: every collection is broadcast
+            if kind == "vmap":
+                bset = frozenset(c for c, ax in lift.opt("variable_axes", ()) if ax is None and c is not True)
+            lanes = scope.lanes + ((axis, kind, bset),)
+            carry = scope.carry | (_filter_set(lift.opt("variable_carry", False)) or frozenset({_EVERY}))
+            if lift.opt("variable_carry", False) is False:
+                carry = scope.carry
             if kind == "scan" and lift.opt("check_constancy_invariants", True):
                 # mirrors flax/core/axes_scan.py scan_fn: trace 1 (pe.trace_to_jaxpr) only checks that
                 # broadcast values are loop invariant; its keys are thrown away, except initialisers
                 # of broadcast variables, whose values are kept. Scanned variables made there are
                 # dropped and made again in trace 2.
                 before = set(run.store)
-                bset = _filter_set(broadcast)  # None: every collection is broadcast
                 keep = True if bset is None else bset
-                yield scope.lifted(rngs=rngs, cols=cols, discard=_combine_discard(scope.discard, keep),
-                                   context=scope.context + (_SCAN_CHECK,))
+                yield scope.lifted(kind, rngs=rngs, cols=cols, discard=_combine_discard(scope.discard, keep),
+                                   context=scope.context + (_SCAN_CHECK,), lanes=lanes, carry=carry)
                 if bset is not None:
                     for key in set(run.store) - before:
                         if key[1] not in bset:
                             del run.store[key]
-            yield scope.lifted(rngs=rngs, axes=scope.axes + (axis,), cols=cols)
+                yield scope.lifted(kind, rngs=rngs, axes=scope.axes + (axis,), cols=cols, lanes=lanes, carry=carry)
+            elif kind == "scan":
+                # mirrors flax/core/axes_scan.py simple_scan_fn: without the constancy check the
+                # broadcast outputs are dropped, so broadcast variables the body made do not persist
+                before = set(run.store)
+                yield scope.lifted(kind, rngs=rngs, axes=scope.axes + (axis,), cols=cols, lanes=lanes, carry=carry)
+                for key in set(run.store) - before:
+                    if bset is None or key[1] in bset:
+                        del run.store[key]
+            else:
+                yield scope.lifted(kind, rngs=rngs, axes=scope.axes + (axis,), cols=cols, lanes=lanes)
         elif kind in ("jit", "fold_rngs"):
             # mirrors flax/linen/transforms.py fork_rngs: one make_rng per visible stream, at the
             # module's own scope, on every call; inside, keys derive from the fork with no suffix
@@ -332,7 +368,8 @@ class Replayer:
                                    note=f"nn.{kind} forks every visible stream here on every call: this uses "
                                         "up a count, and keys inside derive from this key")
                 forked[s] = (_Fork(t) if t is not None else None, ())
-            rngs = {s: forked[s] for s, _ in _select(forked, ((lift.opt("rngs", True), None),))}
+            rngs = {s: forked[s] for s, _ in _select(forked, ((lift.opt("rngs", True), None),),
+                                                     jax_pytree=kind == "jit")}
             where = "/".join(scope.path) or "(root)"
             if not inst.setup_done:
                 # The first call runs the module's setup() outside the trace but inside fork_rngs,
@@ -341,12 +378,18 @@ class Replayer:
                     f"setup() of a module under nn.{kind}: runs once, after the fork, and derives from it",))
                 self._setup(inst, run)
                 inst.scope = scope
-            yield scope.lifted(rngs=rngs, context=scope.context + (
+            yield scope.lifted(kind, rngs=rngs, context=scope.context + (
                 f"inside nn.{kind} at {where}: derived from the fork key made there on this call, not from "
                 "rngs, so it differs from the un-transformed module's key",))
         elif kind in ("remat", "map_variables"):
-            rngs = {s: scope.rngs[s] for s, _ in _select(scope.rngs, ((lift.opt("rngs", True), None),))}
-            inner = scope.lifted(rngs=rngs)
+            rngs = {s: scope.rngs[s] for s, _ in _select(scope.rngs, ((lift.opt("rngs", True), None),),
+                                                           jax_pytree=kind == "remat")}
+            inner = scope.lifted(kind, rngs=rngs)
+            if kind == "map_variables" and not (lift.opt("init") or lift.opt("mutable")):
+                # mirrors flax/core/lift.py map_variables: mapped collections are read-only unless
+                # init=True or mutable=True
+                mapped = _filter_set(lift.opt("mapped_collections", True))
+                inner.frozen = scope.frozen | (mapped if mapped is not None else {_EVERY})
             if kind == "map_variables" and lift.opt("init", False) and self._any_mutable(run, scope):
                 # mirrors flax/linen/transforms.py map_variables: with init=True and a mutable
                 # collection the body runs once to create the variables, then again
@@ -427,7 +470,7 @@ class Replayer:
         """Trace `items` as a function of the module (nn.cond/switch/while_loop): on a clone bound
         to the lifted scope, starting from the module's current auto-name cursor."""
         # mirrors flax/linen/transforms.py decorator_lift_transform core_fn: state.export() per target
-        clone = _Instance(inst.mod, scope)
+        clone = _Instance(inst.mod, scope, clone=inst.clone)
         self._setup(clone, run)
         branch_cursor = dict(cursor)
         self._items(clone, items, {}, branch_cursor, run)
@@ -439,12 +482,26 @@ class Replayer:
         rngs = {s: scope.rngs[s] for s, _ in _select(scope.rngs, ((item.rngs, None),))}
         last = cursor
         n = len(item.branches)
+        before = dict(run.store)
+        made = None
         for k, branch in enumerate(item.branches):
             which = ("true", "false")[k] if item.kind == "cond" else str(k)
-            inner = scope.lifted(rngs=rngs, context=scope.context + (
+            inner = scope.lifted(item.kind, rngs=rngs, context=scope.context + (
                 f"nn.{item.kind} branch {which}: every branch is traced, in order, so its counts are "
                 f"taken even when branch {which} does not run ({n} branches share counters)",))
+            # every branch starts from the same variables (scope_fn(variable_groups, ...))
+            run.store = dict(before)
             last = self._branch(inst, inner, branch, cursor, run)
+            new = {key: v for key, v in run.store.items() if key not in before}
+            if made is not None and set(new) != set(made):
+                raise FlaxError(
+                    "TypeError",
+                    f"{item.kind} branch outputs must have the same pytree structure, but they differ: "
+                    f"nn.{item.kind} branches must create the same variables; create them before the "
+                    f"{item.kind} or in every branch",
+                    item.loc,
+                )
+            made = new
         cursor.clear()
         cursor.update(last)
 
@@ -461,7 +518,7 @@ class Replayer:
             for s, split in selected:
                 ref, suffix = scope.rngs[s]
                 rngs[s] = (_LaneFold(ref, axis, negate) if split else ref, suffix)
-            inner = scope.lifted(rngs=rngs, axes=scope.axes + (axis,), cols=frozenset(),
+            inner = scope.lifted("while_loop", rngs=rngs, axes=scope.axes + (axis,), cols=frozenset(),
                                  immutable=what == "cond",
                                  context=scope.context + (f"nn.while_loop {what}",))
             last = self._branch(inst, inner, items, cursor, run)
@@ -501,11 +558,15 @@ class Replayer:
 
     def _require_collection(self, inst: _Instance, col: str, name: str, loc: Location, run: _Run) -> None:
         # mirrors flax/core/scope.py Scope.param / Scope.variable: a missing variable of an immutable
-        # collection that holds no variable at all (is_collection_empty) is ScopeCollectionNotFound
-        if not self._visible(inst.scope, col) or not any(stored[1] == col for stored in run.store):
+        # collection that holds no variable at all under the root (is_collection_empty) is
+        # ScopeCollectionNotFound; inside a lift the root is the lifted scope
+        root = inst.scope.root
+        n = len(root)
+        if not self._visible(inst.scope, col) or not any(
+                c == col and p[:n] == root for p, c, _ in run.store):
             raise FlaxError(
                 "ScopeCollectionNotFound",
-                f'Tried to access "{name}" from collection "{col}" in "/{"/".join(inst.path)}" but the '
+                f'Tried to access "{name}" from collection "{col}" in "{inst.scope.path_text}" but the '
                 f"collection is empty. " + (
                     f"The enclosing transform does not lift {col!r}: add it to variable_axes or "
                     "variable_broadcast" if not self._visible(inst.scope, col) else
@@ -543,6 +604,8 @@ class Replayer:
     def _mutable(self, run: _Run, scope: _Scope, col: str) -> bool:
         if scope.immutable or not self._visible(scope, col):
             return False
+        if col in scope.frozen or _EVERY in scope.frozen:
+            return False
         return run.mutable is True or (isinstance(run.mutable, tuple) and col in run.mutable)
 
     def _param(self, inst: _Instance, item: Param, run: _Run) -> None:
@@ -555,20 +618,28 @@ class Replayer:
             self._require_collection(inst, "params", item.name, item.loc, run)
             raise FlaxError(
                 "ScopeParamNotFoundError",
-                f'Could not find parameter named "{item.name}" in scope "/{"/".join(inst.path)}". '
+                f'Could not find parameter named "{item.name}" in scope "{inst.scope.path_text}". '
                 "In apply, params come from init of the same model: check `when:` on this param",
                 item.loc,
             )
-        self._make_rng(inst.scope, "params", "param", item.name, item.draw, item.loc, run, "params")
+        self._check_create(inst.scope, "params", item.name, item.loc)
+        t = self._make_rng(inst.scope, "params", "param", item.name, item.draw, item.loc, run, "params")
+        if item.uses_key:
+            self._check_broadcast(inst.scope, t, "params", item.name, item.loc)
         self._put(run, key)
 
     def _variable(self, inst: _Instance, item: Variable, run: _Run) -> None:
-        if item.eager:
-            # self.variable(col, name, f, self.make_rng(s)): the argument is evaluated on every call
-            for s in item.streams:
-                self._make_rng(inst.scope, s, "variable", item.name, item.draw, item.loc, run)
-        self._reserve(inst, item.name, item.collection, "variable", item.loc)
         key = (inst.path, item.collection, item.name)
+        if item.eager:
+            # self.variable(col, name, f, self.make_rng(s)): the argument is evaluated on every call;
+            # its key is kept (in a thrown-away trace) only when it initialises the variable
+            creates = (self._visible(inst.scope, item.collection) and key not in run.store
+                       and self._mutable(run, inst.scope, item.collection))
+            made = [self._make_rng(inst.scope, s, "variable", item.name, item.draw, item.loc, run,
+                                   item.collection if creates else None) for s in item.streams]
+        else:
+            made = []
+        self._reserve(inst, item.name, item.collection, "variable", item.loc)
         if self._exists(inst, item.collection, item.name, item.loc, run):
             return
         if not self._mutable(run, inst.scope, item.collection):
@@ -576,14 +647,55 @@ class Replayer:
             raise FlaxError(
                 "ScopeVariableNotFoundError",
                 f'No Variable named "{item.name}" for collection "{item.collection}" exists in '
-                f'"/{"/".join(inst.path)}". Pass the collection to apply, or list it in `mutable`',
+                f'"{inst.scope.path_text}". Pass the collection to apply, or list it in `mutable`',
                 item.loc,
             )
+        self._check_create(inst.scope, item.collection, item.name, item.loc)
         if not item.eager:
-            for s in item.streams:
-                self._make_rng(inst.scope, s, "variable", item.name, item.draw, item.loc, run,
-                               item.collection)
+            made = [self._make_rng(inst.scope, s, "variable", item.name, item.draw, item.loc, run,
+                                   item.collection) for s in item.streams]
+        for t in made:
+            self._check_broadcast(inst.scope, t, item.collection, item.name, item.loc)
         self._put(run, key)
+
+    @staticmethod
+    def _check_create(scope: _Scope, col: str, name: str, loc: Location) -> None:
+        if col in scope.carry or _EVERY in scope.carry:
+            # mirrors jax.lax.scan: the carry must keep its structure from step to step
+            raise FlaxError(
+                "TypeError",
+                "scan body function carry input and carry output must have the same pytree structure, "
+                f"but they differ: the nn.scan body creates {name!r} in the carried collection {col!r}; "
+                "create the variable before the scan",
+                loc,
+            )
+
+    def _check_broadcast(self, scope: _Scope, t: int | None, col: str, name: str, loc: Location) -> None:
+        """A variable shared by every lane or step cannot be initialised from a per-lane key."""
+        if t is None:
+            return
+        depends = self._lane_axes(self.templates[t][9])
+        for axis, kind, bset in scope.lanes:
+            if axis in depends and (bset is None or col in bset):
+                what = ("vmap has mapped output but out_axes is None" if kind == "vmap" else
+                        "broadcasted variable has a data dependency on the scan body")
+                raise FlaxError(
+                    "ValueError",
+                    f"{what}: {name!r} in {col!r} is shared by every {'lane' if kind == 'vmap' else 'step'} "
+                    f"but initialised from a split key; split_rngs false for its stream, or map {col!r} "
+                    "over the axis",
+                    loc,
+                )
+
+    def _lane_axes(self, ref) -> set:
+        out: set = set()
+        while ref is not None and type(ref) is not RootKey:
+            if type(ref) is _Fork:
+                ref = self.templates[ref.template][9]
+                continue
+            out.add(ref.axis)
+            ref = ref.parent
+        return out
 
     # -------------------------------------------------------------- the key itself
     def _make_rng(self, scope: _Scope, stream: str, kind: str, label: str | None, draw: Draw | None,
@@ -628,7 +740,7 @@ class Replayer:
         context = scope.context
         if scope.discard is not None:
             keep = scope.discard
-            discarded = not (kind in ("param", "variable") and (keep is True or collection in keep))
+            discarded = not (collection is not None and (keep is True or collection in keep))
             if not discarded:
                 context = tuple(_KEPT if c in (_SCAN_CHECK, _MAP_RUN1) else c for c in context)
         if note:
@@ -649,8 +761,9 @@ class Replayer:
                 assign = dict(zip(axes, lane))
                 base = ref if type(ref) is RootKey else self._concrete(ref, assign, index_of, memo)
                 index_of[(t, lane)] = len(rows)
+                # a key whose base is a per-step key of a thrown-away trace never exists
                 rows.append(Derivation(len(rows), path, req, used, count, kind, label, items, data, word,
-                                       base, loc, draw, notes, lane, discarded))
+                                       base, loc, draw, notes, lane, discarded or base is None))
         return rows
 
     def _concrete(self, ref, assign: dict, index_of: dict, memo: dict):

@@ -390,7 +390,8 @@ class _Parser:
             raise SpecError(f"param takes a name (`param: w`) or a mapping (`param: {{name: w, draw: ...}}`), "
                             f"not {_type_name(arg.value)}", arg.loc)
         f = _Fields(arg, "param", ("name", "draw", "when"), ("name",))
-        return Param(loc, _when(f), f.str("name"), _draw(f))
+        draw = _draw(f)
+        return Param(loc, _when(f), f.str("name"), draw, True if draw is not None else None)
 
     def _variable(self, kind, arg: YNode, loc, in_setup):
         f = _Fields(arg, "variable", ("collection", "name", "make_rng", "eager", "draw", "when"),
@@ -486,7 +487,7 @@ class _Parser:
                      arg.loc, {k: v for k, v in arg.key_locs.items()})
         lifts = self.lifts(kind, opts, loc)
         mod = dataclasses.replace(target, cls=prefix + target.cls, name=None if root or nested else f.str("name"),
-                                  lifts=lifts + target.lifts)
+                                  lifts=lifts + target.lifts, impl_cls=target.impl_cls or target.cls)
         if root or nested:
             return Transform(loc, None, mod, 1)
         if in_setup:
@@ -519,6 +520,7 @@ class _Parser:
         if kind == "map_variables":
             opts["init"] = f.bool("init", False)
             opts["mutable"] = f.bool("mutable", False)
+            opts["mapped_collections"] = _filter(f.get("mapped_collections"), True, "mapped_collections")
         norm = "remat" if kind == "checkpoint" else kind
         if kind != "remat_scan":
             return (Lift(norm, tuple(opts.items()), loc),)
