@@ -267,6 +267,90 @@ def collisions(
     _run(go)
 
 
+@app.command("shard-check")
+def shard_check(
+    specs: Optional[list[str]] = typer.Argument(None, metavar="SPEC",
+                                                help="Model specs (YAML) whose keys and draws are re-derived on the "
+                                                "devices and compared with the host derivation."),
+    fn: Optional[list[str]] = typer.Option(None, "--fn", metavar="FILE.py:FUNC",
+                                           help="A function (key, x) -> y (FILE.py:NAME or package.module:NAME) "
+                                           "run eagerly, under jax.jit and under shard_map; repeatable."),
+    devices: Optional[int] = typer.Option(None, "--devices", metavar="N",
+                                          help="Force N CPU devices (in a fresh process). Default: the real "
+                                          "devices of --platform."),
+    platform: Optional[str] = typer.Option(None, "--platform", metavar="cpu|gpu|tpu",
+                                           help="Use this platform's devices (default: JAX's default backend)."),
+    mesh: Optional[str] = typer.Option(None, "--mesh", metavar="AXIS=N,...",
+                                       help="Mesh shape, e.g. data=4,model=2 (default: data=<device count>)."),
+    path: Optional[list[str]] = typer.Option(None, "--path", metavar="GLOB",
+                                             help="Check only keys whose module path matches (e.g. 'Dense_*'); "
+                                             "repeatable."),
+    stream: Optional[list[str]] = typer.Option(None, "--stream", metavar="S",
+                                               help="Check only keys of this stream; repeatable."),
+    phase: Optional[Phase] = typer.Option(None, "--phase", help="Override the specs' phase."),
+    draw: Optional[str] = typer.Option(None, "--draw", metavar="KIND:SHAPE",
+                                       help="Draw values from every key without a `draw:`, e.g. normal:8,1."),
+    shape: Optional[str] = typer.Option(None, "--shape", metavar="N,...",
+                                        help="Shape of x for --fn; the first axis is the batch (default: "
+                                        "<device count>,1)."),
+    input_kind: Optional[str] = typer.Option(None, "--input", metavar="ones|normal",
+                                             help="x for --fn: ones (default) or a normal sample seeded by --seed."),
+    seed: Optional[int] = typer.Option(None, "--seed",
+                                       help="Seed of the key for --fn, jax.random.key(SEED), and of x with --input "
+                                       "normal (default 0)."),
+    key: Optional[str] = typer.Option(None, "--key", metavar="EXPR",
+                                      help="The key for --fn as a key expression instead, e.g. 'split(key(0))[1]'."),
+    allow_replicated: bool = typer.Option(False, "--allow-replicated",
+                                          help="Identical randomness on every device from one key is intended: "
+                                          "report it, but do not exit 1."),
+    atol: Optional[float] = typer.Option(None, "--atol",
+                                         help="Accept jit/eager differences up to this (default 0: bit for bit)."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", metavar="SECONDS",
+                                            help="Give up on the device process after this long (default 300)."),
+    fmt: Format = typer.Option(Format.text, "--format", "-f", help="Output format."),
+    output: Optional[str] = typer.Option(None, "--output", "-o",
+                                         help="Write the report here (only if the run succeeds)."),
+) -> None:
+    """Check keys, draws and a (key, x) function on many devices: sharded runs must equal one-device runs."""
+
+    def go():
+        from .shard import SpecTarget, make_request, parse_fn_target
+        from .shard import run as run_shard
+        from .shard_report import to_json
+        from .spec import load_spec
+
+        if not specs:
+            given = [o for o, v in (("--path", path), ("--stream", stream), ("--phase", phase), ("--draw", draw)) if v]
+            if given:
+                raise SpecError(f"{given[0]} applies to a SPEC, and no SPEC is given")
+        fns = [parse_fn_target(f) for f in fn or ()]
+        default_draw = _parse_draw(draw) if draw else None
+        targets = []
+        for p in specs or ():
+            s = load_spec(p)
+            if phase is not None and phase.value != s.phase:
+                s = dataclasses.replace(s, phase=phase.value, mutable=phase.value == "init")
+            if default_draw is not None:
+                _check_draw_budget(s, default_draw, draw)
+            targets.append(SpecTarget(p, phase.value if phase else None, tuple(path or ()), tuple(stream or ()),
+                                      default_draw))
+        request = make_request(specs=targets, fns=fns, devices=devices, platform=platform, mesh=mesh, shape=shape,
+                               fill=input_kind, seed=seed, key=key, allow_replicated=allow_replicated, atol=atol,
+                               timeout=timeout)
+        report = run_shard(request)
+        if fmt is Format.json:
+            text = json.dumps(to_json(report), sort_keys=True, indent=2, ensure_ascii=False) + "\n"
+        else:
+            from .render_shard import render_shard
+
+            text = _console_text(render_shard, report, output=output)
+        _write_output(text, output)
+        if report.failing:
+            raise typer.Exit(EXIT_FINDINGS)
+
+    _run(go)
+
+
 def main() -> None:
     """Console-script entry point."""
     try:

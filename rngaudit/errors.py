@@ -43,3 +43,11 @@ class FlaxError(RngauditError):
     def __init__(self, flax_error: str, message: str, location: Location | None = None):
         super().__init__(f"Flax raises {flax_error}: {message}", location)
         self.flax_error = flax_error
+
+
+class DeviceError(RngauditError):
+    """The devices asked for cannot be had, or the run on them could not finish (shard-check)."""
+
+
+class UserCodeError(RngauditError):
+    """The user function of `shard-check --fn` cannot be imported, called as fn(key, x), or run."""
