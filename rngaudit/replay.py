@@ -518,8 +518,8 @@ class Replayer:
             for s, split in selected:
                 ref, suffix = scope.rngs[s]
                 rngs[s] = (_LaneFold(ref, axis, negate) if split else ref, suffix)
-            inner = scope.lifted("while_loop", rngs=rngs, axes=scope.axes + (axis,), cols=frozenset(),
-                                 immutable=what == "cond",
+            # linen's nn.while_loop lifts every collection read-only (broadcast_variables=True)
+            inner = scope.lifted("while_loop", rngs=rngs, axes=scope.axes + (axis,), immutable=True,
                                  context=scope.context + (f"nn.while_loop {what}",))
             last = self._branch(inst, inner, items, cursor, run)
         cursor.clear()
