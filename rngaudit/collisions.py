@@ -4,15 +4,18 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import re
+import sys
+from collections import Counter
 from dataclasses import dataclass
-from typing import Sequence
-
-import numpy as np
+from typing import TYPE_CHECKING, Sequence
 
 from .errors import Location
 from .hashing import encode_item, hash_input, hash_word
 from .nodes import (Child, Cond, Define, MakeRng, ModuleDef, Param, Sequential, Spec, Transform, Variable,
                     WhileLoop)
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # The collision classes (issue 4). 1-3 are decided by hashing alone; 4 needs key data.
 CONCATENATION = 1  # identical hash input from different string items
@@ -33,6 +36,16 @@ DEFAULT_LATENT_MAX_COUNT = 65535
 RENAME_TRIES = 40  # candidate names tried per module
 REPLAY_LIMIT = 20_000  # specs with at most this many keys check renames by replaying the renamed model
 REPLAY_TRIES = 4  # candidate names per module when each costs a replay
+# Inputs with fewer call sites keep their columns in Python lists and their keys on Python ints: that
+# is quicker than importing NumPy (tens of ms) for them. Larger inputs use NumPy arrays. Both give the
+# same report (tests/test_collisions_paths.py).
+SMALL_SITES = 4096
+_BYTEORDER = sys.byteorder
+
+
+def vectorised(n: int) -> bool:
+    """Whether an input of n call sites keeps its columns in NumPy arrays."""
+    return n >= SMALL_SITES
 
 
 # ---------------------------------------------------------------- results
@@ -184,18 +197,20 @@ class RenameTarget:
 
 class Sites:
     """One input's call sites as columns, which is all the grouping needs; a CallSite is built only
-    for a reported site. Subclasses fill the columns and answer the per-site questions."""
+    for a reported site. Subclasses fill the columns and answer the per-site questions. The columns
+    are NumPy arrays when `vectorised` (see SMALL_SITES), else lists of ints (keys: of tuples)."""
 
     source: str
     input_kind: str
     separator: bool
     prng_impl: str | None
-    unit: np.ndarray  # int32: dense id of (base, lane): sites of one unit fold into the same base key
-    word: np.ndarray  # uint32 hash words
-    path_id: np.ndarray  # int32 index into `paths`
-    count: np.ndarray  # int64
+    vectorised: bool
+    unit: np.ndarray | list  # int32: dense id of (base, lane): sites of one unit fold into the same base key
+    word: np.ndarray | list  # uint32 hash words
+    path_id: np.ndarray | list  # int32 index into `paths`
+    count: np.ndarray | list  # int64
     paths: list[tuple[str, ...]]
-    keys: np.ndarray | None  # (n, width) uint32 key data, or None (hash-only)
+    keys: np.ndarray | list | None  # (n, width) uint32 key data, or None (hash-only)
 
     @property
     def n(self) -> int:
@@ -224,8 +239,10 @@ class Sites:
     def rename_target(self, i: int) -> RenameTarget | None:
         raise NotImplementedError
 
-    def keys_for(self, indices: Sequence[int], items: Sequence[tuple], separator: bool) -> np.ndarray | None:
-        """Key data sites `indices` would get if they hashed `items` with `separator`; None if hash-only."""
+    def keys_for(self, indices: Sequence[int], items: Sequence[tuple], separator: bool
+                 ) -> np.ndarray | list | None:
+        """Key data sites `indices` would get if they hashed `items` with `separator` (in the form of
+        `keys`); None if hash-only."""
         return None
 
     @property
@@ -238,14 +255,28 @@ class Sites:
         return None
 
 
-def _key_idents(keys: np.ndarray) -> np.ndarray:
-    """One comparable, sortable value per key (its raw bytes)."""
+def _key_idents(keys, vectorised: bool):
+    """One comparable, sortable value per key: its raw bytes (native uint32s, as NumPy sorts them)."""
+    if not vectorised:
+        return [b"".join(w.to_bytes(4, _BYTEORDER) for w in k) for k in keys]
+    import numpy as np
+
     k = np.ascontiguousarray(keys, dtype=np.uint32)
     return k.view(np.dtype((np.void, 4 * k.shape[1]))).ravel()
 
 
-def _word_idents(unit: np.ndarray, words: np.ndarray) -> np.ndarray:
+def _word_idents(unit, words, vectorised: bool):
+    """One comparable, sortable value per (unit, hash word)."""
+    if not vectorised:
+        return [(u << 32) | w for u, w in zip(unit, words)]
+    import numpy as np
+
     return (np.asarray(unit, dtype=np.uint64) << np.uint64(32)) | np.asarray(words, dtype=np.uint64)
+
+
+def _hashable(ident, vectorised: bool):
+    """An ident as a dict key: the same value for the same key, in both column forms' own terms."""
+    return ident.tobytes() if vectorised else ident
 
 
 def count_bytes(count: int, separator: bool) -> bytes:
@@ -301,15 +332,34 @@ class _Entries:
     """Every distinct (unit, path), in arrays, with a per-unit index from hashed path bytes."""
 
     def __init__(self, sites: Sites):
-        combo = (sites.unit.astype(np.int64) << 32) | sites.path_id.astype(np.int64)
-        self.combo, first, inverse = np.unique(combo, return_index=True, return_inverse=True)
+        # combo: sorted distinct (unit << 32 | path id); first: its first call site; top: its highest count
+        if sites.vectorised:
+            import numpy as np
+
+            combo = (sites.unit.astype(np.int64) << 32) | sites.path_id.astype(np.int64)
+            self.combo, first, inverse = np.unique(combo, return_index=True, return_inverse=True)
+            self.top = np.zeros(len(self.combo), dtype=np.int64)
+            np.maximum.at(self.top, inverse.ravel(), sites.count)
+            combos = self.combo.tolist()
+        else:
+            firsts: dict[int, int] = {}
+            tops: dict[int, int] = {}
+            for i, (u, p, c) in enumerate(zip(sites.unit, sites.path_id, sites.count)):
+                k = (u << 32) | p
+                if k in firsts:
+                    if c > tops[k]:
+                        tops[k] = c
+                else:
+                    firsts[k] = i
+                    tops[k] = c
+            self.combo = combos = sorted(firsts)
+            first = [firsts[k] for k in combos]
+            self.top = [tops[k] for k in combos]
         self.first = first
-        self.top = np.zeros(len(self.combo), dtype=np.int64)
-        np.maximum.at(self.top, inverse.ravel(), sites.count)
         self.data = [sites.path_bytes(int(i)) for i in first]
         self.by_data: dict[int, dict[bytes, int]] = {}
         self.more: dict[tuple[int, bytes], list[int]] = {}  # further paths with the same bytes (rare)
-        for k, (c, d) in enumerate(zip(self.combo.tolist(), self.data)):
+        for k, (c, d) in enumerate(zip(combos, self.data)):
             table = self.by_data.setdefault(c >> 32, {})
             if table.setdefault(d, k) != k:
                 self.more.setdefault((c >> 32, d), []).append(k)
@@ -320,7 +370,7 @@ class _Entries:
         return _Entry(c >> 32, c & 0xFFFFFFFF, int(self.first[k]), int(self.top[k]), self.data[k])
 
     def of(self, unit: int, path_id: int) -> int:
-        return int(np.searchsorted(self.combo, (unit << 32) | path_id))
+        return bisect.bisect_left(self.combo, (unit << 32) | path_id)
 
     def ids(self, unit: int, data: bytes) -> list[int]:
         k = self.by_data.get(unit, {}).get(data)
@@ -343,17 +393,24 @@ class _Context:
         self.sep = sites.separator
         self.bound = latent_max_count
         self.rest = _max_rest(latent_max_count)
-        self.ident = (_key_idents(sites.keys) if sites.keys is not None
-                      else _word_idents(sites.unit, sites.word))
-        self.order = np.argsort(self.ident, kind="stable")
-        self.sorted_ident = self.ident[self.order]
+        self.vec = sites.vectorised
+        self.ident = (_key_idents(sites.keys, self.vec) if sites.keys is not None
+                      else _word_idents(sites.unit, sites.word, self.vec))
+        if self.vec:
+            import numpy as np
+
+            self.order = np.argsort(self.ident, kind="stable")
+            self.sorted_ident = self.ident[self.order]
+        else:
+            self.order = sorted(range(len(self.ident)), key=self.ident.__getitem__)
+            self.sorted_ident = [self.ident[i] for i in self.order]
         self._entries: _Entries | None = None
         self._pairs: dict[bytes, tuple[int, int] | None] = {}
         self._paths_sorted: list[tuple[tuple[str, ...], int]] | None = None
-        self._by_path: tuple[np.ndarray, np.ndarray] | None = None
+        self._by_path: dict[int, list[int]] | tuple[np.ndarray, np.ndarray] | None = None
         self._sites: dict[int, CallSite] = {}
         self._wanted: set[int] = set()
-        self._base: tuple[np.ndarray, set] | None = None
+        self._base: tuple[list[int], set] | None = None
 
     # ------------------------------------------------------------ call sites
     def want(self, indices) -> list[int]:
@@ -384,12 +441,27 @@ class _Context:
         return self._pairs[rest]
 
     # ------------------------------------------------------------ actual collisions
-    def _runs(self) -> list[np.ndarray]:
+    def _runs(self) -> list:
         """The groups of call sites with one key (or one base and word), found on the sorted idents."""
-        same = self.sorted_ident[1:] == self.sorted_ident[:-1]
-        edges = np.diff(np.concatenate(([0], same.astype(np.int8), [0])))
-        starts, stops = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
-        return [self.order[a:b + 1] for a, b in zip(starts, stops)]
+        si = self.sorted_ident
+        if self.vec:
+            import numpy as np
+
+            same = si[1:] == si[:-1]
+            edges = np.diff(np.concatenate(([0], same.astype(np.int8), [0])))
+            starts, stops = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+            return [self.order[a:b + 1] for a, b in zip(starts, stops)]
+        runs = []
+        start = 0
+        for b in range(1, len(si) + 1):
+            if b == len(si) or si[b] != si[start]:
+                if b - start > 1:
+                    runs.append(self.order[start:b])
+                start = b
+        return runs
+
+    def _hashable(self, idents) -> list:
+        return [_hashable(x, self.vec) for x in idents]
 
     def collisions(self) -> list:
         found = []
@@ -447,15 +519,14 @@ class _Context:
                         not lanes_only, self._separator(members), [], note, self.want(members))
 
     # ------------------------------------------------------------ the separator flag
-    def _idents_for(self, indices: list[int], items: list[tuple], separator: bool) -> np.ndarray:
+    def _idents_for(self, indices: list[int], items: list[tuple], separator: bool):
         if self.s.keys is not None:
             keys = self.s.keys_for(indices, items, separator)
             if keys is None:
                 raise _Unknown()
-            return _key_idents(keys)
-        words = np.fromiter((hash_word(hash_input(it, separator)) for it in items), dtype=np.uint32,
-                            count=len(items))
-        return _word_idents(self.s.unit[np.asarray(indices, dtype=np.int64)], words)
+            return _key_idents(keys, self.vec)
+        words = [hash_word(hash_input(it, separator)) for it in items]
+        return _word_idents([self.s.unit[i] for i in indices], words, self.vec)
 
     def _separator(self, members: list[int]) -> SeparatorCheck:
         n = self.s.n
@@ -465,8 +536,7 @@ class _Context:
             idents = self._idents_for(members, [self.items(i) for i in members], True)
         except _Unknown:
             return SeparatorCheck(False, None, "the keys could not be recomputed with the separator", n)
-        _, counts = np.unique(idents, return_counts=True)
-        shared = int((counts > 1).sum())
+        shared = sum(1 for c in Counter(self._hashable(idents)).values() if c > 1)
         if shared == 0:
             return SeparatorCheck(False, True, "with it every call site of this finding gets its own key", n)
         return SeparatorCheck(False, False, f"with it {shared} key{'s are' if shared > 1 else ' is'} still shared "
@@ -603,8 +673,16 @@ class _Context:
         j = bisect.bisect_left(ps, (path, -1))
         return j < len(ps) and ps[j][0][:len(path)] == path
 
-    def sites_of_paths(self, pids: list[int]) -> np.ndarray:
+    def sites_of_paths(self, pids: list[int]):
         """The call sites of the paths `pids`, in order."""
+        if not self.vec:
+            if self._by_path is None:
+                self._by_path = {}
+                for i, p in enumerate(self.s.path_id):
+                    self._by_path.setdefault(p, []).append(i)
+            return sorted(i for p in pids for i in self._by_path.get(p, ()))
+        import numpy as np
+
         if self._by_path is None:
             order = np.argsort(self.s.path_id, kind="stable")
             starts = np.zeros(len(self.s.paths) + 1, dtype=np.int64)
@@ -638,15 +716,15 @@ class _Context:
         except _Unknown:
             return None
         gone = state.moved | set(moved)
+        hashed = None
         if idents is not None:
-            if len(np.unique(idents)) != len(idents):
+            hashed = self._hashable(idents)
+            if len(set(hashed)) != len(hashed):
                 return None
-            lo = np.searchsorted(self.sorted_ident, idents, "left")
-            hi = np.searchsorted(self.sorted_ident, idents, "right")
-            for a, b in zip(lo, hi):
+            for a, b in self._equal_ranges(idents):
                 if any(int(self.order[p]) not in gone for p in range(a, b)):
                     return None
-            if any(x.tobytes() in state.idents for x in idents):
+            if any(x in state.idents for x in hashed):
                 return None
         # latent pairs: the relations of each renamed path with everyone else, before and after
         es = self.entries()
@@ -667,7 +745,16 @@ class _Context:
                 return None
             if after & state.forbid.get((unit, pid), set()):
                 return None
-        return moved, (dict(zip(change_idx, idents)) if idents is not None else {}), new_entries
+        return moved, (dict(zip(change_idx, hashed)) if hashed is not None else {}), new_entries
+
+    def _equal_ranges(self, idents) -> list[tuple[int, int]]:
+        """For each ident, the range of sorted_ident that equals it."""
+        si = self.sorted_ident
+        if self.vec:
+            import numpy as np
+
+            return list(zip(np.searchsorted(si, idents, "left"), np.searchsorted(si, idents, "right")))
+        return [(bisect.bisect_left(si, x), bisect.bisect_right(si, x)) for x in idents]
 
     def _rename(self, i: int, state: "_Overlay") -> Rename | None:
         target = self.s.rename_target(i)
@@ -680,7 +767,7 @@ class _Context:
                 continue
             moved, idents, new_entries = result
             state.moved.update(moved)
-            state.idents.update({v.tobytes(): k for k, v in idents.items()})
+            state.idents.update({v: k for k, v in idents.items()})
             state.current.update(idents)
             state.entries.update(new_entries)
             state.moved_pids.update(pid for _, pid in new_entries)
@@ -693,10 +780,9 @@ class _Context:
         now = {}
         for i in members:
             if i in state.moved:
-                x = state.current.get(i)
-                now[i] = None if x is None else x.tobytes()  # None: on a new base key
+                now[i] = state.current.get(i)  # None: on a new base key
             else:
-                now[i] = self.ident[i].tobytes()
+                now[i] = _hashable(self.ident[i], self.vec)
         seen: dict[bytes, int] = {}
         for v in now.values():
             if v is not None:
@@ -761,12 +847,13 @@ class _Context:
                     "every rename tried keeps this finding or makes another")
 
     # ------------------------------------------------------------ renames, checked by running the model again
-    def _baseline(self) -> tuple[np.ndarray, set]:
+    def _baseline(self) -> tuple[list[int], set]:
         """Per site, the id of the group of sites sharing its key (-1: none); and the latent pairs."""
         if self._base is None:
-            groups = np.full(self.s.n, -1, dtype=np.int64)
+            groups = [-1] * self.s.n
             for g, members in enumerate(self._runs()):
-                groups[members] = g
+                for i in members:
+                    groups[i] = g
             self._base = (groups, self._first_pairs() if self.bound > 0 else set())
         return self._base
 
@@ -779,8 +866,8 @@ class _Context:
         new = _Context(sites, self.bound)
         groups, latent = self._baseline()
         for run in new._runs():
-            g = groups[run]
-            if g[0] < 0 or (g != g[0]).any():
+            g = groups[run[0]]
+            if g < 0 or any(groups[i] != g for i in run):
                 return None
         pairs = new._first_pairs() if self.bound > 0 else set()
         if not pairs <= latent or pairs & ending:
@@ -828,11 +915,12 @@ class _Context:
 
     def _colliding(self, members: list[int]) -> list[int]:
         """The members that share their key with another member."""
-        _, inverse, counts = np.unique(self.ident[members], return_inverse=True, return_counts=True)
-        return [m for m, c in zip(members, counts[inverse.ravel()]) if c > 1]
+        hashed = self._hashable(self.ident[i] for i in members)
+        counts = Counter(hashed)
+        return [m for m, h in zip(members, hashed) if counts[h] > 1]
 
     def _describe_rename(self, target: RenameTarget, name: str, before: "_Context", after: "_Context") -> Rename:
-        changed = before.ident != after.ident
+        changed = sum(1 for a, b in zip(before.ident, after.ident) if a != b)
         shifted: dict[str, str] = {}
         m = target.path
         for i in range(before.s.n):
@@ -847,8 +935,7 @@ class _Context:
             more = f" and {len(shifted) - 3} more" if len(shifted) > 3 else ""
             note = (f"Flax's auto-naming then also renames {len(shifted)} later module"
                     f"{'s' if len(shifted) != 1 else ''}: {shown}{more}")
-        return Rename(target.path, name, target.module_class, target.explicit, target.location,
-                      int(changed.sum()), note)
+        return Rename(target.path, name, target.module_class, target.explicit, target.location, changed, note)
 
 
 class _Unknown(Exception):
@@ -869,6 +956,8 @@ class _Overlay:
 
 @dataclass
 class _Pending:
+    """A collision found, built into a Collision once its call sites are described."""
+
     members: list[int]
     inputs: list[list[int]]
     collision_class: int
@@ -894,6 +983,8 @@ class _Pending:
 
 @dataclass
 class _PendingLatent:
+    """A latent collision found, built into a LatentCollision once its call sites are described."""
+
     entry: _Entry
     rows: list
     separator: SeparatorCheck
@@ -913,8 +1004,9 @@ class _PendingLatent:
 
 # ---------------------------------------------------------------- a spec as call sites
 class SpecSites(Sites):
-    """A replayed spec: one call site per Derivation whose key Flax uses, keys from rngaudit.keys (NumPy
-    Threefry for threefry2x32 and rbg; unsafe_rbg needs JAX)."""
+    """A replayed spec: one call site per Derivation whose key Flax uses. Keys of threefry2x32 and rbg are
+    exact Threefry: on Python ints (rngaudit.keys_int) for small specs, else NumPy (rngaudit.keys);
+    unsafe_rbg needs JAX."""
 
     def __init__(self, spec: Spec, keys: bool = True, rows=None):
         from .replay import replay
@@ -923,19 +1015,26 @@ class SpecSites(Sites):
         self.all_rows = replay(spec) if rows is None else rows
         # keys of a trace Flax throws away (scan's constancy check) share no randomness with anything
         keep = [p for p, d in enumerate(self.all_rows) if not getattr(d, "discarded", False)]
-        self.keep = np.asarray(keep, dtype=np.int64)
         self.rows = self.all_rows if len(keep) == len(self.all_rows) else [self.all_rows[p] for p in keep]
         self.source = spec.file
         self.input_kind = "spec"
         self.separator = spec.fix_rng_separator
         self.prng_impl = spec.prng_impl
         n = len(self.rows)
+        self.vectorised = vectorised(n)
         units: dict = {}
         path_ids: dict = {}
-        self.unit = np.empty(n, dtype=np.int32)
-        self.path_id = np.empty(n, dtype=np.int32)
-        self.count = np.empty(n, dtype=np.int64)
-        self.word = np.empty(n, dtype=np.uint32)
+        if self.vectorised:
+            import numpy as np
+
+            self.keep = np.asarray(keep, dtype=np.int64)
+            self.unit = np.empty(n, dtype=np.int32)
+            self.path_id = np.empty(n, dtype=np.int32)
+            self.count = np.empty(n, dtype=np.int64)
+            self.word = np.empty(n, dtype=np.uint32)
+        else:
+            self.keep = keep
+            self.unit, self.path_id, self.count, self.word = [0] * n, [0] * n, [0] * n, [0] * n
         unit, path_id, count, word = self.unit, self.path_id, self.count, self.word
         for i, d in enumerate(self.rows):
             # `base` is a hashable key reference; `lane` the vmap/scan/while lane (() outside transforms)
@@ -944,15 +1043,29 @@ class SpecSites(Sites):
             count[i] = d.count
             word[i] = d.hash_word
         self.paths = list(path_ids)
-        self.keys = self._derive(self.spec, self.all_rows)[self.keep] if keys else None
-        self._flipped_keys: np.ndarray | bool | None = None
+        self.keys = self._take(self._derive(self.spec, self.all_rows), self.keep) if keys else None
+        self._flipped_keys: np.ndarray | list | bool | None = None
         self._modules: dict[Location, list] | None = None
 
-    @staticmethod
-    def _derive(spec: Spec, rows) -> np.ndarray:
+    def _derive(self, spec: Spec, rows):
+        """Key data of `rows`: a (len(rows), width) uint32 array, or a list of tuples when not vectorised."""
+        if not self.vectorised:
+            from .keys_int import IMPLS, derive_keys_int
+
+            if spec.prng_impl in IMPLS:
+                return derive_keys_int(spec, rows)
         from .keys import derive_keys
 
-        return derive_keys(spec, rows)
+        keys = derive_keys(spec, rows)
+        return keys if self.vectorised else [tuple(k) for k in keys.tolist()]
+
+    def _take(self, keys, positions):
+        """keys[positions], in the form of `keys`."""
+        if self.vectorised:
+            import numpy as np
+
+            return keys[np.asarray(positions, dtype=np.int64)]
+        return [keys[p] for p in positions]
 
     def items(self, i: int) -> tuple:
         return self.rows[i].hash_items
@@ -973,7 +1086,8 @@ class SpecSites(Sites):
                               d.location)
         return out, {}  # every rename target of a spec carries its location
 
-    def keys_for(self, indices: Sequence[int], items: Sequence[tuple], separator: bool) -> np.ndarray | None:
+    def keys_for(self, indices: Sequence[int], items: Sequence[tuple], separator: bool
+                 ) -> np.ndarray | list | None:
         if self.keys is None:
             return None
         rows = [self.rows[i] for i in indices]
@@ -983,7 +1097,7 @@ class SpecSites(Sites):
             if any(tuple(it) != d.hash_items for it, d in zip(items, rows)):
                 return None
             flipped = self._flipped()
-            return None if flipped is None else flipped[np.asarray(indices, dtype=np.int64)]
+            return None if flipped is None else self._take(flipped, indices)
         changed = []
         for d, it in zip(rows, items):
             data = hash_input(it, separator)
@@ -994,15 +1108,16 @@ class SpecSites(Sites):
         full = list(self.all_rows)
         for i, d in zip(indices, changed):
             full[self.keep[i]] = d
-        return self._derive(self.spec, full)[self.keep[np.asarray(indices, dtype=np.int64)]]
+        return self._take(self._derive(self.spec, full), [self.keep[i] for i in indices])
 
-    def _flipped(self) -> np.ndarray | None:
+    def _flipped(self) -> np.ndarray | list | None:
         if self._flipped_keys is None:
             from .replay import replay
 
             spec = dataclasses.replace(self.spec, fix_rng_separator=not self.spec.fix_rng_separator)
             rows = replay(spec)
-            self._flipped_keys = self._derive(spec, rows)[self.keep] if len(rows) == len(self.all_rows) else False
+            self._flipped_keys = (self._take(self._derive(spec, rows), self.keep) if len(rows) == len(self.all_rows)
+                                  else False)
         return None if self._flipped_keys is False else self._flipped_keys
 
     @property

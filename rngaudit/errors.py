@@ -51,3 +51,7 @@ class DeviceError(RngauditError):
 
 class UserCodeError(RngauditError):
     """The user function of `shard-check --fn` cannot be imported, called as fn(key, x), or run."""
+
+
+class ConfigError(RngauditError):
+    """`[tool.rngaudit]` in pyproject.toml is malformed: bad TOML, an unknown key, a value of the wrong type."""

@@ -1,7 +1,6 @@
 """Key expressions of a spec (`key(0)`, `split(key(0), 3)[2]`, `fold_in(k, 7)`, raw data), parsed, never eval'd."""
 from __future__ import annotations
 
-import difflib
 import re
 from dataclasses import dataclass
 
@@ -17,6 +16,8 @@ class KeyExpr:
 
 @dataclass(frozen=True)
 class Seed(KeyExpr):
+    """`key(seed)`: jax.random.key(seed)."""
+
     seed: int
 
     def __str__(self) -> str:
@@ -25,6 +26,8 @@ class Seed(KeyExpr):
 
 @dataclass(frozen=True)
 class Raw(KeyExpr):
+    """`[w0, w1, ...]`: raw key data."""
+
     words: tuple[int, ...]
 
     def __str__(self) -> str:
@@ -33,6 +36,8 @@ class Raw(KeyExpr):
 
 @dataclass(frozen=True)
 class Split(KeyExpr):
+    """`split(parent, n)[index]`: one row of jax.random.split."""
+
     parent: KeyExpr
     n: int
     index: int
@@ -43,6 +48,8 @@ class Split(KeyExpr):
 
 @dataclass(frozen=True)
 class FoldIn(KeyExpr):
+    """`fold_in(parent, data)`: jax.random.fold_in."""
+
     parent: KeyExpr
     data: int
 
@@ -141,6 +148,8 @@ class _Parser:
                 break
         func = _FUNCS.get(name)
         if func is None:
+            import difflib  # only for this error
+
             close = difflib.get_close_matches(name, list(_FUNCS), n=1, cutoff=0.6)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise self.error(f"unknown function {tok[1]!r}{hint}")

@@ -28,6 +28,8 @@ _MHA = ("num_heads", "dtype", "param_dtype", "qkv_features", "out_features", "br
 
 @dataclass(frozen=True)
 class LayerKind:
+    """A standard Flax layer: its auto-name class, the options that change keys and the key requests it makes."""
+
     cls: str  # type(m).__name__, which decides the auto-name
     options: dict  # options that change keys -> default (None: required)
     passive: tuple[str, ...]  # accepted, no effect on keys

@@ -3,9 +3,7 @@ from __future__ import annotations
 
 import hashlib
 
-import numpy as np
-
-from .collisions import CallSite, RenameTarget, Sites, count_bytes
+from .collisions import CallSite, RenameTarget, Sites, count_bytes, vectorised
 from .errors import Location, SpecError
 from .hashing import hash_input
 from .jsonsrc import JsonDoc, load_json
@@ -64,16 +62,25 @@ class ModuleSites(Sites):
             raise SpecError(f"expected a list of module paths or a params tree (an object), not {_type(value)}",
                             Location(doc.file, 1, 1))
         self.doc = JsonDoc(doc.file, doc.text, None)  # locations come from the text; drop the parsed value
-        self.unit = np.zeros(len(self.word), dtype=np.int32)
 
-    def _words(self, pids, counts) -> np.ndarray:
-        """The hash word of every site, from its path's bytes and its count."""
+    def _columns(self, pids: list[int], counts: list[int]) -> None:
+        """Fill the columns from every site's path id and count: arrays when vectorised, else the lists."""
         sha1 = hashlib.sha1
         prefix = self._prefix
         top = max(counts, default=0)
         cb = [count_bytes(c, self.separator) if c else b"" for c in range(top + 1)]
+        self.vectorised = vectorised(len(pids))
+        if not self.vectorised:
+            self.path_id, self.count, self.unit = pids, counts, [0] * len(pids)
+            self.word = [int.from_bytes(sha1(prefix[p] + cb[c]).digest()[:4], "big") for p, c in zip(pids, counts)]
+            return
+        import numpy as np
+
         digests = b"".join([sha1(prefix[p] + cb[c]).digest()[:4] for p, c in zip(pids, counts)])
-        return np.frombuffer(digests, dtype=">u4").astype(np.uint32)
+        self.word = np.frombuffer(digests, dtype=">u4").astype(np.uint32)
+        self.path_id = np.asarray(pids, dtype=np.int32)
+        self.count = np.asarray(counts, dtype=np.int64)
+        self.unit = np.zeros(len(pids), dtype=np.int32)
 
     def _from_paths(self, entries: list) -> None:
         if len(entries) > MAX_SITES:
@@ -104,9 +111,7 @@ class ModuleSites(Sites):
             pids[k] = pid
             counts[k] = c
         self._first_entry = first
-        self.path_id = np.asarray(pids, dtype=np.int32)
-        self.count = np.asarray(counts, dtype=np.int64)
-        self.word = self._words(pids, counts)
+        self._columns(pids, counts)
 
     def _from_tree(self, tree: dict) -> None:
         ptr: tuple = ()
@@ -135,9 +140,7 @@ class ModuleSites(Sites):
             if len(pids) > MAX_SITES:
                 raise SpecError(f"more than {MAX_SITES} params", Location(self.doc.file, 1, 1))
             stack.extend(reversed(children))
-        self.path_id = np.asarray(pids, dtype=np.int32)
-        self.count = np.asarray(counts, dtype=np.int64)
-        self.word = self._words(pids, counts)
+        self._columns(pids, counts)
 
     # ------------------------------------------------------------ per site
     def items(self, i: int) -> tuple:

@@ -32,6 +32,8 @@ class Item:
 
 @dataclass(frozen=True)
 class MakeRng(Item):
+    """`self.make_rng(stream)`, `repeat` times in a row (or a layer's own key request)."""
+
     stream: str
     repeat: int = 1
     label: str | None = None
@@ -41,6 +43,8 @@ class MakeRng(Item):
 
 @dataclass(frozen=True)
 class Param(Item):
+    """`self.param(name, init, ...)`: one `params` key when the param is created."""
+
     name: str
     draw: Draw | None = None
     uses_key: bool | None = None  # whether the initializer uses its key; None: unknown (no draw given)
@@ -48,6 +52,8 @@ class Param(Item):
 
 @dataclass(frozen=True)
 class Variable(Item):
+    """`self.variable(collection, name, init, ...)`: keys of `streams` when created (every call if eager)."""
+
     collection: str
     name: str
     streams: tuple[str, ...] = ()
@@ -104,6 +110,8 @@ class Sequential(Item):
 
 @dataclass(frozen=True)
 class RngSource:
+    """The key one stream of `rngs` receives, as parsed and as written."""
+
     expr: KeyExpr
     text: str
     loc: Location
@@ -111,6 +119,8 @@ class RngSource:
 
 @dataclass(frozen=True)
 class Spec:
+    """A whole spec: the Flax and JAX settings, the phase, the root keys and the model."""
+
     file: str
     fix_rng_separator: bool
     prng_impl: str

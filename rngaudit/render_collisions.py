@@ -6,7 +6,6 @@ import re
 from typing import Sequence
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from .collisions import (COUNT_MEETS_NAME, SHARED_KEY, SHARED_SEED, Audit, CallSite, Collision, LatentCollision,
@@ -66,10 +65,18 @@ def _key(key) -> str:
     return "[" + " ".join(str(w) for w in key) + "]"
 
 
-def _site_table(rows: list[tuple[CallSite, str]], console: Console) -> None:
+def _table(*columns: str):
+    """A borderless table with these columns. rich.table is imported here: a clean report needs none."""
+    from rich.table import Table
+
     table = Table(box=None, pad_edge=False, show_edge=False, show_header=False, padding=(0, 2, 0, 0))
-    for col in ("indent", "path", "stream", "count", "label", "where", "hashes", "extra"):
+    for col in columns:
         table.add_column(col, no_wrap=True)
+    return table
+
+
+def _site_table(rows: list[tuple[CallSite, str]], console: Console) -> None:
+    table = _table("indent", "path", "stream", "count", "label", "where", "hashes", "extra")
     for s, extra in rows:
         stream = s.stream if s.stream == s.stream_requested else f"{s.stream_requested}->{s.stream}"
         lane = f" lane {list(s.lane)}" if s.lane else ""
@@ -170,9 +177,7 @@ def render_latent(lt: LatentCollision, input_kind: str, console: Console) -> Non
     head.append(f"{_path(s.path)} (stream {_shown(s.stream)}, {s.location}) reaches count {lt.max_count}; at higher counts "
                 f"its keys equal those of {n} other path{'s' if n != 1 else ''}:")
     console.print(head)
-    table = Table(box=None, pad_edge=False, show_edge=False, show_header=False, padding=(0, 2, 0, 0))
-    for col in ("indent", "path", "when", "where", "bytes"):
-        table.add_column(col, no_wrap=True)
+    table = _table("indent", "path", "when", "where", "bytes")
     for p in lt.partners[:MAX_SHOWN]:
         short, long = p.counts
         table.add_row(_INDENT, Text(_path(p.site.path), style="bold"),

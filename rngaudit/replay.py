@@ -63,6 +63,8 @@ class ForkKey:
 
 @dataclass(frozen=True)
 class _LaneSplit:
+    """A base key split into one key per lane along `axis` (resolved per lane)."""
+
     parent: object
     n: int
     axis: int
@@ -70,6 +72,8 @@ class _LaneSplit:
 
 @dataclass(frozen=True)
 class _LaneFold:
+    """A base key folded with the lane index along `axis` (resolved per lane)."""
+
     parent: object
     axis: int
     negate: bool
@@ -77,6 +81,8 @@ class _LaneFold:
 
 @dataclass(frozen=True)
 class _Fork:
+    """A jit fork's key: the key of the call `template` (resolved per lane)."""
+
     template: int
 
 
@@ -182,6 +188,8 @@ class _Instance:
 
 @dataclass
 class _Run:
+    """What one replay shares: the phase, the mutable collections, the streams and the variables made."""
+
     phase: str
     mutable: tuple[str, ...] | bool
     streams: tuple[str, ...]
@@ -432,8 +440,7 @@ class Replayer:
             if item.when is not None and item.when != run.phase:
                 continue
             if isinstance(item, MakeRng):
-                for _ in range(item.repeat):
-                    self._make_rng(inst.scope, item.stream, item.kind, item.label, item.draw, item.loc, run)
+                self._make_rng_item(inst, item, run)
             elif isinstance(item, Param):
                 self._param(inst, item, run)
             elif isinstance(item, Variable):
@@ -698,9 +705,16 @@ class Replayer:
         return out
 
     # -------------------------------------------------------------- the key itself
+    def _make_rng_item(self, inst: _Instance, item: MakeRng, run: _Run) -> None:
+        """A `make_rng` statement: `repeat` calls, one template each (the plain path)."""
+        for _ in range(item.repeat):
+            self._make_rng(inst.scope, item.stream, item.kind, item.label, item.draw, item.loc, run)
+
     def _make_rng(self, scope: _Scope, stream: str, kind: str, label: str | None, draw: Draw | None,
-                  loc: Location, run: _Run, collection: str | None = None, note: str | None = None) -> int | None:
-        """Count one make_rng at `scope` and record its template; returns the template's number."""
+                  loc: Location, run: _Run, collection: str | None = None, note: str | None = None,
+                  n: int = 1) -> int | None:
+        """Count `n` make_rng calls at `scope` (n > 1 only for a repeated statement: the calls are
+        consecutive and alike but for their counts) and record their template; returns its number."""
         # mirrors flax/core/scope.py Scope.make_rng
         notes: tuple[str, ...] = ()
         used = stream
@@ -728,14 +742,12 @@ class Replayer:
                 )
         ckey = (scope.path, used)
         count = run.counters.get(ckey, 0) + 1
-        run.counters[ckey] = count
+        run.counters[ckey] = count + n - 1
         if run.discover:
             return None
         if len(self.templates) >= MAX_DERIVATIONS:
             raise SpecError(f"the model asks for more than {MAX_DERIVATIONS} keys; reduce `repeat`", loc)
         ref, suffix = scope.rngs[used]
-        items = suffix + (count,)
-        data = hash_input(items, self.sep)
         discarded = False
         context = scope.context
         if scope.discard is not None:
@@ -745,8 +757,18 @@ class Replayer:
                 context = tuple(_KEPT if c in (_SCAN_CHECK, _MAP_RUN1) else c for c in context)
         if note:
             notes += (note,)
-        self.templates.append((scope.path, stream, used, count, kind, label, items, data, hash_word(data),
-                               ref, loc, draw, notes + context, scope.axes, discarded))
+        return self._record(scope.path, stream, used, count, kind, label, suffix, ref, loc, draw, notes + context,
+                            scope.axes, discarded, n)
+
+    def _record(self, path, stream, used, count, kind, label, suffix, ref, loc, draw, notes, axes, discarded,
+                n: int) -> int:
+        """Append a template (fields 9 and 13 are the key reference and the lane axes, which forks and
+        broadcast checks read); the plain path hashes here, one template per call."""
+        assert n == 1
+        items = suffix + (count,)
+        data = hash_input(items, self.sep)
+        self.templates.append((path, stream, used, count, kind, label, items, data, hash_word(data),
+                               ref, loc, draw, notes, axes, discarded))
         return len(self.templates) - 1
 
     # -------------------------------------------------------------- lanes
@@ -760,7 +782,8 @@ class Replayer:
             for lane in product(*(range(self.axis_size[a]) for a in axes)) if axes else ((),):
                 assign = dict(zip(axes, lane))
                 base = ref if type(ref) is RootKey else self._concrete(ref, assign, index_of, memo)
-                index_of[(t, lane)] = len(rows)
+                # a fork of a key that never exists never exists either
+                index_of[(t, lane)] = len(rows) if base is not None else None
                 # a key whose base is a per-step key of a thrown-away trace never exists
                 rows.append(Derivation(len(rows), path, req, used, count, kind, label, items, data, word,
                                        base, loc, draw, notes, lane, discarded or base is None))
@@ -773,7 +796,8 @@ class Replayer:
             axes = self.templates[ref.template][13]
             if any(a not in assign for a in axes):
                 return None
-            return ForkKey(index_of[(ref.template, tuple(assign[a] for a in axes))])
+            row = index_of[(ref.template, tuple(assign[a] for a in axes))]
+            return None if row is None else ForkKey(row)
         if ref.axis not in assign:
             return None  # a per-step key of a trace Flax discards: it never exists
         key = (ref, assign[ref.axis], tuple(sorted(assign.items())))

@@ -78,6 +78,7 @@ class ShardRequest:
     allow_replicated: bool = False
     atol: float = 0.0
     timeout: float = DEFAULT_TIMEOUT
+    spec_limits: tuple[int, int] | None = None  # (bytes, YAML nodes) the specs were loaded with; None: defaults
 
 
 def parse_mesh(text: str) -> tuple[tuple[str, int], ...]:
@@ -207,7 +208,8 @@ def request_from_json(j: dict) -> ShardRequest:
         mesh=tuple((n, s) for n, s in j["mesh"]) if j["mesh"] is not None else None,
         shape=tuple(j["shape"]) if j["shape"] is not None else None,
         fill=j["fill"], seed=j["seed"], key=j["key"], allow_replicated=j["allow_replicated"],
-        atol=j["atol"], timeout=j["timeout"])
+        atol=j["atol"], timeout=j["timeout"],
+        spec_limits=tuple(j["spec_limits"]) if j.get("spec_limits") is not None else None)
 
 
 # ------------------------------------------------------------------ the command side: one child process
@@ -283,9 +285,12 @@ def run(r: ShardRequest) -> ShardReport:
 # ------------------------------------------------------------------ the device side (imports JAX)
 def run_here(r: ShardRequest) -> ShardReport:
     """Run every check of `r` in this process, on its devices (what the device process does)."""
+    from .yamlsrc import limits
+
     devices = _pick_devices(r)
     mesh = _make_mesh(devices, r.mesh)
-    targets = [_check_spec(t, mesh) for t in r.specs] + [_check_fn(t, r, mesh) for t in r.fns]
+    with limits(*(r.spec_limits or (None, None))):
+        targets = [_check_spec(t, mesh) for t in r.specs] + [_check_fn(t, r, mesh) for t in r.fns]
     flat = list(mesh.devices.flat)
     return ShardReport(
         _environment(),
@@ -530,7 +535,7 @@ def _selected(d, t: SpecTarget) -> bool:
 
 def _row_json(d, host=None, device=None) -> dict:
     out = {"index": d.index, "path_str": d.path_str, "stream": d.stream, "count": d.count, "label": d.label,
-           "lane": list(d.lane)}
+           "lane": list(d.lane), "location": d.location.as_json()}
     if host is not None:
         out["host"] = [int(w) for w in host]
         out["device"] = [int(w) for w in device]

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 
 from . import keyexpr
@@ -18,9 +17,9 @@ KEY_WIDTH = {"threefry2x32": 2, "rbg": 4, "unsafe_rbg": 4}
 PHASES = ("init", "apply")
 MAX_REPEAT = 10_000_000
 MAX_DRAW_ELEMENTS = 10_000_000
-# Upper bounds on a whole replay (every repeat multiplied out, `when` ignored): about 50 us and
-# 6 KiB per key today, so a million keys is already a minute and gigabytes.
-MAX_KEYS = 1_000_000
+# Upper bounds on a whole replay (every repeat multiplied out, `when` ignored). derive's fast path
+# (rngaudit.fast) needs about 1 us and 100 bytes per key, so ten million keys are seconds and ~1 GiB.
+MAX_KEYS = 10_000_000
 MAX_CALLS = 1_000_000
 MAX_DRAWN_VALUES = 20_000_000
 MAX_UNSAFE_RBG_SPLIT = 65_536
@@ -74,6 +73,8 @@ MAX_LANES = 1_000_000
 
 
 def _suggest(word: str, choices) -> str:
+    import difflib  # only for error messages
+
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
 

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import yaml
 
@@ -19,9 +21,44 @@ _NULL = "tag:yaml.org,2002:null"
 _MAP = "tag:yaml.org,2002:map"
 _SEQ = "tag:yaml.org,2002:seq"
 
-MAX_BYTES = 16 * 1024 * 1024
-MAX_NODES = 1_000_000  # YAML nodes after alias expansion
-MAX_DEPTH = 200  # nesting levels, aliases included
+# Pure-Python YAML parses about 25,000 nodes (or 3 MB of plain text) a second and holds ~1 KB per node, so
+# these defaults refuse junk within a few seconds and a few hundred MB; a real spec is far smaller (a
+# model's size is in `repeat:`, not in the text). --max-spec-mib and --max-yaml-nodes raise them.
+MAX_BYTES = 4 * 1024 * 1024
+MAX_NODES = 100_000  # YAML nodes after alias expansion
+MAX_DEPTH = 200  # nesting levels, aliases included (fixed: deeper nesting would exhaust the stack)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How much YAML a spec may hold; the commands' --max-spec-mib and --max-yaml-nodes raise them for a
+    legitimately large spec."""
+
+    max_bytes: int = MAX_BYTES
+    max_nodes: int = MAX_NODES
+
+
+_LIMITS: ContextVar[Limits] = ContextVar("rngaudit_yaml_limits", default=Limits())
+
+
+def current_limits() -> Limits:
+    return _LIMITS.get()
+
+
+@contextmanager
+def limits(max_bytes: int | None = None, max_nodes: int | None = None) -> Iterator[Limits]:
+    """Load specs under other limits inside the block (None keeps the default)."""
+    chosen = Limits(MAX_BYTES if max_bytes is None else max_bytes, MAX_NODES if max_nodes is None else max_nodes)
+    token = _LIMITS.set(chosen)
+    try:
+        yield chosen
+    finally:
+        _LIMITS.reset(token)
+
+
+def _too_many_nodes(max_nodes: int) -> str:
+    return (f"the spec expands to more than {max_nodes} YAML nodes (an alias bomb?); write it without repeating "
+            "anchors, or raise the limit with --max-yaml-nodes for a spec this large")
 
 
 @dataclass
@@ -67,15 +104,12 @@ class _Loader(yaml.SafeLoader):
         self._open_anchors: set[str] = set()
         self._stats: dict[str, tuple[int, int]] = {}  # anchor -> (expanded size, height)
         self._total = 0
+        self._max_nodes = current_limits().max_nodes
 
     def _grow(self, size: int, mark) -> None:
         self._total += size
-        if self._total > MAX_NODES:
-            raise SpecError(
-                f"the spec expands to more than {MAX_NODES} YAML nodes (an alias bomb?); "
-                "write it without repeating anchors",
-                _loc(self._file, mark),
-            )
+        if self._total > self._max_nodes:
+            raise SpecError(_too_many_nodes(self._max_nodes), _loc(self._file, mark))
 
     def compose_node(self, parent, index):
         depth = len(self._open)  # the depth of the node about to be composed, root = 1
@@ -133,18 +167,15 @@ class _Converter:
     def __init__(self, file: str):
         self.file = file
         self.count = 0
+        self.max_nodes = current_limits().max_nodes
         self.scalars = yaml.SafeLoader("")
 
     def convert(self, node: yaml.Node, depth: int) -> YNode:
         self.count += 1
         loc = _loc(self.file, node.start_mark)
         # The loader bounds both already; these guard YNode trees built some other way.
-        if self.count > MAX_NODES:
-            raise SpecError(
-                f"the spec expands to more than {MAX_NODES} YAML nodes (an alias bomb?); "
-                "write it without repeating anchors",
-                loc,
-            )
+        if self.count > self.max_nodes:
+            raise SpecError(_too_many_nodes(self.max_nodes), loc)
         if depth > MAX_DEPTH:
             raise SpecError(f"YAML nested deeper than {MAX_DEPTH} levels; flatten the spec", loc)
         tag = node.tag
@@ -292,19 +323,25 @@ def load_text(text: str, file: str) -> YNode:
 def load_file(path: str) -> YNode:
     """Read and parse a spec file, refusing directories, huge files and non-UTF-8 bytes."""
     top = Location(path, 1, 1)
+    max_bytes = current_limits().max_bytes
     if os.path.isdir(path):
         raise SpecError("is a directory, not a spec file; name a YAML file", top)
     try:
         with open(path, "rb") as f:
-            data = f.read(MAX_BYTES + 1)
+            chunks, size = [], 0
+            while size <= max_bytes and (chunk := f.read(min(1 << 22, max_bytes + 1 - size))):
+                chunks.append(chunk)  # chunked: f.read(max_bytes + 1) would allocate all of it up front
+                size += len(chunk)
+            data = b"".join(chunks)
     except FileNotFoundError:
         raise SpecError("no such file", top) from None
     except IsADirectoryError:
         raise SpecError("is a directory, not a spec file; name a YAML file", top) from None
     except OSError as e:
         raise SpecError(f"cannot read: {e.strerror or e}", top) from None
-    if len(data) > MAX_BYTES:
-        raise SpecError(f"the file is larger than {MAX_BYTES // (1024 * 1024)} MiB", top)
+    if len(data) > max_bytes:
+        raise SpecError(f"the file is larger than {max_bytes / (1024 * 1024):g} MiB; a spec this large needs "
+                        "--max-spec-mib", top)
     if data.startswith(b"\xef\xbb\xbf"):
         data = data[3:]  # a UTF-8 BOM: not part of the text, and not a column
     try:

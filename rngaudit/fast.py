@@ -1,0 +1,410 @@
+"""derive's fast path: the same replay as `replay.Replayer`, recorded in blocks and expanded into
+columns. A repeated `make_rng` is one template whose counts are consecutive; a template made inside
+vmap/scan lanes is hashed once and expanded over its lanes with NumPy; SHA-1 runs once per distinct
+hash input, in one tight loop; Threefry runs once, vectorised over every selected row. The plain path
+(`replay.replay` + `keys.derive_keys`) stays the reference: tests check the two agree row for row.
+
+No JAX here, except for the unsafe_rbg impl (`keys.KeyEngine`)."""
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from . import threefry
+from .hashing import hash_input
+from .keys import KeyData, KeyEngine, root_keys
+from .nodes import Spec
+from .replay import Derivation, FoldKey, ForkKey, Replayer, RootKey, SplitKey, _Fork
+
+_sha1 = hashlib.sha1
+_ENC: list[bytes] = [b""]  # _ENC[c]: Flax's bytes for the int c (minimal big-endian)
+_ENC_SEP: list[bytes] = [b"\x00"]
+
+
+def _encodings(upto: int, sep: bool) -> list[bytes]:
+    enc = _ENC_SEP if sep else _ENC
+    if len(enc) <= upto:
+        start = len(enc)
+        fresh = [c.to_bytes((c.bit_length() + 7) // 8, "big") for c in range(start, max(upto + 1, 2 * start))]
+        enc.extend([b"\x00" + e for e in fresh] if sep else fresh)
+    return enc
+
+
+class _BlockReplayer(Replayer):
+    """Replayer whose repeated make_rng statements record one template for all their calls, and
+    which hashes nothing while it walks (template field 6 is the suffix, 7 and 8 are unused, 15 is n)."""
+
+    def _make_rng_item(self, inst, item, run) -> None:
+        self._make_rng(inst.scope, item.stream, item.kind, item.label, item.draw, item.loc, run, n=item.repeat)
+
+    def _record(self, path, stream, used, count, kind, label, suffix, ref, loc, draw, notes, axes, discarded,
+                n: int) -> int:
+        self.templates.append((path, stream, used, count, kind, label, suffix, None, None, ref, loc, draw, notes,
+                               axes, discarded, n))
+        return len(self.templates) - 1
+
+    def _expand(self) -> "KeyTable":
+        return KeyTable(self)
+
+
+class KeyTable:
+    """Every key request of a replay, as columns (one entry per row, rows in execution order):
+    `block` (its template), `count`, `word` (the hash word), `base` (an index into `bases`, -1 for a
+    key that never exists), `lane_ix` (index of its lane in the template's lanes) and `discarded`."""
+
+    def __init__(self, r: _BlockReplayer):
+        self.spec: Spec = r.spec
+        self.sep = r.sep
+        self.templates = r.templates
+        self.axis_size = r.axis_size
+        nt = len(self.templates)
+        sizes = self.axis_size
+        n_counts = np.empty(nt, dtype=np.int64)
+        n_lanes = np.empty(nt, dtype=np.int64)
+        count0 = np.empty(nt, dtype=np.int64)
+        for t, tpl in enumerate(self.templates):
+            lanes = 1
+            for a in tpl[13]:
+                lanes *= sizes[a]
+            n_lanes[t] = lanes
+            n_counts[t] = tpl[15]
+            count0[t] = tpl[3]
+        self.n_lanes = n_lanes
+        per = n_counts * n_lanes
+        self.start = np.zeros(nt + 1, dtype=np.int64)
+        np.cumsum(per, out=self.start[1:])
+        n = int(self.start[-1])
+        self.n = n
+        self.word_off = np.zeros(nt + 1, dtype=np.int64)
+        np.cumsum(n_counts, out=self.word_off[1:])
+        self.words = self._hash_words()
+        # row columns
+        block = np.repeat(np.arange(nt, dtype=np.int64), per)
+        off = np.arange(n, dtype=np.int64) - self.start[block]
+        nl = n_lanes[block]
+        ci = off // nl
+        self.block = block
+        self.lane_ix = off - ci * nl
+        self.count = count0[block] + ci
+        self.word = self.words[self.word_off[block] + ci]
+        # bases: one per (template, lane), shared between templates of the same reference and axes
+        self.bases: list = []
+        base_id: dict = {}
+        lane_base_off = np.zeros(nt + 1, dtype=np.int64)
+        np.cumsum(n_lanes, out=lane_base_off[1:])
+        lane_base = np.empty(int(lane_base_off[-1]), dtype=np.int64)
+        lane_disc = np.zeros(int(lane_base_off[-1]), dtype=bool)
+        shared: dict = {}
+        memo: dict = {}
+        self._lane_base, self.lane_base_off = lane_base, lane_base_off  # read by _concrete for forks
+        for t, tpl in enumerate(self.templates):
+            ref, axes, discarded = tpl[9], tpl[13], tpl[14]
+            lo, hi = lane_base_off[t], lane_base_off[t + 1]
+            lane_disc[lo:hi] = discarded
+            if type(ref) is RootKey:
+                bid = base_id.get(ref)
+                if bid is None:
+                    bid = base_id[ref] = len(self.bases)
+                    self.bases.append(ref)
+                lane_base[lo:hi] = bid
+                continue
+            key = (ref, axes)
+            ids = shared.get(key)
+            if ids is None:
+                ids = []
+                for lane in _lanes(axes, sizes):
+                    concrete = self._concrete(r, ref, dict(zip(axes, lane)), memo)
+                    if concrete is None:
+                        ids.append(-1)
+                        continue
+                    bid = base_id.get(concrete)
+                    if bid is None:
+                        bid = base_id[concrete] = len(self.bases)
+                        self.bases.append(concrete)
+                    ids.append(bid)
+                shared[key] = ids
+            lane_base[lo:hi] = ids
+        rows_lane = lane_base_off[block] + self.lane_ix
+        self.base = lane_base[rows_lane]
+        self.discarded = lane_disc[rows_lane] | (self.base < 0)
+
+    # ------------------------------------------------------------------ construction helpers
+    def _hash_words(self) -> np.ndarray:
+        """The hash word of every (template, count): SHA-1 once per distinct input."""
+        sep = self.sep
+        top = max((tpl[3] + tpl[15] - 1 for tpl in self.templates), default=0)
+        enc = _encodings(top, sep)
+        sha1 = _sha1
+        out = np.empty(int(self.word_off[-1]), dtype=np.uint32)
+        done = 0
+        digests: list[bytes] = []
+
+        def flush() -> int:
+            # the digests so far -> their first 4 bytes, big-endian; memory stays bounded by the chunk
+            words = np.frombuffer(b"".join(digests), dtype=">u4").reshape(-1, 5)[:, 0]
+            out[done:done + len(words)] = words
+            digests.clear()
+            return done + len(words)
+
+        for tpl in self.templates:
+            pre = hash_input(tpl[6], sep)
+            c0, k = tpl[3], tpl[15]
+            if k == 1:
+                digests.append(sha1(pre + enc[c0]).digest())
+            else:
+                digests += [sha1(pre + e).digest() for e in enc[c0:c0 + k]]
+            if len(digests) >= 1 << 16:
+                done = flush()
+        if digests:
+            done = flush()
+        return out
+
+    def _concrete(self, r: _BlockReplayer, ref, assign: dict, memo: dict):
+        """Replayer._concrete, with a fork's row found from the template's start (forks have n = 1)."""
+        if ref is None or type(ref) is RootKey:
+            return ref
+        if type(ref) is _Fork:
+            axes = self.templates[ref.template][13]
+            if any(a not in assign for a in axes):
+                return None
+            li = _lane_index(tuple(assign[a] for a in axes), axes, self.axis_size)
+            if self._lane_base[self.lane_base_off[ref.template] + li] < 0:
+                return None  # a fork of a key that never exists never exists either
+            return ForkKey(int(self.start[ref.template]) + li)
+        if ref.axis not in assign:
+            return None
+        key = (ref, assign[ref.axis], tuple(sorted(assign.items())))
+        hit = memo.get(key)
+        if hit is None:
+            parent = self._concrete(r, ref.parent, assign, memo)
+            if parent is None:
+                hit = None
+            elif hasattr(ref, "n"):  # _LaneSplit
+                hit = SplitKey(parent, ref.n, assign[ref.axis])
+            else:
+                i = assign[ref.axis]
+                hit = FoldKey(parent, (-i if ref.negate else i) & 0xFFFFFFFF)
+            memo[key] = hit
+        return hit
+
+    # ------------------------------------------------------------------ rows
+    def __len__(self) -> int:
+        return self.n
+
+    def lane_of(self, i: int) -> tuple[int, ...]:
+        axes = self.templates[int(self.block[i])][13]
+        li = int(self.lane_ix[i])
+        out = []
+        for a in reversed(axes):
+            li, x = divmod(li, self.axis_size[a])
+            out.append(x)
+        return tuple(reversed(out))
+
+    def derivation(self, i: int) -> Derivation:
+        """Row i as the plain path's Derivation."""
+        tpl = self.templates[int(self.block[i])]
+        path, req, used, _, kind, label, suffix, _, _, _, loc, draw, notes = tpl[:13]
+        count = int(self.count[i])
+        items = suffix + (count,)
+        b = int(self.base[i])
+        return Derivation(i, path, req, used, count, kind, label, items, hash_input(items, self.sep),
+                          int(self.word[i]), self.bases[b] if b >= 0 else None, loc, draw, notes, self.lane_of(i),
+                          bool(self.discarded[i]))
+
+    def derivations(self, rows: Iterable[int] | None = None) -> list[Derivation]:
+        return [self.derivation(int(i)) for i in (range(self.n) if rows is None else rows)]
+
+    # ------------------------------------------------------------------ selection
+    def select(self, streams: Sequence[str] = (), paths: Sequence[str] = (), limit: int | None = None) -> np.ndarray:
+        """Row indices kept by the filters: a stream (requested or used) in `streams`, a path
+        ('/'-joined, '(root)' for the root) matching a glob in `paths`, the first `limit` of them."""
+        keep_t = np.ones(len(self.templates), dtype=bool)
+        if streams or paths:
+            cache: dict = {}
+            for t, tpl in enumerate(self.templates):
+                if streams and tpl[1] not in streams and tpl[2] not in streams:
+                    keep_t[t] = False
+                    continue
+                if paths:
+                    p = tpl[0]
+                    hit = cache.get(p)
+                    if hit is None:
+                        text = "/".join(p) if p else "(root)"
+                        hit = cache[p] = any(fnmatch.fnmatchcase(text, g) for g in paths)
+                    keep_t[t] = hit
+        rows = np.flatnonzero(keep_t[self.block]) if not keep_t.all() else np.arange(self.n, dtype=np.int64)
+        if limit is not None:
+            rows = rows[:limit]
+        return rows
+
+    # ------------------------------------------------------------------ jsonl
+    def call_lines(self, rows: np.ndarray, keys: np.ndarray, encode, skip=frozenset()):
+        """`{"record": "call", ...}` JSON lines for `rows` (keys: their key data), the same objects as
+        report.call_json, without making a Derivation per row: what a template fixes is encoded once.
+        Rows at positions in `skip` (those with drawn values) are yielded as None for the caller."""
+        consts: dict = {}
+        bases_json: dict = {-1: "null"}
+        lanes_json: dict = {}
+        sep = "00" if self.sep else ""
+        step = 1 << 15
+        for j0 in range(0, len(rows), step):
+            # numpy scalars are slow one at a time: a chunk of each column as Python values
+            r = rows[j0:j0 + step]
+            cols = zip(range(j0, j0 + len(r)), r.tolist(), self.block[r].tolist(), self.count[r].tolist(),
+                       self.word[r].tolist(), self.base[r].tolist(), self.lane_ix[r].tolist(),
+                       self.discarded[r].tolist(), keys[j0:j0 + step].tolist())
+            for j, i, t, c, w, b, li, disc, key in cols:
+                if j in skip:
+                    yield None
+                    continue
+                const = consts.get(t)
+                if const is None:
+                    const = consts[t] = self._call_const(t, encode)
+                head, items, pre_hex, has_lanes = const
+                bj = bases_json.get(b)
+                if bj is None:
+                    bj = bases_json[b] = encode(str(self.bases[b]))
+                if has_lanes:
+                    lane = lanes_json.get((t, li))
+                    if lane is None:
+                        lane = lanes_json[(t, li)] = encode(list(self.lane_of(i)))
+                else:
+                    lane = "[]"
+                yield (f'{head},"base":{bj},"count":{c},"discarded":{"true" if disc else "false"},'
+                       f'"hash_input_hex":"{pre_hex}{sep}{c.to_bytes((c.bit_length() + 7) // 8, "big").hex()}",'
+                       f'"hash_items":{items}{c}],"hash_word":{w},"index":{i},'
+                       f'"key":{"null" if b < 0 else "[" + ",".join(map(str, key)) + "]"},"lane":{lane}}}')
+
+    def _call_const(self, t: int, encode) -> tuple:
+        """What template t fixes in a call record, encoded once: the record's other fields (an
+        unclosed object), the hash items but the count (an unclosed list), the path's bytes in hex."""
+        path, req, used, _, kind, label, suffix, _, _, _, loc, _, notes = self.templates[t][:13]
+        head = encode({"record": "call", "path": list(path), "path_str": "/".join(path) if path else "(root)",
+                       "stream_requested": req, "stream": used, "fallback": req != used, "kind": kind,
+                       "label": label, "notes": list(notes), "location": loc.as_json()})[:-1]
+        items = encode(list(suffix))[:-1] + ("," if suffix else "")
+        return head, items, hash_input(suffix, self.sep).hex(), bool(self.templates[t][13])
+
+    # ------------------------------------------------------------------ keys
+    def keys(self, engine: KeyEngine, rows: np.ndarray | None = None) -> np.ndarray:
+        """Key data of `rows` (all rows by default), shape (len(rows), width); zeros where the key
+        never exists (base -1)."""
+        rows = np.arange(self.n, dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
+        resolver = _Bases(self, engine)
+        base = self.base[rows]
+        exists = base >= 0
+        out = np.zeros((len(rows), engine.width), dtype=np.uint32)
+        if not exists.any():
+            return out
+        used = np.unique(base[exists])
+        table = np.zeros((len(self.bases), engine.width), dtype=np.uint32)
+        for b in used.tolist():
+            table[b] = resolver.key(self.bases[b])
+        sel = np.flatnonzero(exists)
+        if engine.impl == "unsafe_rbg":
+            for b in used.tolist():
+                idx = sel[base[sel] == b]
+                out[idx] = engine.fold_in_many(tuple(int(w) for w in table[b]), self.word[rows[idx]])
+            return out
+        out[sel] = _fold_in_rows(engine, table[base[sel]], self.word[rows[sel]])
+        return out
+
+
+class _Bases:
+    """Key data of base references, memoised; a split is computed for all its rows at once."""
+
+    def __init__(self, table: KeyTable, engine: KeyEngine):
+        self.t = table
+        self.engine = engine
+        self.roots = root_keys(table.spec, engine)
+        self.memo: dict = {}
+        self.splits: dict = {}
+
+    def key(self, ref) -> KeyData:
+        hit = self.memo.get(ref)
+        if hit is not None:
+            return hit
+        e = self.engine
+        if type(ref) is RootKey:
+            hit = self.roots[ref.stream]
+        elif type(ref) is SplitKey:
+            parent = self.key(ref.parent)
+            rows = self.splits.get((parent, ref.n))
+            if rows is None:
+                rows = self.splits[(parent, ref.n)] = _split_all(e, parent, ref.n)
+            hit = tuple(int(w) for w in rows[ref.index])
+        elif type(ref) is FoldKey:
+            hit = tuple(int(w) for w in e.fold_in_many(self.key(ref.parent), np.array([ref.data]))[0])
+        elif type(ref) is ForkKey:
+            i = ref.index
+            b = int(self.t.base[i])
+            hit = tuple(int(w) for w in e.fold_in_many(self.key(self.t.bases[b]), self.t.word[i:i + 1])[0])
+        else:
+            raise TypeError(ref)
+        self.memo[ref] = hit
+        return hit
+
+
+def _split_all(e: KeyEngine, key: KeyData, n: int) -> np.ndarray:
+    """Every row of jax.random.split(key, n) as key data, shape (n, width)."""
+    if e.impl == "threefry2x32":
+        return _split_rows(key, n, e.partitionable)
+    if e.impl == "rbg":
+        return np.concatenate([_split_rows(key[:2], n, e.partitionable),
+                               _split_rows(key[2:], n, e.partitionable)], axis=1)
+    return np.array([e.split(key, n, i) for i in range(n)], dtype=np.uint32).reshape(n, e.width)
+
+
+def _fold_in_rows(e: KeyEngine, keys: np.ndarray, words: np.ndarray) -> np.ndarray:
+    """fold_in(keys[i], words[i]) for every row (threefry2x32 and rbg), shape (len, width)."""
+    words = np.asarray(words, dtype=np.uint32)
+    if e.impl == "threefry2x32":
+        return _threefry_fold_in_rows(keys, words)
+    # mirrors jax/_src/random/rbg.py _rbg_fold_in: threefry fold_in on each 2-word half
+    return np.concatenate([_threefry_fold_in_rows(keys[:, :2], words),
+                           _threefry_fold_in_rows(keys[:, 2:], words)], axis=1)
+
+
+def _threefry_fold_in_rows(keys: np.ndarray, words: np.ndarray) -> np.ndarray:
+    """threefry fold_in with a key per row: keys (n, 2), words (n,) -> (n, 2)."""
+    # mirrors jax/_src/random/threefry2x32.py threefry_fold_in: threefry_2x32(key, threefry_seed(data))
+    y0, y1 = threefry.threefry2x32(keys[:, 0], keys[:, 1], np.zeros_like(words), words)
+    return np.stack([y0, y1], axis=-1)
+
+
+def _split_rows(key: KeyData, n: int, partitionable: bool) -> np.ndarray:
+    """jax.random.split(key, n) for threefry2x32 key data, shape (n, 2)."""
+    if partitionable:
+        # mirrors _threefry_split_foldlike: the counts are (hi, lo) of the row index
+        i = np.arange(n, dtype=np.uint64)
+        y0, y1 = threefry.threefry2x32(key[0], key[1], (i >> np.uint64(32)).astype(np.uint32),
+                                       (i & np.uint64(0xFFFFFFFF)).astype(np.uint32))
+        return np.stack([y0, y1], axis=-1)
+    # mirrors _threefry_split_original: threefry_2x32(key, iota(2n)).reshape(n, 2)
+    y0, y1 = threefry.threefry2x32(key[0], key[1], np.arange(n, dtype=np.uint32),
+                                   np.arange(n, 2 * n, dtype=np.uint32))
+    return np.concatenate([y0, y1]).reshape(n, 2)
+
+
+def _lanes(axes, sizes):
+    from itertools import product
+
+    return product(*(range(sizes[a]) for a in axes)) if axes else ((),)
+
+
+def _lane_index(lane, axes, sizes) -> int:
+    li = 0
+    for x, a in zip(lane, axes):
+        li = li * sizes[a] + x
+    return li
+
+
+def key_table(spec: Spec) -> KeyTable:
+    """Replay `spec` on the fast path."""
+    return _BlockReplayer(spec).run()
+
+
+__all__ = ["KeyTable", "key_table"]

@@ -1,0 +1,80 @@
+"""A progress bar on stderr for long runs: shown only on a terminal, only after a second, gone when done.
+
+    with progress(len(items), "auditing") as advance:
+        for item in items:
+            work(item)
+            advance(1)
+
+`total=None` shows a spinner with the elapsed time (work of unknown length, e.g. waiting on a process).
+Nothing is drawn when stderr is not a terminal (CI logs, pipes, tests), and stdout is never touched,
+so the report stays clean. `advance` is cheap: it adds to a counter, and rich redraws from its own
+thread a few times a second.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+SHOW_AFTER_SECONDS = 1.0  # short runs never flash a bar
+
+
+def _noop(n: int = 1) -> None:
+    return None
+
+
+def enabled(stream=None) -> bool:
+    """A bar is drawn only on an interactive terminal (and never with TERM=dumb)."""
+    stream = sys.stderr if stream is None else stream
+    try:
+        tty = stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+    return bool(tty) and os.environ.get("TERM") != "dumb"
+
+
+@contextmanager
+def progress(total: int | None, description: str, *, stream=None,
+             delay: float = SHOW_AFTER_SECONDS) -> Iterator[Callable[[int], None]]:
+    """Yield `advance(n=1)`; draw a transient bar on `stream` (stderr) once the run lasts `delay` seconds."""
+    stream = sys.stderr if stream is None else stream
+    if not enabled(stream):
+        yield _noop
+        return
+    from rich.console import Console
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
+                               TimeElapsedColumn)
+
+    console = Console(file=stream, no_color="NO_COLOR" in os.environ, highlight=False)
+    columns = [SpinnerColumn(), TextColumn("{task.description}")]
+    if total is not None:
+        columns += [BarColumn(), MofNCompleteColumn()]
+    columns.append(TimeElapsedColumn())
+    bar = Progress(*columns, console=console, transient=True, refresh_per_second=8)
+    task = bar.add_task(description, total=total)
+    lock = threading.Lock()
+    state = {"started": False, "stopped": False}
+
+    def start() -> None:
+        with lock:
+            if not state["stopped"]:
+                bar.start()
+                state["started"] = True
+
+    timer = threading.Timer(delay, start)
+    timer.daemon = True
+    timer.start()
+
+    def advance(n: int = 1) -> None:
+        bar.advance(task, n)
+
+    try:
+        yield advance
+    finally:
+        timer.cancel()
+        with lock:
+            state["stopped"] = True
+            if state["started"]:
+                bar.stop()

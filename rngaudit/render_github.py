@@ -1,0 +1,31 @@
+"""Findings as GitHub Actions workflow commands (`::error file=F,line=L,col=C,title=T::message`)."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from .findings import ERROR, NOTE, WARNING, Finding, report_path
+
+_COMMAND = {ERROR: "error", WARNING: "warning", NOTE: "notice"}
+
+
+def _data(text: str) -> str:
+    """Escape a message as the runner reads it back (mirrors @actions/core `escapeData`)."""
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _property(text: str) -> str:
+    """Escape a property value (mirrors @actions/core `escapeProperty`)."""
+    return _data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def annotation(f: Finding) -> str:
+    props = []
+    if f.location is not None:
+        props += [f"file={_property(report_path(f.location.file))}", f"line={f.location.line}", f"col={f.location.col}"]
+    props.append(f"title={_property('rngaudit ' + f.rule)}")
+    return f"::{_COMMAND[f.level]} {','.join(props)}::{_data(f.message)}"
+
+
+def render_github(findings: Sequence[Finding]) -> str:
+    """One annotation per line; nothing at all for a clean run."""
+    return "".join(annotation(f) + "\n" for f in findings)

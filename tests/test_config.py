@@ -1,0 +1,194 @@
+"""`[tool.rngaudit]` in pyproject.toml: defaults per command, flags win, and every mistake is an input error
+at the file's line and column (exit 2, nothing on stdout)."""
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rngaudit.cli import app
+from rngaudit.config import find_pyproject, key_positions, load
+
+REPO = Path(__file__).resolve().parent.parent
+SHARP = REPO / "fixtures" / "collisions" / "sharp_edge.yaml"
+FALLBACK = REPO / "fixtures" / "ci" / "fallback.yaml"
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    """A project directory (the working directory) with a spec; `write(toml)` sets its pyproject.toml."""
+    (tmp_path / ".git").mkdir()  # the repository root: discovery stops here
+    (tmp_path / "sharp.yaml").write_text(SHARP.read_text())
+    (tmp_path / "fallback.yaml").write_text(FALLBACK.read_text())
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RNGAUDIT_DEBUG", raising=False)
+
+    def write(text: str, name: str = "pyproject.toml") -> Path:
+        p = tmp_path / name
+        p.write_text(textwrap.dedent(text).lstrip("\n"), encoding="utf-8")
+        return p
+
+    write.root = tmp_path
+    return write
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app, list(args), catch_exceptions=False)
+
+
+def refused(r, where: str, *parts: str) -> None:
+    assert r.exit_code == 2, r.stdout + r.stderr
+    assert r.stdout == ""
+    assert r.stderr.startswith(f"error: {where}: ") and r.stderr.count("\n") == 1, r.stderr
+    assert "Traceback" not in r.stderr and "internal error" not in r.stderr
+    for p in parts:
+        assert p in r.stderr, r.stderr
+
+
+def test_common_and_command_defaults_apply(project):
+    project("""
+        [project]
+        name = "demo"
+
+        [tool.rngaudit]
+        format = "github"
+
+        [tool.rngaudit.collisions]
+        fix-rng-separator = true
+        """)
+    r = invoke("collisions", "sharp.yaml")
+    assert r.exit_code == 0, r.stderr  # the separator removes the class 1 collision
+    assert r.stdout == ""  # github format: no findings, no annotations
+    r = invoke("collisions", "sharp.yaml", "--no-fix-rng-separator")  # the flag wins
+    assert r.exit_code == 1
+    assert r.stdout.startswith("::error file=sharp.yaml,line=8,col=89,")
+    r = invoke("collisions", "sharp.yaml", "--no-fix-rng-separator", "-f", "json")
+    assert json.loads(r.stdout)["summary"]["failing"] == 1
+
+
+def test_section_wins_over_common_and_flags_win_over_both(project):
+    project("""
+        [tool.rngaudit]
+        exit-zero = true
+        [tool.rngaudit.derive]
+        strict = true
+        exit-zero = false
+        format = "json"
+        no-values = true
+        """.replace("no-values = true\n", "values = false\n"))
+    r = invoke("derive", "fallback.yaml")
+    assert r.exit_code == 1  # strict from [tool.rngaudit.derive]; its exit-zero = false wins over the common one
+    assert json.loads(r.stdout)["summary"]["fallbacks"] == 2
+    assert invoke("derive", "fallback.yaml", "--no-strict").exit_code == 0
+    assert invoke("derive", "fallback.yaml", "--exit-zero").exit_code == 0
+    assert invoke("derive", "fallback.yaml", "-f", "text").stdout.startswith("fallback.yaml")
+    # the common exit-zero still applies to collisions
+    assert invoke("collisions", "sharp.yaml").exit_code == 0
+
+
+def test_fail_on_and_lists(project):
+    project("""
+        [tool.rngaudit.collisions]
+        fail-on = ["hash_word", "shared_seed"]
+        """)
+    assert invoke("collisions", "sharp.yaml").exit_code == 0
+    assert invoke("collisions", "sharp.yaml", "--fail-on", "concatenation").exit_code == 1
+
+
+def test_shard_check_defaults_reach_the_request(project):
+    """`devices` from the configuration is checked like --devices (refused before any device process)."""
+    project("""
+        [tool.rngaudit.shard-check]
+        devices = 0
+        """)
+    (project.root / "x.py").write_text("def f(key, x):\n    return x\n")
+    r = invoke("shard-check", "--fn", "x.py:f")
+    assert r.exit_code == 2 and "--devices 0: ask for 1 to 1024 CPU devices" in r.stderr
+    r = invoke("shard-check", "--fn", "x.py:f", "--devices", "2", "--shape", "3,1")  # the flag wins
+    assert r.exit_code == 2 and "3 rows do not divide over 2 devices" in r.stderr
+
+
+@pytest.mark.parametrize("toml,where,parts", [
+    ("[tool.rngaudit]\nformat = \"github\"\nstirct = true\n", "pyproject.toml:3:1",
+     ["[tool.rngaudit]: unknown key 'stirct'; did you mean 'strict'?"]),
+    ("[tool.rngaudit.collisions]\n  latent-max-cont = 3\n", "pyproject.toml:2:3",
+     ["[tool.rngaudit.collisions]: unknown key 'latent-max-cont'; did you mean 'latent-max-count'?"]),
+    ("[tool.rngaudit.collisions]\ndevices = 4\n", "pyproject.toml:2:1",
+     ["[tool.rngaudit.collisions]: unknown key 'devices'"]),
+    ("[tool.rngaudit.colisions]\nstrict = true\n", "pyproject.toml:1:1",
+     ["no command is called 'colisions'; did you mean 'collisions'?"]),
+    ("[tool.rngaudit]\noutput = \"report.txt\"\n", "pyproject.toml:2:1", ["unknown key 'output'"]),
+    ("[tool.rngaudit]\nstrict = \"yes\"\n", "pyproject.toml:2:1",
+     ["[tool.rngaudit] strict: must be a boolean (true or false), not str 'yes'"]),
+    ("[tool.rngaudit.collisions]\nlatent-max-count = -1\n", "pyproject.toml:2:1", ["-1 is not in the range"]),
+    ("[tool.rngaudit.collisions]\nlatent-max-count = 1.5\n", "pyproject.toml:2:1", ["must be an integer"]),
+    ("[tool.rngaudit]\nformat = \"xml\"\n", "pyproject.toml:2:1", ["'xml' is not one of"]),
+    ("[tool.rngaudit.collisions]\nfail-on = \"hash_word\"\n", "pyproject.toml:2:1", ["must be a list of strings"]),
+    ("[tool.rngaudit.collisions]\nfail-on = [\"hash\"]\n", "pyproject.toml:2:1", ["'hash' is not one of"]),
+    ("[tool.rngaudit]\nformat = \"github\n", "pyproject.toml:2:17", ["invalid TOML"]),
+    ("[tool]\nrngaudit = 3\n", "pyproject.toml:2:1", ["[tool.rngaudit] must be a table"]),
+    ("[tool.rngaudit]\ncollisions.stirct = true\n", "pyproject.toml:2:1",
+     ["[tool.rngaudit.collisions]: unknown key 'stirct'"]),
+])
+def test_bad_configuration_is_an_input_error_at_its_line(project, toml, where, parts, tmp_path):
+    project(toml)
+    out = tmp_path / "report.txt"
+    r = invoke("collisions", "sharp.yaml", "--output", str(out))
+    refused(r, where, *parts)
+    assert not out.exists()
+
+
+def test_an_unknown_key_fails_every_command(project):
+    """A typo anywhere in the table is an error whichever command runs, so it is found at once."""
+    project("[tool.rngaudit.shard-check]\ndevics = 2\n")
+    for args in (["derive", "fallback.yaml"], ["collisions", "sharp.yaml"]):
+        refused(invoke(*args), "pyproject.toml:2:1", "unknown key 'devics'; did you mean 'devices'?")
+
+
+def test_non_utf8_configuration(project):
+    (project.root / "pyproject.toml").write_bytes(b"[tool.rngaudit]\nformat = \"\xff\"\n")
+    refused(invoke("derive", "fallback.yaml"), "pyproject.toml:2:11", "not UTF-8")
+
+
+def test_explicit_config_file_and_discovery(project):
+    project("[tool.rngaudit]\nformat = \"json\"\n")
+    sub = project.root / "models" / "deep"
+    sub.mkdir(parents=True)
+    assert find_pyproject(str(sub)) == str(project.root / "pyproject.toml")
+    # discovery stops at the repository root: a pyproject.toml above it is not this project's
+    (project.root / "inner").mkdir()
+    (project.root / "inner" / ".git").mkdir()
+    assert find_pyproject(str(project.root / "inner")) is None
+    other = project("[tool.rngaudit]\nformat = \"github\"\n", name="ci.toml")
+    r = invoke("collisions", "sharp.yaml", "--config", str(other))
+    assert r.stdout.startswith("::error ")
+    refused(invoke("collisions", "sharp.yaml", "--config", "missing.toml"), "missing.toml:1:1", "no such file")
+    # no [tool.rngaudit] at all: built-in defaults
+    project("[project]\nname = 'x'\n")
+    assert invoke("collisions", "sharp.yaml").stdout.startswith("sharp.yaml  (spec")
+
+
+def test_key_positions_follow_tables_dotted_keys_and_skip_strings(tmp_path):
+    text = textwrap.dedent('''
+        [tool.rngaudit]
+        doc = """
+        fake = 1
+        """
+          "exit-zero" = true
+        collisions.strict = true
+        [tool."rngaudit".derive]  # a comment
+        phase = "apply"
+        ''').lstrip("\n")
+    pos = key_positions(text, "p.toml")
+    assert str(pos[("tool", "rngaudit", "exit-zero")]) == "p.toml:5:3"
+    assert str(pos[("tool", "rngaudit", "collisions", "strict")]) == "p.toml:6:1"
+    assert str(pos[("tool", "rngaudit", "derive", "phase")]) == "p.toml:8:1"
+    assert ("tool", "rngaudit", "fake") not in pos
+    f = tmp_path / "pyproject.toml"
+    f.write_text(text)
+    cfg = load(str(f))
+    assert cfg.for_command("derive")["phase"].value == "apply"
+    assert cfg.sections["collisions"]["strict"].location.line == 6

@@ -1,0 +1,197 @@
+"""`rngaudit diff`: a refactor suite. Both versions are captured from real Flax; the params real Flax
+initialises (compared value by value) decide which param call sites changed, and diff must report
+exactly those, with the reason and the fix."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+from flax import traverse_util
+from typer.testing import CliRunner
+
+from rngaudit.cli import app
+
+HEADER = "import flax.linen as nn\nimport jax\nimport jax.numpy as jnp\n"
+
+BLOCK = textwrap.dedent("""
+    class Block(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        x = nn.Dense(4)(x)
+        x = nn.Dropout(0.5, deterministic=False)(x)
+        return nn.Dense(4)(x)
+
+    def make():
+      return Model(), (jnp.ones((1, 4)),)
+""")
+
+BASE = HEADER + BLOCK + textwrap.dedent("""
+    class Model(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        x = nn.Dense(4)(x)
+        x = Block()(x)
+        return nn.Dense(4)(x)
+""")
+
+VARIANTS = {
+    "rename": BASE.replace("Block()(x)", "Block(name='encoder')(x)"),
+    "insert": BASE.replace("    x = nn.Dense(4)(x)\n    x = Block()(x)",
+                           "    x = nn.Dense(4, use_bias=False)(x)\n    x = nn.Dense(4)(x)\n    x = Block()(x)"),
+    "compact_to_setup": HEADER + BLOCK + textwrap.dedent("""
+        class Model(nn.Module):
+          def setup(self):
+            self.inp = nn.Dense(4)
+            self.block = Block()
+            self.out = nn.Dense(4)
+
+          def __call__(self, x):
+            return self.out(self.block(self.inp(x)))
+        """),
+    "jit": BASE.replace("Block()(x)", "nn.jit(Block)()(x)"),
+    "remat": BASE.replace("Block()(x)", "nn.remat(Block)()(x)"),
+}
+
+ENSEMBLE = HEADER + BLOCK + textwrap.dedent("""
+    class Model(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        E = nn.vmap(Block, variable_axes={'params': 0}, split_rngs={'params': True, 'dropout': True},
+                    in_axes=None, out_axes=0, axis_size=3)
+        return E()(x)
+""")
+
+RNGS = "params=0,dropout=1"
+
+
+def invoke(*args):
+    return CliRunner().invoke(app, [str(a) for a in args], catch_exceptions=False)
+
+
+def capture(tmp_path, name, text):
+    f = tmp_path / f"{name}.py"
+    f.write_text(text)
+    keys = tmp_path / f"{name}.json"
+    r = invoke("capture", f"{f}:make", "--rngs", RNGS, "--keys", keys, "-o", tmp_path / f"{name}.yaml")
+    assert r.exit_code == 0, r.output
+    return f, keys
+
+
+def flax_params(f) -> dict:
+    """What real Flax initialises: {(path..., param): value}."""
+    spec = importlib.util.spec_from_file_location(f"_oracle_{f.stem}_{id(f)}", f)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    model, args = mod.make()
+    variables = model.init({"params": jax.random.key(0), "dropout": jax.random.key(1)}, *args)
+    return {k: np.asarray(v) for k, v in traverse_util.flatten_dict(variables["params"]).items()}
+
+
+def flax_changed(old: dict, new: dict) -> set:
+    changed = {k for k in old.keys() & new.keys() if not np.array_equal(old[k], new[k])}
+    return changed | (old.keys() ^ new.keys())
+
+
+def run_diff(tmp_path, old_keys, new_keys):
+    r = invoke("diff", old_keys, new_keys, "--format", "json")
+    assert r.exit_code in (0, 1), r.output
+    return r.exit_code, json.loads(r.output)
+
+
+def param_sites(doc) -> set:
+    return {tuple(s["path"]) + (s["label"],) for s in doc["sites"]
+            if s["status"] in ("changed", "new", "gone") and s["kind"] == "param"}
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("base")
+    f, keys = capture(tmp, "base", BASE)
+    return f, keys, flax_params(f)
+
+
+EXPECT = {
+    "rename": ("renamed path (Block_0 -> encoder)", "name='Block_0'"),
+    "insert": ("shifted auto-name index", "give the inserted module at Dense_0 an explicit name="),
+    "compact_to_setup": ("renamed path (Block_0 -> block)", "name='Block_0'"),
+    "jit": ("nn.jit renames class Block to JitBlock", "a new jit fork"),
+    "remat": ("nn.remat renames class Block to CheckpointBlock", "name='Block_0'"),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_refactor_diff_matches_flax(tmp_path, base, variant):
+    assert VARIANTS[variant] != BASE
+    old_f, old_keys, old_params = base
+    new_f, new_keys = capture(tmp_path, variant, VARIANTS[variant])
+    code, doc = run_diff(tmp_path, old_keys, new_keys)
+    expected = flax_changed(old_params, flax_params(new_f))
+    assert expected, "the refactor must change something in Flax"
+    assert param_sites(doc) == expected
+    assert code == 1 and doc["summary"]["failing"] is True
+    why, fix = EXPECT[variant]
+    text = json.dumps(doc)
+    assert why in text and fix in text, (doc["notes"], doc["fixes"])
+    # every reported site is explained
+    assert all(s["why"] for s in doc["sites"] if s["status"] != "kept")
+
+
+def test_insert_moves_only_the_later_layer(tmp_path, base):
+    _, old_keys, _ = base
+    _, new_keys = capture(tmp_path, "insert", VARIANTS["insert"])
+    _, doc = run_diff(tmp_path, old_keys, new_keys)
+    moved = {(s["path_str"], s["label"], s["status"]) for s in doc["sites"] if s["status"] != "kept"}
+    # the inserted Dense_0 has no bias; the old Dense_0 and Dense_1 keep their paths' keys (one index up)
+    assert moved == {("Dense_0", "bias", "gone"), ("Dense_2", "kernel", "new"), ("Dense_2", "bias", "new")}
+
+
+def test_applying_the_suggested_fix_restores_every_key(tmp_path, base):
+    _, old_keys, _ = base
+    fixed = VARIANTS["remat"].replace("nn.remat(Block)()(x)", "nn.remat(Block)(name='Block_0')(x)")
+    _, new_keys = capture(tmp_path, "remat_fixed", fixed)
+    code, doc = run_diff(tmp_path, old_keys, new_keys)
+    assert code == 0 and doc["summary"]["changed"] == doc["summary"]["new"] == doc["summary"]["gone"] == 0
+
+
+def test_split_rngs_change(tmp_path):
+    old_f, old_keys = capture(tmp_path, "ens_old", ENSEMBLE)
+    new_f, new_keys = capture(tmp_path, "ens_new", ENSEMBLE.replace("'dropout': True", "'dropout': False"))
+    code, doc = run_diff(tmp_path, old_keys, new_keys)
+    assert code == 1
+    assert param_sites(doc) == flax_changed(flax_params(old_f), flax_params(new_f)) == set()
+    changed = [s for s in doc["sites"] if s["status"] != "kept"]
+    assert changed and all(s["status"] == "changed" and s["path"][-1] == "Dropout_0" for s in changed)
+    assert {s["lane"][0] for s in changed} == {0, 1, 2}
+    assert all("a different split: the lanes now share one key" in s["why"][0] for s in changed)
+    # the lanes really do share one key now
+    assert len({tuple(s["new_key"]) for s in changed}) == 1
+
+
+def test_identical_versions_exit_0_and_specs_work_too(tmp_path, base):
+    _, old_keys, _ = base
+    r = invoke("diff", old_keys, old_keys)
+    assert r.exit_code == 0 and "0 changed, 0 new, 0 gone" in r.output
+    spec = old_keys.with_suffix(".yaml")
+    r = invoke("diff", spec, old_keys)
+    assert r.exit_code == 0, r.output
+
+
+def test_diff_of_specs_explains_rename(tmp_path, base):
+    _, old_keys, _ = base
+    capture(tmp_path, "rename", VARIANTS["rename"])
+    r = invoke("diff", old_keys.with_suffix(".yaml"), tmp_path / "rename.yaml")
+    assert r.exit_code == 1
+    assert "renamed path (Block_0 -> encoder)" in r.output and "name='Block_0'" in r.output
+
+
+def test_bad_diff_input_exit_2(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "rngaudit.capture", "format_version": 1, "calls": [{}]}')
+    r = invoke("diff", bad, bad)
+    assert r.exit_code == 2 and r.stderr.startswith("error: ") and "not a valid rngaudit.capture" in r.stderr
+    r = invoke("diff", tmp_path / "nope.yaml", bad)
+    assert r.exit_code == 2 and "Traceback" not in r.stderr

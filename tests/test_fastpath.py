@@ -1,0 +1,154 @@
+"""derive's fast path (rngaudit.fast: blocks, columns, vectorised Threefry) against the plain path
+(one Derivation per call, per-base fold_in): the same rows, keys, values and errors, on every fixture
+and on the random models of the derive property tests (with and without lifted transforms)."""
+from __future__ import annotations
+
+import fnmatch
+import glob
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rngaudit import FlaxError, SpecError, load_spec, parse_spec
+from rngaudit.report import derive, to_json
+from test_property import specs, transform_specs
+
+EXAMPLES = int(os.environ.get("RNGAUDIT_FASTPATH_EXAMPLES", "150"))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURES = sorted(glob.glob(os.path.join(ROOT, "fixtures", "**", "*.yaml"), recursive=True)
+                  + glob.glob(os.path.join(ROOT, "rngaudit", "examples", "*.yaml")))
+
+
+def outcome(spec, engine: str, **kw):
+    try:
+        return to_json(derive(spec, engine=engine, **kw))
+    except (SpecError, FlaxError) as e:
+        return ("error", type(e).__name__, str(e))
+
+
+def assert_same(spec, **kw):
+    plain, fast = outcome(spec, "plain", **kw), outcome(spec, "fast", **kw)
+    if isinstance(plain, dict) and isinstance(fast, dict):
+        assert len(fast["calls"]) == len(plain["calls"])
+        for a, b in zip(plain["calls"], fast["calls"]):
+            assert a == b
+    assert fast == plain
+    return plain
+
+
+def _loadable(path):
+    try:
+        return load_spec(path)
+    except SpecError:
+        return None
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: os.path.relpath(p, ROOT))
+def test_fixture(path):
+    spec = _loadable(path)
+    if spec is None:  # a fixture of another command's bad input: nothing to derive
+        assert "bad" in path or "error" in path or "invalid" in path, path
+        return
+    assert_same(spec)
+
+
+def test_fixtures_are_many():
+    assert sum(_loadable(p) is not None for p in FIXTURES) >= 30
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(specs())
+def test_random_models(text):
+    assert_same(parse_spec(text, "<hypothesis>"), values=False)
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(transform_specs())
+def test_random_transformed_models(text):
+    assert_same(parse_spec(text, "<hypothesis>"), values=False)
+
+
+@settings(max_examples=max(EXAMPLES // 3, 10), deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.one_of(specs(), transform_specs()), st.data())
+def test_filters_select_the_plain_rows(text, data):
+    """--stream / --path / --limit on the fast path pick exactly the plain path's rows that match,
+    in order, with the same keys (computed only for them)."""
+    spec = parse_spec(text, "<hypothesis>")
+    full = outcome(spec, "plain", values=False)
+    if not isinstance(full, dict) or not full["calls"]:
+        return
+    calls = full["calls"]
+    streams = data.draw(st.lists(st.sampled_from(sorted({c["stream"] for c in calls} | {"nope"})), max_size=2))
+    paths = data.draw(st.lists(st.sampled_from(sorted({c["path_str"] for c in calls})
+                                                    + ["*", "*_0*", "(root)", "x*"]), max_size=2))
+    limit = data.draw(st.one_of(st.none(), st.integers(0, len(calls) + 1)))
+    want = [c for c in calls
+            if (not streams or c["stream"] in streams or c["stream_requested"] in streams)
+            and (not paths or any(fnmatch.fnmatchcase(c["path_str"], g) for g in paths))]
+    if limit is not None:
+        want = want[:limit]
+    got = to_json(derive(spec, values=False, engine="fast", streams=streams, paths=paths, limit=limit))
+    assert got["calls"] == want
+
+
+def test_repeat_crosses_the_one_byte_count_boundary():
+    """Counts 255, 256 and 65536 change the length of the count's bytes: one block spans them."""
+    spec = parse_spec("""
+rngaudit: 1
+rngs: {params: 0, dropout: 1}
+flax: {fix_rng_separator: true}
+model: {class: M, body: [{make_rng: {stream: dropout, repeat: 70000}}, {module: {class: B, repeat: 3, body: [make_rng]}}]}
+""", "t.yaml")
+    out = assert_same(spec, values=False)
+    assert [c["count"] for c in out["calls"][254:257]] == [255, 256, 257]
+    assert len(out["calls"]) == 70003
+
+
+def jsonl_records(report):
+    import json
+
+    from rngaudit.report import jsonl_lines
+
+    text = "".join(jsonl_lines(report))
+    assert text.endswith("\n")
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def _jsonl_matches_json(spec, **kw):
+    """Every jsonl line parses; header + calls + summary are the JSON report's fields exactly."""
+    try:
+        doc = to_json(derive(spec, engine="plain", **kw))
+    except (SpecError, FlaxError):
+        return
+    recs = jsonl_records(derive(spec, engine="fast", **kw))
+    head, calls, summary = recs[0], recs[1:-1], recs[-1]
+    assert head.pop("record") == "header" and summary.pop("record") == "summary"
+    assert all(c.pop("record") == "call" for c in calls)
+    assert head == {k: v for k, v in doc.items() if k not in ("calls", "summary")}
+    assert calls == doc["calls"]
+    assert summary == doc["summary"]
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: os.path.relpath(p, ROOT))
+def test_jsonl_of_fixture(path):
+    spec = _loadable(path)
+    if spec is not None:
+        _jsonl_matches_json(spec)
+
+
+@settings(max_examples=max(EXAMPLES // 3, 10), deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.one_of(specs(), transform_specs()))
+def test_jsonl_of_random_models(text):
+    _jsonl_matches_json(parse_spec(text, "<hypothesis>"), values=False)
+
+
+def test_jsonl_streams_large_outputs_in_chunks():
+    spec = parse_spec("rngaudit: 1\nrngs: {params: 0}\nmodel: {class: M, body: [{make_rng: {repeat: 10000}}]}\n",
+                      "t.yaml")
+    from rngaudit.report import jsonl_lines
+
+    chunks = list(jsonl_lines(derive(spec, values=False)))
+    assert len(chunks) >= 4 and max(len(c) for c in chunks) < 4096 * 1000
+    assert sum(c.count("\n") for c in chunks) == 10002
