@@ -51,6 +51,7 @@ class Site:
     kind: str = "make_rng"
     label: str | None = None
     context: tuple[str, ...] = ()  # the transforms around it, outermost first, e.g. ("scan", "jit")
+    location: object = None  # a spec's row: the Location of the statement that draws the key
 
     @property
     def ident(self) -> tuple:
@@ -78,6 +79,16 @@ class Capture:
     sites: list[Site]
     modules: dict = field(default_factory=dict)  # path tuple -> {"class", "naming", "fields"}
     versions: dict = field(default_factory=dict)
+    source: object = None  # a keys file's JsonDoc: where each record is, found on request
+
+    def locate(self) -> None:
+        """Give each site of a keys file the line:col of its record (one pass over the file)."""
+        if self.source is None or all(s.location is not None for s in self.sites):
+            return
+        where = self.source.locate([("calls", i) for i in range(len(self.sites))])
+        for i, s in enumerate(self.sites):
+            if s.location is None:
+                s.location = where.get(("calls", i))
 
 
 # ---------------------------------------------------------------- parsing the command line
@@ -245,11 +256,10 @@ def observe(target_text: str, inputs=(), rngs: str | dict | None = None, phase: 
                 "threefry_partitionable": bool(jax.config.jax_threefry_partitionable)}
     keys = {s: jax.random.key(seed) for s, seed in seeds.items()}
     call_kw = {"method": method} if method else {}
-    try:
-        if phase == "apply":
-            variables = module.init({"params": jax.random.key(0), **keys}, *args, **kwargs, **call_kw)
-            jax.effects_barrier()
-        with flaxcapture.recording() as rec:
+    variables = None
+
+    def run(selection):
+        with flaxcapture.recording(selection) as rec:
             rec.recording = True
             if phase == "init":
                 module.init(keys, *args, **kwargs, **call_kw)
@@ -257,17 +267,76 @@ def observe(target_text: str, inputs=(), rngs: str | dict | None = None, phase: 
                 module.apply(variables, *args, rngs=keys, **kwargs, **call_kw)
             jax.effects_barrier()
             rec.recording = False
+        return rec
+
+    try:
+        if phase == "apply":
+            variables = module.init({"params": jax.random.key(0), **keys}, *args, **kwargs, **call_kw)
+            jax.effects_barrier()
+        rec = run({})
+        records = _every_branch(rec, run, target.text)
     except RngauditError:
         raise
     except Exception as e:  # noqa: BLE001 - the model itself fails: the user's problem, reported in one line
         msg = str(e).split("\n")[0].split(" (https://flax.readthedocs.io")[0]
         raise UserCodeError(f"TARGET {target.text}: {type(module).__name__}.{phase} raises "
                             f"{type(e).__name__}: {msg}") from None
-    sites = [_site(r) for r in rec.records()]
+    sites = [_site(r) for r in records]
     modules = {p: {"class": m.cls, "naming": m.naming, "fields": m.fields} for p, m in rec.modules.items()}
     cap = Capture(target.text, phase, seeds, settings, sites, modules,
                   {"flax": flax.__version__, "jax": jax.__version__})
     return cap, rec, type(module).__name__
+
+
+MAX_BRANCH_RUNS = 32  # nn.cond/switch: at most this many runs to see every branch run
+
+
+def _selection(paths) -> dict:
+    """One branch per nn.cond/switch call that runs as many of the branch `paths` as it can."""
+    chosen: dict = {}
+    for path in sorted(paths, key=len, reverse=True):
+        if all(chosen.get(stmt, b) == b for stmt, b in path):
+            chosen.update(path)
+    return chosen
+
+
+def _every_branch(rec, run, target: str) -> list[dict]:
+    """The keys of every nn.cond/switch branch. Flax traces every branch (their counts are taken whichever
+    runs) but runs one, so only its keys exist at run time: the model runs again with the other branches
+    forced until every branch in which a key was traced has run, and the keys are merged. The traces, and
+    so every count, do not depend on the choice; a model whose trace does depend on it is refused."""
+    merged: dict = {}
+
+    def merge(records):
+        for r in records:
+            ident = (tuple(r["path"]), r["stream"], r["count"], tuple(r["lane"]))
+            seen = merged.setdefault(ident, r)
+            if seen["key"] != r["key"]:
+                raise SpecError(f"capture of {target}: {'/'.join(ident[0]) or '(root)'} stream {ident[1]} count "
+                                f"{ident[2]} got two different keys in runs with different nn.cond/switch branches")
+
+    merge(rec.records())
+    traced, ran = rec.branches_traced_and_run()
+    todo = traced - ran
+    runs = 1
+    while todo:
+        runs += 1
+        if runs > MAX_BRANCH_RUNS:
+            raise SpecError(f"capture of {target}: more than {MAX_BRANCH_RUNS} runs would be needed to see every "
+                            "nn.cond/switch branch run; write that part of the spec by hand")
+        selection = _selection(todo)
+        again = run(selection)
+        if again.signature() != rec.signature():
+            raise SpecError(f"capture of {target}: the model traces differently when another nn.cond/switch "
+                            "branch runs (Python code after the branch depends on its result), so one spec cannot "
+                            "describe it; no spec was written")
+        merge(again.records())
+        for loop, counts in again.loop_iterations.items():
+            rec.loop_iterations.setdefault(loop, set()).update(counts)
+        _, ran = again.branches_traced_and_run()
+        # a branch path this selection ran, or had to run, is done (it may hold no key that runs)
+        todo = {p for p in todo - ran if not all(selection.get(stmt) == b for stmt, b in p)}
+    return sorted(merged.values(), key=lambda r: r["order"])
 
 
 def _site(r: dict) -> Site:
@@ -280,7 +349,7 @@ def _site(r: dict) -> Site:
         kind = "variable"
     else:
         kind = "make_rng"
-    context = tuple(type(f).__name__.strip("_").replace("Frame", "").lower() for f in ev.frames)
+    context = tuple(f.context for f in ev.frames)
     return Site(tuple(r["path"]), r["requested"], r["stream"], r["count"], tuple(r["lane"]), tuple(r["key"]),
                 kind, ev.var_name, context)
 
@@ -327,7 +396,7 @@ def spec_sites(spec) -> list[Site]:
         if d.discarded:
             continue
         out.append(Site(tuple(d.path), d.stream_requested, d.stream, d.count, tuple(d.lane),
-                        tuple(c.key) if c.key is not None else None, d.kind, d.label, _context(d)))
+                        tuple(c.key) if c.key is not None else None, d.kind, d.label, _context(d), d.location))
     return out
 
 
@@ -361,7 +430,7 @@ def is_capture_json(doc) -> bool:
     return isinstance(doc, dict) and doc.get("format") == CAPTURE_FORMAT
 
 
-def capture_from_json(doc: dict, file: str) -> Capture:
+def capture_from_json(doc: dict, file: str, source=None) -> Capture:
     """A keys file written by `capture --keys`; every field checked."""
     if doc.get("format_version") != CAPTURE_FORMAT_VERSION:
         raise SpecError(f"{file}: capture format version {doc.get('format_version')!r} is not supported "
@@ -379,7 +448,7 @@ def capture_from_json(doc: dict, file: str) -> Capture:
                     "prng_impl": str(doc["jax"]["prng_impl"]),
                     "threefry_partitionable": bool(doc["jax"]["threefry_partitionable"])}
         return Capture(str(doc.get("target", file)), str(doc.get("phase", "init")), dict(doc.get("rngs", {})),
-                       settings, sites, modules, dict(doc.get("versions", {})))
+                       settings, sites, modules, dict(doc.get("versions", {})), source)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise SpecError(f"{file}: not a valid {CAPTURE_FORMAT} file ({type(e).__name__}: {e}); write it with "
                         "`rngaudit capture TARGET --keys FILE`") from None
@@ -393,7 +462,9 @@ def load_sites(path: str) -> Capture:
     if path.lower().endswith(".json"):
         doc = load_json(path)
         if is_capture_json(doc.value):
-            return capture_from_json(doc.value, path)
+            cap = capture_from_json(doc.value, path, doc)
+            cap.target = path  # reports name (and annotate) the file given
+            return cap
     spec = load_spec(path)
     settings = {"fix_rng_separator": spec.fix_rng_separator, "prng_impl": spec.prng_impl,
                 "threefry_partitionable": spec.threefry_partitionable}

@@ -1008,10 +1008,12 @@ class SpecSites(Sites):
     exact Threefry: on Python ints (rngaudit.keys_int) for small specs, else NumPy (rngaudit.keys);
     unsafe_rbg needs JAX."""
 
-    def __init__(self, spec: Spec, keys: bool = True, rows=None):
+    def __init__(self, spec: Spec, keys: bool = True, rows=None, key_cache: dict | None = None):
         from .replay import replay
 
         self.spec = spec
+        # fold_in results on Python ints, shared with this spec's renamed copies (rngaudit.keys_int)
+        self.key_cache = {} if key_cache is None else key_cache
         self.all_rows = replay(spec) if rows is None else rows
         # keys of a trace Flax throws away (scan's constancy check) share no randomness with anything
         keep = [p for p, d in enumerate(self.all_rows) if not getattr(d, "discarded", False)]
@@ -1053,7 +1055,7 @@ class SpecSites(Sites):
             from .keys_int import IMPLS, derive_keys_int
 
             if spec.prng_impl in IMPLS:
-                return derive_keys_int(spec, rows)
+                return derive_keys_int(spec, rows, self.key_cache)
         from .keys import derive_keys
 
         keys = derive_keys(spec, rows)
@@ -1134,7 +1136,7 @@ class SpecSites(Sites):
             rows = replay(spec)
         except RngauditError:
             return None  # e.g. Flax's NameInUseError, or a `call:` of the old name
-        return SpecSites(spec, keys=self.keys is not None, rows=rows)
+        return SpecSites(spec, keys=self.keys is not None, rows=rows, key_cache=self.key_cache)
 
     def rename_target(self, i: int) -> RenameTarget | None:
         d = self.rows[i]

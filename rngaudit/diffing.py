@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 from . import __version__
 from .capture import Capture, Site
+from .errors import Location
+from .findings import ERROR, Finding, Rule
 
 DIFF_FORMAT, VERIFY_FORMAT, FORMAT_VERSION = "rngaudit.diff", "rngaudit.verify", 1
 _PREFIXES = {"Jit": "nn.jit", "Checkpoint": "nn.remat", "Vmap": "nn.vmap", "Scan": "nn.scan",
@@ -37,6 +39,8 @@ class Comparison:
     entries: list[Entry]
     notes: list[str] = field(default_factory=list)  # model-level explanations (renames, insertions)
     fixes: list[str] = field(default_factory=list)
+    old: Capture | None = None
+    new: Capture | None = None
 
     def count(self, status: str) -> int:
         return sum(1 for e in self.entries if e.status == status)
@@ -66,7 +70,7 @@ def verify(spec_sites: Capture, observed: Capture) -> Comparison:
             entries.append(Entry("differs", ident, o, t, ["the spec's key differs from the key Flax hands out"]))
         else:
             entries.append(Entry("same", ident, o, t))
-    return Comparison("verify", spec_sites.target, observed.target, entries)
+    return Comparison("verify", spec_sites.target, observed.target, entries, old=spec_sites, new=observed)
 
 
 def _ordered(a: dict, b: dict) -> list:
@@ -89,7 +93,7 @@ def diff(old: Capture, new: Capture) -> Comparison:
             entries.append(Entry("changed", ident, o, n))
         else:
             entries.append(Entry("kept", ident, o, n))
-    cmp = Comparison("diff", old.target, new.target, entries)
+    cmp = Comparison("diff", old.target, new.target, entries, old=old, new=new)
     _explain_changed(cmp, old, new)
     _explain_moves(cmp, old, new)
     return cmp
@@ -386,30 +390,80 @@ def render_text(cmp: Comparison) -> str:
     return "\n".join(lines) + "\n"
 
 
-@dataclass(frozen=True)
-class Finding:
-    """A problem as CI annotations want it (1-based line/col; the file is the spec or capture given)."""
+DIFF_RULES = (
+    Rule("diff/changed", "KeyChanged", "a call site receives a different key than before",
+         "The site (path, stream, count, lane) still exists but its key moved: a new or removed nn.jit fork "
+         "above it, a different split, a different root key or setting. The finding says why and how to fix it."),
+    Rule("diff/new", "NewCallSite", "a call site that did not exist before",
+         "Often one half of a module move (a rename, an inserted auto-named module, a new transform): give the "
+         "module its old name to get the old keys back."),
+    Rule("diff/gone", "GoneCallSite", "a call site that no longer exists",
+         "Often the other half of a module move; the finding names where its keys went."),
+)
+VERIFY_RULES = (
+    Rule("verify/differs", "KeyDiffers", "the spec's key differs from the key Flax hands out",
+         "The spec no longer describes the model: capture it again, or fix the spec statement."),
+    Rule("verify/missing", "MissingInSpec", "Flax hands out a key the spec has no call site for",
+         "Add the statement to the spec (or capture it again)."),
+    Rule("verify/extra", "ExtraInSpec", "the spec replays a key Flax never hands out",
+         "Remove the statement from the spec (or capture it again)."),
+)
 
-    file: str
-    line: int
-    col: int
-    message: str
-    level: str = "error"
+
+def _nearest(sites: list[Site], path: tuple):
+    """The located site whose module path shares the longest prefix with `path` (ties: the first)."""
+    best, depth = None, -1
+    for t in sites:
+        if t.location is None:
+            continue
+        n = 0
+        while n < min(len(t.path), len(path)) and t.path[n] == path[n]:
+            n += 1
+        if n > depth:
+            best, depth = t, n
+    return best
+
+
+def _where(cmp: Comparison, e: Entry):
+    """Where a finding points: the NEW file's row for diff, the spec's row for verify; a site that file does
+    not have points at the row of the nearest module there (and says so); a file without rows at 1:1."""
+    cap, site = (cmp.new, e.new) if cmp.kind == "diff" else (cmp.old, e.old)
+    file = cmp.new_name if cmp.kind == "diff" else cmp.old_name
+    if site is not None and site.location is not None:
+        return site.location, ""
+    near = _nearest(cap.sites, e.site.path) if cap is not None else None
+    if near is not None:
+        return near.location, f" [{file} has no such call site; shown at {near.path_str} {near.stream} count {near.count}]"
+    return Location(file, 1, 1), f" [{file} has no line for this call site]"
 
 
 def findings(cmp: Comparison) -> list[Finding]:
-    """Every failing entry as a Finding: the hook for github/sarif output formats."""
+    """Every failing entry as a findings.Finding (for the github and sarif formats), at the spec line of
+    the call site's statement, or the keys file's record."""
     out = []
     bad = ("changed", "new", "gone") if cmp.kind == "diff" else ("differs", "missing", "extra")
+    if any(e.status in bad for e in cmp.entries):
+        for cap in (cmp.old, cmp.new):
+            if cap is not None:
+                cap.locate()
     for e in cmp.entries:
         if e.status not in bad:
             continue
         s = e.site
         lane = f" lane {list(s.lane)}" if s.lane else ""
-        msg = f"{e.status}: {s.path_str} {s.stream} count {s.count}{lane}"
+        label = f" ({s.label})" if s.label else ""
+        msg = f"{e.status}: {s.path_str} {s.stream} count {s.count}{lane}{label}"
+        old = list(e.old.key) if e.old is not None and e.old.key is not None else None
+        new = list(e.new.key) if e.new is not None and e.new.key is not None else None
+        if e.status in ("changed", "differs"):
+            msg += f": key {old} -> {new}"
         if e.why:
             msg += f": {'; '.join(e.why)}"
         if e.fix:
-            msg += f" (fix: {e.fix})"
-        out.append(Finding(cmp.new_name, 1, 1, msg))
+            msg += f". Fix: {e.fix}"
+        where, note = _where(cmp, e)
+        related = ()
+        if cmp.kind == "diff" and e.old is not None and e.old.location is not None and e.new is None:
+            related = ((e.old.location, f"{s.path_str} in {cmp.old_name}"),)
+        out.append(Finding(f"{cmp.kind}/{e.status}", ERROR, msg + note, where, related))
     return out

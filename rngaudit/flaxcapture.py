@@ -5,10 +5,14 @@ from __future__ import annotations
 #
 # How keys are captured (the same technique as tests/flax_oracle.py): Scope.make_rng, Scope.param,
 # Scope.variable, Module.__post_init__, the lifting functions of flax.core.lift (vmap, scan, jit,
-# checkpoint, fold_rngs), flax.core.axes_scan.scan and flax.linen.transforms.fork_rngs are wrapped;
-# each wrapper calls the original with the same arguments, except two additions that cannot change a
-# key: nn.vmap gets an `axis_name` (when it has none) so a lane can ask `jax.lax.axis_index`, and the
-# scan body gets one extra scanned input, `arange(length)`, its step index. At TRACE time every
+# checkpoint, fold_rngs, map_variables, cond, switch, while_loop), flax.core.axes_scan.scan and
+# flax.linen.transforms.fork_rngs are wrapped; each wrapper calls the original with the same arguments,
+# except additions that cannot change a key: nn.vmap gets an `axis_name` (when it has none) so a lane
+# can ask `jax.lax.axis_index`; the scan body gets one extra scanned input, `arange(length)`, its step
+# index; nn.while_loop's carry gets one more value, the iteration index (the carry starts behind
+# `jax.lax.optimization_barrier`, so XLA cannot work out a trip count and skip evaluating cond); and
+# when capture runs the model again to see the other nn.cond/switch branches run, their predicate or
+# index is replaced (every branch is traced whatever it is, so no count moves). At TRACE time every
 # make_rng becomes an event (path, stream requested and used, the count Flax hashed, the transforms
 # around it); its VALUE is recorded at RUN time by `jax.debug.callback`, once per vmap lane / scan step
 # that really runs. Keys inside nn.jit are attributed to the fork whose key they derive from.
@@ -28,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax.core import axes_scan, lift
-from flax.core.scope import Scope, in_filter
+from flax.core.scope import Scope, in_filter, is_filter_empty
 
 from .errors import SpecError
 
@@ -53,6 +57,11 @@ class Event:
     fork: bool  # made by nn.jit / nn.fold_rngs' fork_rngs
     call_seq: int | None = None
     discarded: bool = False
+
+    @property
+    def branch(self) -> tuple:
+        """The nn.cond/switch branches this key is traced in: ((statement, branch), ...), outermost first."""
+        return tuple((f.stmt, f.branch) for f in self.frames if isinstance(f, _BranchFrame))
 
     @property
     def jit(self):
@@ -84,11 +93,18 @@ class LiftNode:
     traces: list = field(default_factory=list)
 
 
+FLOW = ("cond", "switch", "while_loop")  # lifted inside a method: statements, not class transforms
+
+
 @dataclass(eq=False)
 class TraceNode:
-    """One trace of a lifted body (nn.scan's constancy check traces twice)."""
+    """One trace of a lifted body (nn.scan's constancy check traces twice). A branch of nn.cond/switch or
+    the cond/body of nn.while_loop runs at the scope of the module that calls it: `owner_path` is that
+    module's path, and `label` which branch (0, 1, ...) or part ("cond", "body") it is."""
 
     items: list = field(default_factory=list)
+    owner_path: tuple | None = None
+    label: object = None
 
 
 @dataclass(frozen=True)
@@ -103,6 +119,7 @@ class ModuleInfo:
 @dataclass(eq=False)
 class _VmapFrame:
     name: str
+    context = "vmap"
 
     def index(self):
         return jax.lax.axis_index(self.name)
@@ -113,6 +130,7 @@ class _ScanFrame:
     idx: object
     constancy: bool
     broadcast: object
+    context = "scan"
 
     def index(self):
         return self.idx
@@ -122,9 +140,32 @@ class _ScanFrame:
 class _JitFrame:
     path: tuple
     forks: dict
+    context = "jit"
 
 
-_LANES = (_VmapFrame, _ScanFrame)
+@dataclass(eq=False)
+class _WhileFrame:
+    idx: object  # the iteration index capture carries beside the loop's own carry
+    context = "while_loop"
+
+    def index(self):
+        return self.idx
+
+
+@dataclass(eq=False)
+class _BranchFrame:
+    stmt: int  # which nn.cond/switch call of the run (trace order, the same in every run)
+    branch: int
+    context: str  # cond | switch
+
+
+@dataclass(eq=False)
+class _MapFrame:
+    run1: bool  # map_variables(init=True)'s first run: only the variables it creates are kept
+    context = "map_variables"
+
+
+_LANES = (_VmapFrame, _ScanFrame, _WhileFrame)
 
 
 def _concrete(x) -> bool:
@@ -134,10 +175,13 @@ def _concrete(x) -> bool:
 def _discarded(frames, init_col) -> bool:
     # mirrors flax/core/axes_scan.py: the constancy-check trace's outputs are thrown away, except the
     # initial values of broadcast variables
+    # and flax/linen/transforms.py map_variables: with init=True the first run only creates variables
     for f in frames:
         if isinstance(f, _ScanFrame) and f.constancy:
             if init_col is None or not in_filter(f.broadcast, init_col):
                 return True
+        elif isinstance(f, _MapFrame) and f.run1 and init_col is None:
+            return True
     return False
 
 
@@ -159,6 +203,9 @@ class Recorder:
         self.stack: list = [self.root]
         self.modules: dict[tuple, ModuleInfo] = {}
         self.setups: list[CallNode] = []
+        self.selection: dict[int, int] = {}  # nn.cond/switch call -> the branch to run instead
+        self.branch_calls = itertools.count()
+        self.loop_iterations: dict[tuple, set] = {}  # a while_loop's (owner path, ordinal) -> counts run
 
     def next_seq(self) -> int:
         return next(self._seq)
@@ -195,6 +242,8 @@ class Recorder:
             if isinstance(node, CallNode) and node.path == path:
                 return node
             if isinstance(node, TraceNode):
+                if node.owner_path == path:
+                    return node  # a make_rng of the module an nn.cond/switch/while_loop branch runs on
                 break
         raise CaptureUnsupported(f"a key was drawn at scope {'/'.join(path) or '(root)'} from outside a method of "
                                  "that module (e.g. a parent calling the child's make_rng, or nn.share_scope); "
@@ -290,6 +339,17 @@ class Recorder:
         fork = tuple(int(w) for w in np.asarray(rest.pop(0)).ravel()) if has_fork else ()
         self.fired.append((seq, tuple(int(w) for w in np.asarray(data).ravel()), lanes, fork))
 
+    def branches_traced_and_run(self) -> tuple[set, set]:
+        """The nn.cond/switch branch paths in which a kept key was traced, and those in which one ran."""
+        traced = {ev.branch for ev in self.events.values() if ev.branch and not (ev.discarded and not ev.fork)}
+        ran = {self.events[seq].branch for seq, *_ in self.fired if self.events[seq].branch}
+        return traced, ran
+
+    def signature(self) -> list:
+        """What was traced, in order: the same in every run when branch choices do not change the trace."""
+        return [(ev.path, ev.requested, ev.stream, ev.count, ev.branch, ev.discarded)
+                for _, ev in sorted(self.events.items())]
+
     def records(self) -> list[dict]:
         """Every key that ran, attributed (inside a jit: to the fork it derives from) and ordered."""
         groups: dict = {}
@@ -344,7 +404,7 @@ def _fields(module) -> str:
 # ---------------------------------------------------------------- the hooks
 ACTIVE: list[Recorder] = []
 _ORIG: dict = {}
-_UNSUPPORTED = ("map_variables", "cond", "switch", "while_loop", "vjp", "jvp", "custom_vjp")
+_UNSUPPORTED = ("vjp", "jvp", "custom_vjp")
 
 
 def _bind(fn, args, kwargs) -> dict:
@@ -377,6 +437,8 @@ def install() -> None:
         "post_init": nn.Module.__post_init__,
         "vmap": lift.vmap, "scan": lift.scan, "jit": lift.jit, "fold_rngs": lift.fold_rngs,
         "checkpoint": lift.checkpoint, "axes_scan": axes_scan.scan, "fork_rngs": linen_transforms.fork_rngs,
+        "map_variables": lift.map_variables, "cond": lift.cond, "switch": lift.switch,
+        "while_loop": lift.while_loop,
     })
     for name in _UNSUPPORTED:
         _ORIG[name] = getattr(lift, name)
@@ -547,6 +609,102 @@ def install() -> None:
         a["fn"] = traced(fn)
         return lifted("remat", a, orig["checkpoint"](**a), {"rngs": a["rngs"]})
 
+    @functools.wraps(orig["map_variables"])
+    def map_variables(fn, *args, **kwargs):
+        if _rec() is None:
+            return orig["map_variables"](fn, *args, **kwargs)
+        a = _bind(orig["map_variables"], (fn,) + args, kwargs)
+        runs = [0]
+
+        def body(scopes, *xs, **kw):
+            runs[0] += 1
+            leaves = jax.tree_util.tree_leaves(scopes, is_leaf=lambda s: isinstance(s, Scope))
+            # mirrors flax/core/lift.py map_variables: init=True with a mutable collection runs fn twice
+            run1 = bool(a["init"]) and runs[0] == 1 and any(not is_filter_empty(s.mutable) for s in leaves)
+            with _rec().frame(_MapFrame(run1)):
+                return fn(scopes, *xs, **kw)
+
+        a["fn"] = traced(functools.wraps(fn)(body))
+        opts = {k: a[k] for k in ("mapped_collections", "init", "mutable", "rngs", "variables")}
+        return lifted("map_variables", a, orig["map_variables"](**a), opts)
+
+    def branching(kind, index, fns, scope, call, kw):
+        """nn.cond / nn.switch: every branch is traced, in order; each trace is recorded at the calling
+        module's scope. A re-run may force the branch that runs (`Recorder.selection`)."""
+        rec = _rec()
+        stmt = next(rec.branch_calls)
+        owner = rec.owner_of_lift(scope)
+        node = LiftNode(rec.next_seq(), kind, {"rngs": kw.get("rngs", True), "variables": kw.get("variables", True),
+                                               "branches": len(fns)})
+        owner.items.append(node)
+        pick = rec.selection.get(stmt)
+        if pick is not None:
+            index = jnp.asarray(pick == 0) if kind == "cond" else jnp.asarray(pick, jnp.int32)
+
+        def tagged(k, fn):
+            @functools.wraps(fn)
+            def branch(scope, *xs):
+                trace = TraceNode(owner_path=owner.path, label=k)
+                node.traces.append(trace)
+                with rec.push(trace), rec.frame(_BranchFrame(stmt, k, kind)):
+                    return fn(scope, *xs)
+
+            return branch
+
+        with rec.push(node):
+            return call(index, [tagged(k, f) for k, f in enumerate(fns)])
+
+    @functools.wraps(orig["cond"])
+    def cond(pred, true_fun, false_fun, scope, *operands, **kw):
+        if _rec() is None:
+            return orig["cond"](pred, true_fun, false_fun, scope, *operands, **kw)
+        return branching("cond", pred, (true_fun, false_fun), scope,
+                         lambda p, fns: orig["cond"](p, fns[0], fns[1], scope, *operands, **kw), kw)
+
+    @functools.wraps(orig["switch"])
+    def switch(index, branches, scope, *operands, **kw):
+        if _rec() is None:
+            return orig["switch"](index, branches, scope, *operands, **kw)
+        return branching("switch", index, tuple(branches), scope,
+                         lambda i, fns: orig["switch"](i, fns, scope, *operands, **kw), kw)
+
+    @functools.wraps(orig["while_loop"])
+    def while_loop(cond_fn, body_fn, scope, init, *args, **kwargs):
+        rec = _rec()
+        if rec is None:
+            return orig["while_loop"](cond_fn, body_fn, scope, init, *args, **kwargs)
+        a = _bind(orig["while_loop"], (cond_fn, body_fn, scope, init) + args, kwargs)
+        owner = rec.owner_of_lift(scope)
+        ordinal = sum(1 for x in owner.items if isinstance(x, LiftNode) and x.kind == "while_loop")
+        loop = (owner.path, ordinal)
+        node = LiftNode(rec.next_seq(), "while_loop", {"split_rngs": a["split_rngs"], "loop": loop})
+        owner.items.append(node)
+
+        def looped(fn, part):
+            def step(scope, c):
+                carry, i = c
+                trace = TraceNode(owner_path=owner.path, label=part)
+                node.traces.append(trace)
+                with rec.push(trace), rec.frame(_WhileFrame(i)):
+                    out = fn(scope, carry)
+                return out if part == "cond" else (out, i + 1)
+
+            return step
+
+        def note(n):
+            if rec.recording:
+                rec.loop_iterations.setdefault(loop, set()).update(int(v) for v in np.asarray(n).ravel())
+
+        a["init"] = jax.lax.optimization_barrier((init, jnp.asarray(0, jnp.int32)))
+        a["cond_fn"], a["body_fn"] = looped(cond_fn, "cond"), looped(body_fn, "body")
+        with rec.push(node):
+            out, n = orig["while_loop"](**a)
+        if _concrete(n):
+            note(n)
+        else:
+            jax.debug.callback(note, n)
+        return out
+
     def unsupported(name):
         @functools.wraps(orig[name])
         def transform(*args, **kwargs):
@@ -585,6 +743,7 @@ def install() -> None:
     lift.vmap, lift.scan, lift.checkpoint = vmap, scan, checkpoint
     lift.remat = checkpoint
     lift.jit, lift.fold_rngs = forked("jit"), forked("fold_rngs")
+    lift.map_variables, lift.cond, lift.switch, lift.while_loop = map_variables, cond, switch, while_loop
     axes_scan.scan = axes_scan_fn
     linen_transforms.fork_rngs = fork_rngs
     for name in _UNSUPPORTED:
@@ -592,10 +751,12 @@ def install() -> None:
 
 
 @contextlib.contextmanager
-def recording():
-    """Record everything Flax does inside the block."""
+def recording(selection: dict | None = None):
+    """Record everything Flax does inside the block; `selection` forces nn.cond/switch calls (by their
+    order in the trace) to run the given branch."""
     install()
     rec = Recorder()
+    rec.selection = dict(selection or {})
     ACTIVE.append(rec)
     # nn.jit/fold_rngs keep traces in a global cache: a cached call would replay without telling us
     lift._side_effect_cache.cache.clear()

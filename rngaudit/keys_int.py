@@ -41,9 +41,11 @@ def _eval(spec: Spec, expr: KeyExpr) -> KeyData:
     raise TypeError(expr)
 
 
-def derive_keys_int(spec: Spec, rows: Sequence[Derivation]) -> list[KeyData]:
+def derive_keys_int(spec: Spec, rows: Sequence[Derivation], cache: dict | None = None) -> list[KeyData]:
     """rngaudit.keys.derive_keys as a list of tuples (threefry2x32 and rbg only): the key data of every
-    derivation; rows whose base is None (a per-step key of a trace Flax discards) get zeros."""
+    derivation; rows whose base is None (a per-step key of a trace Flax discards) get zeros. `cache`
+    keeps (base key, hash word) -> key across calls for one impl: a renamed copy of a model changes
+    few keys, so checking a rename then costs lookups, not Threefry."""
     if spec.prng_impl not in IMPLS:
         raise ValueError(f"{spec.prng_impl} keys need JAX: use rngaudit.keys.derive_keys")
     impl, partitionable = spec.prng_impl, spec.threefry_partitionable
@@ -71,7 +73,15 @@ def derive_keys_int(spec: Spec, rows: Sequence[Derivation]) -> list[KeyData]:
             bases[ref] = hit
         return hit
 
+    folds = {} if cache is None else cache
     zeros = (0,) * width
     for d in rows:
-        out.append(zeros if d.base is None else _fold_in(impl, base_key(d.base), d.hash_word))
+        if d.base is None:
+            out.append(zeros)
+            continue
+        base = base_key(d.base)
+        key = folds.get((base, d.hash_word))
+        if key is None:
+            key = folds[(base, d.hash_word)] = _fold_in(impl, base, d.hash_word)
+        out.append(key)
     return out

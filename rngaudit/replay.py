@@ -62,6 +62,13 @@ class ForkKey:
 
 
 @dataclass(frozen=True)
+class _Discovered:
+    """What a make_rng of apply's pre-init run returns instead of a template: its key reference."""
+
+    ref: object
+
+
+@dataclass(frozen=True)
 class _LaneSplit:
     """A base key split into one key per lane along `axis` (resolved per lane)."""
 
@@ -134,6 +141,7 @@ class _Scope:
     root: tuple[str, ...] = ()  # path of the scope that is root here (a lift's scope has no parent)
     lanes: tuple = ()  # (axis, transform, collections broadcast over its lanes or None for all)
     carry: frozenset = frozenset()  # scan carry collections: the body cannot create them
+    abstract: bool = False  # Flax's TestScope root: make_rng hands out a dummy key, counts nothing
 
     def push(self, name: str) -> "_Scope":
         # mirrors flax/core/scope.py Scope.push: LazyRng.create(rng, name) appends to the suffix
@@ -196,6 +204,7 @@ class _Run:
     discover: bool
     store: dict = field(default_factory=dict)  # (path, collection, name) -> is a variable (not a subtree)
     counters: dict = field(default_factory=dict)
+    carry_error: FlaxError | None = None  # raised when the scan body's trace ends
 
 
 _EVERY = "*every collection*"  # in _Scope.frozen: map_variables over every collection
@@ -227,6 +236,31 @@ def _select(names, filters, jax_pytree: bool = True) -> list[tuple[str, object]]
         taken.update(group)
         out.extend((n, value) for n in (sorted(group) if jax_pytree else group))
     return out
+
+
+class _AllBut:
+    """Every collection but `names` (vmap's `variable_axes` with a catch-all `True: None`)."""
+
+    def __init__(self, names):
+        self.names = frozenset(names)
+
+    def __contains__(self, col) -> bool:
+        return col not in self.names
+
+
+def _vmap_broadcast(variable_axes):
+    """The collections a vmap broadcasts (axis None): first matching filter wins, as in Flax's
+    group_collections."""
+    mapped: set = set()
+    out: set = set()
+    for c, ax in variable_axes:
+        if c is True:
+            return _AllBut(mapped) if ax is None else frozenset(out)
+        names = (c,) if isinstance(c, str) else tuple(c)
+        for n in names:
+            if n not in mapped and n not in out:
+                (out if ax is None else mapped).add(n)
+    return frozenset(out)
 
 
 def _filter_set(flt) -> frozenset | None:
@@ -273,15 +307,19 @@ class Replayer:
         store: dict = {}
         if self.spec.phase == "apply":
             # The variables apply() receives are those init() of the same model created.
-            pre = _Run("init", True, tuple(self.spec.rngs), discover=True)
-            self._call(self._root(), pre)
+            # That init is taken to have passed apply's streams and `params` (else it could not
+            # make them): a key it cannot make fails it, and apply with it.
+            streams = tuple(self.spec.rngs) + (() if "params" in self.spec.rngs else ("params",))
+            pre = _Run("init", True, streams, discover=True)
+            self._call(self._root(streams), pre)
             store = pre.store
         run = _Run(self.spec.phase, self.spec.mutable, tuple(self.spec.rngs), False, store)
         self._call(self._root(), run)
         return self._expand()
 
-    def _root(self) -> _Instance:
-        return _Instance(self.spec.model, _Scope((), {s: (RootKey(s), ()) for s in self.spec.rngs}))
+    def _root(self, streams=None) -> _Instance:
+        streams = self.spec.rngs if streams is None else streams
+        return _Instance(self.spec.model, _Scope((), {s: (RootKey(s), ()) for s in streams}))
 
     def _new_axis(self, size: int) -> int:
         self.axis_size.append(size)
@@ -303,12 +341,25 @@ class Replayer:
             inst.setup_done = True
             self._items(inst, inst.mod.setup, inst.setup_children, {}, run)
 
+    def _validate_setup(self, inst: _Instance) -> None:
+        """Before a lifted transform, Flax evaluates setup() abstractly on a fresh clone bound to a
+        TestScope: no variables, every collection mutable, no rngs, and a make_rng that hands out a
+        dummy key at that root only; its children's scopes are plain ones without rngs. Its errors
+        (a child called in setup that needs a key, a name clash) are raised; nothing else is kept."""
+        # mirrors flax/linen/module.py Module._try_setup(shallow=True) -> _validate_setup
+        # (transforms.py get_module_scopes); a fresh Replayer keeps this run's templates untouched
+        probe = Replayer(self.spec)
+        clone = _Instance(inst.mod, _Scope((), {}, abstract=True), clone=inst.clone)
+        probe._setup(clone, _Run("init", True, tuple(self.spec.rngs), False))
+
     def _lifted(self, inst: _Instance, lifts: tuple[Lift, ...], run: _Run) -> None:
         """Run the instance's __call__ through its lifted transforms, outermost first. Each trace
         runs on a clone bound to the lifted scope (linen/transforms.py core_fn clones the module
         and sets its scopes), and the clone runs setup() again. Outside the transform, the others
         take a shallow setup (get_module_scopes: _try_setup(shallow=True)) that runs no user code;
         nn.jit and nn.fold_rngs run the module's setup() after their fork (see _traces)."""
+        if lifts and not inst.setup_done and inst.mod.setup:
+            self._validate_setup(inst)
         if not lifts:
             self._setup(inst, run)
             self._items(inst, inst.mod.body, {}, {}, run)
@@ -338,7 +389,7 @@ class Replayer:
                 cols = scope.cols
             bset = _filter_set(broadcast)  # None: every collection is broadcast
             if kind == "vmap":
-                bset = frozenset(c for c, ax in lift.opt("variable_axes", ()) if ax is None and c is not True)
+                bset = _vmap_broadcast(lift.opt("variable_axes", ()))
             lanes = scope.lanes + ((axis, kind, bset),)
             carry = scope.carry | (_filter_set(lift.opt("variable_carry", False)) or frozenset({_EVERY}))
             if lift.opt("variable_carry", False) is False:
@@ -352,16 +403,21 @@ class Replayer:
                 keep = True if bset is None else bset
                 yield scope.lifted(kind, rngs=rngs, cols=cols, discard=_combine_discard(scope.discard, keep),
                                    context=scope.context + (_SCAN_CHECK,), lanes=lanes, carry=carry)
+                self._raise_carry(run)
                 if bset is not None:
                     for key in set(run.store) - before:
                         if key[1] not in bset:
                             del run.store[key]
                 yield scope.lifted(kind, rngs=rngs, axes=scope.axes + (axis,), cols=cols, lanes=lanes, carry=carry)
+                self._raise_carry(run)
             elif kind == "scan":
                 # mirrors flax/core/axes_scan.py simple_scan_fn: without the constancy check the
                 # broadcast outputs are dropped, so broadcast variables the body made do not persist
                 before = set(run.store)
+                # and the broadcast variables are never checked against the body: no dependency error
+                lanes = scope.lanes + ((axis, kind, frozenset()),)
                 yield scope.lifted(kind, rngs=rngs, axes=scope.axes + (axis,), cols=cols, lanes=lanes, carry=carry)
+                self._raise_carry(run)
                 for key in set(run.store) - before:
                     if bset is None or key[1] in bset:
                         del run.store[key]
@@ -375,7 +431,7 @@ class Replayer:
                 t = self._make_rng(scope, s, f"{kind}_fork", f"fork of {s!r}", None, lift.loc, run,
                                    note=f"nn.{kind} forks every visible stream here on every call: this uses "
                                         "up a count, and keys inside derive from this key")
-                forked[s] = (_Fork(t) if t is not None else None, ())
+                forked[s] = (_Fork(t) if isinstance(t, int) else None, ())
             rngs = {s: forked[s] for s, _ in _select(forked, ((lift.opt("rngs", True), None),),
                                                      jax_pytree=kind == "jit")}
             where = "/".join(scope.path) or "(root)"
@@ -401,8 +457,12 @@ class Replayer:
             if kind == "map_variables" and lift.opt("init", False) and self._any_mutable(run, scope):
                 # mirrors flax/linen/transforms.py map_variables: with init=True and a mutable
                 # collection the body runs once to create the variables, then again
+                # that first run gets only the mutable collections (apply with a `mutable` list)
+                cols = inner.cols
+                if isinstance(run.mutable, tuple):
+                    cols = frozenset(run.mutable) if cols is None else cols & frozenset(run.mutable)
                 yield inner.lifted(discard=_combine_discard(scope.discard, True),
-                                   context=scope.context + (_MAP_RUN1,))
+                                   context=scope.context + (_MAP_RUN1,), cols=cols)
             yield inner
         else:
             raise AssertionError(kind)
@@ -522,7 +582,8 @@ class Replayer:
                                           (item.body_items, False, item.iterations, "body")):
             axis = self._new_axis(size)
             rngs = {}
-            for s, split in selected:
+            for s, split in sorted(selected):
+                # the loop's rngs pass through jax.lax.while_loop as a dict: in sorted order inside
                 ref, suffix = scope.rngs[s]
                 rngs[s] = (_LaneFold(ref, axis, negate) if split else ref, suffix)
             # linen's nn.while_loop lifts every collection read-only (broadcast_variables=True)
@@ -629,7 +690,7 @@ class Replayer:
                 "In apply, params come from init of the same model: check `when:` on this param",
                 item.loc,
             )
-        self._check_create(inst.scope, "params", item.name, item.loc)
+        self._check_create(inst.scope, "params", item.name, item.loc, run)
         t = self._make_rng(inst.scope, "params", "param", item.name, item.draw, item.loc, run, "params")
         if item.uses_key:
             self._check_broadcast(inst.scope, t, "params", item.name, item.loc)
@@ -657,7 +718,7 @@ class Replayer:
                 f'"{inst.scope.path_text}". Pass the collection to apply, or list it in `mutable`',
                 item.loc,
             )
-        self._check_create(inst.scope, item.collection, item.name, item.loc)
+        self._check_create(inst.scope, item.collection, item.name, item.loc, run)
         if not item.eager:
             made = [self._make_rng(inst.scope, s, "variable", item.name, item.draw, item.loc, run,
                                    item.collection) for s in item.streams]
@@ -666,10 +727,11 @@ class Replayer:
         self._put(run, key)
 
     @staticmethod
-    def _check_create(scope: _Scope, col: str, name: str, loc: Location) -> None:
-        if col in scope.carry or _EVERY in scope.carry:
-            # mirrors jax.lax.scan: the carry must keep its structure from step to step
-            raise FlaxError(
+    def _check_create(scope: _Scope, col: str, name: str, loc: Location, run: _Run) -> None:
+        if (col in scope.carry or _EVERY in scope.carry) and run.carry_error is None:
+            # mirrors jax.lax.scan: the carry must keep its structure from step to step; jax checks
+            # that once the body is traced, so errors of the rest of the body come first
+            run.carry_error = FlaxError(
                 "TypeError",
                 "scan body function carry input and carry output must have the same pytree structure, "
                 f"but they differ: the nn.scan body creates {name!r} in the carried collection {col!r}; "
@@ -677,11 +739,17 @@ class Replayer:
                 loc,
             )
 
+    @staticmethod
+    def _raise_carry(run: _Run) -> None:
+        """After a scan body's trace: the carry structure error it recorded, if any."""
+        if run.carry_error is not None:
+            raise run.carry_error
+
     def _check_broadcast(self, scope: _Scope, t: int | None, col: str, name: str, loc: Location) -> None:
         """A variable shared by every lane or step cannot be initialised from a per-lane key."""
         if t is None:
             return
-        depends = self._lane_axes(self.templates[t][9])
+        depends = self._lane_axes(t.ref if isinstance(t, _Discovered) else self.templates[t][9])
         for axis, kind, bset in scope.lanes:
             if axis in depends and (bset is None or col in bset):
                 what = ("vmap has mapped output but out_axes is None" if kind == "vmap" else
@@ -716,6 +784,8 @@ class Replayer:
         """Count `n` make_rng calls at `scope` (n > 1 only for a repeated statement: the calls are
         consecutive and alike but for their counts) and record their template; returns its number."""
         # mirrors flax/core/scope.py Scope.make_rng
+        if scope.abstract:
+            return None
         notes: tuple[str, ...] = ()
         used = stream
         if stream not in scope.rngs:
@@ -727,8 +797,6 @@ class Replayer:
                 else:
                     notes = (f"stream {stream!r} was not passed to {run.phase}; Flax falls back to "
                              "'params' and advances the params counter",)
-            elif run.discover:
-                used = stream
             else:
                 name = scope.path[-1] if scope.path else "None"
                 hidden = stream in run.streams
@@ -737,14 +805,16 @@ class Replayer:
                     f'{name} needs PRNG for "{stream}". ' + (
                         f"The stream is passed but hidden by a transform's rng filter: list {stream!r} in "
                         "its split_rngs (or rngs=)" if hidden else
-                        f"Add `{stream}:` (or `params:`) to rngs"),
+                        f"Add `{stream}:` " + ("" if stream == "params" else "(or `params:`) ") + "to rngs"),
                     loc,
                 )
         ckey = (scope.path, used)
         count = run.counters.get(ckey, 0) + 1
         run.counters[ckey] = count + n - 1
         if run.discover:
-            return None
+            # no template (apply's pre-init reports nothing), but the key's reference still decides
+            # whether a broadcast variable is initialised from a per-lane key
+            return _Discovered(scope.rngs[used][0]) if used in scope.rngs else None
         if len(self.templates) >= MAX_DERIVATIONS:
             raise SpecError(f"the model asks for more than {MAX_DERIVATIONS} keys; reduce `repeat`", loc)
         ref, suffix = scope.rngs[used]

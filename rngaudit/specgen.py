@@ -5,7 +5,22 @@ import yaml
 
 from .errors import SpecError
 
-_CLASS_PREFIX = {"vmap": "Vmap", "scan": "Scan", "jit": "Jit", "remat": "Checkpoint", "fold_rngs": "Fold_rngs"}
+_CLASS_PREFIX = {"vmap": "Vmap", "scan": "Scan", "jit": "Jit", "remat": "Checkpoint", "fold_rngs": "Fold_rngs",
+                 "map_variables": "Map_variables"}
+_FLOW = ("cond", "switch", "while_loop")  # lifted inside a method: statements of the body
+
+
+def _kind(x) -> str:
+    return type(x).__name__
+
+
+def _is_lift(x) -> bool:
+    """A class transform (or method decorator) around the module's method, not an nn.cond/switch/while_loop."""
+    return _kind(x) == "LiftNode" and x.kind not in _FLOW
+
+
+def _is_flow(x) -> bool:
+    return _kind(x) == "LiftNode" and x.kind in _FLOW
 
 
 class _Unsupported(SpecError):
@@ -53,6 +68,12 @@ def _lift_options(node) -> dict:
                 "variable_broadcast": _filter(o["variable_broadcast"], "variable_broadcast"),
                 "variable_carry": _filter(o["variable_carry"], "variable_carry"),
                 "check_constancy_invariants": bool(o["check_constancy_invariants"])}
+    if node.kind == "map_variables":
+        out = {"rngs": _filter(o["rngs"], "rngs"), "init": bool(o["init"]), "mutable": bool(o["mutable"]),
+               "mapped_collections": _filter(o["mapped_collections"], "mapped_collections")}
+        if o["variables"] is not True:
+            out["variables"] = _filter(o["variables"], "variables")
+        return out
     return {"rngs": _filter(o["rngs"], "rngs")}
 
 
@@ -73,11 +94,11 @@ class _Builder:
         """(lifts outermost first as (kind, options, class at that level), the innermost call node)."""
         lifts = []
         while True:
-            lift_nodes = [x for x in node.items if type(x).__name__ == "LiftNode"]
+            lift_nodes = [x for x in node.items if _is_lift(x)]
             if not lift_nodes:
                 return lifts, node
-            others = [x for x in node.items if type(x).__name__ in ("Event", "CallNode")
-                      and not (type(x).__name__ == "CallNode" and x.method == "setup")]
+            others = [x for x in node.items if _kind(x) in ("Event", "CallNode") or _is_flow(x)
+                      if not (_kind(x) == "CallNode" and x.method == "setup")]
             if len(lift_nodes) > 1 or others:
                 raise _Unsupported(f"module {'/'.join(node.path) or '(root)'} mixes a lifted transform with other "
                                    "work in the same method")
@@ -149,11 +170,18 @@ class _Builder:
                 out.extend(self.own(item, setup))
         return out, defined
 
-    def first_calls(self, call) -> dict:
-        out = {}
+    def first_calls(self, call, out=None) -> dict:
+        """The first call of each child of `call`'s module, also inside its nn.cond/switch/while_loop
+        branches (which run at the module's scope)."""
+        out = {} if out is None else out
         for x in call.items:
-            if type(x).__name__ == "CallNode" and x.method != "setup" and x.path[:-1] == call.path:
+            if _kind(x) == "CallNode" and x.method != "setup" and x.path == call.path:
+                self.first_calls(x, out)  # another method of the module, called from a branch
+            elif _kind(x) == "CallNode" and x.method != "setup" and x.path[:-1] == call.path:
                 out.setdefault(x.path[-1], x)
+            elif _is_flow(x):
+                for trace in x.traces:
+                    self.first_calls(_At(trace.items, call.path), out)
         return out
 
     def own(self, ev, node) -> list:
@@ -174,14 +202,23 @@ class _Builder:
         return [{"make_rng": ev.requested}]
 
     def body(self, node, defined: set) -> list:
+        return self.statements(node.items, node.path, defined, {}, set())
+
+    def statements(self, items, path: tuple, defined: set, cursor: dict, seen: set) -> list:
+        """The statements for what a method of the module at `path` did; `cursor` (auto-name counters)
+        and `seen` (children made so far) carry on as Flax's do."""
         out: list = []
-        seen: set = set()
-        cursor: dict = {}
         pending_var = None
-        for item in node.items:
-            kind = type(item).__name__
+        node = _At(items, path)
+        for item in items:
+            kind = _kind(item)
             if kind == "CallNode":
                 if item.method == "setup":
+                    continue  # a branch runs on a clone of the module, which runs setup() again
+                if item.path == path:
+                    # another method of the same module, called from an nn.cond/switch/while_loop branch
+                    out.extend(self.statements(item.items, path, defined, cursor, seen))
+                    pending_var = None
                     continue
                 name = item.path[-1]
                 if name in defined or name in seen:
@@ -207,10 +244,57 @@ class _Builder:
                     continue
                 pending_var = (item.init_col, item.var_name) if stmts and "variable" in stmts[0] else None
                 out.extend(stmts)
+            elif _is_flow(item):
+                out.append(self.flow(item, path, defined, cursor, seen))
+                pending_var = None
             elif kind == "LiftNode":
-                raise _Unsupported(f"a lifted transform inside a method of {'/'.join(node.path) or '(root)'} "
+                raise _Unsupported(f"a lifted transform inside a method of {'/'.join(path) or '(root)'} "
                                    "that also does other work")
         return out
+
+    def flow(self, node, path: tuple, defined: set, cursor: dict, seen: set) -> dict:
+        """nn.cond / nn.switch / nn.while_loop as a statement: each branch (cond, body) traced in order, each
+        starting from the module's auto-name cursor; afterwards the cursor is the last trace's
+        (mirrors flax/linen/transforms.py decorator_lift_transform: every branch runs on a clone)."""
+        where = "/".join(path) or "(root)"
+        labels = [t.label for t in node.traces]
+        if node.kind == "while_loop":
+            if labels != ["cond", "body"]:
+                raise _Unsupported(f"nn.while_loop at {where} traced its cond and body {len(labels)} times "
+                                   f"({', '.join(map(str, labels))}), not once each (a carry whose dtype changes "
+                                   "in the body makes JAX trace it again); make the carry's dtypes stable")
+        elif labels != list(range(node.options["branches"])):
+            raise _Unsupported(f"nn.{node.kind} at {where} traced its branches as {labels}, not once each in order")
+        last = cursor
+        parts = []
+        for trace in node.traces:
+            branch_cursor = dict(cursor)
+            parts.append(self.statements(trace.items, path, defined, branch_cursor, set(seen)))
+            last = branch_cursor
+        cursor.clear()
+        cursor.update(last)
+        o = node.options
+        if node.kind == "while_loop":
+            counts = self.rec.loop_iterations.get(o["loop"], set())
+            if len(counts) > 1:
+                raise _Unsupported(f"nn.while_loop at {where} ran {' or '.join(map(str, sorted(counts)))} times "
+                                   "(in different calls, lanes or steps); a spec has one iteration count per loop")
+            return {"while_loop": {"cond": parts[0], "body": parts[1], "iterations": min(counts, default=0),
+                                   "split_rngs": _mapping(o["split_rngs"], "split_rngs")}}
+        stmt = {"true_fun": parts[0], "false_fun": parts[1]} if node.kind == "cond" else {"branches": parts}
+        if o["rngs"] is not True:
+            stmt["rngs"] = _filter(o["rngs"], "rngs")
+        if o["variables"] is not True:
+            stmt["variables"] = _filter(o["variables"], "variables")
+        return {node.kind: stmt}
+
+
+class _At:
+    """What a method (or a branch of one) did at a module's scope: its items and the module's path."""
+
+    def __init__(self, items, path):
+        self.items = items
+        self.path = path
 
 
 def build_spec(rec, root_cls: str, phase: str, seeds: dict, settings: dict, target: str) -> str:

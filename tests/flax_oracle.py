@@ -703,9 +703,9 @@ def _split(mod: ModuleDef, mode: str) -> tuple[list[_Group], int, str]:
             prefix = "".join(choice)
             if mod.cls.startswith(prefix) and len(mod.cls) > len(prefix):
                 gs = list(groups)
-                last = gs[k - 1]
-                if choice[-1] == "Remat_scan" and last.kind == "scan":
-                    gs[k - 1] = _Group("remat_scan", dict(last.options, lengths=(last.options["length"],)))
+                for i, p in enumerate(choice):
+                    if p == "Remat_scan" and gs[i].kind == "scan":
+                        gs[i] = _Group("remat_scan", dict(gs[i].options, lengths=(gs[i].options["length"],)))
                 best = (gs, k, mod.cls[len(prefix):])
                 break
     if best is None:
@@ -804,7 +804,7 @@ class _Builder:
             if opts.get("rng") or opts.get("dropout_rng"):
                 raise OracleUnsupported(f"{mod.layer} with a key passed to the call, inside a transform")
             target, lkw = _layer(dataclasses_replace(mod, cls=base, lifts=()))
-            if req != "any" and any(g.kind == "vmap" for g in groups):
+            if any(g.kind == "vmap" and r != "any" for g, r in zip(groups, reqs)):
                 raise OracleUnsupported(f"{mod.layer} under nn.vmap inside a scan body")
         else:
             basedef = dataclasses_replace(mod, cls=base, lifts=mod.lifts[sum(g.n_lifts for g in groups[:k]):])

@@ -338,3 +338,23 @@ def test_mutated_specs_fail_only_with_our_errors():
             assert "Traceback" not in str(e)
 
     check()
+
+
+# ---------------------------------------------------------------- every command refuses them the same way
+@pytest.mark.parametrize("command", [
+    pytest.param(["collisions", "--no-keys", "-f", "sarif"], id="collisions"),
+    pytest.param(["shard-check", "--devices", "1"], id="shard-check", marks=pytest.mark.slow),
+])
+def test_bad_specs_through_every_command(command, monkeypatch):
+    """collisions and shard-check load specs with the same loader: same line, column and message. shard-check
+    refuses a malformed spec before it starts a device process; a model Flax would reject is found by the
+    device process's replay (a few seconds each, hence slow)."""
+    monkeypatch.chdir(REPO)
+    wrong = []
+    for case in CASES:
+        r = _invoke([*command, case.path])
+        try:
+            check_refusal(case, r.exit_code, r.stdout, r.stderr)
+        except AssertionError as e:
+            wrong.append(f"{case.name}: {str(e).splitlines()[0]}")
+    assert not wrong, "\n".join(wrong)

@@ -250,13 +250,197 @@ def test_missing_flax_is_a_clear_error(tmp_path, monkeypatch):
 
 
 def test_unsupported_transform_is_refused(tmp_path):
-    f = write(tmp_path, "cond.py", HEADER + textwrap.dedent("""
+    f = write(tmp_path, "vjp.py", HEADER + textwrap.dedent("""
         class C(nn.Module):
           @nn.compact
           def __call__(self, x):
-            return nn.cond(True, lambda m, x: m.make_rng('params'), lambda m, x: m.make_rng('params'), self, x)
+            y, _ = nn.vjp(lambda m, x: x * jax.random.normal(m.make_rng('params'), x.shape), self, x)
+            return y
         def make():
           return C(), (jnp.ones((1,)),)
         """))
-    r = invoke("capture", f"{f}:make")
-    assert r.exit_code == 2 and "does not describe nn.cond" in r.stderr and "Traceback" not in r.stderr
+    out = tmp_path / "out.yaml"
+    r = invoke("capture", f"{f}:make", "-o", out)
+    assert r.exit_code == 2 and "does not describe nn.vjp" in r.stderr and "Traceback" not in r.stderr
+    assert not out.exists()
+
+
+# ---------------------------------------------------------------- nn.cond, nn.switch, nn.while_loop, nn.map_variables
+FLOW = HEADER + textwrap.dedent("""
+    class Draw(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        return x + jax.random.normal(self.make_rng('noise'), x.shape)
+
+    class CondModel(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        x = nn.Dense(3)(x)
+        def t(m, x):
+          return Draw()(x) + jax.random.normal(m.make_rng('noise'), x.shape)
+        def f(m, x):
+          return Draw()(x) - jax.random.normal(m.make_rng('params'), x.shape)   # no 'params' in apply: fallback
+        x = nn.cond(x.sum() > 0, t, f, self, x)
+        return nn.Dense(3)(x) + jax.random.normal(self.make_rng('noise'), x.shape)
+
+    class SetupCond(nn.Module):
+      def setup(self):
+        self.a = nn.Dense(3)
+        self.b = Draw()
+
+      def t(self, x):
+        return self.a(x) + jax.random.normal(self.make_rng('noise'), x.shape)
+
+      def f(self, x):
+        return self.b(self.a(x))
+
+      def __call__(self, x, flag):
+        return nn.cond(flag, SetupCond.t, SetupCond.f, self, x)
+
+    class SwitchModel(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        branches = [lambda m, x: x + jax.random.uniform(m.make_rng('noise'), x.shape),
+                    lambda m, x: Draw()(x),
+                    lambda m, x: Draw(name='named')(x) - jax.random.uniform(m.make_rng('noise'), x.shape)]
+        return Draw()(nn.switch(1, branches, self, x))
+
+    class WhileModel(nn.Module):
+      split: bool = True
+      @nn.compact
+      def __call__(self, x):
+        def cond_fn(m, c):
+          return c[0] + 0 * jax.random.uniform(m.make_rng('noise')) < 3
+        def body_fn(m, c):
+          i, y = c
+          return i + 1, Draw()(y) + jax.random.normal(m.make_rng('noise'), y.shape)
+        return nn.while_loop(cond_fn, body_fn, self, (0, x), split_rngs={'noise': self.split})[1]
+
+    class DenseLoop(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        def body_fn(m, c):
+          i, y = c
+          return i + 1, nn.Dense(3)(y) + jax.random.normal(m.make_rng('noise'), y.shape)
+        if self.is_mutable_collection('params'):   # the pattern of Flax's docs: params made outside the loop
+          return body_fn(self, (0, x))[1]
+        return nn.while_loop(lambda m, c: c[0] < 2, body_fn, self, (0, x), split_rngs={'noise': True})[1]
+
+    class Inner(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        x = nn.Dense(3)(x)
+        return x + jax.random.normal(self.make_rng('noise'), x.shape)
+
+    class MapModel(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        x = nn.map_variables(Inner, 'params', lambda v: v, lambda v: v, init=True)()(x)
+        return nn.map_variables(Inner, 'params', rngs=('params', 'noise'), mutable=True)(name='plain')(x)
+
+    class VmapCond(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        def body(m, x):   # the predicate is batched: both branches run, lane by lane
+          return nn.cond(x.sum() > 0, lambda m, x: Draw()(x), lambda m, x: -Draw()(x), m, x)
+        return nn.vmap(body, variable_axes={}, split_rngs={'noise': True})(self, x)
+
+    class Looper(nn.Module):
+      @nn.compact
+      def __call__(self, n, x):
+        return nn.while_loop(lambda m, c: c[0] < n, lambda m, c: (c[0] + 1, c[1] + jax.random.normal(
+            m.make_rng('noise'), c[1].shape)), self, (0, x), split_rngs={'noise': True})[1]
+
+    class TwoLoops(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        loop = Looper()
+        return loop(3, loop(2, x))
+
+    X = jnp.ones((1, 3))
+    def cond():
+      return CondModel(), (X,)
+    def setup_cond():
+      return SetupCond(), (X, True)
+    def switch():
+      return SwitchModel(), (X,)
+    def while_split():
+      return WhileModel(), (X,)
+    def while_unsplit():
+      return WhileModel(split=False), (X,)
+    def dense_loop():
+      return DenseLoop(), (X,)
+    def map_variables():
+      return MapModel(), (X,)
+    def vmap_cond():
+      return VmapCond(), (jnp.array([[1., 1.], [-1., -1.], [2., 2.]]),)
+    def two_loops():
+      return TwoLoops(), (X,)
+""")
+
+FLOW_CASES = {  # factory -> (phases, what the spec must say)
+    "cond": (("init", "apply"), "cond:"),
+    "setup_cond": (("init", "apply"), "cond:"),
+    "switch": (("init", "apply"), "switch:"),
+    "while_split": (("init", "apply"), "while_loop:"),
+    "while_unsplit": (("init",), "while_loop:"),
+    "dense_loop": (("apply",), "while_loop:"),
+    "map_variables": (("init", "apply"), "map_variables:"),
+    "vmap_cond": (("init",), "cond:"),
+}
+
+
+@pytest.mark.parametrize("factory, phase", [(f, p) for f, (phases, _) in FLOW_CASES.items() for p in phases])
+def test_flow_transforms_replay_bit_exactly(tmp_path, factory, phase):
+    """Every key real Flax hands out in and around nn.cond/switch/while_loop/map_variables, derived again
+    from the captured spec; cond/switch keys of every branch (capture runs the model with each branch)."""
+    f = write(tmp_path, "flow.py", FLOW)
+    spec, doc = capture(tmp_path, f"{f}:{factory}", "--rngs", "params=0,noise=1", "--phase", phase)
+    assert FLOW_CASES[factory][1] in spec.read_text()
+    assert_replays(spec, doc)
+    r = invoke("verify", spec, "--against", f"{f}:{factory}", "--rngs", "params=0,noise=1")
+    assert r.exit_code == 0, r.output
+
+
+def test_cond_captures_the_branch_that_did_not_run(tmp_path):
+    f = write(tmp_path, "flow.py", FLOW)
+    _, doc = capture(tmp_path, f"{f}:setup_cond", "--rngs", "params=0,noise=1")
+    sites = {(c["path_str"], c["stream"], c["count"]): c["context"] for c in doc["calls"]}
+    # flag=True runs `t` only; `f`'s keys (b's noise, a's second params) exist only when f runs
+    assert sites[("b", "noise", 1)] == ["cond"] and ("a", "params", 3) in sites and ("(root)", "noise", 1) in sites
+
+
+def test_switch_branches_share_counters(tmp_path):
+    f = write(tmp_path, "flow.py", FLOW)
+    spec, doc = capture(tmp_path, f"{f}:switch", "--rngs", "params=0,noise=1")
+    got = {(c["path_str"], c["count"]) for c in doc["calls"] if c["stream"] == "noise"}
+    # branch 0 takes c1 and branch 2 c2 at the root. `Draw()(nn.switch(...))` constructs (and auto-names)
+    # its Draw_0 before the switch runs, so branch 1's Draw is Draw_1: the spec names it explicitly
+    assert got == {("(root)", 1), ("(root)", 2), ("Draw_1", 1), ("named", 1), ("Draw_0", 1)}
+    assert "name: Draw_1" in spec.read_text()
+
+
+def test_while_loop_lanes_and_iterations(tmp_path):
+    f = write(tmp_path, "flow.py", FLOW)
+    spec, doc = capture(tmp_path, f"{f}:while_split", "--rngs", "params=0,noise=1")
+    assert "iterations: 3" in spec.read_text() and "split_rngs: {noise: true}" in spec.read_text()
+    cond_lanes = {c["lane"][0] for c in doc["calls"] if c["path_str"] == "(root)" and c["count"] == 1}
+    body_lanes = {c["lane"][0] for c in doc["calls"] if c["path_str"] == "Draw_0"}
+    assert cond_lanes == {0, 1, 2, 3} and body_lanes == {0, 1, 2}  # cond runs once more than the body
+    assert all(c["context"] == ["while_loop"] for c in doc["calls"])
+
+
+def test_map_variables_init_run_twice(tmp_path):
+    f = write(tmp_path, "flow.py", FLOW)
+    _, doc = capture(tmp_path, f"{f}:map_variables", "--rngs", "params=0,noise=1")
+    noise = {c["path_str"]: c["count"] for c in doc["calls"] if c["stream"] == "noise"}
+    # init=True with a mutable collection: the body runs twice, its make_rng keys come from run 2
+    assert noise == {"Map_variablesInner_0": 2, "plain": 1}
+
+
+def test_a_loop_running_different_counts_is_refused(tmp_path):
+    f = write(tmp_path, "flow.py", FLOW)
+    out = tmp_path / "out.yaml"
+    r = invoke("capture", f"{f}:two_loops", "--rngs", "params=0,noise=1", "-o", out)
+    assert r.exit_code == 2 and "ran 2 or 3 times" in r.stderr and "one iteration count" in r.stderr, r.stderr
+    assert len(r.stderr.splitlines()) == 1 and not out.exists()

@@ -271,3 +271,84 @@ def test_sarif_schema_rejects_a_broken_log():
     del doc["runs"][0]["results"][0]["message"]
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.Draft4Validator(SCHEMA).validate(doc)
+
+
+# ---------------------------------------------------------------- pre-commit, colours, progress
+def test_pre_commit_hook_runs_collisions_on_matching_specs(tmp_path):
+    import shlex
+
+    import yaml
+
+    (hook,) = yaml.safe_load((REPO / ".pre-commit-hooks.yaml").read_text(encoding="utf-8"))
+    assert hook["id"] == "rngaudit-collisions" and hook["language"] == "python"
+    files = re.compile(hook["files"])
+    for name in ("rngaudit.yaml", "specs/rngaudit_model.yml", "m.rngaudit.yaml", "rngaudit/examples/guide.yaml"):
+        assert files.search(name), name
+    for name in ("model.yaml", "ci/workflow.yml", "rngaudit.json"):
+        assert not files.search(name), name
+    # pre-commit runs `entry` with the changed files appended
+    argv = shlex.split(hook["entry"])
+    assert argv[0] == "rngaudit"
+    assert invoke(*argv[1:], SHARP, CLEAN).exit_code == 1
+    assert invoke(*argv[1:], CLEAN).exit_code == 0
+
+
+def _on_a_terminal(env_extra: dict) -> str:
+    """`derive` with stdout on a pseudo-terminal; what the terminal shows."""
+    import pty
+
+    master, slave = pty.openpty()
+    env = dict(os.environ, COLUMNS="200", TERM="xterm-256color", **env_extra)
+    env.pop("NO_COLOR", None) if "NO_COLOR" not in env_extra else None
+    p = subprocess.Popen([sys.executable, "-m", "rngaudit", "derive", FALLBACK, "--no-values"], cwd=REPO, env=env,
+                         stdout=slave, stderr=subprocess.PIPE)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    p.wait(timeout=60)
+    os.close(master)
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+COLOUR = re.compile(r"\x1b\[[0-9;]*?(?<![0-9])(3[0-8]|9[0-7]|4[0-8]|10[0-7])(;[0-9;]*)?m")  # SGR colours, not bold
+
+
+def test_colour_only_on_a_terminal_and_never_with_no_color():
+    assert COLOUR.search(_on_a_terminal({}))  # the fallback note is yellow
+    shown = _on_a_terminal({"NO_COLOR": "1"})
+    assert "fallback.yaml" in shown and not COLOUR.search(shown)  # bold is not colour (no-color.org)
+    assert "\x1b[" not in invoke("derive", FALLBACK, "--no-values").stdout  # not a terminal
+
+
+def test_progress_is_a_no_op_off_a_terminal_and_transient_on_one(capsys):
+    import io
+    import time
+
+    from rngaudit.progress import progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    quiet = io.StringIO()
+    with progress(10, "work", stream=quiet) as advance:
+        for _ in range(10):
+            advance(1)
+    assert quiet.getvalue() == ""
+    term = Terminal()
+    with progress(3, "work", stream=term, delay=0.0) as advance:
+        advance(2)
+        time.sleep(0.4)
+    assert "work" in term.getvalue()  # drawn on the terminal stream, then cleared
+    fast = Terminal()
+    with progress(None, "quick", stream=fast) as advance:  # done before the bar's first second
+        advance(1)
+    assert fast.getvalue() == ""
+    assert capsys.readouterr().out == ""  # never on stdout

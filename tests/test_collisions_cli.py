@@ -199,6 +199,7 @@ _NO_JAX = textwrap.dedent("""
         print("exit:", e.code)
     heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("jax", "jaxlib", "flax"))
     print("imported:", heavy)
+    print("numpy:", "numpy" in sys.modules)
 """)
 
 
@@ -210,20 +211,42 @@ model: {class: M, body: [{module: {class: N, name: ab, body: [{module: {class: L
 """
 
 
-@pytest.mark.parametrize("args", [
-    [fx("sharp_edge.yaml")],
-    [fx("shared_seed.yaml"), fx("latent.yaml"), "--format", "json"],
-    [fx("paths.json"), fx("params_tree.json")],
-    ["UNSAFE_RBG", "--no-keys"],  # unsafe_rbg keys need JAX; hash-only does not
-])
-def test_collisions_never_imports_jax(tmp_path, args):
+def run_no_jax(tmp_path, args: list[str]) -> str:
     if args[0] == "UNSAFE_RBG":
         (tmp_path / "u.yaml").write_text(UNSAFE_RBG)
         args = [str(tmp_path / "u.yaml"), *args[1:]]
     r = subprocess.run([sys.executable, "-c", _NO_JAX, *args], cwd=REPO, capture_output=True, text=True,
                        timeout=120)
-    assert "exit: 1" in r.stdout, r.stdout + r.stderr
-    assert "imported: []" in r.stdout, r.stdout
+    assert "imported: []" in r.stdout, r.stdout + r.stderr
+    return r.stdout
+
+
+@pytest.mark.parametrize("args", [
+    [fx("sharp_edge.yaml")],
+    [fx("shared_seed.yaml"), fx("latent.yaml"), "--format", "json"],
+    [fx("paths.json"), fx("params_tree.json")],
+    [str(GUIDE / "jit_init.yaml"), str(GUIDE / "vmap_model_other_unsplit.yaml"), str(GUIDE / "sharp_edge.yaml")],
+    ["UNSAFE_RBG", "--no-keys"],  # unsafe_rbg keys need JAX; hash-only does not
+])
+def test_collisions_never_imports_jax_nor_numpy_for_small_inputs(tmp_path, args):
+    """Small inputs (fewer than collisions.SMALL_SITES call sites) run on Python lists and ints: the
+    command starts without NumPy, let alone JAX."""
+    out = run_no_jax(tmp_path, args)
+    assert "exit: 1" in out and "numpy: False" in out, out
+
+
+def test_the_guide_example_starts_without_numpy(tmp_path):
+    out = run_no_jax(tmp_path, [str(REPO / "rngaudit" / "examples" / "guide.yaml")])
+    assert "exit: 0" in out and "numpy: False" in out, out
+
+
+def test_large_inputs_use_numpy_and_still_no_jax(tmp_path):
+    from rngaudit.collisions import SMALL_SITES
+
+    paths = tmp_path / "many.json"
+    paths.write_text(json.dumps([f"Block_{i}/Dense_0" for i in range(SMALL_SITES)] + ["ab/cdef", "abc/def"]))
+    out = run_no_jax(tmp_path, [str(paths)])
+    assert "exit: 1" in out and "numpy: True" in out, out
 
 
 def test_python_dash_m():

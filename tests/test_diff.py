@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import textwrap
+from pathlib import Path
 
 import jax
+import jsonschema
 import numpy as np
 import pytest
 from flax import traverse_util
@@ -195,3 +198,132 @@ def test_bad_diff_input_exit_2(tmp_path):
     assert r.exit_code == 2 and r.stderr.startswith("error: ") and "not a valid rngaudit.capture" in r.stderr
     r = invoke("diff", tmp_path / "nope.yaml", bad)
     assert r.exit_code == 2 and "Traceback" not in r.stderr
+
+
+# ---------------------------------------------------------------- CI formats, --exit-zero, [tool.rngaudit]
+REPO = Path(__file__).resolve().parent.parent
+SCHEMA = json.loads((REPO / "tests" / "data" / "sarif-schema-2.1.0-rtm.4.json").read_text(encoding="utf-8"))
+ANNOTATION = re.compile(r"^::(error|warning|notice) file=([^,]+),line=(\d+),col=(\d+),title=([^:]+)::(.+)$")
+
+
+def annotations(text: str) -> list[tuple]:
+    out = []
+    for line in text.splitlines():
+        m = ANNOTATION.match(line)
+        assert m, f"not a workflow command: {line!r}"
+        out.append((m.group(1), m.group(2), int(m.group(3)), int(m.group(4)), m.group(5), m.group(6)))
+    return out
+
+
+def sarif(text: str) -> list[tuple]:
+    doc = json.loads(text)
+    jsonschema.Draft4Validator(SCHEMA).validate(doc)
+    (run,) = doc["runs"]
+    rules = [r["id"] for r in run["tool"]["driver"]["rules"]]
+    out = []
+    for res in run["results"]:
+        assert rules[res["ruleIndex"]] == res["ruleId"]
+        loc = res["locations"][0]["physicalLocation"]
+        out.append((res["ruleId"], loc["region"]["startLine"], loc["region"]["startColumn"]))
+    return out
+
+
+def spec_rows(spec) -> dict:
+    """(path_str, stream, count, lane) -> (line, col) of the statement, as derive reports it."""
+    r = invoke("derive", spec, "--format", "json", "--no-values")
+    return {(c["path_str"], c["stream"], c["count"], tuple(c["lane"])): (c["location"]["line"], c["location"]["col"])
+            for c in json.loads(r.stdout)["calls"]}
+
+
+def test_diff_of_specs_annotates_the_new_specs_lines(tmp_path, base):
+    _, old_keys, _ = base
+    capture(tmp_path, "rename", VARIANTS["rename"])
+    old_spec, new_spec = old_keys.with_suffix(".yaml"), tmp_path / "rename.yaml"
+    rows = spec_rows(new_spec)
+    doc = json.loads(invoke("diff", old_spec, new_spec, "-f", "json").stdout)
+    failing = [s for s in doc["sites"] if s["status"] != "kept"]
+    r = invoke("diff", old_spec, new_spec, "--format", "github")
+    assert r.exit_code == 1 and r.stderr == ""
+    got = annotations(r.stdout)
+    assert len(got) == len(failing)
+    for (kind, file, line, col, title, message), s in zip(got, failing):
+        assert kind == "error" and file == str(new_spec) and title == f"rngaudit diff/{s['status']}"
+        if s["status"] == "new":  # a row of the new spec: exactly its statement
+            assert (line, col) == rows[(s["path_str"], s["stream"], s["count"], tuple(s["lane"]))]
+        else:  # gone: the new spec has no such row; the nearest module's row, and the message says so
+            assert (line, col) in rows.values() and "has no such call site; shown at" in message
+        assert line > 1
+    places = sarif(invoke("diff", old_spec, new_spec, "--format", "sarif").stdout)
+    assert [(ln, c) for _, ln, c in places] == [(ln, c) for _, _, ln, c, _, _ in got]
+    assert {rule for rule, _, _ in places} == {"diff/new", "diff/gone"}
+    r = invoke("diff", old_spec, new_spec, "--format", "github", "--exit-zero")
+    assert r.exit_code == 0 and annotations(r.stdout) == got
+
+
+def test_diff_of_keys_files_annotates_each_record(tmp_path, base):
+    _, old_keys, _ = base
+    _, new_keys = capture(tmp_path, "jit", VARIANTS["jit"])
+    r = invoke("diff", old_keys, new_keys, "-f", "github")
+    assert r.exit_code == 1
+    lines = new_keys.read_text().splitlines()
+    records = json.loads(new_keys.read_text())["calls"]
+    for _, file, line, col, title, message in annotations(r.stdout):
+        assert file == str(new_keys) and lines[line - 1][col - 1] == "{"
+        if title == "rngaudit diff/new":  # the record of this very call site
+            rec = json.loads("\n".join(lines[line - 1:]).split("\n    }")[0].rstrip(",") + "}")
+            assert rec in records and message.startswith(f"new: {rec['path_str']} {rec['stream']} count {rec['count']}")
+
+
+def test_verify_ci_formats_and_exit_codes(tmp_path, base):
+    _, old_keys, _ = base
+    spec = old_keys.with_suffix(".yaml")
+    for fmt in ("text", "json", "github", "sarif"):
+        r = invoke("verify", spec, "--against", old_keys, "--format", fmt)
+        assert r.exit_code == 0, r.output
+    assert invoke("verify", spec, "--against", old_keys, "-f", "github").stdout == ""
+    assert sarif(invoke("verify", spec, "--against", old_keys, "-f", "sarif").stdout) == []
+    _, other = capture(tmp_path, "insert", VARIANTS["insert"])
+    rows = spec_rows(spec)
+    r = invoke("verify", spec, "--against", other, "-f", "github")
+    assert r.exit_code == 1
+    got = annotations(r.stdout)
+    assert got and {file for _, file, *_ in got} == {str(spec)}
+    assert {title for *_, title, _ in got} <= {"rngaudit verify/differs", "rngaudit verify/missing",
+                                               "rngaudit verify/extra"}
+    assert all((line, col) in rows.values() for _, _, line, col, _, _ in got)
+    places = sarif(invoke("verify", spec, "--against", other, "-f", "sarif").stdout)
+    assert [(ln, c) for _, ln, c in places] == [(ln, c) for _, _, ln, c, _, _ in got]
+    assert invoke("verify", spec, "--against", other, "--exit-zero").exit_code == 0
+
+
+@pytest.mark.parametrize("command", ["verify", "diff", "capture"])
+def test_bad_input_exits_2_in_every_format(tmp_path, command):
+    missing = tmp_path / "missing.yaml"
+    args = {"verify": [missing, "--against", missing.with_suffix(".json")], "diff": [missing, missing],
+            "capture": [f"{tmp_path / 'nope.py'}:make"]}[command]
+    for fmt in ("text", "json", "github", "sarif"):
+        r = invoke(command, *args, "--format", fmt, "--exit-zero")
+        assert r.exit_code == 2 and r.stdout == "" and r.stderr.startswith("error: ") and "Traceback" not in r.stderr
+
+
+def test_config_defaults_for_diff_and_verify(tmp_path, base):
+    _, old_keys, _ = base
+    _, new_keys = capture(tmp_path, "remat", VARIANTS["remat"])
+    cfg = tmp_path / "pyproject.toml"
+    cfg.write_text('[tool.rngaudit]\nformat = "github"\n\n[tool.rngaudit.diff]\nexit-zero = true\n')
+    r = invoke("diff", old_keys, new_keys, "--config", cfg)
+    assert r.exit_code == 0 and annotations(r.stdout)
+    r = invoke("diff", old_keys, new_keys, "--config", cfg, "--no-exit-zero", "--format", "json")
+    assert r.exit_code == 1 and json.loads(r.stdout)["format"] == "rngaudit.diff"
+    # capture's product is the spec: a common `format = "github"` still writes it
+    f = tmp_path / "base.py"
+    f.write_text(BASE)
+    cfg.write_text('[tool.rngaudit]\nformat = "github"\n')
+    r = invoke("capture", f"{f}:make", "--config", cfg, "-o", tmp_path / "cfg.yaml")
+    assert r.exit_code == 0 and (tmp_path / "cfg.yaml").read_text().startswith("# Captured by rngaudit capture")
+    cfg.write_text('[tool.rngaudit.verify]\nagainst = "x.json"\n')
+    r = invoke("verify", old_keys.with_suffix(".yaml"), "--against", old_keys, "--config", cfg)
+    assert r.exit_code == 2 and "takes --against only on the command line" in r.stderr
+    cfg.write_text('[tool.rngaudit.diff]\nexit-zeros = true\n')
+    r = invoke("diff", old_keys, new_keys, "--config", cfg)
+    assert r.exit_code == 2 and "unknown key 'exit-zeros'" in r.stderr and "did you mean 'exit-zero'" in r.stderr

@@ -805,3 +805,124 @@ def test_while_loop_sees_every_collection_read_only():
         """)
     assert a.error is None
 
+
+@pytest.mark.parametrize("form,mutable", [("class", "[state]"), ("decorator", "[state]"), ("class", "[params]")])
+def test_map_variables_init_in_apply_sees_only_the_mutable_collections(form, mutable):
+    """apply(..., mutable=[...]) with map_variables(init=True): its first run sees only the mutable
+    collections, and Flax raises ScopeCollectionNotFound for `w` (params) or `s` (state)."""
+    body = "[param: w, {variable: {collection: state, name: s}}, make_rng]"
+    model = (f"{{class: M, body: [{{map_variables: {{module: {{class: B, body: {body}}}, init: true}}}}]}}"
+             if form == "class" else
+             f"{{class: B, transforms: [{{map_variables: {{init: true}}}}], body: {body}}}")
+    a = agree(f"""
+        rngaudit: 1
+        phase: apply
+        mutable: {mutable}
+        rngs: {{params: 0}}
+        model: {model}
+        """)
+    assert a.error == "ScopeCollectionNotFound"
+
+
+@pytest.mark.parametrize("phase", ["init", "apply"])
+def test_setup_that_calls_a_child_of_a_transformed_module(phase):
+    """Before a lifted transform, Flax runs the module's setup() abstractly (_validate_setup) on a
+    scope without keys: a child created and called in setup() cannot make its params there, and
+    Flax raises InvalidRngError."""
+    a = agree(f"""
+        rngaudit: 1
+        phase: {phase}
+        rngs: {{params: 0}}
+        model:
+          class: M
+          body:
+            - jit: {{module: {{class: B, setup: [{{Dense: {{name: d}}}}, {{call: d}}], body: [make_rng]}}}}
+        """)
+    assert a.error == "InvalidRngError"
+
+
+@pytest.mark.parametrize("model", [
+    "{class: M, body: [{vmap: {module: {class: B, body: [param: w, {make_rng: dropout}]}, axis_size: 2, "
+    "split_rngs: {dropout: true}, variable_axes: {all: 0}}}]}",
+    "{vmap: {module: {Dense: {features: 4}}, axis_size: 2, split_rngs: none, variable_axes: {all: 0}}}",
+    "{class: M, body: [{switch: {branches: [[], [param: w]], rngs: none, when: init}}]}",
+    "{class: B, transforms: [{scan: {length: 1, split_rngs: {}}}], body: [{Dense: {name: a, when: init}}, make_rng]}",
+    # init fails with another error: a broadcast param (Embed's, made in setup) from a split stream
+    "{class: M, body: [{scan: {module: {class: S, body: [{Embed: {}}]}, length: 2, split_rngs: {params: true}, "
+    "variable_broadcast: params}}]}",
+])
+def test_apply_needs_an_init_that_runs(model):
+    """phase: apply means the variables init of the same model made; when a transform hides params
+    from a param inside it, that init fails in Flax (InvalidRngError, at the first such param), so
+    apply cannot run: rngaudit should raise what that init raises."""
+    a = agree(f"""
+        rngaudit: 1
+        phase: apply
+        rngs: {{params: 0, dropout: 1}}
+        model: {model}
+        """)
+    assert a.error in ("InvalidRngError", "ValueError", "ScopeCollectionNotFound")
+
+
+def test_scan_without_constancy_check_has_no_broadcast_dependency_error():
+    """"broadcasted variable has a data dependency on the scan body" comes from the constancy-check
+    trace: with check_constancy_invariants false Flax does not raise (and drops the variable)."""
+    a = agree("""
+        rngaudit: 1
+        rngs: {params: 0}
+        model:
+          class: M
+          body:
+            - scan: {module: {class: S, body: [{param: {name: w, draw: {normal: [2]}}}]}, length: 2, split_rngs: all,
+                     variable_broadcast: params, check_constancy_invariants: false}
+        """)
+    assert a.error is None
+
+
+def test_branch_structure_error_comes_before_the_scan_carry_error():
+    """Flax compares a cond's branches while it traces the scan body, and the carry only after that
+    trace: a body that does both wrong fails on the cond."""
+    a = agree("""
+        rngaudit: 1
+        rngs: {params: 0}
+        model:
+          class: M
+          body:
+            - scan:
+                module: {class: S, body: [{variable: {collection: cache, name: c}}, {cond: {true_fun: [param: a], false_fun: []}}]}
+                length: 2
+                split_rngs: all
+                variable_axes: {params: 0}
+                variable_carry: cache
+        """)
+    assert a.error == "TypeError"
+
+
+def test_vmap_broadcast_of_every_collection_from_a_split_stream():
+    """variable_axes {all: null} (every collection broadcast) with params split: Dense's kernel differs
+    per lane and Flax raises ValueError (vmap has mapped output but out_axes is None)."""
+    a = agree("""
+        rngaudit: 1
+        rngs: {params: 0}
+        model: {vmap: {module: {Dense: {use_bias: false}}, axis_size: 2, split_rngs: all, variable_axes: {all: null}}}
+        """)
+    assert a.error == "ValueError"
+
+
+def test_streams_inside_a_while_loop_are_in_sorted_order():
+    """Inside nn.while_loop the visible streams come in sorted order, not in split_rngs order: a
+    fold_rngs there forks noise, params, zz (the keys are the same, the order of rows is not)."""
+    text = """
+        rngaudit: 1
+        rngs: {params: 0, noise: 1, zz: 2}
+        model:
+          class: M
+          body:
+            - while_loop:
+                cond: []
+                body: [{fold_rngs: {module: {class: F, body: []}}}]
+                iterations: 1
+                split_rngs: {zz: true, noise: false, params: true}
+        """
+    assert [r["stream"] for r in flax_rows(text)] == ["noise", "params", "zz"]
+    agree(text)

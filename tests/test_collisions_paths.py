@@ -1,0 +1,156 @@
+"""rngaudit.collisions keeps an input's columns in Python lists with keys on Python ints (small inputs: no
+NumPy to import) or in NumPy arrays (large inputs). Both paths must give the same report, to the byte, on
+every fixture, on the inputs of tests/test_collisions.py, and on random inputs."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+from hypothesis import given, reject, settings
+from hypothesis import strategies as st
+
+import rngaudit.collisions as collisions
+from rngaudit import RngauditError, load_spec, parse_spec
+from rngaudit.collisions import SpecSites, audit
+from rngaudit.collisions_report import to_json
+from rngaudit.jsonsrc import load_json, parse_json
+from rngaudit.modpaths import ModuleSites
+from rngaudit.replay import RootKey, replay
+from test_collisions import JIT, SHIFT, VMAP, lanes
+
+REPO = Path(__file__).resolve().parent.parent
+SPECS = sorted([*REPO.glob("fixtures/collisions/*.yaml"), *REPO.glob("fixtures/guide/*.yaml"),
+                *REPO.glob("fixtures/shard/*.yaml"), *REPO.glob("rngaudit/examples/*.yaml")])
+JSONS = [REPO / "fixtures" / "collisions" / name for name in ("paths.json", "params_tree.json")]
+LISTS, ARRAYS = 10**12, 0  # SMALL_SITES that puts every input on one path
+
+
+def report(make, small_sites: int, monkeypatch, latent_max_count: int = collisions.DEFAULT_LATENT_MAX_COUNT) -> str:
+    monkeypatch.setattr(collisions, "SMALL_SITES", small_sites)
+    sites = make()
+    assert sites.vectorised is (small_sites == ARRAYS)
+    return json.dumps(to_json([audit(sites, latent_max_count)]), sort_keys=True, indent=1)
+
+
+def assert_same(make, monkeypatch, **kw) -> str:
+    lists = report(make, LISTS, monkeypatch, **kw)
+    assert lists == report(make, ARRAYS, monkeypatch, **kw)
+    return lists
+
+
+def spec_variants(spec):
+    """The spec; hash-only; with the separator flag flipped; renames checked on hashes (no replay)."""
+    yield "as is", spec, {}
+    yield "no keys", spec, {"keys": False}
+    yield "separator flipped", dataclasses.replace(spec, fix_rng_separator=not spec.fix_rng_separator), {}
+    yield "hashed renames", spec, {"replay_limit": 0}
+
+
+def check_spec(spec, monkeypatch, rows=None) -> None:
+    for _, s, opts in spec_variants(spec):
+        monkeypatch.setattr(collisions, "REPLAY_LIMIT", opts.get("replay_limit", 20_000))
+        assert_same(lambda: SpecSites(s, keys=opts.get("keys", True), rows=rows if s is spec else None), monkeypatch)
+
+
+@pytest.mark.parametrize("path", SPECS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_fixture_specs(path, monkeypatch):
+    check_spec(load_spec(str(path)), monkeypatch)
+
+
+@pytest.mark.parametrize("separator", [False, True])
+@pytest.mark.parametrize("path", JSONS, ids=lambda p: p.name)
+def test_fixture_json(path, separator, monkeypatch):
+    text = assert_same(lambda: ModuleSites(load_json(str(path)), separator), monkeypatch)
+    assert_same(lambda: ModuleSites(load_json(str(path)), separator), monkeypatch, latent_max_count=0)
+    if not separator:  # the fixtures' findings
+        assert '"collisions": []' not in text
+
+
+@pytest.mark.parametrize("text", [
+    SHIFT.replace("STREAM", "dropout"), SHIFT.replace("STREAM", "params"),
+    VMAP.replace("SPLIT", "false"), VMAP.replace("SPLIT", "true"),
+    JIT.replace("FLAG", "false"), JIT.replace("FLAG", "true"),
+], ids=["shift-dropout", "shift-params", "vmap-unsplit", "vmap-split", "jit", "jit-separator"])
+def test_collisions_test_specs(text, monkeypatch):
+    check_spec(parse_spec(text, "t.yaml"), monkeypatch)
+
+
+@pytest.mark.parametrize("flag", ["false", "true"])
+def test_nul_name_spec(flag, monkeypatch):
+    check_spec(parse_spec(textwrap.dedent(f"""
+        rngaudit: 1
+        flax: {{fix_rng_separator: {flag}}}
+        rngs: {{params: 0}}
+        model:
+          class: Model
+          body:
+            - module: {{class: M, name: "a\\0b", body: [make_rng]}}
+            - module: {{class: M, name: a, body: [{{module: {{class: M, name: b, body: [make_rng]}}}}]}}
+        """), "nul.yaml"), monkeypatch)
+
+
+def test_lanes_rows(monkeypatch):
+    spec = parse_spec(textwrap.dedent("""
+        rngaudit: 1
+        rngs: {dropout: 1, noise: 1}
+        model:
+          class: Model
+          body:
+            - module: {class: Body, body: [{make_rng: dropout}, {make_rng: dropout}]}
+        """))
+    rows = replay(spec)
+    for laned, category in ((lanes(rows, 3), "unsplit_lanes"), (lanes(rows, 2, base=RootKey("noise")), "shared_seed")):
+        assert f'"{category}"' in assert_same(lambda: SpecSites(spec, rows=laned), monkeypatch)
+        assert_same(lambda: SpecSites(spec, keys=False, rows=laned), monkeypatch)
+
+
+def test_unsafe_rbg_keys_from_jax_in_lists(monkeypatch):
+    pytest.importorskip("jax")
+    spec = parse_spec(textwrap.dedent("""
+        rngaudit: 1
+        jax: {prng_impl: unsafe_rbg}
+        rngs: {params: 0}
+        model: {class: M, body: [{module: {class: N, name: ab, body: [{module: {class: L, name: cdef, body: [make_rng]}}]}},
+                                 {module: {class: N, name: abc, body: [{module: {class: L, name: def, body: [make_rng]}}]}}]}
+        """), "u.yaml")
+    assert '"class": 1' in assert_same(lambda: SpecSites(spec), monkeypatch)
+
+
+NAMES = st.text(alphabet="ab1\x00\x01\x02", max_size=3)
+
+
+@given(st.lists(st.tuples(st.lists(NAMES, max_size=3).map(tuple), st.integers(1, 3)), min_size=1, max_size=8),
+       st.booleans(), st.sampled_from([0, 600, collisions.DEFAULT_LATENT_MAX_COUNT]))
+@settings(max_examples=150, deadline=None)
+def test_random_module_paths(modules, separator, bound):
+    """Random paths drawing a few keys each (collisions, latent pairs and renames of every kind)."""
+    entries = [list(p) for p, n in modules for _ in range(n)]
+    doc = json.dumps(entries)
+    with pytest.MonkeyPatch.context() as mp:
+        assert_same(lambda: ModuleSites(parse_json(doc, "m.json"), separator), mp, latent_max_count=bound)
+
+
+@given(st.lists(st.sampled_from(["ab", "cdef", "abc", "def", "A", "B", "AB", "layer", "layer1", "x", "x\x01"]),
+                min_size=1, max_size=5),
+       st.integers(1, 3), st.booleans())
+@settings(max_examples=40, deadline=None)
+def test_random_specs(names, repeat, separator):
+    """Random nestings of modules whose names concatenate alike, each making `repeat` make_rng calls."""
+    def module(k: int) -> str:
+        body = "[{make_rng: {stream: params, repeat: %d}}]" % repeat
+        if k + 1 < len(names):
+            body = "[{make_rng: {stream: params, repeat: %d}}, %s]" % (repeat, module(k + 1))
+        return "{module: {class: M, name: %s, body: %s}}" % (json.dumps(names[k]), body)
+
+    text = (f"rngaudit: 1\nflax: {{fix_rng_separator: {str(separator).lower()}}}\nrngs: {{params: 0}}\n"
+            f"model: {{class: Model, body: [{module(0)}, {module(len(names) // 2)}]}}\n")
+    spec = parse_spec(text, "r.yaml")
+    try:
+        replay(spec)
+    except RngauditError:  # e.g. Flax's NameInUseError for two modules of one name
+        reject()
+    with pytest.MonkeyPatch.context() as mp:
+        check_spec(spec, mp)

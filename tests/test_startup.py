@@ -1,0 +1,52 @@
+"""What starting rngaudit imports: `--help` and `--version` load neither JAX nor NumPy nor the spec machinery,
+and the package's public API loads on first use yet behaves as an eager one. (Start-up time itself is
+measured by benchmarks/bench_startup.py, not here.)"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+_IMPORTS = textwrap.dedent("""
+    import sys
+    from rngaudit.cli import main
+    sys.argv = ["rngaudit", *sys.argv[1:]]
+    try:
+        main()
+    except SystemExit as e:
+        print("exit:", e.code)
+    print("loaded:", sorted(m for m in sys.modules
+                            if m.split(".")[0] in ("jax", "jaxlib", "flax", "numpy", "yaml")
+                            or m in ("rngaudit.spec", "rngaudit.replay", "rngaudit.collisions")))
+""")
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["collisions", "--help"], ["derive", "--help"]])
+def test_help_and_version_load_no_jax_numpy_or_spec_machinery(args):
+    r = subprocess.run([sys.executable, "-c", _IMPORTS, *args], cwd=REPO, capture_output=True, text=True,
+                       timeout=120)
+    assert "exit: 0" in r.stdout and "loaded: []" in r.stdout, r.stdout + r.stderr
+
+
+def test_lazy_package_api_is_the_eager_one():
+    code = textwrap.dedent("""
+        import rngaudit
+        import rngaudit.replay          # the submodule must not replace the function
+        from rngaudit.replay import Derivation as D
+        from rngaudit import *
+        assert callable(replay) and replay is rngaudit.replay and replay.__module__ == "rngaudit.replay"
+        assert Derivation is D and load_spec.__module__ == "rngaudit.spec"
+        assert produce_hash(("ab", "cdef", 1)) == produce_hash(("abc", "def", 1))
+        assert set(rngaudit.__all__) <= set(dir(rngaudit))
+        try:
+            rngaudit.no_such_name
+        except AttributeError:
+            print("ok")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.stdout.strip() == "ok", r.stdout + r.stderr
