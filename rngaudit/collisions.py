@@ -262,6 +262,9 @@ def _key_idents(keys, vectorised: bool):
     import numpy as np
 
     k = np.ascontiguousarray(keys, dtype=np.uint32)
+    if k.ndim == 2 and k.shape[1] == 2:
+        # the 8 bytes read big-endian: integers sort (quickly) in the bytes' order, as the lists do
+        return k.view(">u8").ravel().astype(np.uint64)
     return k.view(np.dtype((np.void, 4 * k.shape[1]))).ravel()
 
 
@@ -329,7 +332,8 @@ class _Entry:
 
 
 class _Entries:
-    """Every distinct (unit, path), in arrays, with a per-unit index from hashed path bytes."""
+    """Every distinct (unit, path), in arrays (or lists, as the sites' columns), with a per-unit index from
+    hashed path bytes."""
 
     def __init__(self, sites: Sites):
         # combo: sorted distinct (unit << 32 | path id); first: its first call site; top: its highest count
@@ -399,7 +403,8 @@ class _Context:
         if self.vec:
             import numpy as np
 
-            self.order = np.argsort(self.ident, kind="stable")
+            # (no stable sort needed: a run of equal idents is used as a set, sorted when reported)
+            self.order = np.argsort(self.ident)
             self.sorted_ident = self.ident[self.order]
         else:
             self.order = sorted(range(len(self.ident)), key=self.ident.__getitem__)
@@ -783,7 +788,7 @@ class _Context:
                 now[i] = state.current.get(i)  # None: on a new base key
             else:
                 now[i] = _hashable(self.ident[i], self.vec)
-        seen: dict[bytes, int] = {}
+        seen: dict = {}
         for v in now.values():
             if v is not None:
                 seen[v] = seen.get(v, 0) + 1
@@ -920,7 +925,10 @@ class _Context:
         return [m for m, h in zip(members, hashed) if counts[h] > 1]
 
     def _describe_rename(self, target: RenameTarget, name: str, before: "_Context", after: "_Context") -> Rename:
-        changed = sum(1 for a, b in zip(before.ident, after.ident) if a != b)
+        if self.vec:
+            changed = int((before.ident != after.ident).sum())
+        else:
+            changed = sum(1 for a, b in zip(before.ident, after.ident) if a != b)
         shifted: dict[str, str] = {}
         m = target.path
         for i in range(before.s.n):
@@ -1190,6 +1198,135 @@ class SpecSites(Sites):
         return self._modules
 
 
+
+
+class _Rows(Sequence):
+    """A KeyTable's rows as Derivations, made when read (a million rows stay columns)."""
+
+    def __init__(self, table, positions):
+        self.table = table
+        self.positions = positions  # None: every row
+
+    def __len__(self) -> int:
+        return self.table.n if self.positions is None else len(self.positions)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        return self.table.derivation(int(i if self.positions is None else self.positions[i]))
+
+
+class TableSites(SpecSites):
+    """A large replayed spec on derive's fast path (rngaudit.fast): the same columns SpecSites makes
+    from one Derivation per call, computed from the KeyTable's columns with NumPy; keys vectorised."""
+
+    def __init__(self, spec: Spec, keys: bool = True, blocks=None):
+        import numpy as np
+
+        from .fast import key_table
+        from .keys import engine_for
+
+        self.spec = spec
+        self.key_cache = {}
+        t = self.table = key_table(spec, blocks)
+        keep = np.flatnonzero(~t.discarded)
+        self.keep = keep
+        self.all_rows = _Rows(t, None)
+        self.rows = _Rows(t, keep)
+        self.source = spec.file
+        self.input_kind = "spec"
+        self.separator = spec.fix_rng_separator
+        self.prng_impl = spec.prng_impl
+        self.vectorised = True
+        blk = t.block[keep]
+        # path ids and units (base, lane) in order of first appearance, as SpecSites numbers them
+        path_ids: dict = {}
+        of_template = np.zeros(len(t.templates), dtype=np.int32)
+        for tt in np.unique(blk).tolist():  # (rows come template by template)
+            of_template[tt] = path_ids.setdefault(t.templates[tt][0], len(path_ids))
+        self.path_id = of_template[blk]
+        self.paths = list(path_ids)
+        lane = t.lane_ids()[keep]
+        combo = t.base[keep].astype(np.int64) * (int(lane.max()) + 1 if len(lane) else 1) + lane
+        _, first, inverse = np.unique(combo, return_index=True, return_inverse=True)
+        rank = np.empty(len(first), dtype=np.int32)
+        rank[np.argsort(first, kind="stable")] = np.arange(len(first), dtype=np.int32)
+        self.unit = rank[inverse.ravel()]
+        self.count = t.count[keep]
+        self.word = t.word[keep]
+        self.keys = t.keys(engine_for(spec), keep) if keys else None
+        self._flipped_keys = None
+        self._modules = None
+
+    def items(self, i: int) -> tuple:
+        j = int(self.keep[i])
+        return self.table.templates[int(self.table.block[j])][6] + (int(self.table.count[j]),)
+
+    def describe(self, indices, module_paths):
+        """SpecSites.describe from the columns: what a template fixes is worked out once."""
+        from .fast import _encodings
+
+        t = self.table
+        indices = list(indices)
+        rows = self.keep[indices] if indices else []
+        per_template: dict = {}
+        bases: dict = {}
+        enc = _encodings(max((int(t.count[j]) for j in rows), default=0), self.separator)
+        out = {}
+        for i, j in zip(indices, (int(j) for j in rows)):
+            b = int(t.block[j])
+            const = per_template.get(b)
+            if const is None:
+                tpl = t.templates[b]
+                const = per_template[b] = (tpl[0], tpl[1], tpl[2], tpl[4], tpl[5], tpl[6],
+                                           hash_input(tpl[6], self.separator), tpl[10])
+            path, req, used, kind, label, suffix, pre, loc = const
+            c = int(t.count[j])
+            base = int(t.base[j])
+            text = bases.get(base)
+            if text is None:
+                text = bases[base] = str(t.bases[base])
+            key = tuple(int(w) for w in self.keys[i]) if self.keys is not None else None
+            out[i] = CallSite(j, path, req, used, c, t.lane_of(j), text, kind, label, suffix + (c,), pre + enc[c],
+                              int(t.word[j]), key, loc)
+        return out, {}
+
+    def stream(self, i: int) -> str:
+        return self.table.templates[int(self.table.block[int(self.keep[i])])][2]
+
+    def base_of(self, i: int):
+        return self.table.bases[int(self.table.base[int(self.keep[i])])]
+
+    def _flipped(self):
+        if self._flipped_keys is None:
+            from .fast import key_table
+            from .keys import engine_for
+
+            spec = dataclasses.replace(self.spec, fix_rng_separator=not self.spec.fix_rng_separator)
+            t = key_table(spec)
+            self._flipped_keys = t.keys(engine_for(spec), self.keep) if t.n == self.table.n else False
+        return None if self._flipped_keys is False else self._flipped_keys
+
+    def renamed(self, changes):
+        from .errors import RngauditError
+
+        names = {id(t.module): name for t, name in changes}
+        spec = dataclasses.replace(self.spec, model=_renamed_module(self.spec.model, names))
+        try:
+            return TableSites(spec, keys=self.keys is not None)
+        except RngauditError:
+            return None  # e.g. Flax's NameInUseError, or a `call:` of the old name
+
+
+def spec_sites(spec: Spec, keys: bool = True) -> SpecSites:
+    """A spec's call sites: small ones on the plain replay (Python lists, keys on Python ints, no
+    NumPy), large ones on derive's fast path (TableSites). Both give the same report."""
+    from .blocks import BlockReplayer
+
+    blocks = BlockReplayer(spec).run()
+    if vectorised(blocks.rows):
+        return TableSites(spec, keys, blocks)
+    return SpecSites(spec, keys)
 def _without_fork(ref) -> bool:
     """Whether a key reference derives from the root keys alone (no jit fork, which is a make_rng key)."""
     from .replay import ForkKey
@@ -1236,4 +1373,4 @@ def _renamed_module(m: ModuleDef, names: dict[int, str]) -> ModuleDef:
 
 def audit_spec(spec: Spec, keys: bool = True, latent_max_count: int = DEFAULT_LATENT_MAX_COUNT) -> Audit:
     """Replay `spec` and audit its call sites; `keys=False` checks hash inputs and words only."""
-    return audit(SpecSites(spec, keys=keys), latent_max_count)
+    return audit(spec_sites(spec, keys=keys), latent_max_count)

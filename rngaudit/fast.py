@@ -17,7 +17,8 @@ from . import threefry
 from .hashing import hash_input
 from .keys import KeyData, KeyEngine, root_keys
 from .nodes import Spec
-from .replay import Derivation, FoldKey, ForkKey, Replayer, RootKey, SplitKey, _Fork
+from .blocks import BlockReplayer
+from .replay import Derivation, FoldKey, ForkKey, RootKey, SplitKey, _Fork
 
 _sha1 = hashlib.sha1
 _ENC: list[bytes] = [b""]  # _ENC[c]: Flax's bytes for the int c (minimal big-endian)
@@ -33,29 +34,12 @@ def _encodings(upto: int, sep: bool) -> list[bytes]:
     return enc
 
 
-class _BlockReplayer(Replayer):
-    """Replayer whose repeated make_rng statements record one template for all their calls, and
-    which hashes nothing while it walks (template field 6 is the suffix, 7 and 8 are unused, 15 is n)."""
-
-    def _make_rng_item(self, inst, item, run) -> None:
-        self._make_rng(inst.scope, item.stream, item.kind, item.label, item.draw, item.loc, run, n=item.repeat)
-
-    def _record(self, path, stream, used, count, kind, label, suffix, ref, loc, draw, notes, axes, discarded,
-                n: int) -> int:
-        self.templates.append((path, stream, used, count, kind, label, suffix, None, None, ref, loc, draw, notes,
-                               axes, discarded, n))
-        return len(self.templates) - 1
-
-    def _expand(self) -> "KeyTable":
-        return KeyTable(self)
-
-
 class KeyTable:
     """Every key request of a replay, as columns (one entry per row, rows in execution order):
     `block` (its template), `count`, `word` (the hash word), `base` (an index into `bases`, -1 for a
     key that never exists), `lane_ix` (index of its lane in the template's lanes) and `discarded`."""
 
-    def __init__(self, r: _BlockReplayer):
+    def __init__(self, r: BlockReplayer):
         self.spec: Spec = r.spec
         self.sep = r.sep
         self.templates = r.templates
@@ -133,36 +117,21 @@ class KeyTable:
 
     # ------------------------------------------------------------------ construction helpers
     def _hash_words(self) -> np.ndarray:
-        """The hash word of every (template, count): SHA-1 once per distinct input."""
-        sep = self.sep
-        top = max((tpl[3] + tpl[15] - 1 for tpl in self.templates), default=0)
-        enc = _encodings(top, sep)
-        sha1 = _sha1
-        out = np.empty(int(self.word_off[-1]), dtype=np.uint32)
-        done = 0
-        digests: list[bytes] = []
+        """The hash word of every (template, count): SHA-1 once per distinct input. A large replay
+        is hashed by two processes (the second a fork that writes its words to a pipe)."""
+        templates = self.templates
+        total = int(self.word_off[-1])
+        if total >= PARALLEL_HASHES and _can_fork():
+            # the first template whose words start in the second half
+            mid = int(np.searchsorted(self.word_off[1:], total // 2, side="right"))
+            split = int(self.word_off[mid])
+            if 0 < split < total:
+                words = _hash_forked(templates, mid, split, total, self.sep)
+                if words is not None:
+                    return words
+        return _hash_templates(templates, self.sep, total)
 
-        def flush() -> int:
-            # the digests so far -> their first 4 bytes, big-endian; memory stays bounded by the chunk
-            words = np.frombuffer(b"".join(digests), dtype=">u4").reshape(-1, 5)[:, 0]
-            out[done:done + len(words)] = words
-            digests.clear()
-            return done + len(words)
-
-        for tpl in self.templates:
-            pre = hash_input(tpl[6], sep)
-            c0, k = tpl[3], tpl[15]
-            if k == 1:
-                digests.append(sha1(pre + enc[c0]).digest())
-            else:
-                digests += [sha1(pre + e).digest() for e in enc[c0:c0 + k]]
-            if len(digests) >= 1 << 16:
-                done = flush()
-        if digests:
-            done = flush()
-        return out
-
-    def _concrete(self, r: _BlockReplayer, ref, assign: dict, memo: dict):
+    def _concrete(self, r: BlockReplayer, ref, assign: dict, memo: dict):
         """Replayer._concrete, with a fork's row found from the template's start (forks have n = 1)."""
         if ref is None or type(ref) is RootKey:
             return ref
@@ -191,6 +160,19 @@ class KeyTable:
         return hit
 
     # ------------------------------------------------------------------ rows
+    def lane_ids(self) -> np.ndarray:
+        """Per row, an id of its lane tuple (0 for `()`, outside every transform): rows with equal
+        ids have equal `Derivation.lane`."""
+        ids: dict = {(): 0}
+        per = np.zeros(len(self._lane_base), dtype=np.int64)
+        sizes = self.axis_size
+        for t, tpl in enumerate(self.templates):
+            axes = tpl[13]
+            if axes:
+                lo = int(self.lane_base_off[t])
+                per[lo:lo + int(self.n_lanes[t])] = [ids.setdefault(lane, len(ids)) for lane in _lanes(axes, sizes)]
+        return per[self.lane_base_off[self.block] + self.lane_ix]
+
     def __len__(self) -> int:
         return self.n
 
@@ -368,6 +350,86 @@ def _fold_in_rows(e: KeyEngine, keys: np.ndarray, words: np.ndarray) -> np.ndarr
                            _threefry_fold_in_rows(keys[:, 2:], words)], axis=1)
 
 
+PARALLEL_HASHES = 200_000  # replays with at least this many hash inputs are hashed by two processes
+
+
+def _can_fork() -> bool:
+    """Forking is safe here: a POSIX fork, two CPUs, and no JAX (whose threads a fork must not copy)."""
+    import os
+    import sys
+
+    if not hasattr(os, "fork") or os.environ.get("RNGAUDIT_HASH_PROCESSES") == "1" or "jax" in sys.modules:
+        return False
+    try:
+        return len(os.sched_getaffinity(0)) >= 2
+    except AttributeError:
+        return (os.cpu_count() or 1) >= 2
+
+
+def _hash_templates(templates, sep: bool, total: int) -> np.ndarray:
+    """Hash words of `templates`' inputs, in order: one tight SHA-1 loop, words taken in chunks."""
+    top = max((tpl[3] + tpl[15] - 1 for tpl in templates), default=0)
+    enc = _encodings(top, sep)
+    sha1 = _sha1
+    out = np.empty(total, dtype=np.uint32)
+    done = 0
+    digests: list[bytes] = []
+    for tpl in templates:
+        pre = hash_input(tpl[6], sep)
+        c0, k = tpl[3], tpl[15]
+        if k == 1:
+            digests.append(sha1(pre + enc[c0]).digest())
+        else:
+            digests += [sha1(pre + e).digest() for e in enc[c0:c0 + k]]
+        if len(digests) >= 1 << 16:
+            # the digests so far -> their first 4 bytes, big-endian; memory stays bounded by the chunk
+            words = np.frombuffer(b"".join(digests), dtype=">u4").reshape(-1, 5)[:, 0]
+            out[done:done + len(words)] = words
+            done += len(words)
+            digests.clear()
+    if digests:
+        words = np.frombuffer(b"".join(digests), dtype=">u4").reshape(-1, 5)[:, 0]
+        out[done:done + len(words)] = words
+    return out
+
+
+def _hash_forked(templates, mid: int, split: int, total: int, sep: bool) -> np.ndarray | None:
+    """Hash templates[mid:] in a forked child while this process hashes templates[:mid]; None if the
+    child failed (the caller then hashes everything itself)."""
+    import os
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: hash, write the words, leave without running any cleanup
+        code = 1
+        try:
+            os.close(r)
+            data = memoryview(_hash_templates(templates[mid:], sep, total - split).tobytes())
+            while data:
+                data = data[os.write(w, data):]
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    try:
+        out = np.empty(total, dtype=np.uint32)
+        out[:split] = _hash_templates(templates[:mid], sep, split)
+        chunks = []
+        while True:
+            chunk = os.read(r, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(r)
+        _, status = os.waitpid(pid, 0)
+    data = b"".join(chunks)
+    if status != 0 or len(data) != 4 * (total - split):
+        return None
+    out[split:] = np.frombuffer(data, dtype=np.uint32)
+    return out
+
+
 def _threefry_fold_in_rows(keys: np.ndarray, words: np.ndarray) -> np.ndarray:
     """threefry fold_in with a key per row: keys (n, 2), words (n,) -> (n, 2)."""
     # mirrors jax/_src/random/threefry2x32.py threefry_fold_in: threefry_2x32(key, threefry_seed(data))
@@ -402,9 +464,9 @@ def _lane_index(lane, axes, sizes) -> int:
     return li
 
 
-def key_table(spec: Spec) -> KeyTable:
-    """Replay `spec` on the fast path."""
-    return _BlockReplayer(spec).run()
+def key_table(spec: Spec, blocks: BlockReplayer | None = None) -> KeyTable:
+    """Replay `spec` on the fast path (or expand the replay `blocks` already made of it)."""
+    return KeyTable(BlockReplayer(spec).run() if blocks is None else blocks)
 
 
 __all__ = ["KeyTable", "key_table"]

@@ -205,6 +205,7 @@ class _Run:
     store: dict = field(default_factory=dict)  # (path, collection, name) -> is a variable (not a subtree)
     counters: dict = field(default_factory=dict)
     carry_error: FlaxError | None = None  # raised when the scan body's trace ends
+    lane_errors: dict = field(default_factory=dict)  # lane axis -> broadcast error, raised when its trace ends
 
 
 _EVERY = "*every collection*"  # in _Scope.frozen: map_variables over every collection
@@ -403,13 +404,13 @@ class Replayer:
                 keep = True if bset is None else bset
                 yield scope.lifted(kind, rngs=rngs, cols=cols, discard=_combine_discard(scope.discard, keep),
                                    context=scope.context + (_SCAN_CHECK,), lanes=lanes, carry=carry)
-                self._raise_carry(run)
+                self._raise_carry(run, axis)
                 if bset is not None:
                     for key in set(run.store) - before:
                         if key[1] not in bset:
                             del run.store[key]
                 yield scope.lifted(kind, rngs=rngs, axes=scope.axes + (axis,), cols=cols, lanes=lanes, carry=carry)
-                self._raise_carry(run)
+                self._raise_carry(run, axis)
             elif kind == "scan":
                 # mirrors flax/core/axes_scan.py simple_scan_fn: without the constancy check the
                 # broadcast outputs are dropped, so broadcast variables the body made do not persist
@@ -417,12 +418,13 @@ class Replayer:
                 # and the broadcast variables are never checked against the body: no dependency error
                 lanes = scope.lanes + ((axis, kind, frozenset()),)
                 yield scope.lifted(kind, rngs=rngs, axes=scope.axes + (axis,), cols=cols, lanes=lanes, carry=carry)
-                self._raise_carry(run)
+                self._raise_carry(run, axis)
                 for key in set(run.store) - before:
                     if bset is None or key[1] in bset:
                         del run.store[key]
             else:
                 yield scope.lifted(kind, rngs=rngs, axes=scope.axes + (axis,), cols=cols, lanes=lanes)
+                self._raise_carry(run, axis, carry=False)
         elif kind in ("jit", "fold_rngs"):
             # mirrors flax/linen/transforms.py fork_rngs: one make_rng per visible stream, at the
             # module's own scope, on every call; inside, keys derive from the fork with no suffix
@@ -693,7 +695,7 @@ class Replayer:
         self._check_create(inst.scope, "params", item.name, item.loc, run)
         t = self._make_rng(inst.scope, "params", "param", item.name, item.draw, item.loc, run, "params")
         if item.uses_key:
-            self._check_broadcast(inst.scope, t, "params", item.name, item.loc)
+            self._check_broadcast(inst.scope, t, "params", item.name, item.loc, run)
         self._put(run, key)
 
     def _variable(self, inst: _Instance, item: Variable, run: _Run) -> None:
@@ -723,7 +725,7 @@ class Replayer:
             made = [self._make_rng(inst.scope, s, "variable", item.name, item.draw, item.loc, run,
                                    item.collection) for s in item.streams]
         for t in made:
-            self._check_broadcast(inst.scope, t, item.collection, item.name, item.loc)
+            self._check_broadcast(inst.scope, t, item.collection, item.name, item.loc, run)
         self._put(run, key)
 
     @staticmethod
@@ -740,13 +742,19 @@ class Replayer:
             )
 
     @staticmethod
-    def _raise_carry(run: _Run) -> None:
-        """After a scan body's trace: the carry structure error it recorded, if any."""
-        if run.carry_error is not None:
+    def _raise_carry(run: _Run, axis: int | None = None, carry: bool = True) -> None:
+        """After a vmap or scan body's trace: the broadcast error of its lanes, then (a scan's) the
+        carry structure error, that the trace recorded."""
+        if axis is not None and axis in run.lane_errors:
+            raise run.lane_errors[axis]
+        if carry and run.carry_error is not None:
             raise run.carry_error
 
-    def _check_broadcast(self, scope: _Scope, t: int | None, col: str, name: str, loc: Location) -> None:
-        """A variable shared by every lane or step cannot be initialised from a per-lane key."""
+    def _check_broadcast(self, scope: _Scope, t: int | None, col: str, name: str, loc: Location,
+                         run: _Run) -> None:
+        """A variable shared by every lane or step cannot be initialised from a per-lane key. JAX
+        finds that when the lift's trace ends (vmap's outputs, scan's constancy check), so the error
+        is raised then (_raise_lane), after the errors the rest of the trace raises."""
         if t is None:
             return
         depends = self._lane_axes(t.ref if isinstance(t, _Discovered) else self.templates[t][9])
@@ -754,13 +762,14 @@ class Replayer:
             if axis in depends and (bset is None or col in bset):
                 what = ("vmap has mapped output but out_axes is None" if kind == "vmap" else
                         "broadcasted variable has a data dependency on the scan body")
-                raise FlaxError(
+                run.lane_errors.setdefault(axis, FlaxError(
                     "ValueError",
                     f"{what}: {name!r} in {col!r} is shared by every {'lane' if kind == 'vmap' else 'step'} "
                     f"but initialised from a split key; split_rngs false for its stream, or map {col!r} "
                     "over the axis",
                     loc,
-                )
+                ))
+                return
 
     def _lane_axes(self, ref) -> set:
         out: set = set()

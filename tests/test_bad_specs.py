@@ -248,19 +248,19 @@ def test_key_budget_allows_exactly_the_limit_and_resolves_calls():
     from rngaudit.errors import SpecError
     from rngaudit.spec import MAX_KEYS, budget, parse_spec
 
-    assert MAX_KEYS == 1_000_000
+    assert MAX_KEYS == 10_000_000
     at_limit = _spec("    - module:\n        class: B\n        repeat: 1000\n"
-                     "        body: [{make_rng: {stream: params, repeat: 1000}}]\n")
-    assert budget(parse_spec(at_limit).model)[0] == 1_000_000
+                     "        body: [{make_rng: {stream: params, repeat: 10000}}]\n")
+    assert budget(parse_spec(at_limit).model)[0] == 10_000_000
     # `call:` costs what the named child costs, not what the biggest child costs
     calls = _spec("    - module: {class: A, name: a, body: [{make_rng: {stream: params, repeat: 1000}}]}\n"
-                  "    - module: {class: Big, name: big, body: [{make_rng: {stream: params, repeat: 800000}}]}\n"
+                  "    - module: {class: Big, name: big, body: [{make_rng: {stream: params, repeat: 9800000}}]}\n"
                   "    - Dense\n"
                   "    - call: {name: a, repeat: 99}\n"
                   "    - call: {name: Dense_0, repeat: 1000}\n")
     spec = parse_spec(calls)
-    assert budget(spec.model)[0] == 1000 + 800_000 + 2 + 99 * 1000 + 1000 * 2
-    with pytest.raises(SpecError, match="module M asks for up to 1002002 keys") as ei:
+    assert budget(spec.model)[0] == 1000 + 9_800_000 + 2 + 99 * 1000 + 1000 * 2
+    with pytest.raises(SpecError, match="module M asks for up to 10002002 keys") as ei:
         parse_spec(calls.replace("repeat: 99}", "repeat: 199}"))
     # reported at the model: each statement is fine on its own
     assert (ei.value.location.line, ei.value.location.col) == (4, 3)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import rngaudit.collisions as collisions
 from rngaudit import RngauditError, load_spec, parse_spec
-from rngaudit.collisions import SpecSites, audit
+from rngaudit.collisions import SpecSites, TableSites, audit
 from rngaudit.collisions_report import to_json
 from rngaudit.jsonsrc import load_json, parse_json
 from rngaudit.modpaths import ModuleSites
@@ -50,9 +50,13 @@ def spec_variants(spec):
 
 
 def check_spec(spec, monkeypatch, rows=None) -> None:
+    """Lists, arrays, and arrays from derive's fast path (TableSites): one report."""
     for _, s, opts in spec_variants(spec):
         monkeypatch.setattr(collisions, "REPLAY_LIMIT", opts.get("replay_limit", 20_000))
-        assert_same(lambda: SpecSites(s, keys=opts.get("keys", True), rows=rows if s is spec else None), monkeypatch)
+        text = assert_same(lambda: SpecSites(s, keys=opts.get("keys", True), rows=rows if s is spec else None),
+                           monkeypatch)
+        if rows is None:
+            assert report(lambda: TableSites(s, keys=opts.get("keys", True)), ARRAYS, monkeypatch) == text
 
 
 @pytest.mark.parametrize("path", SPECS, ids=lambda p: f"{p.parent.name}/{p.name}")

@@ -152,3 +152,30 @@ def test_jsonl_streams_large_outputs_in_chunks():
     chunks = list(jsonl_lines(derive(spec, values=False)))
     assert len(chunks) >= 4 and max(len(c) for c in chunks) < 4096 * 1000
     assert sum(c.count("\n") for c in chunks) == 10002
+
+
+@settings(max_examples=max(EXAMPLES // 5, 10), deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.one_of(specs(), transform_specs()), st.booleans())
+def test_collisions_on_the_fast_path(text, keys):
+    """`collisions` reads large specs from derive's fast path (TableSites): its report equals the one
+    built from the plain path's Derivations (SpecSites, NumPy columns) on random models."""
+    import json
+
+    import rngaudit.collisions as collisions
+    from rngaudit.collisions import SpecSites, TableSites, audit
+    from rngaudit.collisions_report import to_json as collisions_json
+
+    spec = parse_spec(text, "<hypothesis>")
+    try:
+        plain = SpecSites(spec, keys=keys)
+    except (SpecError, FlaxError):
+        return
+    old = collisions.SMALL_SITES
+    collisions.SMALL_SITES = 0  # both on NumPy columns
+    try:
+        a = json.dumps(collisions_json([audit(SpecSites(spec, keys=keys))]), sort_keys=True)
+        b = json.dumps(collisions_json([audit(TableSites(spec, keys=keys))]), sort_keys=True)
+    finally:
+        collisions.SMALL_SITES = old
+    assert a == b
+    assert plain.n == json.loads(b)["inputs"][0]["call_sites"]

@@ -1,0 +1,35 @@
+"""The replay of derive's fast path, before any column exists: `replay.Replayer` with every repeated
+`make_rng` statement recorded as one template of consecutive counts, and nothing hashed while it
+walks. No NumPy: a caller can count the rows first and choose a path (rngaudit.fast expands them)."""
+from __future__ import annotations
+
+from .replay import Replayer
+
+
+class BlockReplayer(Replayer):
+    """Replayer whose repeated make_rng statements record one template for all their calls, and
+    which hashes nothing while it walks (template field 6 is the suffix, 7 and 8 are unused, 15 is n)."""
+
+    def _make_rng_item(self, inst, item, run) -> None:
+        self._make_rng(inst.scope, item.stream, item.kind, item.label, item.draw, item.loc, run, n=item.repeat)
+
+    def _record(self, path, stream, used, count, kind, label, suffix, ref, loc, draw, notes, axes, discarded,
+                n: int) -> int:
+        self.templates.append((path, stream, used, count, kind, label, suffix, None, None, ref, loc, draw, notes,
+                               axes, discarded, n))
+        return len(self.templates) - 1
+
+    def _expand(self) -> "BlockReplayer":
+        return self
+
+    @property
+    def rows(self) -> int:
+        """How many rows (call sites, per lane) the replay expands to."""
+        total = 0
+        sizes = self.axis_size
+        for tpl in self.templates:
+            lanes = 1
+            for a in tpl[13]:
+                lanes *= sizes[a]
+            total += tpl[15] * lanes
+        return total
