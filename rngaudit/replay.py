@@ -427,7 +427,8 @@ class Replayer:
                 self._raise_carry(run, axis, carry=False)
         elif kind in ("jit", "fold_rngs"):
             # mirrors flax/linen/transforms.py fork_rngs: one make_rng per visible stream, at the
-            # module's own scope, on every call; inside, keys derive from the fork with no suffix
+            # module's own scope, on every call; inside, keys derive from the fork with no suffix,
+            # and the streams come in sorted order (the forks pass through JAX as a dict)
             forked = {}
             for s in list(scope.rngs):
                 t = self._make_rng(scope, s, f"{kind}_fork", f"fork of {s!r}", None, lift.loc, run,
@@ -435,7 +436,7 @@ class Replayer:
                                         "up a count, and keys inside derive from this key")
                 forked[s] = (_Fork(t) if isinstance(t, int) else None, ())
             rngs = {s: forked[s] for s, _ in _select(forked, ((lift.opt("rngs", True), None),),
-                                                     jax_pytree=kind == "jit")}
+                                                     jax_pytree=True)}
             where = "/".join(scope.path) or "(root)"
             if not inst.setup_done:
                 # The first call runs the module's setup() outside the trace but inside fork_rngs,

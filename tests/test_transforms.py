@@ -926,3 +926,18 @@ def test_streams_inside_a_while_loop_are_in_sorted_order():
         """
     assert [r["stream"] for r in flax_rows(text)] == ["noise", "params", "zz"]
     agree(text)
+
+
+@pytest.mark.parametrize("outer", ["fold_rngs", "jit"])
+@pytest.mark.parametrize("inner", ["fold_rngs", "jit"])
+def test_streams_inside_a_fork_are_in_sorted_order(outer, inner):
+    """Inside nn.jit and nn.fold_rngs the streams come in sorted order, whatever order rngs has: an
+    inner fork forks dropout before params."""
+    text = f"""
+        rngaudit: 1
+        rngs: {{params: 0, dropout: 0}}
+        model: {{class: M, body: [{{{outer}: {{module: {{class: A, body: [{{{inner}: {{module: {{class: B, body: [make_rng]}}}}}}]}}}}}}]}}
+        """
+    rows = flax_rows(text)
+    assert [r["stream"] for r in rows][:4] == ["params", "dropout", "dropout", "params"]
+    agree(text)
