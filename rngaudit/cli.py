@@ -98,13 +98,30 @@ def _write_stream(chunks, output: Optional[str]) -> None:
     """Write the report's chunks as they are made (flat memory): to stdout, or to a temporary file
     beside `output` that replaces it only once every chunk is written (no partial file, ever)."""
     if output is None or output == "-":
-        for text in chunks:
-            sys.stdout.write(text)
-        sys.stdout.flush()
+        try:
+            for text in chunks:
+                sys.stdout.write(text)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            # the reader stopped (`... | head`): that is its choice, not an error of ours; stop
+            # writing, and keep Python's own flush at exit from failing again
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
         return
-    target = os.path.abspath(output)
+    target = os.path.realpath(output)  # a symlink's file is replaced, not the link
     if os.path.isdir(target):
         raise SpecError(f"--output {output}: is a directory")
+    if os.path.exists(target) and not os.path.isfile(target):
+        # a device, a FIFO, a terminal (/dev/null, /dev/stdout, a named pipe): write into it, never
+        # replace it
+        try:
+            with open(target, "w", encoding="utf-8") as f:
+                for text in chunks:
+                    f.write(text)
+        except OSError as e:
+            raise SpecError(f"--output {output}: cannot write ({e.strerror or e})") from None
+        return
     directory = os.path.dirname(target)
     try:
         fd, tmp = tempfile.mkstemp(prefix=".rngaudit-", dir=directory)

@@ -1264,14 +1264,11 @@ class TableSites(SpecSites):
 
     def describe(self, indices, module_paths):
         """SpecSites.describe from the columns: what a template fixes is worked out once."""
-        from .fast import _encodings
-
         t = self.table
         indices = list(indices)
         rows = self.keep[indices] if indices else []
         per_template: dict = {}
         bases: dict = {}
-        enc = _encodings(max((int(t.count[j]) for j in rows), default=0), self.separator)
         out = {}
         for i, j in zip(indices, (int(j) for j in rows)):
             b = int(t.block[j])
@@ -1287,7 +1284,8 @@ class TableSites(SpecSites):
             if text is None:
                 text = bases[base] = str(t.bases[base])
             key = tuple(int(w) for w in self.keys[i]) if self.keys is not None else None
-            out[i] = CallSite(j, path, req, used, c, t.lane_of(j), text, kind, label, suffix + (c,), pre + enc[c],
+            out[i] = CallSite(j, path, req, used, c, t.lane_of(j), text, kind, label, suffix + (c,),
+                              pre + count_bytes(c, self.separator),
                               int(t.word[j]), key, loc)
         return out, {}
 
@@ -1296,6 +1294,21 @@ class TableSites(SpecSites):
 
     def base_of(self, i: int):
         return self.table.bases[int(self.table.base[int(self.keep[i])])]
+
+    def keys_for(self, indices: Sequence[int], items: Sequence[tuple], separator: bool):
+        """SpecSites.keys_for without a Derivation per row: under the same separator, the changed
+        rows' keys come from their new words and the table's base keys (a changed jit fork's row
+        changes the keys derived from it)."""
+        if self.keys is None or separator != self.separator:
+            return super().keys_for(indices, items, separator)
+        from .fast import keys_with_words
+        from .keys import engine_for
+
+        rows = [int(self.keep[i]) for i in indices]
+        if len(set(rows)) != len(rows):
+            return super().keys_for(indices, items, separator)
+        words = {j: hash_word(hash_input(it, separator)) for j, it in zip(rows, items)}
+        return keys_with_words(self.table, engine_for(self.spec), words)
 
     def _flipped(self):
         if self._flipped_keys is None:

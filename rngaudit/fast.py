@@ -18,20 +18,35 @@ from .hashing import hash_input
 from .keys import KeyData, KeyEngine, root_keys
 from .nodes import Spec
 from .blocks import BlockReplayer
-from .replay import Derivation, FoldKey, ForkKey, RootKey, SplitKey, _Fork
+from .replay import Derivation, FoldKey, ForkKey, RootKey, SplitKey
+from .replay import concrete as resolve
 
 _sha1 = hashlib.sha1
+ENC_CACHE = 1 << 17  # counts whose bytes are kept (per separator setting); larger ones are made as needed
 _ENC: list[bytes] = [b""]  # _ENC[c]: Flax's bytes for the int c (minimal big-endian)
 _ENC_SEP: list[bytes] = [b"\x00"]
+CHUNK = 1 << 16  # hash inputs per chunk: the digests in flight stay bounded
 
 
 def _encodings(upto: int, sep: bool) -> list[bytes]:
+    """The bytes Flax hashes for counts 0..upto (with the separator's 0 byte first), cached up to
+    ENC_CACHE; beyond it, use _encode_range."""
     enc = _ENC_SEP if sep else _ENC
+    upto = min(upto, ENC_CACHE)
     if len(enc) <= upto:
         start = len(enc)
-        fresh = [c.to_bytes((c.bit_length() + 7) // 8, "big") for c in range(start, max(upto + 1, 2 * start))]
+        fresh = [c.to_bytes((c.bit_length() + 7) // 8, "big") for c in range(start, min(max(upto + 1, 2 * start),
+                                                                                          ENC_CACHE + 1))]
         enc.extend([b"\x00" + e for e in fresh] if sep else fresh)
     return enc
+
+
+def _encode_range(c0: int, c1: int, sep: bool) -> list[bytes]:
+    """The bytes of counts c0..c1-1 (any size): from the cache where it has them."""
+    if c1 - 1 <= ENC_CACHE:
+        return _encodings(c1 - 1, sep)[c0:c1]
+    head = b"\x00" if sep else b""
+    return [head + c.to_bytes((c.bit_length() + 7) // 8, "big") for c in range(c0, c1)]
 
 
 class KeyTable:
@@ -100,7 +115,7 @@ class KeyTable:
             if ids is None:
                 ids = []
                 for lane in _lanes(axes, sizes):
-                    concrete = self._concrete(r, ref, dict(zip(axes, lane)), memo)
+                    concrete = resolve(ref, dict(zip(axes, lane)), memo, self.templates, self._fork)
                     if concrete is None:
                         ids.append(-1)
                         continue
@@ -131,33 +146,12 @@ class KeyTable:
                     return words
         return _hash_templates(templates, self.sep, total)
 
-    def _concrete(self, r: BlockReplayer, ref, assign: dict, memo: dict):
-        """Replayer._concrete, with a fork's row found from the template's start (forks have n = 1)."""
-        if ref is None or type(ref) is RootKey:
-            return ref
-        if type(ref) is _Fork:
-            axes = self.templates[ref.template][13]
-            if any(a not in assign for a in axes):
-                return None
-            li = _lane_index(tuple(assign[a] for a in axes), axes, self.axis_size)
-            if self._lane_base[self.lane_base_off[ref.template] + li] < 0:
-                return None  # a fork of a key that never exists never exists either
-            return ForkKey(int(self.start[ref.template]) + li)
-        if ref.axis not in assign:
-            return None
-        key = (ref, assign[ref.axis], tuple(sorted(assign.items())))
-        hit = memo.get(key)
-        if hit is None:
-            parent = self._concrete(r, ref.parent, assign, memo)
-            if parent is None:
-                hit = None
-            elif hasattr(ref, "n"):  # _LaneSplit
-                hit = SplitKey(parent, ref.n, assign[ref.axis])
-            else:
-                i = assign[ref.axis]
-                hit = FoldKey(parent, (-i if ref.negate else i) & 0xFFFFFFFF)
-            memo[key] = hit
-        return hit
+    def _fork(self, template: int, lane: tuple):
+        """A jit fork's ForkKey in `lane`, found from the template's start (forks have n = 1)."""
+        li = _lane_index(lane, self.templates[template][13], self.axis_size)
+        if self._lane_base[self.lane_base_off[template] + li] < 0:
+            return None  # a fork of a key that never exists never exists either
+        return ForkKey(int(self.start[template]) + li)
 
     # ------------------------------------------------------------------ rows
     def lane_ids(self) -> np.ndarray:
@@ -224,9 +218,10 @@ class KeyTable:
 
     # ------------------------------------------------------------------ jsonl
     def call_lines(self, rows: np.ndarray, keys: np.ndarray, encode, skip=frozenset()):
-        """`{"record": "call", ...}` JSON lines for `rows` (keys: their key data), the same objects as
-        report.call_json, without making a Derivation per row: what a template fixes is encoded once.
-        Rows at positions in `skip` (those with drawn values) are yielded as None for the caller."""
+        """`{"record": "call", ...}` JSON lines for `rows` (keys: their key data): byte for byte what
+        `encode` (sorted keys, compact) makes of report.call_json's objects, without making a
+        Derivation per row: what a template fixes is encoded once. Rows at positions in `skip` (those
+        with drawn values) are yielded as None for the caller."""
         consts: dict = {}
         bases_json: dict = {-1: "null"}
         lanes_json: dict = {}
@@ -245,30 +240,33 @@ class KeyTable:
                 const = consts.get(t)
                 if const is None:
                     const = consts[t] = self._call_const(t, encode)
-                head, items, pre_hex, has_lanes = const
+                fallback, items, pre_hex, kind_label, rest, sizes = const
                 bj = bases_json.get(b)
                 if bj is None:
                     bj = bases_json[b] = encode(str(self.bases[b]))
-                if has_lanes:
-                    lane = lanes_json.get((t, li))
+                if sizes:
+                    # a lane's text depends only on the axes' sizes and its index: bounded by the lanes
+                    lane = lanes_json.get((sizes, li))
                     if lane is None:
-                        lane = lanes_json[(t, li)] = encode(list(self.lane_of(i)))
+                        lane = lanes_json[(sizes, li)] = encode(list(self.lane_of(i)))
                 else:
                     lane = "[]"
-                yield (f'{head},"base":{bj},"count":{c},"discarded":{"true" if disc else "false"},'
+                yield (f'{{"base":{bj},"count":{c},"discarded":{"true" if disc else "false"},"fallback":{fallback},'
                        f'"hash_input_hex":"{pre_hex}{sep}{c.to_bytes((c.bit_length() + 7) // 8, "big").hex()}",'
                        f'"hash_items":{items}{c}],"hash_word":{w},"index":{i},'
-                       f'"key":{"null" if b < 0 else "[" + ",".join(map(str, key)) + "]"},"lane":{lane}}}')
+                       f'"key":{"null" if b < 0 else "[" + ",".join(map(str, key)) + "]"},{kind_label},'
+                       f'"lane":{lane},{rest}}}')
 
     def _call_const(self, t: int, encode) -> tuple:
-        """What template t fixes in a call record, encoded once: the record's other fields (an
-        unclosed object), the hash items but the count (an unclosed list), the path's bytes in hex."""
-        path, req, used, _, kind, label, suffix, _, _, _, loc, _, notes = self.templates[t][:13]
-        head = encode({"record": "call", "path": list(path), "path_str": "/".join(path) if path else "(root)",
-                       "stream_requested": req, "stream": used, "fallback": req != used, "kind": kind,
-                       "label": label, "notes": list(notes), "location": loc.as_json()})[:-1]
+        """What template t fixes in a call record, encoded once, in the sorted order of its keys."""
+        path, req, used, _, kind, label, suffix, _, _, _, loc, _, notes, axes = self.templates[t][:14]
+        kind_label = encode({"kind": kind, "label": label})[1:-1]
+        rest = encode({"location": loc.as_json(), "notes": list(notes), "path": list(path),
+                       "path_str": "/".join(path) if path else "(root)", "record": "call", "stream": used,
+                       "stream_requested": req})[1:-1]
         items = encode(list(suffix))[:-1] + ("," if suffix else "")
-        return head, items, hash_input(suffix, self.sep).hex(), bool(self.templates[t][13])
+        return ("true" if req != used else "false", items, hash_input(suffix, self.sep).hex(), kind_label, rest,
+                tuple(self.axis_size[a] for a in axes))
 
     # ------------------------------------------------------------------ keys
     def keys(self, engine: KeyEngine, rows: np.ndarray | None = None) -> np.ndarray:
@@ -295,12 +293,26 @@ class KeyTable:
         return out
 
 
-class _Bases:
-    """Key data of base references, memoised; a split is computed for all its rows at once."""
+def keys_with_words(table: "KeyTable", engine: KeyEngine, words: dict) -> np.ndarray:
+    """Key data rows `words` (row -> hash word) would get if they hashed to those words, every other
+    row as it is (a changed jit fork's row changes the keys derived from it); in `words`' order."""
+    res = _Bases(table, engine, words)
+    out = np.zeros((len(words), engine.width), dtype=np.uint32)
+    for k, (i, w) in enumerate(words.items()):
+        b = int(table.base[i])
+        if b >= 0:
+            out[k] = engine.fold_in_many(res.key(table.bases[b]), np.array([w], dtype=np.uint32))[0]
+    return out
 
-    def __init__(self, table: KeyTable, engine: KeyEngine):
+
+class _Bases:
+    """Key data of base references, memoised; a split is computed for all its rows at once.
+    `words` overrides the hash word of some rows (a jit fork's row hashed differently)."""
+
+    def __init__(self, table: KeyTable, engine: KeyEngine, words: dict | None = None):
         self.t = table
         self.engine = engine
+        self.words = words or {}
         self.roots = root_keys(table.spec, engine)
         self.memo: dict = {}
         self.splits: dict = {}
@@ -323,7 +335,8 @@ class _Bases:
         elif type(ref) is ForkKey:
             i = ref.index
             b = int(self.t.base[i])
-            hit = tuple(int(w) for w in e.fold_in_many(self.key(self.t.bases[b]), self.t.word[i:i + 1])[0])
+            word = np.array([self.words[i]], dtype=np.uint32) if i in self.words else self.t.word[i:i + 1]
+            hit = tuple(int(w) for w in e.fold_in_many(self.key(self.t.bases[b]), word)[0])
         else:
             raise TypeError(ref)
         self.memo[ref] = hit
@@ -354,11 +367,15 @@ PARALLEL_HASHES = 200_000  # replays with at least this many hash inputs are has
 
 
 def _can_fork() -> bool:
-    """Forking is safe here: a POSIX fork, two CPUs, and no JAX (whose threads a fork must not copy)."""
+    """Forking is safe here: a POSIX fork, two CPUs, no other thread, and no JAX (its runtime's threads)."""
     import os
     import sys
 
+    import threading
+
     if not hasattr(os, "fork") or os.environ.get("RNGAUDIT_HASH_PROCESSES") == "1" or "jax" in sys.modules:
+        return False
+    if threading.active_count() > 1:  # (a progress bar's thread, say: a fork copies no thread)
         return False
     try:
         return len(os.sched_getaffinity(0)) >= 2
@@ -368,38 +385,55 @@ def _can_fork() -> bool:
 
 def _hash_templates(templates, sep: bool, total: int) -> np.ndarray:
     """Hash words of `templates`' inputs, in order: one tight SHA-1 loop, words taken in chunks."""
-    top = max((tpl[3] + tpl[15] - 1 for tpl in templates), default=0)
-    enc = _encodings(top, sep)
     sha1 = _sha1
     out = np.empty(total, dtype=np.uint32)
     done = 0
     digests: list[bytes] = []
+
+    def flush() -> None:
+        # the digests so far -> their first 4 bytes, big-endian
+        nonlocal done
+        words = np.frombuffer(b"".join(digests), dtype=">u4").reshape(-1, 5)[:, 0]
+        out[done:done + len(words)] = words
+        done += len(words)
+        digests.clear()
+
+    enc = _encodings(0, sep)
     for tpl in templates:
         pre = hash_input(tpl[6], sep)
         c0, k = tpl[3], tpl[15]
-        if k == 1:
+        if k == 1 and c0 <= ENC_CACHE:
+            if c0 >= len(enc):
+                enc = _encodings(c0, sep)
             digests.append(sha1(pre + enc[c0]).digest())
         else:
-            digests += [sha1(pre + e).digest() for e in enc[c0:c0 + k]]
-        if len(digests) >= 1 << 16:
-            # the digests so far -> their first 4 bytes, big-endian; memory stays bounded by the chunk
-            words = np.frombuffer(b"".join(digests), dtype=">u4").reshape(-1, 5)[:, 0]
-            out[done:done + len(words)] = words
-            done += len(words)
-            digests.clear()
+            for a in range(c0, c0 + k, CHUNK):
+                digests += [sha1(pre + e).digest() for e in _encode_range(a, min(a + CHUNK, c0 + k), sep)]
+                if len(digests) >= CHUNK:
+                    flush()
+        if len(digests) >= CHUNK:
+            flush()
     if digests:
-        words = np.frombuffer(b"".join(digests), dtype=">u4").reshape(-1, 5)[:, 0]
-        out[done:done + len(words)] = words
+        flush()
     return out
 
 
 def _hash_forked(templates, mid: int, split: int, total: int, sep: bool) -> np.ndarray | None:
-    """Hash templates[mid:] in a forked child while this process hashes templates[:mid]; None if the
-    child failed (the caller then hashes everything itself)."""
+    """Hash templates[mid:] in a forked child while this process hashes templates[:mid]; None if no
+    child could be made or it failed (the caller then hashes everything itself)."""
     import os
+    import signal
 
-    r, w = os.pipe()
-    pid = os.fork()
+    try:
+        r, w = os.pipe()
+    except OSError:
+        return None
+    try:
+        pid = os.fork()
+    except OSError:  # e.g. EAGAIN under a process limit, ENOMEM
+        os.close(r)
+        os.close(w)
+        return None
     if pid == 0:  # the child: hash, write the words, leave without running any cleanup
         code = 1
         try:
@@ -411,18 +445,29 @@ def _hash_forked(templates, mid: int, split: int, total: int, sep: bool) -> np.n
         finally:
             os._exit(code)
     os.close(w)
+    chunks: list[bytes] = []
     try:
         out = np.empty(total, dtype=np.uint32)
         out[:split] = _hash_templates(templates[:mid], sep, split)
-        chunks = []
         while True:
             chunk = os.read(r, 1 << 20)
             if not chunk:
                 break
             chunks.append(chunk)
+    except BaseException:
+        os.kill(pid, signal.SIGKILL)  # an interrupt here ends the child too, at once
+        raise
     finally:
         os.close(r)
-        _, status = os.waitpid(pid, 0)
+        while True:
+            try:
+                _, status = os.waitpid(pid, 0)
+                break
+            except InterruptedError:
+                continue
+            except ChildProcessError:
+                status = 1
+                break
     data = b"".join(chunks)
     if status != 0 or len(data) != 4 * (total - split):
         return None

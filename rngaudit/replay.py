@@ -870,29 +870,38 @@ class Replayer:
         return rows
 
     def _concrete(self, ref, assign: dict, index_of: dict, memo: dict):
-        if ref is None or type(ref) is RootKey:
-            return ref
-        if type(ref) is _Fork:
-            axes = self.templates[ref.template][13]
-            if any(a not in assign for a in axes):
-                return None
-            row = index_of[(ref.template, tuple(assign[a] for a in axes))]
+        def fork(template: int, lane: tuple):
+            row = index_of[(template, lane)]
             return None if row is None else ForkKey(row)
-        if ref.axis not in assign:
-            return None  # a per-step key of a trace Flax discards: it never exists
-        key = (ref, assign[ref.axis], tuple(sorted(assign.items())))
-        hit = memo.get(key)
-        if hit is None:
-            parent = self._concrete(ref.parent, assign, index_of, memo)
-            if parent is None:
-                hit = None
-            elif type(ref) is _LaneSplit:
-                hit = SplitKey(parent, ref.n, assign[ref.axis])
-            else:
-                i = assign[ref.axis]
-                hit = FoldKey(parent, (-i if ref.negate else i) & 0xFFFFFFFF)
-            memo[key] = hit
-        return hit
+
+        return concrete(ref, assign, memo, self.templates, fork)
+
+
+def concrete(ref, assign: dict, memo: dict, templates: list, fork):
+    """The concrete key reference of template reference `ref` in the lane `assign` (axis -> index);
+    None for a key that never exists. `fork(template, lane)` gives a jit fork's ForkKey (or None)."""
+    if ref is None or type(ref) is RootKey:
+        return ref
+    if type(ref) is _Fork:
+        axes = templates[ref.template][13]
+        if any(a not in assign for a in axes):
+            return None
+        return fork(ref.template, tuple(assign[a] for a in axes))
+    if ref.axis not in assign:
+        return None  # a per-step key of a trace Flax discards: it never exists
+    key = (ref, assign[ref.axis], tuple(sorted(assign.items())))
+    hit = memo.get(key)
+    if hit is None:
+        parent = concrete(ref.parent, assign, memo, templates, fork)
+        if parent is None:
+            hit = None
+        elif type(ref) is _LaneSplit:
+            hit = SplitKey(parent, ref.n, assign[ref.axis])
+        else:
+            i = assign[ref.axis]
+            hit = FoldKey(parent, (-i if ref.negate else i) & 0xFFFFFFFF)
+        memo[key] = hit
+    return hit
 
 
 def replay(spec: Spec) -> list[Derivation]:

@@ -122,6 +122,10 @@ def _jsonl_matches_json(spec, **kw):
         doc = to_json(derive(spec, engine="plain", **kw))
     except (SpecError, FlaxError):
         return
+    from rngaudit.report import jsonl_lines
+
+    fast = "".join(jsonl_lines(derive(spec, engine="fast", **kw)))
+    assert fast == "".join(jsonl_lines(derive(spec, engine="plain", **kw)))  # to the byte
     recs = jsonl_records(derive(spec, engine="fast", **kw))
     head, calls, summary = recs[0], recs[1:-1], recs[-1]
     assert head.pop("record") == "header" and summary.pop("record") == "summary"
@@ -179,3 +183,82 @@ def test_collisions_on_the_fast_path(text, keys):
         collisions.SMALL_SITES = old
     assert a == b
     assert plain.n == json.loads(b)["inputs"][0]["call_sites"]
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: os.path.relpath(p, ROOT))
+def test_jsonl_is_byte_identical_on_both_engines(path):
+    """The fast jsonl writer encodes what a template fixes once: the bytes equal the plain path's."""
+    from rngaudit.report import jsonl_lines
+
+    spec = _loadable(path)
+    if spec is None:
+        return
+    try:
+        plain = "".join(jsonl_lines(derive(spec, engine="plain")))
+    except (SpecError, FlaxError):
+        return
+    assert "".join(jsonl_lines(derive(spec, engine="fast"))) == plain
+
+
+def test_two_process_hashing_gives_the_same_words(tmp_path):
+    """A large replay is hashed by this process and a forked child; in a fresh process (no JAX, no
+    threads) the forked words equal one process's, and a fork that fails falls back to one process."""
+    import subprocess
+    import sys
+
+    code = """
+import os, sys
+import numpy as np
+import rngaudit.fast as fast
+from rngaudit import parse_spec
+spec = parse_spec('''
+rngaudit: 1
+rngs: {params: 0, dropout: 1}
+flax: {fix_rng_separator: true}
+model: {class: M, body: [{module: {class: B, repeat: 300, body: [{make_rng: {stream: dropout, repeat: 700}}]}},
+                         {make_rng: {repeat: 140000}}]}
+''', 't.yaml')
+fast.PARALLEL_HASHES = 1000
+assert fast._can_fork(), "expected to fork here"
+forks = []
+real_fork = os.fork
+def counting_fork():
+    pid = real_fork()
+    if pid:
+        forks.append(pid)
+    return pid
+os.fork = counting_fork
+two = fast.key_table(spec).word
+assert len(forks) == 1, forks
+def failing_fork():
+    raise BlockingIOError(11, "Resource temporarily unavailable")
+os.fork = failing_fork
+fallback = fast.key_table(spec).word
+fast.PARALLEL_HASHES = 10**12
+one = fast.key_table(spec).word
+assert len(one) == 300 * 700 + 140000
+assert np.array_equal(two, one) and np.array_equal(fallback, one)
+assert "jax" not in sys.modules
+print("ok")
+"""
+    env = {k: v for k, v in os.environ.items() if k != "RNGAUDIT_HASH_PROCESSES"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    if (os.cpu_count() or 1) < 2 or not hasattr(os, "fork"):
+        assert "expected to fork here" in r.stderr
+        return
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+def test_counts_beyond_the_encoding_cache():
+    """Counts past the cached encodings (and a block that crosses into them) hash alike on both paths."""
+    import rngaudit.fast as fast
+
+    old = fast.ENC_CACHE
+    fast.ENC_CACHE = 300
+    try:
+        spec = parse_spec("rngaudit: 1\nrngs: {params: 0}\nflax: {fix_rng_separator: true}\n"
+                          "model: {class: M, body: [{make_rng: {repeat: 1000}}, make_rng]}\n", "t.yaml")
+        out = assert_same(spec, values=False)
+    finally:
+        fast.ENC_CACHE = old
+    assert out["calls"][-1]["count"] == 1001

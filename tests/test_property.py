@@ -294,6 +294,10 @@ COLS = ("params", "state", "cache", "batch_stats")
 class _Ctx:
     tdepth: int = 0  # lifted transforms around this body
     apply: bool = False  # phase apply
+    # known: a module under nn.jit / nn.fold_rngs and then vmap/scan of the same chain runs setup()
+    # after the fork, outside the vmap, which then maps the params made there: a shape error (a
+    # scalar param's missing axis 0: IndexError) rngaudit cannot see. No setup() there.
+    nosetup: bool = False
 
 
 def _with_params(picked, ctx: _Ctx):
@@ -389,7 +393,11 @@ def transform_item(draw, depth: int, made: _Names, streams, ctx: _Ctx, top: bool
         chain.append((kind, draw(lift_options(kind, streams, ctx))))
         vmapped = vmapped or (kind == "vmap" and req != "any")
         req = _next_req(kind, req)
-    inner = _Ctx(ctx.tdepth + len(chain), ctx.apply)
+    kinds = [k for k, _ in chain]
+    forked = next((i for i, k in enumerate(kinds) if k in ("jit", "fold_rngs")), None)
+    nosetup = AVOID_KNOWN and forked is not None and any(k in ("vmap", "scan", "remat_scan")
+                                                         for k in kinds[forked + 1:])
+    inner = _Ctx(ctx.tdepth + len(chain), ctx.apply, nosetup)
     if req != "scanbody" and not vmapped and maybe(draw, 0.35):
         layer = draw(st.sampled_from(T_LAYERS if req == "any" else CARRY_LAYERS))
         target = {layer: draw(layer_options(layer, True))}  # (no key passed to the call)
@@ -525,7 +533,7 @@ def tmodule_def(draw, depth: int, streams, ctx: _Ctx, req: str = "any"):
     setup_names = _Names()
     # known: a param made in setup() has a shape rngaudit does not know, and with method decorators
     # a vmap mapping it (variable_axes) fails on that shape in Flax (IndexError); no setup there
-    if maybe(draw, 0.25) and not (AVOID_KNOWN and "transforms" in mod):
+    if maybe(draw, 0.25) and not (AVOID_KNOWN and ("transforms" in mod or ctx.nosetup)):
         setup = draw(items(max(depth, 0), True, setup_names, 1, 2))
         mod["setup"] = setup
     mod["body"] = draw(titems(max(depth, 0), False, _Names(setup_names.known), 1 if depth >= 2 else 0, 4,
