@@ -434,7 +434,9 @@ class Replayer:
                 t = self._make_rng(scope, s, f"{kind}_fork", f"fork of {s!r}", None, lift.loc, run,
                                    note=f"nn.{kind} forks every visible stream here on every call: this uses "
                                         "up a count, and keys inside derive from this key")
-                forked[s] = (_Fork(t) if isinstance(t, int) else None, ())
+                # (apply's pre-init run records no template: the fork's own reference carries the
+                # lanes it depends on, for broadcast checks inside)
+                forked[s] = (_Fork(t) if isinstance(t, int) else t.ref if isinstance(t, _Discovered) else None, ())
             rngs = {s: forked[s] for s, _ in _select(forked, ((lift.opt("rngs", True), None),),
                                                      jax_pytree=True)}
             where = "/".join(scope.path) or "(root)"

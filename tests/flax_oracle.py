@@ -758,7 +758,9 @@ def _apply_transform(g: _Group, target, req: str):
     if g.kind == "fold_rngs":
         return nn.fold_rngs(target, rngs=rngs)
     if g.kind == "map_variables":
-        return nn.map_variables(target, init=o.get("init", False), mutable=o.get("mutable", False), rngs=rngs)
+        return nn.map_variables(target, mapped_collections=_flax_filter(o.get("mapped_collections", True)),
+                                init=o.get("init", False), mutable=o.get("mutable", False), rngs=rngs,
+                                variables=_flax_filter(o.get("variables", True)))
     raise OracleUnsupported(f"transform {g.kind}")
 
 

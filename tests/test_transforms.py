@@ -941,3 +941,35 @@ def test_streams_inside_a_fork_are_in_sorted_order(outer, inner):
     rows = flax_rows(text)
     assert [r["stream"] for r in rows][:4] == ["params", "dropout", "dropout", "params"]
     agree(text)
+
+
+def test_apply_sees_the_broadcast_error_of_a_param_under_a_jit_fork():
+    """In apply, the init that made the variables fails when a broadcast param takes its key from a jit
+    fork of a split stream: the fork carries the lane of its own key."""
+    a = agree("""
+        rngaudit: 1
+        phase: apply
+        rngs: {params: 0}
+        model:
+          remat_scan:
+            module: {jit: {module: {Dense: {use_bias: false}}, rngs: all}}
+            lengths: [1]
+            split_rngs: all
+            variable_broadcast: params
+        """)
+    assert a.error == "ValueError"
+
+
+@pytest.mark.parametrize("mapped,body", [
+    ("[state]", "[param: w, make_rng]"),  # params not mapped: created as usual
+    ("[state]", "[{variable: {collection: state, name: s}}]"),  # a mapped collection is read-only
+    ("params", "[param: w]"),
+    ("[state, cache]", "[{Dense: {use_bias: false}}]"),
+])
+def test_map_variables_freezes_only_the_mapped_collections(mapped, body):
+    """Without init or mutable, nn.map_variables makes only `mapped_collections` read-only inside."""
+    agree(f"""
+        rngaudit: 1
+        rngs: {{params: 0}}
+        model: {{class: M, body: [{{map_variables: {{module: {{class: B, body: {body}}}, mapped_collections: {mapped}}}}}]}}
+        """)
