@@ -466,8 +466,17 @@ class Replayer:
                 cols = inner.cols
                 if isinstance(run.mutable, tuple):
                     cols = frozenset(run.mutable) if cols is None else cols & frozenset(run.mutable)
+                # Only the mapped collections of that run are kept (`target, _ = repack(scopes)`):
+                # variables it made in the others (their initialisers did run) are made again, with
+                # new counts, in the second run.
+                mapped = _filter_set(lift.opt("mapped_collections", True))
+                before = set(run.store)
                 yield inner.lifted(discard=_combine_discard(scope.discard, True),
                                    context=scope.context + (_MAP_RUN1,), cols=cols)
+                if mapped is not None:
+                    for key in set(run.store) - before:
+                        if key[1] not in mapped:
+                            del run.store[key]
             yield inner
         else:
             raise AssertionError(kind)

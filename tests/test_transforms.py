@@ -973,3 +973,18 @@ def test_map_variables_freezes_only_the_mapped_collections(mapped, body):
         rngs: {{params: 0}}
         model: {{class: M, body: [{{map_variables: {{module: {{class: B, body: {body}}}, mapped_collections: {mapped}}}}}]}}
         """)
+
+
+@pytest.mark.parametrize("mapped", ["[state]", "params", "all"])
+def test_map_variables_first_run_keeps_only_the_mapped_collections(mapped):
+    """With init=True, nn.map_variables' first run creates the variables, but only those in
+    mapped_collections survive it: a param outside them is created again (count 2) in the second."""
+    agree(f"""
+        rngaudit: 1
+        rngs: {{params: 0}}
+        model:
+          class: M
+          body:
+            - map_variables: {{module: {{class: B, body: [param: w, make_rng]}}, init: true, mutable: true,
+                              mapped_collections: {mapped}}}
+        """)
