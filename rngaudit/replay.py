@@ -560,7 +560,8 @@ class Replayer:
     def _cond(self, inst: _Instance, item: Cond, cursor: dict, run: _Run) -> None:
         # mirrors flax/core/lift.py cond/switch: jax.lax.cond/switch trace every branch, in order
         scope = inst.scope
-        rngs = {s: scope.rngs[s] for s, _ in _select(scope.rngs, ((item.rngs, None),))}
+        # (the branches get the streams in the scope's order: measured against Flax, unlike while_loop)
+        rngs = {s: scope.rngs[s] for s, _ in _select(scope.rngs, ((item.rngs, None),), jax_pytree=False)}
         last = cursor
         n = len(item.branches)
         before = dict(run.store)

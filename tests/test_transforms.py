@@ -988,3 +988,18 @@ def test_map_variables_first_run_keeps_only_the_mapped_collections(mapped):
             - map_variables: {{module: {{class: B, body: [param: w, make_rng]}}, init: true, mutable: true,
                               mapped_collections: {mapped}}}
         """)
+
+
+@pytest.mark.parametrize("order", ["{params: 0, dropout: 0}", "{dropout: 0, params: 0}"])
+@pytest.mark.parametrize("flow", [
+    "{switch: {branches: [[{jit: {module: {class: B, body: [make_rng]}}}]]}}",
+    "{cond: {true_fun: [{jit: {module: {class: B, body: [make_rng]}}}], false_fun: []}}",
+])
+def test_streams_inside_cond_and_switch_keep_their_order(order, flow):
+    """nn.cond / nn.switch branches see the streams in the scope's own order (a jit inside forks
+    them in that order), unlike nn.while_loop and nn.jit, inside which they are sorted."""
+    agree(f"""
+        rngaudit: 1
+        rngs: {order}
+        model: {{class: M, body: [{flow}]}}
+        """)
