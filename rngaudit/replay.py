@@ -737,8 +737,11 @@ class Replayer:
         if not item.eager:
             made = [self._make_rng(inst.scope, s, "variable", item.name, item.draw, item.loc, run,
                                    item.collection) for s in item.streams]
-        for t in made:
-            self._check_broadcast(inst.scope, t, item.collection, item.name, item.loc, run)
+        if item.draw is not None:
+            # (as for a param: only a value drawn from the key depends on it; without a draw the
+            # initializer is taken to ignore its keys, and JAX sees no dependency)
+            for t in made:
+                self._check_broadcast(inst.scope, t, item.collection, item.name, item.loc, run)
         self._put(run, key)
 
     @staticmethod

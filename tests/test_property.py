@@ -504,10 +504,6 @@ def titems(draw, depth: int, in_setup: bool, made: _Names, min_size: int, max_si
             item = draw(param_item())
         elif kind == "variable":
             item = draw(variable_item())
-            if AVOID_KNOWN and item["variable"]["collection"] == "params":
-                # known: a `variable` (not a `param`) in params under a scan that broadcasts params
-                # and splits its stream: Flax raises no broadcast-dependency error, rngaudit does
-                item["variable"]["collection"] = "state"
         elif kind == "layer":
             item = draw(layer_item(made, in_setup))
         elif kind == "module":

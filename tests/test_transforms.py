@@ -1003,3 +1003,23 @@ def test_streams_inside_cond_and_switch_keep_their_order(order, flow):
         rngs: {order}
         model: {{class: M, body: [{flow}]}}
         """)
+
+
+@pytest.mark.parametrize("draw,error", [("", None)])
+def test_broadcast_variable_depends_on_its_key_only_through_a_draw(draw, error):
+    """A broadcast variable made from a split key whose initializer ignores the key (no `draw:`):
+    JAX sees no dependency and Flax raises nothing."""
+    a = agree(f"""
+        rngaudit: 1
+        rngs: {{params: 0}}
+        model:
+          class: M
+          body:
+            - scan:
+                module: {{class: B, body: [{{variable: {{collection: state, name: w, make_rng: [params], eager: true{draw}}}}}]}}
+                length: 2
+                split_rngs: all
+                variable_axes: {{all: 0}}
+                variable_broadcast: [params, state]
+        """)
+    assert a.error == error
