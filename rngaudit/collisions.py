@@ -1136,15 +1136,19 @@ class SpecSites(Sites):
 
     def renamed(self, changes):
         from .errors import RngauditError
-        from .replay import replay
 
         names = {id(t.module): name for t, name in changes}
         spec = dataclasses.replace(self.spec, model=_renamed_module(self.spec.model, names))
         try:
-            rows = replay(spec)
+            return self._sites_of(spec)
         except RngauditError:
             return None  # e.g. Flax's NameInUseError, or a `call:` of the old name
-        return SpecSites(spec, keys=self.keys is not None, rows=rows, key_cache=self.key_cache)
+
+    def _sites_of(self, spec: Spec) -> "SpecSites":
+        """Call sites of a variant of this spec (a rename), on this input's path."""
+        from .replay import replay
+
+        return SpecSites(spec, keys=self.keys is not None, rows=replay(spec), key_cache=self.key_cache)
 
     def rename_target(self, i: int) -> RenameTarget | None:
         d = self.rows[i]
@@ -1320,15 +1324,8 @@ class TableSites(SpecSites):
             self._flipped_keys = t.keys(engine_for(spec), self.keep) if t.n == self.table.n else False
         return None if self._flipped_keys is False else self._flipped_keys
 
-    def renamed(self, changes):
-        from .errors import RngauditError
-
-        names = {id(t.module): name for t, name in changes}
-        spec = dataclasses.replace(self.spec, model=_renamed_module(self.spec.model, names))
-        try:
-            return TableSites(spec, keys=self.keys is not None)
-        except RngauditError:
-            return None  # e.g. Flax's NameInUseError, or a `call:` of the old name
+    def _sites_of(self, spec: Spec) -> "TableSites":
+        return TableSites(spec, keys=self.keys is not None)
 
 
 def spec_sites(spec: Spec, keys: bool = True) -> SpecSites:

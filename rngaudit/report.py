@@ -103,11 +103,11 @@ def derive(spec: Spec, values: bool = True, default_draw: Draw | None = None, en
         drawn: dict = {}
         if values:
             tdraw = [tpl[11] or default_draw for tpl in table.templates]
-            if any(d is not None for d in tdraw):
-                for j, i in enumerate(rows.tolist()):
-                    draw = tdraw[table.block[i]]
-                    if draw is not None and table.base[i] >= 0:
-                        drawn[j] = _draw(spec, tuple(int(w) for w in keys[j]), draw)
+            has_draw = np.array([d is not None for d in tdraw], dtype=bool)
+            # only the rows whose statement draws, and whose key exists
+            for j in np.flatnonzero(has_draw[table.block[rows]] & (table.base[rows] >= 0)).tolist():
+                draw = tdraw[int(table.block[rows[j]])]
+                drawn[j] = _draw(spec, tuple(int(w) for w in keys[j]), draw)
         calls = _LazyCalls(table, rows, keys, default_draw, drawn)
         return DeriveReport(spec, root_keys(spec, keng), calls, table.n if filtered else None)
     if engine != "plain":
