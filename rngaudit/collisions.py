@@ -7,7 +7,7 @@ import re
 import sys
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 from .errors import Location
 from .hashing import encode_item, hash_input, hash_word
@@ -246,6 +246,32 @@ class Sites:
         return None
 
     @property
+    def keys_checked(self) -> bool:
+        """Whether sites are grouped by key (else by base and hash word: class 4 unchecked)."""
+        return self.keys is not None
+
+    def idents(self):
+        """One sortable value per site, equal exactly where the keys are equal (hash-only: where the
+        unit and the hash word are)."""
+        if self.keys is not None:
+            return _key_idents(self.keys, self.vectorised)
+        return _word_idents(self.unit, self.word, self.vectorised)
+
+    def idents_for(self, indices: Sequence[int], items: Sequence[tuple], separator: bool):
+        """The idents sites `indices` would have if they hashed `items` with `separator`, comparable
+        with idents(); None where the keys cannot be recomputed."""
+        if self.keys is not None:
+            keys = self.keys_for(indices, items, separator)
+            return None if keys is None else _key_idents(keys, self.vectorised)
+        words = [hash_word(hash_input(it, separator)) for it in items]
+        return _word_idents([self.unit[i] for i in indices], words, self.vectorised)
+
+    def entry_columns(self):
+        """The distinct (unit, path) of the sites, for the latent audit: (sorted unit << 32 | path id,
+        its first site, its highest count); None to have them found from the columns."""
+        return None
+
+    @property
     def replayable(self) -> bool:
         """Whether renames are checked by running the renamed model again (exact, for small specs)."""
         return False
@@ -314,14 +340,13 @@ def audit(sites: Sites, latent_max_count: int = DEFAULT_LATENT_MAX_COUNT) -> Aud
     return Audit(
         source=sites.source, input_kind=sites.input_kind, call_sites=sites.n,
         fix_rng_separator=sites.separator, prng_impl=sites.prng_impl,
-        keys_checked=sites.keys is not None, latent_max_count=latent_max_count,
+        keys_checked=sites.keys_checked, latent_max_count=latent_max_count,
         collisions=tuple(f.build(ctx) for f in pending),
         latent=tuple(f.build(ctx) for f in latent),
     )
 
 
-@dataclass(frozen=True)
-class _Entry:
+class _Entry(NamedTuple):
     """A distinct (unit, path) of the input: its hashed path bytes and the counts it reaches."""
 
     unit: int
@@ -337,7 +362,11 @@ class _Entries:
 
     def __init__(self, sites: Sites):
         # combo: sorted distinct (unit << 32 | path id); first: its first call site; top: its highest count
-        if sites.vectorised:
+        given = sites.entry_columns()
+        if given is not None:
+            self.combo, first, self.top = given
+            combos = self.combo.tolist()
+        elif sites.vectorised:
             import numpy as np
 
             combo = (sites.unit.astype(np.int64) << 32) | sites.path_id.astype(np.int64)
@@ -398,8 +427,7 @@ class _Context:
         self.bound = latent_max_count
         self.rest = _max_rest(latent_max_count)
         self.vec = sites.vectorised
-        self.ident = (_key_idents(sites.keys, self.vec) if sites.keys is not None
-                      else _word_idents(sites.unit, sites.word, self.vec))
+        self.ident = sites.idents()
         if self.vec:
             import numpy as np
 
@@ -416,6 +444,7 @@ class _Context:
         self._sites: dict[int, CallSite] = {}
         self._wanted: set[int] = set()
         self._base: tuple[list[int], set] | None = None
+        self._targets: dict[int, RenameTarget | None] = {}
 
     # ------------------------------------------------------------ call sites
     def want(self, indices) -> list[int]:
@@ -434,6 +463,12 @@ class _Context:
 
     def site(self, i: int) -> CallSite:
         return self._sites[i]
+
+    def target(self, i: int) -> RenameTarget | None:
+        """The module whose `name:` renames site i (None: none can), asked once per site."""
+        if i not in self._targets:
+            self._targets[i] = self.s.rename_target(i)
+        return self._targets[i]
 
     def items(self, i: int) -> tuple:
         return self.s.items(i)
@@ -525,13 +560,10 @@ class _Context:
 
     # ------------------------------------------------------------ the separator flag
     def _idents_for(self, indices: list[int], items: list[tuple], separator: bool):
-        if self.s.keys is not None:
-            keys = self.s.keys_for(indices, items, separator)
-            if keys is None:
-                raise _Unknown()
-            return _key_idents(keys, self.vec)
-        words = [hash_word(hash_input(it, separator)) for it in items]
-        return _word_idents([self.s.unit[i] for i in indices], words, self.vec)
+        idents = self.s.idents_for(indices, items, separator)
+        if idents is None:
+            raise _Unknown()
+        return idents
 
     def _separator(self, members: list[int]) -> SeparatorCheck:
         n = self.s.n
@@ -762,7 +794,7 @@ class _Context:
         return [(bisect.bisect_left(si, x), bisect.bisect_right(si, x)) for x in idents]
 
     def _rename(self, i: int, state: "_Overlay") -> Rename | None:
-        target = self.s.rename_target(i)
+        target = self.target(i)
         if target is None or not target.path:
             return None
         for k in range(1, RENAME_TRIES + 1):
@@ -796,7 +828,7 @@ class _Context:
 
     def _cost(self, i: int):
         """Which site to rename first: one whose rename changes the fewest keys; among equals, the later."""
-        t = self.s.rename_target(i)
+        t = self.target(i)
         if t is None or not t.path:
             return (1, 0, 0)
         return (0 if t.local else 1, len(self.sites_of_paths(self.paths_under(t.path))), -i)
@@ -842,9 +874,13 @@ class _Context:
         pids = {p.path_id for p in partners} | {e.path_id}
         # renaming the short path ends all its pairs; renaming a long one ends one pair
         for i in sorted([e.first] + ([partners[0].first] if len(partners) == 1 else []), key=self._cost):
+            target = self.target(i)
+            if target is None or not target.path:
+                continue
             state = _Overlay()
             # the rename must end this finding's pairs too
-            state.forbid = {(e.unit, a): {(b, short) for b in pids for short in (True, False)} for a in pids}
+            ends = {(b, short) for b in pids for short in (True, False)}
+            state.forbid = {(e.unit, a): ends for a in pids}
             r = self._rename(i, state)
             if r is not None:
                 return [r], ok
@@ -891,7 +927,7 @@ class _Context:
                 break
             step = None
             for i in sorted(colliding or members, key=self._cost):
-                target = self.s.rename_target(i)
+                target = self.target(i)
                 if target is None or not target.path or any(t.module is target.module for t, _ in changes):
                     continue
                 for k in range(1, REPLAY_TRIES + 1):
@@ -1152,16 +1188,20 @@ class SpecSites(Sites):
 
     def rename_target(self, i: int) -> RenameTarget | None:
         d = self.rows[i]
-        if not d.path:
+        return self._target_at(d.path, d.location)
+
+    def _target_at(self, path: tuple[str, ...], location: Location) -> RenameTarget | None:
+        """The module at `path` whose statement at `location` makes the key, if `name:` renames it."""
+        if not path:
             return None
-        name = d.path[-1]
-        for m, renamable, single, where in self._module_index().get(d.location, ()):
+        name = path[-1]
+        for m, renamable, single, where in self._module_index().get(location, ()):
             if m.name == name or (m.name is None and re.fullmatch(re.escape(m.cls) + r"_\d+", name)):
                 if not renamable:
                     return None
                 # an explicit name does not move Flax's auto-name cursor: naming an auto-named module
                 # renames its later auto-named siblings too
-                return RenameTarget(d.path, m.cls, m.name is not None, where, m.name is not None and single, m)
+                return RenameTarget(path, m.cls, m.name is not None, where, m.name is not None and single, m)
         return None
 
     def _module_index(self) -> dict[Location, list]:
@@ -1222,9 +1262,19 @@ class _Rows(Sequence):
 
 class TableSites(SpecSites):
     """A large replayed spec on derive's fast path (rngaudit.fast): the same columns SpecSites makes
-    from one Derivation per call, computed from the KeyTable's columns with NumPy; keys vectorised."""
+    from one Derivation per call, computed with NumPy per lane entry (one template in one lane) and
+    spread over the rows.
 
-    def __init__(self, spec: Spec, keys: bool = True, blocks=None):
+    Keys of threefry2x32 and rbg are not computed row by row: fold_in(k, .) is a bijection of the
+    32-bit word for each key k (one Threefry block cipher, per half for rbg), so two rows of one base
+    key share a key exactly when they share a hash word. A site's ident is (id of its base key's
+    value, word); the key itself is computed for reported sites only. (Keys of different base key
+    values meet only by a Threefry coincidence, about n*n/2**65 for n rows, which is not searched
+    for.) unsafe_rbg keys are computed for every row."""
+
+    BIJECTIVE = ("threefry2x32", "rbg")
+
+    def __init__(self, spec: Spec, keys: bool = True, blocks=None, registry: dict | None = None):
         import numpy as np
 
         from .fast import key_table
@@ -1233,65 +1283,205 @@ class TableSites(SpecSites):
         self.spec = spec
         self.key_cache = {}
         t = self.table = key_table(spec, blocks)
-        keep = np.flatnonzero(~t.discarded)
-        self.keep = keep
-        self.all_rows = _Rows(t, None)
-        self.rows = _Rows(t, keep)
         self.source = spec.file
         self.input_kind = "spec"
         self.separator = spec.fix_rng_separator
         self.prng_impl = spec.prng_impl
         self.vectorised = True
-        blk = t.block[keep]
-        # path ids and units (base, lane) in order of first appearance, as SpecSites numbers them
+        nt = len(t.templates)
+        n_ent = int(t.lane_base_off[-1])
+        ent_t = np.repeat(np.arange(nt, dtype=np.int64), t.n_lanes)
+        ent_first = t.start[ent_t] + (np.arange(n_ent, dtype=np.int64) - t.lane_base_off[ent_t])  # its first row
+        live = (t.start[1:] - t.start[:-1])[ent_t] > 0
+        ent_base = t._lane_base
+        kept = live & ~t.lane_disc & (ent_base >= 0)
+        if (live & ~kept).any():
+            keep = np.flatnonzero(~t.discarded)
+
+            def pick(col):
+                return col[keep]
+        else:  # (every row kept: the columns as they are)
+            keep = np.arange(t.n, dtype=np.int64)
+
+            def pick(col):
+                return col
+        self.keep = keep
+        self.all_rows = _Rows(t, None)
+        self.rows = _Rows(t, keep)
+        kept_e = np.flatnonzero(kept)
+        # path ids in order of first appearance (rows come template by template)
         path_ids: dict = {}
-        of_template = np.zeros(len(t.templates), dtype=np.int32)
-        for tt in np.unique(blk).tolist():  # (rows come template by template)
+        of_template = np.zeros(nt, dtype=np.int32)
+        for tt in np.unique(ent_t[kept_e]).tolist():
             of_template[tt] = path_ids.setdefault(t.templates[tt][0], len(path_ids))
-        self.path_id = of_template[blk]
         self.paths = list(path_ids)
-        lane = t.lane_ids()[keep]
-        combo = t.base[keep].astype(np.int64) * (int(lane.max()) + 1 if len(lane) else 1) + lane
-        _, first, inverse = np.unique(combo, return_index=True, return_inverse=True)
-        rank = np.empty(len(first), dtype=np.int32)
-        rank[np.argsort(first, kind="stable")] = np.arange(len(first), dtype=np.int32)
-        self.unit = rank[inverse.ravel()]
-        self.count = t.count[keep]
-        self.word = t.word[keep]
-        self.keys = t.keys(engine_for(spec), keep) if keys else None
+        # units: (base, lane) numbered in order of first appearance, as SpecSites numbers them
+        lane = t.lane_entry_ids()
+        combo = ent_base[kept_e] * (int(lane.max()) + 1 if len(lane) else 1) + lane[kept_e]
+        firsts = ent_first[kept_e]
+        uniq, inv = np.unique(combo, return_inverse=True)
+        inv = inv.ravel()
+        first_of = np.full(len(uniq), np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(first_of, inv, firsts)
+        rank = np.empty(len(uniq), dtype=np.int32)
+        rank[np.argsort(first_of, kind="stable")] = np.arange(len(uniq), dtype=np.int32)
+        unit_e = np.full(n_ent, -1, dtype=np.int32)
+        unit_e[kept_e] = rank[inv]
+        self.unit = pick(unit_e[t.rows_lane])
+        self.path_id = pick(of_template[t.block])
+        self.count = pick(t.count)
+        self.word = pick(t.word)
+        self._base = pick(t.base)
+        self._used_bases = np.unique(ent_base[kept_e])
+        # the distinct (unit, path): a lane entry's highest count is its last row's
+        ecombo = (unit_e[kept_e].astype(np.int64) << 32) | of_template[ent_t[kept_e]].astype(np.int64)
+        site_first = np.searchsorted(keep, firsts) if len(keep) != t.n else firsts
+        uniq, inv = np.unique(ecombo, return_inverse=True)
+        inv = inv.ravel()
+        e_first = np.full(len(uniq), np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(e_first, inv, site_first)
+        e_top = np.zeros(len(uniq), dtype=np.int64)
+        np.maximum.at(e_top, inv, t.count[t.start[ent_t[kept_e] + 1] - 1])
+        self._entry_cols = (uniq, e_first, e_top)
+        self._checked = keys
+        self._engine = engine_for(spec) if keys else None
+        self._registry = {} if registry is None else registry  # base key value -> id, shared with renamed copies
+        self._resolver = None
+        self._flipped_table = None
+        # unsafe_rbg: keys row by row
+        self.keys = t.keys(self._engine, keep) if keys and spec.prng_impl not in self.BIJECTIVE else None
         self._flipped_keys = None
         self._modules = None
+
+    @property
+    def keys_checked(self) -> bool:
+        return self._checked
+
+    def entry_columns(self):
+        return self._entry_cols
 
     def items(self, i: int) -> tuple:
         j = int(self.keep[i])
         return self.table.templates[int(self.table.block[j])][6] + (int(self.table.count[j]),)
 
+    # ------------------------------------------------------------ idents from base keys and words
+    def _bases(self, table, words: dict | None = None):
+        """Base key values of `table` (this table's memoised; `words`: rows hashed differently)."""
+        from .fast import _Bases
+
+        if table is self.table and not words:
+            if self._resolver is None:
+                self._resolver = _Bases(table, self._engine)
+            return self._resolver
+        return _Bases(table, self._engine, words)
+
+    def _base_id(self, value) -> int:
+        return self._registry.setdefault(value, len(self._registry))
+
+    def idents(self):
+        if self.keys is not None or not self._checked:
+            return super().idents()
+        import numpy as np
+
+        res = self._bases(self.table)
+        ids = np.zeros(len(self.table.bases), dtype=np.uint64)
+        for b in self._used_bases.tolist():
+            ids[b] = self._base_id(res.key(self.table.bases[b]))
+        return (ids[self._base] << np.uint64(32)) | self.word.astype(np.uint64)
+
+    def idents_for(self, indices: Sequence[int], items: Sequence[tuple], separator: bool):
+        if self.keys is not None or not self._checked:
+            return super().idents_for(indices, items, separator)
+        import numpy as np
+
+        t = self.table
+        rows = [int(self.keep[i]) for i in indices]
+        words = [hash_word(hash_input(it, separator)) for it in items]
+        override = None
+        if separator != self.separator:
+            if not all(_without_fork(t.bases[int(t.base[j])]) for j in rows):
+                # a jit fork's key is a make_rng key itself, hashed with the flag: the model replayed flipped
+                if any(tuple(it) != self.items(i) for it, i in zip(items, indices)):
+                    return None
+                t = self._flipped()
+                if t is None:
+                    return None
+                words = [int(t.word[j]) for j in rows]
+        else:
+            # a jit fork's key is the key of an earlier row: a changed row changes the keys derived from it
+            override = dict(zip(rows, words))
+            if len(override) != len(rows):
+                return None
+        res = self._bases(t, override)
+        out = np.empty(len(rows), dtype=np.uint64)
+        for k, (j, w) in enumerate(zip(rows, words)):
+            out[k] = (self._base_id(res.key(t.bases[int(t.base[j])])) << 32) | w
+        return out
+
+    def _flipped(self):
+        """The key table of the model with fix_rng_separator flipped (None if it has other rows)."""
+        if self._flipped_table is None:
+            from .fast import key_table
+
+            spec = dataclasses.replace(self.spec, fix_rng_separator=not self.spec.fix_rng_separator)
+            t = key_table(spec)
+            self._flipped_table = t if t.n == self.table.n else False
+            if self.keys is not None and t.n == self.table.n:
+                from .keys import engine_for
+
+                self._flipped_keys = t.keys(engine_for(spec), self.keep)
+        if self.keys is not None:
+            return None if self._flipped_table is False else self._flipped_keys
+        return None if self._flipped_table is False else self._flipped_table
+
+    def _keys_at(self, indices: list[int], rows) -> list | None:
+        """Key data of sites `indices` (table rows `rows`), as tuples."""
+        if not self._checked:
+            return None
+        if self.keys is not None:
+            return [tuple(k) for k in self.keys[indices].tolist()]
+        import numpy as np
+
+        from .fast import _fold_in_rows
+
+        t = self.table
+        res = self._bases(t)
+        base_keys = np.array([res.key(t.bases[b]) for b in t.base[rows].tolist()], dtype=np.uint32)
+        return [tuple(k) for k in _fold_in_rows(self._engine, base_keys.reshape(len(rows), -1),
+                                                 t.word[rows]).tolist()]
+
+    # ------------------------------------------------------------ reported sites
     def describe(self, indices, module_paths):
         """SpecSites.describe from the columns: what a template fixes is worked out once."""
+        import numpy as np
+
         t = self.table
-        indices = list(indices)
-        rows = self.keep[indices] if indices else []
+        indices = [int(i) for i in indices]
+        if not indices:
+            return {}, {}
+        rows = self.keep[np.asarray(indices, dtype=np.int64)]
+        keys = self._keys_at(indices, rows) or [None] * len(indices)
         per_template: dict = {}
         bases: dict = {}
         out = {}
-        for i, j in zip(indices, (int(j) for j in rows)):
-            b = int(t.block[j])
+        for i, j, b, c, base, w, key in zip(indices, rows.tolist(), t.block[rows].tolist(), t.count[rows].tolist(),
+                                            t.base[rows].tolist(), t.word[rows].tolist(), keys):
             const = per_template.get(b)
             if const is None:
                 tpl = t.templates[b]
                 const = per_template[b] = (tpl[0], tpl[1], tpl[2], tpl[4], tpl[5], tpl[6],
-                                           hash_input(tpl[6], self.separator), tpl[10])
-            path, req, used, kind, label, suffix, pre, loc = const
-            c = int(t.count[j])
-            base = int(t.base[j])
+                                           hash_input(tpl[6], self.separator), tpl[10], bool(tpl[13]))
+            path, req, used, kind, label, suffix, pre, loc, lanes = const
             text = bases.get(base)
             if text is None:
                 text = bases[base] = str(t.bases[base])
-            key = tuple(int(w) for w in self.keys[i]) if self.keys is not None else None
-            out[i] = CallSite(j, path, req, used, c, t.lane_of(j), text, kind, label, suffix + (c,),
-                              pre + count_bytes(c, self.separator),
-                              int(t.word[j]), key, loc)
+            out[i] = CallSite(j, path, req, used, c, t.lane_of(j) if lanes else (), text, kind, label, suffix + (c,),
+                              pre + count_bytes(c, self.separator), w, key, loc)
         return out, {}
+
+    def rename_target(self, i: int) -> RenameTarget | None:
+        tpl = self.table.templates[int(self.table.block[int(self.keep[i])])]
+        return self._target_at(tpl[0], tpl[10])
 
     def stream(self, i: int) -> str:
         return self.table.templates[int(self.table.block[int(self.keep[i])])][2]
@@ -1300,32 +1490,21 @@ class TableSites(SpecSites):
         return self.table.bases[int(self.table.base[int(self.keep[i])])]
 
     def keys_for(self, indices: Sequence[int], items: Sequence[tuple], separator: bool):
-        """SpecSites.keys_for without a Derivation per row: under the same separator, the changed
-        rows' keys come from their new words and the table's base keys (a changed jit fork's row
-        changes the keys derived from it)."""
+        """SpecSites.keys_for without a Derivation per row (unsafe_rbg, whose keys are computed per
+        row): under the same separator, the changed rows' keys come from their new words and the
+        table's base keys (a changed jit fork's row changes the keys derived from it)."""
         if self.keys is None or separator != self.separator:
             return super().keys_for(indices, items, separator)
         from .fast import keys_with_words
-        from .keys import engine_for
 
         rows = [int(self.keep[i]) for i in indices]
         if len(set(rows)) != len(rows):
             return super().keys_for(indices, items, separator)
         words = {j: hash_word(hash_input(it, separator)) for j, it in zip(rows, items)}
-        return keys_with_words(self.table, engine_for(self.spec), words)
-
-    def _flipped(self):
-        if self._flipped_keys is None:
-            from .fast import key_table
-            from .keys import engine_for
-
-            spec = dataclasses.replace(self.spec, fix_rng_separator=not self.spec.fix_rng_separator)
-            t = key_table(spec)
-            self._flipped_keys = t.keys(engine_for(spec), self.keep) if t.n == self.table.n else False
-        return None if self._flipped_keys is False else self._flipped_keys
+        return keys_with_words(self.table, self._engine, words)
 
     def _sites_of(self, spec: Spec) -> "TableSites":
-        return TableSites(spec, keys=self.keys is not None)
+        return TableSites(spec, keys=self._checked, registry=self._registry)
 
 
 def spec_sites(spec: Spec, keys: bool = True) -> SpecSites:

@@ -126,9 +126,11 @@ class KeyTable:
                     ids.append(bid)
                 shared[key] = ids
             lane_base[lo:hi] = ids
-        rows_lane = lane_base_off[block] + self.lane_ix
-        self.base = lane_base[rows_lane]
-        self.discarded = lane_disc[rows_lane] | (self.base < 0)
+        # a lane entry: one (template, lane); every row belongs to one (rows_lane)
+        self.lane_disc = lane_disc
+        self.rows_lane = lane_base_off[block] + self.lane_ix
+        self.base = lane_base[self.rows_lane]
+        self.discarded = lane_disc[self.rows_lane] | (self.base < 0)
 
     # ------------------------------------------------------------------ construction helpers
     def _hash_words(self) -> np.ndarray:
@@ -157,6 +159,10 @@ class KeyTable:
     def lane_ids(self) -> np.ndarray:
         """Per row, an id of its lane tuple (0 for `()`, outside every transform): rows with equal
         ids have equal `Derivation.lane`."""
+        return self.lane_entry_ids()[self.rows_lane]
+
+    def lane_entry_ids(self) -> np.ndarray:
+        """lane_ids per lane entry (template, lane)."""
         ids: dict = {(): 0}
         per = np.zeros(len(self._lane_base), dtype=np.int64)
         sizes = self.axis_size
@@ -165,7 +171,7 @@ class KeyTable:
             if axes:
                 lo = int(self.lane_base_off[t])
                 per[lo:lo + int(self.n_lanes[t])] = [ids.setdefault(lane, len(ids)) for lane in _lanes(axes, sizes)]
-        return per[self.lane_base_off[self.block] + self.lane_ix]
+        return per
 
     def __len__(self) -> int:
         return self.n

@@ -5,7 +5,9 @@ import json
 import re
 from typing import Sequence
 
+from rich.cells import cell_len
 from rich.console import Console
+from rich.control import strip_control_codes
 from rich.text import Text
 
 from .collisions import (COUNT_MEETS_NAME, SHARED_KEY, SHARED_SEED, Audit, CallSite, Collision, LatentCollision,
@@ -75,33 +77,78 @@ def _table(*columns: str):
     return table
 
 
+def _plain(console: Console) -> bool:
+    """Whether the console writes to a file without colour or wrapping: plain text can go as is."""
+    return not console.is_terminal and console.no_color and console.soft_wrap
+
+
+def _print(console: Console, text: Text) -> None:
+    """console.print(text); a plain console (_plain) gets the text written at once (rich's rendering of
+    a line costs more than the key work of a thousand call sites)."""
+    plain = text.plain
+    if _plain(console) and "\t" not in plain:
+        console.file.write(plain + "\n")
+    else:
+        console.print(text)
+
+
+def _print_rows(rows: list[list[str]], console: Console, bold: int = 1) -> None:
+    """Rows of cells in aligned columns, two spaces apart, column `bold` in bold: what a borderless rich
+    Table (_table) prints, without the cost of measuring (a report of a large model has thousands of
+    these). A table wider than the console is left to rich.table, which shrinks its columns."""
+    if not rows:
+        return
+    ncols = len(rows[0])
+    rows = [[strip_control_codes(cell) for cell in r] for r in rows]  # (as rich.text.Text does)
+    widths = [max(cell_len(r[c]) for r in rows) for c in range(ncols)]
+    widths[-1] = max(widths[-1], 1)  # (as rich.table: an empty last column is one space wide)
+    if sum(widths) + 2 * (ncols - 1) > console.width or any("\t" in cell for r in rows for cell in r):
+        table = _table(*(str(c) for c in range(ncols)))
+        for r in rows:
+            table.add_row(*(Text(cell, style="bold" if c == bold else "") for c, cell in enumerate(r)))
+        console.print(table)
+        return
+    plain = _plain(console)
+    for r in rows:
+        cells = [cell + " " * (w - cell_len(cell)) for cell, w in zip(r, widths)]
+        if plain:
+            console.file.write("  ".join(cells) + "\n")
+            continue
+        line = Text()
+        for c, cell in enumerate(cells):
+            if c:
+                line.append("  ")
+            line.append(cell, style="bold" if c == bold else "")
+        console.print(line)
+
+
 def _site_table(rows: list[tuple[CallSite, str]], console: Console) -> None:
-    table = _table("indent", "path", "stream", "count", "label", "where", "hashes", "extra")
+    lines = []
     for s, extra in rows:
         stream = s.stream if s.stream == s.stream_requested else f"{s.stream_requested}->{s.stream}"
         lane = f" lane {list(s.lane)}" if s.lane else ""
-        table.add_row(_INDENT, Text(_path(s.path), style="bold"), Text(_shown(stream) + lane), f"count {s.count}",
-                      Text(_shown(s.label or s.kind)), Text(str(s.location)), Text(_items(s.hash_items)), Text(extra))
-    console.print(table)
+        lines.append([_INDENT, _path(s.path), _shown(stream) + lane, f"count {s.count}", _shown(s.label or s.kind),
+                      str(s.location), _items(s.hash_items), extra])
+    _print_rows(lines, console)
 
 
 def _more(n: int, what: str, console: Console) -> None:
     if n > 0:
-        console.print(Text(f"{_INDENT}... and {n} more {what} (--format json lists them all)"))
+        _print(console, Text(f"{_INDENT}... and {n} more {what} (--format json lists them all)"))
 
 
 def _separator(check: SeparatorCheck, console: Console) -> None:
     if check.flag:
-        console.print(_line("separator", "fix_rng_separator is on already, and this still happens"))
+        _print(console, _line("separator", "fix_rng_separator is on already, and this still happens"))
         return
     if check.removes is None:
-        console.print(_line("separator", f"not checked: {check.detail}"))
+        _print(console, _line("separator", f"not checked: {check.detail}"))
     elif check.removes:
-        console.print(_line("separator", f"fix_rng_separator: true removes it (checked: {check.detail})"))
+        _print(console, _line("separator", f"fix_rng_separator: true removes it (checked: {check.detail})"))
     else:
-        console.print(_line("separator", f"fix_rng_separator: true does NOT remove it (checked: {check.detail})",
+        _print(console, _line("separator", f"fix_rng_separator: true does NOT remove it (checked: {check.detail})",
                             "yellow"))
-    console.print(_line("", f"warning: flipping fix_rng_separator changes every key in the model (all "
+    _print(console, _line("", f"warning: flipping fix_rng_separator changes every key in the model (all "
                             f"{check.keys_in_model} here), not only these"))
 
 
@@ -120,13 +167,13 @@ def _rename(r: Rename, input_kind: str) -> str:
 
 def _renames(renames: Sequence[Rename], note: str, input_kind: str, console: Console) -> None:
     if not renames:
-        console.print(_line("rename", note))
+        _print(console, _line("rename", note))
         return
     for k, r in enumerate(renames):
-        console.print(_line("rename" if k == 0 else "", _rename(r, input_kind)))
+        _print(console, _line("rename" if k == 0 else "", _rename(r, input_kind)))
         if r.note:
-            console.print(_line("", f"  ({r.note})"))
-    console.print(_line("", note))
+            _print(console, _line("", f"  ({r.note})"))
+    _print(console, _line("", note))
 
 
 def render_collision(c: Collision, input_kind: str, console: Console) -> None:
@@ -140,7 +187,7 @@ def render_collision(c: Collision, input_kind: str, console: Console) -> None:
         bases = sorted({_shown(s.base) for s in sites})
         head.append(f"{len(keys)} key{'s' if len(keys) != 1 else ''} shared by {len(sites)} call sites across "
                     f"{', '.join(bases)}" + (f" (streams {', '.join(streams)})" if len(streams) > 1 else ""))
-        console.print(head)
+        _print(console, head)
         rows: list[tuple[CallSite, str]] = []
         shown = c.inputs[:MAX_SHOWN]
         for h in shown:
@@ -151,20 +198,20 @@ def render_collision(c: Collision, input_kind: str, console: Console) -> None:
         head.append(f"{len(sites)} call sites get the same key")
         if keys[0] is not None:
             head.append(f" {_key(keys[0])}")
-        console.print(head)
+        _print(console, head)
         _site_table([(s, "") for s in sites[:MAX_SHOWN]], console)
         _more(len(sites) - MAX_SHOWN, "call sites", console)
         if len(c.inputs) == 1:
             h = c.inputs[0]
-            console.print(_line("shared", f"hash input {_bytes(h.data)} -> word {h.word}"))
+            _print(console, _line("shared", f"hash input {_bytes(h.data)} -> word {h.word}"))
         else:
             for k, h in enumerate(c.inputs):
                 names = ", ".join(f"{_path(s.path)} count {s.count}" for s in h.sites)
-                console.print(_line("inputs" if k == 0 else "", f"{_bytes(h.data)} -> word {h.word} ({names})"))
+                _print(console, _line("inputs" if k == 0 else "", f"{_bytes(h.data)} -> word {h.word} ({names})"))
     why = _WHY_SHARED[c.category] if c.collision_class == SHARED_KEY else _WHY[c.collision_class]
     if c.collision_class == COUNT_MEETS_NAME:
         why += " (" + ", ".join(f"{_path(s.path)} count {s.count} = 0x{s.count:x}" for s in sites[:MAX_SHOWN]) + ")"
-    console.print(_line("why", why))
+    _print(console, _line("why", why))
     _separator(c.separator, console)
     _renames(c.renames, c.rename_note, input_kind, console)
 
@@ -176,16 +223,16 @@ def render_latent(lt: LatentCollision, input_kind: str, console: Console) -> Non
     head.append("LATENT ", style="bold yellow")
     head.append(f"{_path(s.path)} (stream {_shown(s.stream)}, {s.location}) reaches count {lt.max_count}; at higher counts "
                 f"its keys equal those of {n} other path{'s' if n != 1 else ''}:")
-    console.print(head)
-    table = _table("indent", "path", "when", "where", "bytes")
+    _print(console, head)
+    lines = []
     for p in lt.partners[:MAX_SHOWN]:
         short, long = p.counts
-        table.add_row(_INDENT, Text(_path(p.site.path), style="bold"),
-                      Text(f"count {long} (reaches {p.max_count}) = {_path(s.path)} count {short} (0x{short:x})"),
-                      Text(str(p.site.location)), Text(f"both hash {p.data!r}"))
-    console.print(table)
+        lines.append([_INDENT, _path(p.site.path),
+                      f"count {long} (reaches {p.max_count}) = {_path(s.path)} count {short} (0x{short:x})",
+                      str(p.site.location), f"both hash {p.data!r}"])
+    _print_rows(lines, console)
     _more(n - MAX_SHOWN, "paths", console)
-    console.print(_line("why", _WHY[COUNT_MEETS_NAME]))
+    _print(console, _line("why", _WHY[COUNT_MEETS_NAME]))
     _separator(lt.separator, console)
     _renames(lt.renames, lt.rename_note, input_kind, console)
 
@@ -197,21 +244,21 @@ def render_audit(a: Audit, console: Console) -> None:
     keys = "" if a.keys_checked else ", hash words only: class 4 not checked"
     head.append(f"  ({a.input_kind}, {a.call_sites} call sites, fix_rng_separator={str(a.fix_rng_separator).lower()}"
                 f"{impl}{keys})")
-    console.print(head)
+    _print(console, head)
     for c in a.collisions:
         render_collision(c, a.input_kind, console)
     for lt in a.latent:
         render_latent(lt, a.input_kind, console)
     latent = f"latent counts up to {a.latent_max_count}" if a.latent_max_count else "latent not checked"
-    console.print(Text(f"{a.failing} failing, {a.info} information, {len(a.latent)} latent ({latent})"))
+    _print(console, Text(f"{a.failing} failing, {a.info} information, {len(a.latent)} latent ({latent})"))
 
 
 def render_collisions(audits: Sequence[Audit], console: Console) -> None:
     for k, a in enumerate(audits):
         if k:
-            console.print()
+            _print(console, Text())
         render_audit(a, console)
     if len(audits) > 1:
-        console.print()
-        console.print(Text(f"total: {sum(a.failing for a in audits)} failing, {sum(a.info for a in audits)} "
+        _print(console, Text())
+        _print(console, Text(f"total: {sum(a.failing for a in audits)} failing, {sum(a.info for a in audits)} "
                            f"information, {sum(len(a.latent) for a in audits)} latent in {len(audits)} inputs"))

@@ -9,6 +9,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import rngaudit
@@ -261,3 +263,38 @@ def test_a_spec_written_as_json_is_a_spec(tmp_path):
     spec.write_text(json.dumps(yaml.safe_load((FIX / "sharp_edge.yaml").read_text()), indent=1))
     _, doc = as_json(str(spec))
     assert doc["inputs"][0]["input"] == "spec" and doc["inputs"][0]["collisions"][0]["class"] == 1
+
+
+# ---------------------------------------------------------------- the text tables
+CELLS = st.text(alphabet=st.sampled_from(["a", "Z", "_", "/", " ", "é", "日", "本", "🙂", "\x07", "\x1b", "(", "'"]),
+                max_size=8)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 6).flatmap(lambda n: st.lists(st.lists(CELLS, min_size=n, max_size=n), min_size=1,
+                                                     max_size=5)),
+       st.sampled_from([(False, 400), (True, 400), (True, 30), (False, 12)]))
+def test_rows_print_as_the_rich_table_does(rows, console_kind):
+    """render_collisions prints its tables without rich.table's measuring (thousands of tables in the
+    report of a large model): the characters are those of the rich Table it replaces, on a plain file
+    console and on a coloured terminal, wide characters and control codes included; a table wider than
+    the console is left to rich, which shrinks it."""
+    import io
+
+    from rich.console import Console
+    from rich.text import Text
+
+    from rngaudit.render_collisions import _print_rows, _table
+
+    tty, width = console_kind
+
+    def console(buf):
+        return Console(file=buf, force_terminal=tty, no_color=not tty, width=width, highlight=False, soft_wrap=not tty)
+
+    ours, theirs = io.StringIO(), io.StringIO()
+    _print_rows([list(r) for r in rows], console(ours))
+    table = _table(*(str(c) for c in range(len(rows[0]))))
+    for r in rows:
+        table.add_row(*(Text(cell, style="bold" if c == 1 else "") for c, cell in enumerate(r)))
+    console(theirs).print(table)
+    assert ours.getvalue() == theirs.getvalue()

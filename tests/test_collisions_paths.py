@@ -121,6 +121,39 @@ def test_unsafe_rbg_keys_from_jax_in_lists(monkeypatch):
                                  {module: {class: N, name: abc, body: [{module: {class: L, name: def, body: [make_rng]}}]}}]}
         """), "u.yaml")
     assert '"class": 1' in assert_same(lambda: SpecSites(spec), monkeypatch)
+    check_spec(spec, monkeypatch)  # and TableSites, whose unsafe_rbg keys are computed row by row
+
+
+SHARED_SEED = """
+rngaudit: 1
+rngs: {params: 0, dropout: 0}
+model:
+  class: Model
+  body:
+    - module: {class: A, body: [{make_rng: {stream: params, repeat: 3}}, {make_rng: {stream: dropout, repeat: 3}}]}
+"""
+
+
+@pytest.mark.parametrize("impl", ["threefry2x32", "rbg"])
+@pytest.mark.parametrize("text, shared", [
+    (VMAP.replace("SPLIT", "false"), True), (VMAP.replace("SPLIT", "true"), False), (JIT.replace("FLAG", "false"), True),
+    (JIT.replace("FLAG", "true"), False), (SHIFT.replace("STREAM", "dropout"), True), (SHARED_SEED, True),
+], ids=["vmap-unsplit", "vmap-split", "jit", "jit-separator", "shift", "shared-seed"])
+def test_table_idents_group_sites_as_their_keys_do(text, shared, impl):
+    """TableSites compares threefry2x32/rbg keys as (base key value, hash word), computing keys for
+    reported sites only: its idents must group the sites exactly as the keys themselves do, and the
+    keys it reports must be the keys."""
+    spec = dataclasses.replace(parse_spec(text, "t.yaml"), prng_impl=impl)
+    full, table = SpecSites(spec), TableSites(spec)
+    keys = [tuple(int(w) for w in k) for k in full.keys]
+    idents = table.idents().tolist()
+    assert len(keys) == len(idents) == table.n
+    assert (len(set(keys)) < len(keys)) is shared
+    for i in range(table.n):
+        for j in range(table.n):
+            assert (keys[i] == keys[j]) == (idents[i] == idents[j]), (i, j)
+    described, _ = table.describe(range(table.n), [])
+    assert [described[i].key for i in range(table.n)] == keys
 
 
 NAMES = st.text(alphabet="ab1\x00\x01\x02", max_size=3)
