@@ -10,14 +10,18 @@ verified rename:
   tree       a params tree JSON (what jax.tree.map(lambda x: list(x.shape), params) dumps):
              `modules` modules with N/modules params each; timed from reading the file
   paths      a JSON list of N module paths, each a module of its own; timed from reading the file
+  command    the spec through `python -m rngaudit collisions` in a fresh process, report written to a
+             file (text and JSON): start-up, YAML and the report included; best of 3
 
 The floor is a bare loop `[int.from_bytes(sha1(data).digest()[:4], "big") for data in inputs]` over the
 same N hash inputs (bytes built beforehand), best of 3; it runs on one core. rngaudit hashes a large
-spec in two processes when two CPUs are free (RNGAUDIT_HASH_PROCESSES=1: one). Peak memory: tracemalloc's peak in a second run (tracemalloc slows Python
-down, so times come from the first run) of the spec's call sites and audit (the replayed derivations
-excluded), or of the JSON's read and audit; and the whole process's max RSS.
+spec in two processes when two CPUs are free (RNGAUDIT_HASH_PROCESSES=1: one), and compares
+threefry2x32 keys as (base key, hash word), computing keys for the reported sites only. Peak
+memory: tracemalloc's peak in a second run (tracemalloc slows Python down, so times come from the
+first run) of the spec's call sites and audit, or of the JSON's read and audit; and the whole
+process's max RSS.
 
-    python3 benchmarks/bench_collisions.py [--sites 1000000] [--modules 10000] [--skip spec,tree,paths]
+    python3 benchmarks/bench_collisions.py [--sites 1000000] [--modules 10000] [--skip spec,command,tree,paths]
 """
 from __future__ import annotations
 
@@ -26,6 +30,8 @@ import hashlib
 import json
 import os
 import resource
+import subprocess
+import sys
 import tempfile
 import time
 import tracemalloc
@@ -106,6 +112,29 @@ def bench_spec(n: int, modules: int) -> None:
     peak = ("replay + audit", peak_mib(lambda: audit(spec_sites(spec))))
     report("spec", sites.n, [("call sites: replay, hashes, keys", best[0]), ("audit (group, classify, fixes)", best[1])],
            floor, peak, a)
+    return floor
+
+
+def bench_command(modules: int, per_module: int, floor: float) -> None:
+    """The whole command in a fresh process, as a user runs it: start-up, YAML, replay, audit, and the
+    report written to a file (text, and JSON); best of 3."""
+    print(f"\n[command] rngaudit collisions on the spec, end to end (fresh process, report to a file)")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "bench.yaml")
+        with open(path, "w") as f:
+            f.write(spec_text(modules, per_module))
+        for fmt in ("text", "json"):
+            out = os.path.join(tmp, f"report.{fmt}")
+            best = float("inf")
+            for _ in range(3):
+                t = time.perf_counter()
+                r = subprocess.run([sys.executable, "-m", "rngaudit", "collisions", path, "--format", fmt, "-o", out],
+                                   capture_output=True, text=True)
+                best = min(best, time.perf_counter() - t)
+                if r.returncode not in (0, 1):
+                    raise SystemExit(f"rngaudit collisions failed ({r.returncode}): {r.stderr}")
+            size = os.path.getsize(out) / 2**20
+            print(f"  --format {fmt:<5} ({size:5.1f} MiB)        {best:8.3f} s   {best / floor:5.2f}x the SHA-1 loop")
 
 
 def bench_json(name: str, value, inputs: list[bytes]) -> None:
@@ -130,14 +159,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sites", type=int, default=1_000_000)
     ap.add_argument("--modules", type=int, default=10_000)
-    ap.add_argument("--skip", default="", help="comma-separated: spec, tree, paths")
+    ap.add_argument("--skip", default="", help="comma-separated: spec, command, tree, paths")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     n, modules = args.sites, args.modules
     per = n // modules
     print(f"machine: {os.cpu_count()} cores; {n:,} call sites per input")
     if "spec" not in skip:
-        bench_spec(n, modules)
+        floor = bench_spec(n, modules)
+        if "command" not in skip:
+            bench_command(modules, n // modules, floor)
     if "tree" not in skip:
         tree = {"params": {f"Block_{i}": {f"p{j}": [4, 4] for j in range(per)} for i in range(modules)}}
         inputs = [hash_input((f"Block_{i}", c), False) for i in range(modules) for c in range(1, per + 1)]

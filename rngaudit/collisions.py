@@ -263,8 +263,7 @@ class Sites:
         if self.keys is not None:
             keys = self.keys_for(indices, items, separator)
             return None if keys is None else _key_idents(keys, self.vectorised)
-        words = [hash_word(hash_input(it, separator)) for it in items]
-        return _word_idents([self.unit[i] for i in indices], words, self.vectorised)
+        return _word_idents([self.unit[i] for i in indices], _words(items, separator), self.vectorised)
 
     def entry_columns(self):
         """The distinct (unit, path) of the sites, for the latent audit: (sorted unit << 32 | path id,
@@ -279,6 +278,22 @@ class Sites:
     def renamed(self, changes: Sequence[tuple[RenameTarget, str]]) -> "Sites | None":
         """The call sites of the input with these modules renamed; None when the renamed model fails."""
         return None
+
+
+def _words(items: Sequence[tuple], separator: bool) -> list[int]:
+    """hash_word(hash_input(it, separator)) for each of `items`, the bytes of a path hashed once for
+    all its counts."""
+    from hashlib import sha1
+
+    pre: dict[tuple, bytes] = {}
+    out = []
+    for it in items:
+        path = it[:-1]
+        head = pre.get(path)
+        if head is None:
+            head = pre[path] = hash_input(path, separator)
+        out.append(int.from_bytes(sha1(head + count_bytes(it[-1], separator)).digest()[:4], "big"))
+    return out
 
 
 def _key_idents(keys, vectorised: bool):
@@ -1347,7 +1362,7 @@ class TableSites(SpecSites):
         self._engine = engine_for(spec) if keys else None
         self._registry = {} if registry is None else registry  # base key value -> id, shared with renamed copies
         self._resolver = None
-        self._flipped_table = None
+        self._flip = None
         # unsafe_rbg: keys row by row
         self.keys = t.keys(self._engine, keep) if keys and spec.prng_impl not in self.BIJECTIVE else None
         self._flipped_keys = None
@@ -1396,14 +1411,14 @@ class TableSites(SpecSites):
 
         t = self.table
         rows = [int(self.keep[i]) for i in indices]
-        words = [hash_word(hash_input(it, separator)) for it in items]
+        words = _words(items, separator)
         override = None
         if separator != self.separator:
             if not all(_without_fork(t.bases[int(t.base[j])]) for j in rows):
                 # a jit fork's key is a make_rng key itself, hashed with the flag: the model replayed flipped
                 if any(tuple(it) != self.items(i) for it, i in zip(items, indices)):
                     return None
-                t = self._flipped()
+                t = self._flipped_table()
                 if t is None:
                     return None
                 words = [int(t.word[j]) for j in rows]
@@ -1418,21 +1433,21 @@ class TableSites(SpecSites):
             out[k] = (self._base_id(res.key(t.bases[int(t.base[j])])) << 32) | w
         return out
 
-    def _flipped(self):
+    def _flipped_table(self):
         """The key table of the model with fix_rng_separator flipped (None if it has other rows)."""
-        if self._flipped_table is None:
+        if self._flip is None:
             from .fast import key_table
 
-            spec = dataclasses.replace(self.spec, fix_rng_separator=not self.spec.fix_rng_separator)
-            t = key_table(spec)
-            self._flipped_table = t if t.n == self.table.n else False
-            if self.keys is not None and t.n == self.table.n:
-                from .keys import engine_for
+            t = key_table(dataclasses.replace(self.spec, fix_rng_separator=not self.spec.fix_rng_separator))
+            self._flip = t if t.n == self.table.n else False
+        return None if self._flip is False else self._flip
 
-                self._flipped_keys = t.keys(engine_for(spec), self.keep)
-        if self.keys is not None:
-            return None if self._flipped_table is False else self._flipped_keys
-        return None if self._flipped_table is False else self._flipped_table
+    def _flipped(self):
+        """SpecSites._flipped (unsafe_rbg: keys row by row): the flipped model's keys of the kept rows."""
+        if self._flipped_keys is None:
+            t = self._flipped_table()
+            self._flipped_keys = False if t is None else t.keys(self._engine, self.keep)
+        return None if self._flipped_keys is False else self._flipped_keys
 
     def _keys_at(self, indices: list[int], rows) -> list | None:
         """Key data of sites `indices` (table rows `rows`), as tuples."""

@@ -373,7 +373,9 @@ PARALLEL_HASHES = 200_000  # replays with at least this many hash inputs are has
 
 
 def _can_fork() -> bool:
-    """Forking is safe here: a POSIX fork, two CPUs, no other thread, and no JAX (its runtime's threads)."""
+    """Forking is safe here: a POSIX fork, two CPUs, no JAX (its runtime's threads), and no other thread
+    but a progress bar's (rngaudit.progress.THREADS: they hold nothing the child, which only hashes and
+    writes to its pipe, needs)."""
     import os
     import sys
 
@@ -381,7 +383,10 @@ def _can_fork() -> bool:
 
     if not hasattr(os, "fork") or os.environ.get("RNGAUDIT_HASH_PROCESSES") == "1" or "jax" in sys.modules:
         return False
-    if threading.active_count() > 1:  # (a progress bar's thread, say: a fork copies no thread)
+    progress = sys.modules.get("rngaudit.progress")
+    ours = progress.THREADS if progress is not None else set()
+    me = threading.get_ident()
+    if any(t.ident != me and t.ident not in ours for t in threading.enumerate()):
         return False
     try:
         return len(os.sched_getaffinity(0)) >= 2
@@ -427,15 +432,27 @@ def _hash_templates(templates, sep: bool, total: int) -> np.ndarray:
 def _hash_forked(templates, mid: int, split: int, total: int, sep: bool) -> np.ndarray | None:
     """Hash templates[mid:] in a forked child while this process hashes templates[:mid]; None if no
     child could be made or it failed (the caller then hashes everything itself)."""
+    return words_in_two(lambda: _hash_templates(templates[:mid], sep, split),
+                        lambda: _hash_templates(templates[mid:], sep, total - split), split, total)
+
+
+def words_in_two(first, second, split: int, total: int) -> np.ndarray | None:
+    """uint32 words [0, split) from first() in this process and [split, total) from second() in a
+    forked child (both return uint32 arrays), as one array; None if no child could be made or it
+    failed (the caller then makes them all itself). Call only where _can_fork() allows."""
     import os
     import signal
+    import warnings
 
     try:
         r, w = os.pipe()
     except OSError:
         return None
     try:
-        pid = os.fork()
+        with warnings.catch_warnings():
+            # Python 3.12+ warns of any fork beside threads; _can_fork allowed only a progress bar's
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
     except OSError:  # e.g. EAGAIN under a process limit, ENOMEM
         os.close(r)
         os.close(w)
@@ -444,7 +461,7 @@ def _hash_forked(templates, mid: int, split: int, total: int, sep: bool) -> np.n
         code = 1
         try:
             os.close(r)
-            data = memoryview(_hash_templates(templates[mid:], sep, total - split).tobytes())
+            data = memoryview(np.ascontiguousarray(second(), dtype=np.uint32).tobytes())
             while data:
                 data = data[os.write(w, data):]
             code = 0
@@ -454,7 +471,7 @@ def _hash_forked(templates, mid: int, split: int, total: int, sep: bool) -> np.n
     chunks: list[bytes] = []
     try:
         out = np.empty(total, dtype=np.uint32)
-        out[:split] = _hash_templates(templates[:mid], sep, split)
+        out[:split] = first()
         while True:
             chunk = os.read(r, 1 << 20)
             if not chunk:

@@ -15,6 +15,23 @@ _SEP = re.compile(r"[ \t\n\r]*(,)?[ \t\n\r]*")
 _DECODER = json.JSONDecoder()
 _HERE = object()  # marks, in a tree of wanted pointers, that the pointer ends here
 
+# The end of a value that is a flat array or an object of scalars and flat arrays (a module of a
+# params tree: {"kernel": [4, 4], ...}), found by the regex engine without building the value. The
+# text is valid JSON already (json.loads read it), so a match ends exactly where the value does;
+# anything deeper does not match and is skipped by raw_decode.
+_STR = r'"(?:[^"\\]|\\.)*+"'
+_SCALAR = r'(?:' + _STR + r'|[^\s,:\[\]{}"]++)'
+_ARR = r'\[\s*+(?:' + _SCALAR + r'\s*+(?:,\s*+' + _SCALAR + r'\s*+)*+)?\]'
+_LEAF = r'(?:' + _SCALAR + r'|' + _ARR + r')'
+_MEMBER = _STR + r'\s*+:\s*+' + _LEAF + r'\s*+'
+_FLAT = re.compile(r'(?:' + _ARR + r'|\{\s*+(?:' + _MEMBER + r'(?:,\s*+' + _MEMBER + r')*+)?\})')
+
+
+def _skip(text: str, pos: int) -> int:
+    """The offset just past the JSON value at `pos` (no leading whitespace)."""
+    m = _FLAT.match(text, pos)
+    return m.end() if m is not None else _DECODER.raw_decode(text, pos)[1]
+
 
 class _Duplicate(Exception):
     def __init__(self, key: str):
@@ -94,17 +111,17 @@ class JsonDoc:
             if self._left == 0:
                 raise _Done()
 
-    def _visit(self, pos: int, tree: dict, path: tuple, found: dict, top: bool = True) -> int:
+    def _visit(self, pos: int, tree: dict, path: tuple, found: dict) -> int:
         """Walk the value at `pos` (no leading whitespace) looking for the pointers in `tree`; return the
-        offset after it. The document is valid JSON (json.loads read it), so the walk trusts the syntax."""
+        offset after it (members not wanted are skipped whole: _skip). The document is valid JSON
+        (json.loads read it), so the walk trusts the syntax."""
         text = self.text
-        ws, sep, skip = _WS.match, _SEP.match, _DECODER.raw_decode
+        ws, sep = _WS.match, _SEP.match
         is_object = text[pos] == "{"
         if not is_object and text[pos] != "[":
-            return skip(text, pos)[1]
-        # below the top, find the end at C speed first: the walk can stop at the last wanted member
-        end = None if top else skip(text, pos)[1]
-        left = len(tree) - (1 if _HERE in tree else 0)
+            return _skip(text, pos)
+        start = pos
+        left = len(tree) - (1 if _HERE in tree else 0)  # wanted members not reached yet
         close = "}" if is_object else "]"
         pos = ws(text, pos + 1).end()
         if text[pos] == close:
@@ -120,16 +137,16 @@ class JsonDoc:
                 index += 1
             node = tree.get(key)
             if node is None:
-                pos = skip(text, pos)[1]
+                pos = _skip(text, pos)
             else:
                 self._mark(node, path + (key,), at, found)
                 if len(node) > (1 if _HERE in node else 0):
-                    pos = self._visit(pos, node, path + (key,), found, False)
+                    pos = self._visit(pos, node, path + (key,), found)
                 else:
-                    pos = skip(text, pos)[1]
+                    pos = _skip(text, pos)
                 left -= 1
-                if left == 0 and end is not None:
-                    return end
+                if left == 0 and path:
+                    return _skip(text, start)  # the rest holds nothing wanted: skip it whole
             m = sep(text, pos)
             if m.group(1) is None:
                 return m.end() + 1  # past the closing bracket

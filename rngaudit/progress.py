@@ -19,6 +19,9 @@ from contextlib import contextmanager
 from typing import Callable, Iterator
 
 SHOW_AFTER_SECONDS = 1.0  # short runs never flash a bar
+# idents of the threads a bar runs (its timer, rich's refresh thread): they touch only rich and the
+# bar's lock, so a process that forks a worker that touches neither may fork beside them (rngaudit.fast)
+THREADS: set[int] = set()
 
 
 def _noop(n: int = 1) -> None:
@@ -60,12 +63,15 @@ def progress(total: int | None, description: str, *, stream=None,
     def start() -> None:
         with lock:
             if not state["stopped"]:
+                before = {t.ident for t in threading.enumerate()}
                 bar.start()
+                THREADS.update(t.ident for t in threading.enumerate() if t.ident not in before)
                 state["started"] = True
 
     timer = threading.Timer(delay, start)
     timer.daemon = True
     timer.start()
+    THREADS.add(timer.ident)
 
     def advance(n: int = 1) -> None:
         bar.advance(task, n)
@@ -78,3 +84,5 @@ def progress(total: int | None, description: str, *, stream=None,
             state["stopped"] = True
             if state["started"]:
                 bar.stop()
+        alive = {t.ident for t in threading.enumerate()}
+        THREADS.intersection_update(alive)

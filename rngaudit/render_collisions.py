@@ -7,7 +7,6 @@ from typing import Sequence
 
 from rich.cells import cell_len
 from rich.console import Console
-from rich.control import strip_control_codes
 from rich.text import Text
 
 from .collisions import (COUNT_MEETS_NAME, SHARED_KEY, SHARED_SEED, Audit, CallSite, Collision, LatentCollision,
@@ -86,7 +85,7 @@ def _print(console: Console, text: Text) -> None:
     """console.print(text); a plain console (_plain) gets the text written at once (rich's rendering of
     a line costs more than the key work of a thousand call sites)."""
     plain = text.plain
-    if _plain(console) and "\t" not in plain:
+    if _plain(console) and plain.isprintable():
         console.file.write(plain + "\n")
     else:
         console.print(text)
@@ -95,14 +94,14 @@ def _print(console: Console, text: Text) -> None:
 def _print_rows(rows: list[list[str]], console: Console, bold: int = 1) -> None:
     """Rows of cells in aligned columns, two spaces apart, column `bold` in bold: what a borderless rich
     Table (_table) prints, without the cost of measuring (a report of a large model has thousands of
-    these). A table wider than the console is left to rich.table, which shrinks its columns."""
+    these). A table wider than the console, or with a cell rich would treat specially (a tab, an
+    escape), is left to rich.table."""
     if not rows:
         return
     ncols = len(rows[0])
-    rows = [[strip_control_codes(cell) for cell in r] for r in rows]  # (as rich.text.Text does)
     widths = [max(cell_len(r[c]) for r in rows) for c in range(ncols)]
     widths[-1] = max(widths[-1], 1)  # (as rich.table: an empty last column is one space wide)
-    if sum(widths) + 2 * (ncols - 1) > console.width or any("\t" in cell for r in rows for cell in r):
+    if sum(widths) + 2 * (ncols - 1) > console.width or not all(cell.isprintable() for r in rows for cell in r):
         table = _table(*(str(c) for c in range(ncols)))
         for r in rows:
             table.add_row(*(Text(cell, style="bold" if c == bold else "") for c, cell in enumerate(r)))

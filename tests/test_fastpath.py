@@ -262,3 +262,36 @@ def test_counts_beyond_the_encoding_cache():
     finally:
         fast.ENC_CACHE = old
     assert out["calls"][-1]["count"] == 1001
+
+
+def test_hashing_forks_beside_a_progress_bar_only():
+    """An interactive run draws a progress bar from its own threads: those hold nothing the forked
+    hashing child needs, so the fork still happens (in a fresh process: no JAX); any other thread
+    stops it."""
+    import subprocess
+    import sys
+
+    code = """
+import io, os, threading, time
+import rngaudit.fast as fast
+from rngaudit.progress import progress
+os.sched_getaffinity = lambda pid: {0, 1}  # (two CPUs, whatever this machine has)
+class Tty(io.StringIO):
+    def isatty(self):
+        return True
+assert fast._can_fork()
+with progress(5, "work", stream=Tty(), delay=0.0):
+    time.sleep(0.3)  # the bar is drawn: its timer and rich's refresh thread run
+    assert threading.active_count() > 1
+    assert fast._can_fork()
+stop = threading.Event()
+other = threading.Thread(target=stop.wait)
+other.start()
+assert not fast._can_fork()
+stop.set()
+other.join()
+print("ok")
+"""
+    env = {k: v for k, v in os.environ.items() if k != "RNGAUDIT_HASH_PROCESSES"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr

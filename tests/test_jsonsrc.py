@@ -86,3 +86,24 @@ def test_file_errors(tmp_path):
     p.write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(SpecError, match="nested too deeply"):
         load_json(str(p))
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(alphabet=st.sampled_from(['a', '"', '\\', '[', ']', '{', '}', ',', ':', ' ', 'é', '\n'])),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=3), inner, max_size=4),
+    max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(JSON_VALUES, st.sampled_from([None, 0, 2]), st.sampled_from([None, (",", ":"), (" , ", " : ")]),
+       st.sampled_from(["", " ", ",1]", "\n}"]))
+def test_skip_ends_where_the_value_does(value, indent, separators, after):
+    """jsonsrc skips a flat value (a params tree's module) with a regex instead of decoding it: the end
+    it finds is raw_decode's on any JSON value, however written, deeper ones included."""
+    import json
+
+    from rngaudit.jsonsrc import _skip
+
+    text = json.dumps(value, indent=indent, separators=separators, ensure_ascii=False) + after
+    assert _skip(text, 0) == json.JSONDecoder().raw_decode(text, 0)[1]
