@@ -224,6 +224,10 @@ class Sites:
         """The bytes Flax hashes for site i's path, before the count."""
         return hash_input(self.items(i)[:-1], self.separator)
 
+    def paths_bytes(self, indices: Sequence[int]) -> list[bytes]:
+        """path_bytes of each of `indices` (ints)."""
+        return [self.path_bytes(i) for i in indices]
+
     def stream(self, i: int) -> str:
         raise NotImplementedError
 
@@ -404,13 +408,29 @@ class _Entries:
             first = [firsts[k] for k in combos]
             self.top = [tops[k] for k in combos]
         self.first = first
-        self.data = [sites.path_bytes(int(i)) for i in first]
+        self.data = sites.paths_bytes(first.tolist() if hasattr(first, "tolist") else first)
+        # the entries of one unit are consecutive (combo is sorted): (unit, start, stop) per unit
+        if hasattr(self.combo, "dtype"):
+            import numpy as np
+
+            units = self.combo >> 32
+            starts = [0] + (np.flatnonzero(units[1:] != units[:-1]) + 1).tolist() if len(units) else []
+            self.units = [(combos[a] >> 32, a, b) for a, b in zip(starts, starts[1:] + [len(combos)])]
+        else:
+            self.units = []
+            start = 0
+            for k in range(1, len(combos) + 1):
+                if k == len(combos) or combos[k] >> 32 != combos[start] >> 32:
+                    self.units.append((combos[start] >> 32, start, k))
+                    start = k
         self.by_data: dict[int, dict[bytes, int]] = {}
         self.more: dict[tuple[int, bytes], list[int]] = {}  # further paths with the same bytes (rare)
-        for k, (c, d) in enumerate(zip(combos, self.data)):
-            table = self.by_data.setdefault(c >> 32, {})
-            if table.setdefault(d, k) != k:
-                self.more.setdefault((c >> 32, d), []).append(k)
+        for u, a, b in self.units:
+            table = self.by_data[u] = dict(zip(reversed(self.data[a:b]), range(b - 1, a - 1, -1)))  # the first wins
+            if len(table) != b - a:
+                for k in range(a, b):
+                    if table[self.data[k]] != k:
+                        self.more.setdefault((u, self.data[k]), []).append(k)
         self._sorted: dict[int, list[bytes]] = {}
 
     def entry(self, k: int) -> _Entry:
@@ -604,17 +624,24 @@ class _Context:
         """Short entry -> long entry -> smallest counts, for the paths of one unit whose hashed bytes
         differ by a tail that a count can spell, the counts needed within the bound and not met here."""
         es = self.entries()
-        out: dict[int, dict[int, tuple[int, int]]] = {}
+        found: list[tuple[int, int, tuple[int, int]]] = []
         top = es.top
-        for k, data in enumerate(es.data):
-            unit = int(es.combo[k]) >> 32
-            for cut in range(1, min(self.rest, len(data)) + 1):
-                pair = self.pair(data[-cut:])
-                if pair is None:
-                    continue
-                for short in es.ids(unit, data[:-cut]):
-                    if top[short] < pair[0]:  # else the counts meet: an actual collision, reported as such
-                        out.setdefault(short, {})[k] = pair
+        data = es.data
+        for unit, a, b in es.units:
+            table = es.by_data[unit]
+            for cut in range(1, self.rest + 1):
+                # the entries whose bytes, but for a tail of `cut`, are another path's (a set lookup each)
+                hits = [k for k, d in zip(range(a, b), data[a:b]) if len(d) >= cut and d[:-cut] in table]
+                for k in hits:
+                    pair = self.pair(data[k][-cut:])
+                    if pair is None:
+                        continue
+                    for short in es.ids(unit, data[k][:-cut]):
+                        if top[short] < pair[0]:  # else the counts meet: an actual collision, reported as such
+                            found.append((k, short, pair))
+        out: dict[int, dict[int, tuple[int, int]]] = {}
+        for k, short, pair in sorted(found, key=lambda f: f[0]):  # (longs in entry order, as they were found)
+            out.setdefault(short, {})[k] = pair
         return out
 
     def _first_pairs(self) -> set[tuple[int, int]]:

@@ -149,6 +149,11 @@ class ModuleSites(Sites):
     def path_bytes(self, i: int) -> bytes:
         return self._prefix[self.path_id[i]]
 
+    def paths_bytes(self, indices) -> list[bytes]:
+        prefix = self._prefix
+        pids = self.path_id[indices].tolist() if self.vectorised else [self.path_id[i] for i in indices]
+        return [prefix[p] for p in pids]
+
     def stream(self, i: int) -> str:
         return STREAM
 

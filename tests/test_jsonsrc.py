@@ -107,3 +107,26 @@ def test_skip_ends_where_the_value_does(value, indent, separators, after):
 
     text = json.dumps(value, indent=indent, separators=separators, ensure_ascii=False) + after
     assert _skip(text, 0) == json.JSONDecoder().raw_decode(text, 0)[1]
+
+
+@given(st.lists(VALUES, min_size=60, max_size=400), st.sets(st.integers(0, 450), max_size=8),
+       st.sampled_from([None, 0, 2]))
+@settings(max_examples=60, deadline=None)
+def test_long_lists_are_located_in_jumps(entries, wanted_indices, indent):
+    """The walk over a long list (a million module paths) jumps over runs of elements it does not
+    want, and over sublists too: every entry, and every entry below it, is found where a walk that
+    steps element by element finds it."""
+    import rngaudit.jsonsrc as jsonsrc
+
+    value = [entries, {"x": entries}]
+    text = json.dumps(value, indent=indent)
+    # entries (and what is below them) at the wanted indices of both copies; indices past the end too
+    wanted = [p for p, _ in pointers(value) if (p[0] == 0 and p[1:2] and p[1] in wanted_indices)
+              or (p[0] == 1 and p[2:3] and p[2] in wanted_indices)]
+    wanted += [(0, i) for i in wanted_indices] + [(1, "x", i) for i in wanted_indices]
+    jumped = parse_json(text, "v.json").locate(wanted)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(jsonsrc, "JUMP", 10**9)
+        stepped = parse_json(text, "v.json").locate(wanted)
+    assert jumped == stepped
+    assert set(jumped) == set(wanted) & set(dict(pointers(value)))
