@@ -12,6 +12,8 @@ verified rename:
   paths      a JSON list of N module paths, each a module of its own; timed from reading the file
   command    the spec through `python -m rngaudit collisions` in a fresh process, report written to a
              file (text and JSON): start-up, YAML and the report included; best of 3
+  shapes     the three models of bench_derive.py (blocks with two streams, a vmap of experts, a scan
+             over layers), timed as `spec`
 
 The floor is a bare loop `[int.from_bytes(sha1(data).digest()[:4], "big") for data in inputs]` over the
 same N hash inputs (bytes built beforehand), best of 3; it runs on one core. rngaudit hashes a large
@@ -21,7 +23,7 @@ memory: tracemalloc's peak in a second run (tracemalloc slows Python down, so ti
 first run) of the spec's call sites and audit, or of the JSON's read and audit; and the whole
 process's max RSS.
 
-    python3 benchmarks/bench_collisions.py [--sites 1000000] [--modules 10000] [--skip spec,command,tree,paths]
+    python3 benchmarks/bench_collisions.py [--sites 1000000] [--modules 10000] [--skip spec,command,shapes,tree,paths]
 """
 from __future__ import annotations
 
@@ -90,12 +92,14 @@ def report(name: str, n: int, stages: list[tuple[str, float]], floor: float, pea
     if any(s.startswith("replay") for s, _ in stages):
         ours = sum(t for s, t in stages if not s.startswith("replay"))
         print(f"  ratio without replay / SHA-1     {ours / floor:8.2f}x")
-    print(f"  tracemalloc peak, {peak[0]:<14} {peak[1]:8.1f} MiB")
+    if peak[1] == peak[1]:  # (not measured: nan)
+        print(f"  tracemalloc peak, {peak[0]:<14} {peak[1]:8.1f} MiB")
 
 
-def bench_spec(n: int, modules: int) -> None:
-    """The command's own path: replay on derive's fast path, call sites and keys (spec_sites), audit."""
-    spec = parse_spec(spec_text(modules, n // modules), "bench.yaml")
+def bench_spec(text: str, name: str = "spec", peak: bool = True) -> float:
+    """The command's own path: replay on derive's fast path, call sites and keys (spec_sites), audit.
+    Returns the floor."""
+    spec = parse_spec(text, "bench.yaml")
     best = None
     for _ in range(3):
         t = time.perf_counter()
@@ -109,9 +113,9 @@ def bench_spec(n: int, modules: int) -> None:
     inputs = [hash_input(sites.items(i), spec.fix_rng_separator) for i in range(sites.n)]
     floor = sha1_floor(inputs)
     del inputs
-    peak = ("replay + audit", peak_mib(lambda: audit(spec_sites(spec))))
-    report("spec", sites.n, [("call sites: replay, hashes, keys", best[0]), ("audit (group, classify, fixes)", best[1])],
-           floor, peak, a)
+    traced = ("replay + audit", peak_mib(lambda: audit(spec_sites(spec))) if peak else float("nan"))
+    report(name, sites.n, [("call sites: replay, hashes, keys", best[0]), ("audit (group, classify, fixes)", best[1])],
+           floor, traced, a)
     return floor
 
 
@@ -159,16 +163,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sites", type=int, default=1_000_000)
     ap.add_argument("--modules", type=int, default=10_000)
-    ap.add_argument("--skip", default="", help="comma-separated: spec, command, tree, paths")
+    ap.add_argument("--skip", default="", help="comma-separated: spec, command, shapes, tree, paths")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     n, modules = args.sites, args.modules
     per = n // modules
     print(f"machine: {os.cpu_count()} cores; {n:,} call sites per input")
     if "spec" not in skip:
-        floor = bench_spec(n, modules)
+        floor = bench_spec(spec_text(modules, n // modules))
         if "command" not in skip:
             bench_command(modules, n // modules, floor)
+    if "shapes" not in skip:
+        from bench_derive import shapes
+
+        for name, text in shapes(n).items():
+            bench_spec(text, f"spec: {name}", peak=False)
     if "tree" not in skip:
         tree = {"params": {f"Block_{i}": {f"p{j}": [4, 4] for j in range(per)} for i in range(modules)}}
         inputs = [hash_input((f"Block_{i}", c), False) for i in range(modules) for c in range(1, per + 1)]

@@ -220,9 +220,10 @@ class Sites:
         """What Flax hashes for site i: the path since its base, then the count."""
         raise NotImplementedError
 
-    def path_bytes(self, i: int) -> bytes:
-        """The bytes Flax hashes for site i's path, before the count."""
-        return hash_input(self.items(i)[:-1], self.separator)
+    def path_bytes(self, i: int, separator: bool | None = None) -> bytes:
+        """The bytes Flax hashes for site i's path, before the count (with `separator`, default the
+        input's)."""
+        return hash_input(self.items(i)[:-1], self.separator if separator is None else separator)
 
     def paths_bytes(self, indices: Sequence[int]) -> list[bytes]:
         """path_bytes of each of `indices` (ints)."""
@@ -423,6 +424,10 @@ class _Entries:
                 if k == len(combos) or combos[k] >> 32 != combos[start] >> 32:
                     self.units.append((combos[start] >> 32, start, k))
                     start = k
+        # Python lists from here on: the audit reads them one entry at a time
+        self.combo = combos
+        self.first = self.first.tolist() if hasattr(self.first, "tolist") else list(self.first)
+        self.top = self.top.tolist() if hasattr(self.top, "tolist") else list(self.top)
         self.by_data: dict[int, dict[bytes, int]] = {}
         self.more: dict[tuple[int, bytes], list[int]] = {}  # further paths with the same bytes (rare)
         for u, a, b in self.units:
@@ -434,8 +439,8 @@ class _Entries:
         self._sorted: dict[int, list[bytes]] = {}
 
     def entry(self, k: int) -> _Entry:
-        c = int(self.combo[k])
-        return _Entry(c >> 32, c & 0xFFFFFFFF, int(self.first[k]), int(self.top[k]), self.data[k])
+        c = self.combo[k]
+        return _Entry(c >> 32, c & 0xFFFFFFFF, self.first[k], self.top[k], self.data[k])
 
     def of(self, unit: int, path_id: int) -> int:
         return bisect.bisect_left(self.combo, (unit << 32) | path_id)
@@ -666,13 +671,12 @@ class _Context:
         return found
 
     def _latent_one(self, e: _Entry, partners: list) -> "_PendingLatent":
-        short_items = self.items(e.first)[:-1]
         flipped = not self.sep
-        a = hash_input(short_items, flipped)
+        a = self.s.path_bytes(e.first, flipped)
         rows = []
         removes = True
         for other, pair in partners:
-            b = hash_input(self.items(other.first)[:-1], flipped)
+            b = self.s.path_bytes(other.first, flipped)
             if a == b:
                 sep_pair = (1, 1)
             elif b.startswith(a):
@@ -1390,6 +1394,7 @@ class TableSites(SpecSites):
         self._registry = {} if registry is None else registry  # base key value -> id, shared with renamed copies
         self._resolver = None
         self._flip = None
+        self._prefixes: dict[tuple[int, bool], bytes] = {}
         # unsafe_rbg: keys row by row
         self.keys = t.keys(self._engine, keep) if keys and spec.prng_impl not in self.BIJECTIVE else None
         self._flipped_keys = None
@@ -1405,6 +1410,23 @@ class TableSites(SpecSites):
     def items(self, i: int) -> tuple:
         j = int(self.keep[i])
         return self.table.templates[int(self.table.block[j])][6] + (int(self.table.count[j]),)
+
+    def _prefix(self, template: int, separator: bool) -> bytes:
+        """The hashed bytes of a template's path (what comes before the count), made once."""
+        key = (template, separator)
+        pre = self._prefixes.get(key)
+        if pre is None:
+            pre = self._prefixes[key] = hash_input(self.table.templates[template][6], separator)
+        return pre
+
+    def path_bytes(self, i: int, separator: bool | None = None) -> bytes:
+        return self._prefix(int(self.table.block[int(self.keep[i])]), self.separator if separator is None else separator)
+
+    def paths_bytes(self, indices: Sequence[int]) -> list[bytes]:
+        import numpy as np
+
+        blocks = self.table.block[self.keep[np.asarray(indices, dtype=np.int64)]].tolist() if len(indices) else []
+        return [self._prefix(b, self.separator) for b in blocks]
 
     # ------------------------------------------------------------ idents from base keys and words
     def _bases(self, table, words: dict | None = None):
@@ -1506,19 +1528,20 @@ class TableSites(SpecSites):
         per_template: dict = {}
         bases: dict = {}
         out = {}
+        head = b"\x00" if self.separator else b""  # (count_bytes, inline)
         for i, j, b, c, base, w, key in zip(indices, rows.tolist(), t.block[rows].tolist(), t.count[rows].tolist(),
                                             t.base[rows].tolist(), t.word[rows].tolist(), keys):
             const = per_template.get(b)
             if const is None:
                 tpl = t.templates[b]
                 const = per_template[b] = (tpl[0], tpl[1], tpl[2], tpl[4], tpl[5], tpl[6],
-                                           hash_input(tpl[6], self.separator), tpl[10], bool(tpl[13]))
+                                           self._prefix(b, self.separator), tpl[10], bool(tpl[13]))
             path, req, used, kind, label, suffix, pre, loc, lanes = const
             text = bases.get(base)
             if text is None:
                 text = bases[base] = str(t.bases[base])
             out[i] = CallSite(j, path, req, used, c, t.lane_of(j) if lanes else (), text, kind, label, suffix + (c,),
-                              pre + count_bytes(c, self.separator), w, key, loc)
+                              pre + head + c.to_bytes((c.bit_length() + 7) // 8, "big"), w, key, loc)
         return out, {}
 
     def rename_target(self, i: int) -> RenameTarget | None:

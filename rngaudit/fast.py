@@ -79,8 +79,22 @@ class KeyTable:
         self.n = n
         self.word_off = np.zeros(nt + 1, dtype=np.int64)
         np.cumsum(n_counts, out=self.word_off[1:])
-        self.words = self._hash_words()
-        # row columns
+        # the hash words: a large replay's last ones come from a forked child while this process
+        # makes the other columns
+        head, child = self._start_words()
+        try:
+            self._columns(nt, n, per, n_lanes, count0)
+        except BaseException:
+            if child is not None:
+                child.cancel()
+            raise
+        self.words = head if child is None else self._finish_words(head, child)
+        self.word = self.words[self._word_ix]
+        del self._word_ix
+
+    def _columns(self, nt: int, n: int, per: np.ndarray, n_lanes: np.ndarray, count0: np.ndarray) -> None:
+        """Every column but the words: rows, counts, lanes, bases."""
+        sizes = self.axis_size
         block = np.repeat(np.arange(nt, dtype=np.int64), per)
         off = np.arange(n, dtype=np.int64) - self.start[block]
         nl = n_lanes[block]
@@ -88,7 +102,7 @@ class KeyTable:
         self.block = block
         self.lane_ix = off - ci * nl
         self.count = count0[block] + ci
-        self.word = self.words[self.word_off[block] + ci]
+        self._word_ix = self.word_off[block] + ci
         # bases: one per (template, lane), shared between templates of the same reference and axes
         self.bases: list = []
         base_id: dict = {}
@@ -133,20 +147,33 @@ class KeyTable:
         self.discarded = lane_disc[self.rows_lane] | (self.base < 0)
 
     # ------------------------------------------------------------------ construction helpers
-    def _hash_words(self) -> np.ndarray:
+    def _start_words(self) -> tuple[np.ndarray, "_Child | None"]:
         """The hash word of every (template, count): SHA-1 once per distinct input. A large replay
-        is hashed by two processes (the second a fork that writes its words to a pipe)."""
+        is hashed by two processes: a forked child hashes the last templates and writes their words
+        to a pipe, read by _finish_words; this process hashes the first ones (a little fewer: it
+        makes the other columns next). Returns (this process's words, the child or None)."""
         templates = self.templates
         total = int(self.word_off[-1])
         if total >= PARALLEL_HASHES and _can_fork():
-            # the first template whose words start in the second half
-            mid = int(np.searchsorted(self.word_off[1:], total // 2, side="right"))
+            # the first template whose words start past this process's share
+            mid = int(np.searchsorted(self.word_off[1:], int(total * PARENT_SHARE), side="right"))
             split = int(self.word_off[mid])
             if 0 < split < total:
-                words = _hash_forked(templates, mid, split, total, self.sep)
-                if words is not None:
-                    return words
-        return _hash_templates(templates, self.sep, total)
+                child = _Child.start(lambda: _hash_templates(templates[mid:], self.sep, total - split), total - split)
+                if child is not None:
+                    child.first_template = mid
+                    try:
+                        return _hash_templates(templates[:mid], self.sep, split), child
+                    except BaseException:
+                        child.cancel()
+                        raise
+        return _hash_templates(templates, self.sep, total), None
+
+    def _finish_words(self, head: np.ndarray, child: "_Child") -> np.ndarray:
+        tail = child.finish()
+        if tail is None:  # the child failed: hash its part here
+            tail = _hash_templates(self.templates[child.first_template:], self.sep, child.n)
+        return np.concatenate([head, tail])
 
     def _fork(self, template: int, lane: tuple):
         """A jit fork's ForkKey in `lane`, found from the template's start (forks have n = 1)."""
@@ -370,6 +397,7 @@ def _fold_in_rows(e: KeyEngine, keys: np.ndarray, words: np.ndarray) -> np.ndarr
 
 
 PARALLEL_HASHES = 200_000  # replays with at least this many hash inputs are hashed by two processes
+PARENT_SHARE = 0.45  # of them, this process hashes this share (it makes the other columns meanwhile)
 
 
 def _can_fork() -> bool:
@@ -429,73 +457,92 @@ def _hash_templates(templates, sep: bool, total: int) -> np.ndarray:
     return out
 
 
-def _hash_forked(templates, mid: int, split: int, total: int, sep: bool) -> np.ndarray | None:
-    """Hash templates[mid:] in a forked child while this process hashes templates[:mid]; None if no
-    child could be made or it failed (the caller then hashes everything itself)."""
-    return words_in_two(lambda: _hash_templates(templates[:mid], sep, split),
-                        lambda: _hash_templates(templates[mid:], sep, total - split), split, total)
+class _Child:
+    """uint32 words made by a forked child and written to a pipe, read when finish() is called (the
+    parent works meanwhile). Start only where _can_fork() allows."""
 
+    def __init__(self, pid: int, r: int, n: int):
+        self.pid, self.r, self.n = pid, r, n
+        self.first_template = 0  # (what its words are of: the caller's note)
 
-def words_in_two(first, second, split: int, total: int) -> np.ndarray | None:
-    """uint32 words [0, split) from first() in this process and [split, total) from second() in a
-    forked child (both return uint32 arrays), as one array; None if no child could be made or it
-    failed (the caller then makes them all itself). Call only where _can_fork() allows."""
-    import os
-    import signal
-    import warnings
+    @classmethod
+    def start(cls, make, n: int) -> "_Child | None":
+        """Fork a child that writes make() (n uint32 words); None if no child could be made."""
+        import os
+        import warnings
 
-    try:
-        r, w = os.pipe()
-    except OSError:
-        return None
-    try:
-        with warnings.catch_warnings():
-            # Python 3.12+ warns of any fork beside threads; _can_fork allowed only a progress bar's
-            warnings.simplefilter("ignore", DeprecationWarning)
-            pid = os.fork()
-    except OSError:  # e.g. EAGAIN under a process limit, ENOMEM
-        os.close(r)
-        os.close(w)
-        return None
-    if pid == 0:  # the child: hash, write the words, leave without running any cleanup
-        code = 1
         try:
+            r, w = os.pipe()
+        except OSError:
+            return None
+        try:
+            with warnings.catch_warnings():
+                # Python 3.12+ warns of any fork beside threads; _can_fork allowed only a progress bar's
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()
+        except OSError:  # e.g. EAGAIN under a process limit, ENOMEM
             os.close(r)
-            data = memoryview(np.ascontiguousarray(second(), dtype=np.uint32).tobytes())
-            while data:
-                data = data[os.write(w, data):]
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(w)
-    chunks: list[bytes] = []
-    try:
-        out = np.empty(total, dtype=np.uint32)
-        out[:split] = first()
-        while True:
-            chunk = os.read(r, 1 << 20)
-            if not chunk:
-                break
-            chunks.append(chunk)
-    except BaseException:
-        os.kill(pid, signal.SIGKILL)  # an interrupt here ends the child too, at once
-        raise
-    finally:
-        os.close(r)
+            os.close(w)
+            return None
+        if pid == 0:  # the child: hash, write the words, leave without running any cleanup
+            code = 1
+            try:
+                os.close(r)
+                data = memoryview(np.ascontiguousarray(make(), dtype=np.uint32).tobytes())
+                while data:
+                    data = data[os.write(w, data):]
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(w)
+        return cls(pid, r, n)
+
+    def finish(self) -> np.ndarray | None:
+        """The child's words; None if it failed (the caller then makes them itself)."""
+        import os
+
+        chunks: list[bytes] = []
+        try:
+            while True:
+                chunk = os.read(self.r, 1 << 20)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        except BaseException:
+            self.cancel()
+            raise
+        status = self._reap()
+        data = b"".join(chunks)
+        if status != 0 or len(data) != 4 * self.n:
+            return None
+        return np.frombuffer(data, dtype=np.uint32)
+
+    def cancel(self) -> None:
+        """End the child at once (an interrupt or an error in the parent meanwhile)."""
+        import os
+        import signal
+
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        self._reap()
+
+    def _reap(self) -> int:
+        import os
+
+        if self.r is not None:
+            os.close(self.r)
+            self.r = None
         while True:
             try:
-                _, status = os.waitpid(pid, 0)
-                break
+                return os.waitpid(self.pid, 0)[1]
             except InterruptedError:
                 continue
             except ChildProcessError:
-                status = 1
-                break
-    data = b"".join(chunks)
-    if status != 0 or len(data) != 4 * (total - split):
-        return None
-    out[split:] = np.frombuffer(data, dtype=np.uint32)
-    return out
+                return 1
+
+
 
 
 def _threefry_fold_in_rows(keys: np.ndarray, words: np.ndarray) -> np.ndarray:

@@ -146,8 +146,10 @@ class ModuleSites(Sites):
     def items(self, i: int) -> tuple:
         return self.paths[self.path_id[i]] + (int(self.count[i]),)
 
-    def path_bytes(self, i: int) -> bytes:
-        return self._prefix[self.path_id[i]]
+    def path_bytes(self, i: int, separator: bool | None = None) -> bytes:
+        if separator is None or separator == self.separator:
+            return self._prefix[self.path_id[i]]
+        return _path_bytes(self.paths[self.path_id[i]], separator)
 
     def paths_bytes(self, indices) -> list[bytes]:
         prefix = self._prefix

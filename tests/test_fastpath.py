@@ -202,7 +202,8 @@ def test_jsonl_is_byte_identical_on_both_engines(path):
 
 def test_two_process_hashing_gives_the_same_words(tmp_path):
     """A large replay is hashed by this process and a forked child; in a fresh process (no JAX, no
-    threads) the forked words equal one process's, and a fork that fails falls back to one process."""
+    threads) the forked words equal one process's, and a fork that fails, or a child that fails,
+    falls back to this process."""
     import subprocess
     import sys
 
@@ -230,6 +231,13 @@ def counting_fork():
 os.fork = counting_fork
 two = fast.key_table(spec).word
 assert len(forks) == 1, forks
+real_write = os.write
+def failing_write(fd, data):  # only the child writes (its words, to the pipe): the child fails
+    raise OSError(32, "Broken pipe")
+os.write = failing_write
+child_failed = fast.key_table(spec).word
+os.write = real_write
+assert len(forks) == 2, forks
 def failing_fork():
     raise BlockingIOError(11, "Resource temporarily unavailable")
 os.fork = failing_fork
@@ -237,7 +245,7 @@ fallback = fast.key_table(spec).word
 fast.PARALLEL_HASHES = 10**12
 one = fast.key_table(spec).word
 assert len(one) == 300 * 700 + 140000
-assert np.array_equal(two, one) and np.array_equal(fallback, one)
+assert np.array_equal(two, one) and np.array_equal(fallback, one) and np.array_equal(child_failed, one)
 assert "jax" not in sys.modules
 print("ok")
 """
