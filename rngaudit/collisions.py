@@ -73,6 +73,20 @@ class CallSite:
         return "/".join(self.path) if self.path else "(root)"
 
 
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _frozen(cls, *values):
+    """cls(*values) for a frozen dataclass of plain fields, without its __setattr__ per field: a large
+    report describes tens of thousands of call sites."""
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    obj = object.__new__(cls)
+    obj.__dict__.update(zip(names, values))
+    return obj
+
+
 @dataclass(frozen=True)
 class HashInput:
     """The call sites of a finding that hash exactly the same bytes."""
@@ -472,8 +486,13 @@ class _Context:
             import numpy as np
 
             # (no stable sort needed: a run of equal idents is used as a set, sorted when reported)
-            self.order = np.argsort(self.ident)
-            self.sorted_ident = self.ident[self.order]
+            if self.ident.dtype == np.uint64:
+                # a sort of the values is a third of an argsort: the few repeated ones are found after
+                self.order = None
+                self.sorted_ident = np.sort(self.ident)
+            else:
+                self.order = np.argsort(self.ident)
+                self.sorted_ident = self.ident[self.order]
         else:
             self.order = sorted(range(len(self.ident)), key=self.ident.__getitem__)
             self.sorted_ident = [self.ident[i] for i in self.order]
@@ -528,6 +547,12 @@ class _Context:
             import numpy as np
 
             same = si[1:] == si[:-1]
+            if self.order is None:
+                repeated = si[1:][same]
+                at = np.flatnonzero(np.isin(self.ident, repeated))
+                at = at[np.argsort(self.ident[at], kind="stable")]
+                cuts = np.flatnonzero(self.ident[at][1:] != self.ident[at][:-1]) + 1
+                return np.split(at, cuts) if len(at) else []
             edges = np.diff(np.concatenate(([0], same.astype(np.int8), [0])))
             starts, stops = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
             return [self.order[a:b + 1] for a, b in zip(starts, stops)]
@@ -804,8 +829,8 @@ class _Context:
             hashed = self._hashable(idents)
             if len(set(hashed)) != len(hashed):
                 return None
-            for a, b in self._equal_ranges(idents):
-                if any(int(self.order[p]) not in gone for p in range(a, b)):
+            for x, (a, b) in zip(idents, self._equal_ranges(idents)):
+                if b > a and any(i not in gone for i in self._holders(x, a, b)):
                     return None
             if any(x in state.idents for x in hashed):
                 return None
@@ -829,6 +854,14 @@ class _Context:
             if after & state.forbid.get((unit, pid), set()):
                 return None
         return moved, (dict(zip(change_idx, hashed)) if hashed is not None else {}), new_entries
+
+    def _holders(self, ident, a: int, b: int) -> list[int]:
+        """The sites whose ident is `ident`, found at sorted_ident[a:b]."""
+        if self.order is None:
+            import numpy as np
+
+            return np.flatnonzero(self.ident == ident).tolist()
+        return [int(self.order[p]) for p in range(a, b)]
 
     def _equal_ranges(self, idents) -> list[tuple[int, int]]:
         """For each ident, the range of sorted_ident that equals it."""
@@ -1086,7 +1119,7 @@ class _PendingLatent:
         return self.entry.first
 
     def build(self, ctx: _Context) -> LatentCollision:
-        partners = tuple(LatentPartner(ctx.site(o.first), o.max_count, pair, data, sep_pair)
+        partners = tuple(_frozen(LatentPartner, ctx.site(o.first), o.max_count, pair, data, sep_pair)
                          for o, pair, data, sep_pair in self.rows)
         return LatentCollision(ctx.site(self.entry.first), self.entry.max_count, partners, self.separator,
                                tuple(self.renames), self.rename_note)
@@ -1394,7 +1427,7 @@ class TableSites(SpecSites):
         self._registry = {} if registry is None else registry  # base key value -> id, shared with renamed copies
         self._resolver = None
         self._flip = None
-        self._prefixes: dict[tuple[int, bool], bytes] = {}
+        self._prefixes: dict[tuple[tuple, bool], bytes] = {}
         # unsafe_rbg: keys row by row
         self.keys = t.keys(self._engine, keep) if keys and spec.prng_impl not in self.BIJECTIVE else None
         self._flipped_keys = None
@@ -1413,10 +1446,10 @@ class TableSites(SpecSites):
 
     def _prefix(self, template: int, separator: bool) -> bytes:
         """The hashed bytes of a template's path (what comes before the count), made once."""
-        key = (template, separator)
+        key = (self.table.templates[template][6], separator)  # (templates of one path share it)
         pre = self._prefixes.get(key)
         if pre is None:
-            pre = self._prefixes[key] = hash_input(self.table.templates[template][6], separator)
+            pre = self._prefixes[key] = hash_input(key[0], separator)
         return pre
 
     def path_bytes(self, i: int, separator: bool | None = None) -> bytes:
@@ -1510,9 +1543,9 @@ class TableSites(SpecSites):
 
         t = self.table
         res = self._bases(t)
-        base_keys = np.array([res.key(t.bases[b]) for b in t.base[rows].tolist()], dtype=np.uint32)
-        return [tuple(k) for k in _fold_in_rows(self._engine, base_keys.reshape(len(rows), -1),
-                                                 t.word[rows]).tolist()]
+        used, inverse = np.unique(t.base[rows], return_inverse=True)
+        base_keys = np.array([res.key(t.bases[b]) for b in used.tolist()], dtype=np.uint32).reshape(len(used), -1)
+        return [tuple(k) for k in _fold_in_rows(self._engine, base_keys[inverse.ravel()], t.word[rows]).tolist()]
 
     # ------------------------------------------------------------ reported sites
     def describe(self, indices, module_paths):
@@ -1540,7 +1573,7 @@ class TableSites(SpecSites):
             text = bases.get(base)
             if text is None:
                 text = bases[base] = str(t.bases[base])
-            out[i] = CallSite(j, path, req, used, c, t.lane_of(j) if lanes else (), text, kind, label, suffix + (c,),
+            out[i] = _frozen(CallSite, j, path, req, used, c, t.lane_of(j) if lanes else (), text, kind, label, suffix + (c,),
                               pre + head + c.to_bytes((c.bit_length() + 7) // 8, "big"), w, key, loc)
         return out, {}
 
