@@ -34,6 +34,8 @@ UNSPLIT_LANES = "unsplit_lanes"  # class 4, information: the lanes of one call s
 # Latent collisions are reported when the smaller colliding count is at most this (two-byte counts).
 DEFAULT_LATENT_MAX_COUNT = 65535
 RENAME_TRIES = 40  # candidate names tried per module
+RENAME_BUDGET = 4_000_000  # call sites re-derived per module at most (fewer tries for a module with many keys)
+RENAME_MAX_EXPECTED = 3  # a rename expected to meet more keys by chance than this is not tried
 REPLAY_LIMIT = 20_000  # specs with at most this many keys check renames by replaying the renamed model
 REPLAY_TRIES = 4  # candidate names per module when each costs a replay
 # Inputs with fewer call sites keep their columns in Python lists and their keys on Python ints: that
@@ -876,7 +878,12 @@ class _Context:
         target = self.target(i)
         if target is None or not target.path:
             return None
-        for k in range(1, RENAME_TRIES + 1):
+        # A renamed module's keys are fresh draws: about moved * n / 2**32 of them meet another key (the
+        # birthday bound). Past a few, every try fails, each at the cost of re-deriving them all.
+        moved = len(self.sites_of_paths(self.paths_under(target.path)))
+        if moved * self.s.n > RENAME_MAX_EXPECTED * 2**32:
+            return None
+        for k in range(1, min(RENAME_TRIES, max(1, RENAME_BUDGET // max(moved, 1))) + 1):
             name = f"{target.path[-1]}_{k}"
             result = self._try(target, name, state)
             if result is None:
@@ -938,7 +945,8 @@ class _Context:
             return renames, ("these renames are verified, but no verified rename was found for the call sites "
                              "that still share a key")
         return [], ("no verified rename was found: the modules are the root, repeated or named by a layer, or "
-                    "every rename tried keeps this finding or makes another")
+                    "every rename tried keeps this finding or makes another (a module with so many keys that "
+                    "its renamed keys would meet others by chance, keys x call sites / 2**32 > 3, is not tried)")
 
     def _latent_renames(self, e: _Entry, partners: list[_Entry]) -> tuple[list[Rename], str]:
         ok = ("afterwards these paths pair with no other path for counts up to the bound, and no collision "
@@ -964,7 +972,8 @@ class _Context:
             if r is not None:
                 return [r], ok
         return [], ("no verified rename was found: the modules are the root, repeated or named by a layer, or "
-                    "every rename tried keeps this finding or makes another")
+                    "every rename tried keeps this finding or makes another (a module with so many keys that "
+                    "its renamed keys would meet others by chance, keys x call sites / 2**32 > 3, is not tried)")
 
     # ------------------------------------------------------------ renames, checked by running the model again
     def _baseline(self) -> tuple[list[int], set]:

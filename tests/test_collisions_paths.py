@@ -191,3 +191,28 @@ def test_random_specs(names, repeat, separator):
         reject()
     with pytest.MonkeyPatch.context() as mp:
         check_spec(spec, mp)
+
+
+def test_a_rename_that_would_meet_other_keys_by_chance_is_not_tried():
+    """Renaming a module of 250,000 keys on one base key gives them fresh words: by the birthday bound
+    about 250,000**2 / 2**32 (14) of them meet another key, so no rename of it can be verified, and
+    every try would re-derive all its keys (40 tries per finding made this spec take minutes). Such a
+    module is not tried; the note says why, and smaller modules' renames are still found."""
+    spec = parse_spec(textwrap.dedent("""
+        rngaudit: 1
+        rngs: {params: 0}
+        model:
+          class: Model
+          body:
+            - module: {class: F, name: filler, body: [{make_rng: {repeat: 250000}}]}
+            - module: {class: N, name: ab, body: [{module: {class: L, name: cdef, body: [make_rng]}}]}
+            - module: {class: N, name: abc, body: [{module: {class: L, name: def, body: [make_rng]}}]}
+        """), "big.yaml")
+    a = audit(collisions.spec_sites(spec))
+    big = [c for c in a.collisions if any(s.path == ("filler",) for s in c.sites)]
+    assert big, "expected class-3 collisions among the filler's 250,000 keys"
+    for c in big:
+        assert c.collision_class == collisions.HASH_WORD
+        assert c.renames == () and "is not tried" in c.rename_note
+    small = [c for c in a.collisions if c.collision_class == collisions.CONCATENATION]
+    assert small and all(c.renames for c in small)
