@@ -412,9 +412,9 @@ def _can_fork() -> bool:
     if not hasattr(os, "fork") or os.environ.get("RNGAUDIT_HASH_PROCESSES") == "1" or "jax" in sys.modules:
         return False
     progress = sys.modules.get("rngaudit.progress")
-    ours = progress.THREADS if progress is not None else set()
-    me = threading.get_ident()
-    if any(t.ident != me and t.ident not in ours for t in threading.enumerate()):
+    ours = progress.THREADS if progress is not None else ()
+    me = threading.current_thread()
+    if any(t is not me and t not in ours for t in threading.enumerate()):
         return False
     try:
         return len(os.sched_getaffinity(0)) >= 2
@@ -508,6 +508,9 @@ class _Child:
                 if not chunk:
                     break
                 chunks.append(chunk)
+        except OSError:  # the pipe failed: the caller makes the words itself
+            self.cancel()
+            return None
         except BaseException:
             self.cancel()
             raise

@@ -15,13 +15,14 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import weakref
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
 SHOW_AFTER_SECONDS = 1.0  # short runs never flash a bar
-# idents of the threads a bar runs (its timer, rich's refresh thread): they touch only rich and the
-# bar's lock, so a process that forks a worker that touches neither may fork beside them (rngaudit.fast)
-THREADS: set[int] = set()
+# the threads a bar runs (its timer, rich's refresh thread): they touch only rich and the bar's lock,
+# so a process that forks a worker that touches neither may fork beside them (rngaudit.fast)
+THREADS: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
 
 
 def _noop(n: int = 1) -> None:
@@ -63,15 +64,16 @@ def progress(total: int | None, description: str, *, stream=None,
     def start() -> None:
         with lock:
             if not state["stopped"]:
-                before = {t.ident for t in threading.enumerate()}
+                before = set(threading.enumerate())
                 bar.start()
-                THREADS.update(t.ident for t in threading.enumerate() if t.ident not in before)
+                THREADS.update(t for t in threading.enumerate()
+                               if t not in before and type(t).__module__.startswith("rich."))
                 state["started"] = True
 
     timer = threading.Timer(delay, start)
     timer.daemon = True
     timer.start()
-    THREADS.add(timer.ident)
+    THREADS.add(timer)
 
     def advance(n: int = 1) -> None:
         bar.advance(task, n)
@@ -84,5 +86,3 @@ def progress(total: int | None, description: str, *, stream=None,
             state["stopped"] = True
             if state["started"]:
                 bar.stop()
-        alive = {t.ident for t in threading.enumerate()}
-        THREADS.intersection_update(alive)

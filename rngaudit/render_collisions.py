@@ -95,13 +95,14 @@ def _print_rows(rows: list[list[str]], console: Console, bold: int = 1) -> None:
     """Rows of cells in aligned columns, two spaces apart, column `bold` in bold: what a borderless rich
     Table (_table) prints, without the cost of measuring (a report of a large model has thousands of
     these). A table wider than the console, or with a cell rich would treat specially (a tab, an
-    escape), is left to rich.table."""
+    escape, a combining character), is left to rich.table."""
     if not rows:
         return
     ncols = len(rows[0])
     widths = [max(cell_len(r[c]) for r in rows) for c in range(ncols)]
     widths[-1] = max(widths[-1], 1)  # (as rich.table: an empty last column is one space wide)
-    if sum(widths) + 2 * (ncols - 1) > console.width or not all(cell.isprintable() for r in rows for cell in r):
+    if sum(widths) + 2 * (ncols - 1) > console.width or not all(
+            cell.isprintable() and cell_len(cell) >= len(cell) for r in rows for cell in r):  # (zero-width ones too)
         table = _table(*(str(c) for c in range(ncols)))
         for r in rows:
             table.add_row(*(Text(cell, style="bold" if c == bold else "") for c, cell in enumerate(r)))
