@@ -424,8 +424,10 @@ class _Entries:
             self.combo = combos = sorted(firsts)
             first = [firsts[k] for k in combos]
             self.top = [tops[k] for k in combos]
-        self.first = first
-        self.data = sites.paths_bytes(first.tolist() if hasattr(first, "tolist") else first)
+        # Python lists from here on (the audit reads them one entry at a time), but for the units below
+        self.first = first.tolist() if hasattr(first, "tolist") else list(first)
+        self.top = self.top.tolist() if hasattr(self.top, "tolist") else list(self.top)
+        self.data = sites.paths_bytes(self.first)
         # the entries of one unit are consecutive (combo is sorted): (unit, start, stop) per unit
         if hasattr(self.combo, "dtype"):
             import numpy as np
@@ -440,10 +442,7 @@ class _Entries:
                 if k == len(combos) or combos[k] >> 32 != combos[start] >> 32:
                     self.units.append((combos[start] >> 32, start, k))
                     start = k
-        # Python lists from here on: the audit reads them one entry at a time
         self.combo = combos
-        self.first = self.first.tolist() if hasattr(self.first, "tolist") else list(self.first)
-        self.top = self.top.tolist() if hasattr(self.top, "tolist") else list(self.top)
         self.by_data: dict[int, dict[bytes, int]] = {}
         self.more: dict[tuple[int, bytes], list[int]] = {}  # further paths with the same bytes (rare)
         for u, a, b in self.units:
@@ -878,12 +877,12 @@ class _Context:
         target = self.target(i)
         if target is None or not target.path:
             return None
-        # A renamed module's keys are fresh draws: about moved * n / 2**32 of them meet another key (the
+        # A renamed module's keys are fresh draws: about keys * n / 2**32 of them meet another key (the
         # birthday bound). Past a few, every try fails, each at the cost of re-deriving them all.
-        moved = len(self.sites_of_paths(self.paths_under(target.path)))
-        if moved * self.s.n > RENAME_MAX_EXPECTED * 2**32:
+        keys_changed = len(self.sites_of_paths(self.paths_under(target.path)))
+        if keys_changed * self.s.n > RENAME_MAX_EXPECTED * 2**32:
             return None
-        for k in range(1, min(RENAME_TRIES, max(1, RENAME_BUDGET // max(moved, 1))) + 1):
+        for k in range(1, min(RENAME_TRIES, max(1, RENAME_BUDGET // max(keys_changed, 1))) + 1):
             name = f"{target.path[-1]}_{k}"
             result = self._try(target, name, state)
             if result is None:
@@ -894,7 +893,6 @@ class _Context:
             state.current.update(idents)
             state.entries.update(new_entries)
             state.moved_pids.update(pid for _, pid in new_entries)
-            keys_changed = len(self.sites_of_paths(self.paths_under(target.path)))
             return Rename(target.path, name, target.module_class, target.explicit, target.location,
                           keys_changed)
         return None
@@ -971,9 +969,7 @@ class _Context:
             r = self._rename(i, state)
             if r is not None:
                 return [r], ok
-        return [], ("no verified rename was found: the modules are the root, repeated or named by a layer, or "
-                    "every rename tried keeps this finding or makes another (a module with so many keys that "
-                    "its renamed keys would meet others by chance, keys x call sites / 2**32 > 3, is not tried)")
+        return self._no_rename([])
 
     # ------------------------------------------------------------ renames, checked by running the model again
     def _baseline(self) -> tuple[list[int], set]:
@@ -1453,6 +1449,10 @@ class TableSites(SpecSites):
         j = int(self.keep[i])
         return self.table.templates[int(self.table.block[j])][6] + (int(self.table.count[j]),)
 
+    def _block(self, i: int) -> int:
+        """The template of site i."""
+        return int(self.table.block[int(self.keep[i])])
+
     def _prefix(self, template: int, separator: bool) -> bytes:
         """The hashed bytes of a template's path (what comes before the count), made once."""
         key = (self.table.templates[template][6], separator)  # (templates of one path share it)
@@ -1462,7 +1462,7 @@ class TableSites(SpecSites):
         return pre
 
     def path_bytes(self, i: int, separator: bool | None = None) -> bytes:
-        return self._prefix(int(self.table.block[int(self.keep[i])]), self.separator if separator is None else separator)
+        return self._prefix(self._block(i), self.separator if separator is None else separator)
 
     def paths_bytes(self, indices: Sequence[int]) -> list[bytes]:
         import numpy as np
@@ -1582,16 +1582,16 @@ class TableSites(SpecSites):
             text = bases.get(base)
             if text is None:
                 text = bases[base] = str(t.bases[base])
-            out[i] = _frozen(CallSite, j, path, req, used, c, t.lane_of(j) if lanes else (), text, kind, label, suffix + (c,),
-                              pre + head + c.to_bytes((c.bit_length() + 7) // 8, "big"), w, key, loc)
+            out[i] = _frozen(CallSite, j, path, req, used, c, t.lane_of(j) if lanes else (), text, kind, label,
+                             suffix + (c,), pre + head + c.to_bytes((c.bit_length() + 7) // 8, "big"), w, key, loc)
         return out, {}
 
     def rename_target(self, i: int) -> RenameTarget | None:
-        tpl = self.table.templates[int(self.table.block[int(self.keep[i])])]
+        tpl = self.table.templates[self._block(i)]
         return self._target_at(tpl[0], tpl[10])
 
     def stream(self, i: int) -> str:
-        return self.table.templates[int(self.table.block[int(self.keep[i])])][2]
+        return self.table.templates[self._block(i)][2]
 
     def base_of(self, i: int):
         return self.table.bases[int(self.table.base[int(self.keep[i])])]
@@ -1607,8 +1607,7 @@ class TableSites(SpecSites):
         rows = [int(self.keep[i]) for i in indices]
         if len(set(rows)) != len(rows):
             return super().keys_for(indices, items, separator)
-        words = {j: hash_word(hash_input(it, separator)) for j, it in zip(rows, items)}
-        return keys_with_words(self.table, self._engine, words)
+        return keys_with_words(self.table, self._engine, dict(zip(rows, _words(items, separator))))
 
     def _sites_of(self, spec: Spec) -> "TableSites":
         return TableSites(spec, keys=self._checked, registry=self._registry)

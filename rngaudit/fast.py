@@ -88,7 +88,7 @@ class KeyTable:
             if child is not None:
                 child.cancel()
             raise
-        self.words = head if child is None else self._finish_words(head, child)
+        self.words = head if child is None else np.concatenate([head, child.finish()])
         self.word = self.words[self._word_ix]
         del self._word_ix
 
@@ -150,7 +150,7 @@ class KeyTable:
     def _start_words(self) -> tuple[np.ndarray, "_Child | None"]:
         """The hash word of every (template, count): SHA-1 once per distinct input. A large replay
         is hashed by two processes: a forked child hashes the last templates and writes their words
-        to a pipe, read by _finish_words; this process hashes the first ones (a little fewer: it
+        to a pipe, read by child.finish(); this process hashes the first ones (a little fewer: it
         makes the other columns next). Returns (this process's words, the child or None)."""
         templates = self.templates
         total = int(self.word_off[-1])
@@ -161,19 +161,12 @@ class KeyTable:
             if 0 < split < total:
                 child = _Child.start(lambda: _hash_templates(templates[mid:], self.sep, total - split), total - split)
                 if child is not None:
-                    child.first_template = mid
                     try:
                         return _hash_templates(templates[:mid], self.sep, split), child
                     except BaseException:
                         child.cancel()
                         raise
         return _hash_templates(templates, self.sep, total), None
-
-    def _finish_words(self, head: np.ndarray, child: "_Child") -> np.ndarray:
-        tail = child.finish()
-        if tail is None:  # the child failed: hash its part here
-            tail = _hash_templates(self.templates[child.first_template:], self.sep, child.n)
-        return np.concatenate([head, tail])
 
     def _fork(self, template: int, lane: tuple):
         """A jit fork's ForkKey in `lane`, found from the template's start (forks have n = 1)."""
@@ -458,12 +451,11 @@ def _hash_templates(templates, sep: bool, total: int) -> np.ndarray:
 
 
 class _Child:
-    """uint32 words made by a forked child and written to a pipe, read when finish() is called (the
-    parent works meanwhile). Start only where _can_fork() allows."""
+    """uint32 words make() made by a forked child and written to a pipe, read when finish() is called
+    (the parent works meanwhile). Start only where _can_fork() allows."""
 
-    def __init__(self, pid: int, r: int, n: int):
-        self.pid, self.r, self.n = pid, r, n
-        self.first_template = 0  # (what its words are of: the caller's note)
+    def __init__(self, pid: int, r: int, n: int, make):
+        self.pid, self.r, self.n, self.make = pid, r, n, make
 
     @classmethod
     def start(cls, make, n: int) -> "_Child | None":
@@ -495,10 +487,10 @@ class _Child:
             finally:
                 os._exit(code)
         os.close(w)
-        return cls(pid, r, n)
+        return cls(pid, r, n, make)
 
-    def finish(self) -> np.ndarray | None:
-        """The child's words; None if it failed (the caller then makes them itself)."""
+    def finish(self) -> np.ndarray:
+        """The child's words; made here if the child failed."""
         import os
 
         chunks: list[bytes] = []
@@ -508,16 +500,16 @@ class _Child:
                 if not chunk:
                     break
                 chunks.append(chunk)
-        except OSError:  # the pipe failed: the caller makes the words itself
+        except OSError:  # the pipe failed
             self.cancel()
-            return None
+            return self.make()
         except BaseException:
             self.cancel()
             raise
         status = self._reap()
         data = b"".join(chunks)
         if status != 0 or len(data) != 4 * self.n:
-            return None
+            return self.make()
         return np.frombuffer(data, dtype=np.uint32)
 
     def cancel(self) -> None:

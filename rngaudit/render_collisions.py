@@ -101,8 +101,8 @@ def _print_rows(rows: list[list[str]], console: Console, bold: int = 1) -> None:
     ncols = len(rows[0])
     widths = [max(cell_len(r[c]) for r in rows) for c in range(ncols)]
     widths[-1] = max(widths[-1], 1)  # (as rich.table: an empty last column is one space wide)
-    if sum(widths) + 2 * (ncols - 1) > console.width or not all(
-            cell.isprintable() and cell_len(cell) >= len(cell) for r in rows for cell in r):  # (zero-width ones too)
+    special = not all(cell.isprintable() and cell_len(cell) >= len(cell) for r in rows for cell in r)
+    if special or sum(widths) + 2 * (ncols - 1) > console.width:
         table = _table(*(str(c) for c in range(ncols)))
         for r in rows:
             table.add_row(*(Text(cell, style="bold" if c == bold else "") for c, cell in enumerate(r)))
@@ -147,9 +147,9 @@ def _separator(check: SeparatorCheck, console: Console) -> None:
         _print(console, _line("separator", f"fix_rng_separator: true removes it (checked: {check.detail})"))
     else:
         _print(console, _line("separator", f"fix_rng_separator: true does NOT remove it (checked: {check.detail})",
-                            "yellow"))
+                              "yellow"))
     _print(console, _line("", f"warning: flipping fix_rng_separator changes every key in the model (all "
-                            f"{check.keys_in_model} here), not only these"))
+                              f"{check.keys_in_model} here), not only these"))
 
 
 def _rename(r: Rename, input_kind: str) -> str:
