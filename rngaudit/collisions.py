@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 from .errors import Location
+from .gcpause import paused
 from .hashing import encode_item, hash_input, hash_word
 from .nodes import (Child, Cond, Define, MakeRng, ModuleDef, Param, Sequential, Spec, Transform, Variable,
                     WhileLoop)
@@ -367,6 +368,7 @@ def _max_rest(bound: int) -> int:
 
 
 # ---------------------------------------------------------------- the audit
+@paused
 def audit(sites: Sites, latent_max_count: int = DEFAULT_LATENT_MAX_COUNT) -> Audit:
     """Every group of distinct call sites with one key, and every latent pair of paths."""
     ctx = _Context(sites, latent_max_count)
@@ -1613,6 +1615,7 @@ class TableSites(SpecSites):
         return TableSites(spec, keys=self._checked, registry=self._registry)
 
 
+@paused
 def spec_sites(spec: Spec, keys: bool = True) -> SpecSites:
     """A spec's call sites: small ones on the plain replay (Python lists, keys on Python ints, no
     NumPy), large ones on derive's fast path (TableSites). Both give the same report."""

@@ -14,6 +14,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from . import threefry
+from .gcpause import paused
 from .hashing import hash_input
 from .keys import KeyData, KeyEngine, root_keys
 from .nodes import Spec
@@ -295,6 +296,7 @@ class KeyTable:
                 tuple(self.axis_size[a] for a in axes))
 
     # ------------------------------------------------------------------ keys
+    @paused
     def keys(self, engine: KeyEngine, rows: np.ndarray | None = None) -> np.ndarray:
         """Key data of `rows` (all rows by default), shape (len(rows), width); zeros where the key
         never exists (base -1)."""
@@ -574,6 +576,7 @@ def _lane_index(lane, axes, sizes) -> int:
     return li
 
 
+@paused
 def key_table(spec: Spec, blocks: BlockReplayer | None = None) -> KeyTable:
     """Replay `spec` on the fast path (or expand the replay `blocks` already made of it)."""
     return KeyTable(BlockReplayer(spec).run() if blocks is None else blocks)

@@ -7,6 +7,7 @@ import os
 import re
 
 from .errors import Location, SpecError
+from .gcpause import paused
 
 MAX_BYTES = 512 * 1024 * 1024
 
@@ -208,6 +209,7 @@ class JsonDoc:
             pos = _WS.match(text, pos + 1).end()
 
 
+@paused
 def load_json(path: str) -> JsonDoc:
     """Read a JSON file: UTF-8, one value, no duplicate keys; errors carry file:line:col."""
     top = Location(path, 1, 1)

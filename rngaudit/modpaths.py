@@ -5,6 +5,7 @@ import hashlib
 
 from .collisions import CallSite, RenameTarget, Sites, count_bytes, vectorised
 from .errors import Location, SpecError
+from .gcpause import paused
 from .hashing import hash_input
 from .jsonsrc import JsonDoc, load_json
 
@@ -39,6 +40,7 @@ class ModuleSites(Sites):
     whose leaves are anything but objects, e.g. shape lists; a top-level {"params": ...} is unwrapped):
     every leaf is one param, and a module's params draw counts 1, 2, ... in file order."""
 
+    @paused
     def __init__(self, doc: JsonDoc, separator: bool = False):
         self.doc = doc
         self.source = doc.file

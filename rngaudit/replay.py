@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from itertools import product
 
 from .errors import FlaxError, Location, SpecError
+from .gcpause import paused
 from .hashing import hash_input, hash_word
 from .nodes import (Call, Child, Cond, Define, Draw, Item, Lift, MakeRng, ModuleDef, Param, Sequential,
                     Spec, Transform, Variable, WhileLoop)
@@ -785,7 +786,8 @@ class Replayer:
                     "over the axis",
                     loc,
                 ))
-                return
+                # (no return: each lift whose axis the key depends on finds it when its own trace ends,
+                # the innermost first)
 
     def _lane_axes(self, ref) -> set:
         out: set = set()
@@ -919,6 +921,7 @@ def concrete(ref, assign: dict, memo: dict, templates: list, fork):
     return hit
 
 
+@paused
 def replay(spec: Spec) -> list[Derivation]:
     """Every key request the spec's model makes, in execution order."""
     return Replayer(spec).run()

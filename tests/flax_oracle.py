@@ -79,6 +79,15 @@ FEATURES = 4
 X = jnp.ones((1, 2, FEATURES), jnp.float32)
 TOKENS = jnp.zeros((1, 2), jnp.int32)
 SCALAR = jnp.zeros((), jnp.float32)  # the value of params and variables that draw nothing
+
+
+def _drawn_value(draw: Draw | None, keys) -> jnp.ndarray:
+    """A variable's value: a scalar whatever the keys (so a param of the same name sees a consistent
+    shape) that, with a `draw:`, depends on the values drawn from each key, as an initializer that
+    uses its keys does (what JAX's vmap and scan see as a data dependency)."""
+    if draw is None:
+        return SCALAR
+    return SCALAR + 0 * sum(jnp.sum(draw_fn(draw)(k)).astype(jnp.float32) for k in keys)
 PASSED_KEY_SEED = 12345  # the key handed to Dropout(rng=...) / attention(dropout_rng=...)
 MAX_BRANCH_RUNS = 32  # nn.cond/switch: at most this many runs to see every branch run
 
@@ -912,7 +921,7 @@ class _Builder:
 
             def init(*ks):
                 created.append(True)
-                return SCALAR
+                return _drawn_value(item.draw, ks)
 
             try:
                 m.variable(item.collection, item.name, init, *keys)
@@ -920,9 +929,7 @@ class _Builder:
                 self.cap.flush(pending, item.collection if created else None)
         else:
             def init():
-                for s in item.streams:
-                    self.rng(m, s, item.draw)
-                return SCALAR
+                return _drawn_value(item.draw, [self.rng(m, s, item.draw) for s in item.streams])
 
             m.variable(item.collection, item.name, init)
 

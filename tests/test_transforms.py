@@ -1005,20 +1005,27 @@ def test_streams_inside_cond_and_switch_keep_their_order(order, flow):
         """)
 
 
-def test_broadcast_variable_depends_on_its_key_only_through_a_draw():
-    """A broadcast variable made from a split key whose initializer ignores the key (no `draw:`):
-    JAX sees no dependency and Flax raises nothing."""
+@pytest.mark.parametrize("eager", [True, False])
+@pytest.mark.parametrize("draw, error", [("", None), (", draw: {uniform: []}", "ValueError")])
+@pytest.mark.parametrize("lift", [
+    "scan: {module: MOD, length: 2, split_rngs: all, variable_axes: {all: 0}, variable_broadcast: [params, state]}",
+    "vmap: {module: MOD, axis_size: 2, split_rngs: all, variable_axes: {state: null, params: 0}}",
+])
+def test_a_shared_variable_depends_on_a_split_key_only_through_a_draw(lift, draw, error, eager):
+    """A variable shared by every step or lane (scan's broadcast, vmap's axis None) made from a split
+    key: with an initializer that ignores the key (no `draw:`) JAX sees no dependency and Flax raises
+    nothing; one that draws from it is a ValueError (scan's broadcast dependency, vmap's mapped output
+    with out_axes None)."""
+    module = (f"{{class: B, body: [{{variable: {{collection: state, name: w, make_rng: [params], "
+              f"eager: {str(eager).lower()}{draw}}}}}]}}")
     a = agree(f"""
         rngaudit: 1
         rngs: {{params: 0}}
         model:
           class: M
           body:
-            - scan:
-                module: {{class: B, body: [{{variable: {{collection: state, name: w, make_rng: [params], eager: true}}}}]}}
-                length: 2
-                split_rngs: all
-                variable_axes: {{all: 0}}
-                variable_broadcast: [params, state]
+            - {{{lift.replace("MOD", module)}}}
         """)
-    assert a.error is None
+    assert a.error == error
+    if error is None:
+        assert a.keys + a.discarded > 0  # (keys were compared: kept in the model, or in a thrown-away trace)
