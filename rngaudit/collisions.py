@@ -501,7 +501,7 @@ class _Context:
             self.sorted_ident = [self.ident[i] for i in self.order]
         self._entries: _Entries | None = None
         self._pairs: dict[bytes, tuple[int, int] | None] = {}
-        self._paths_sorted: list[tuple[tuple[str, ...], int]] | None = None
+        self._paths_sorted: list[int] | None = None
         self._by_path: dict[int, list[int]] | tuple[np.ndarray, np.ndarray] | None = None
         self._sites: dict[int, CallSite] = {}
         self._wanted: set[int] = set()
@@ -765,24 +765,27 @@ class _Context:
         return out
 
     # ------------------------------------------------------------ renames
+    def _sorted_paths(self) -> list[int]:
+        """Path ids in the order of their paths (ids, not (path, id) pairs: a million paths)."""
+        if self._paths_sorted is None:
+            paths = self.s.paths
+            self._paths_sorted = sorted(range(len(paths)), key=paths.__getitem__)
+        return self._paths_sorted
+
     def paths_under(self, prefix: tuple[str, ...]) -> list[int]:
         """Path ids of `prefix` and everything below it."""
-        if self._paths_sorted is None:
-            self._paths_sorted = sorted((p, k) for k, p in enumerate(self.s.paths))
-        ps = self._paths_sorted
-        j = bisect.bisect_left(ps, (prefix, -1))
+        ps, paths, n = self._sorted_paths(), self.s.paths, len(prefix)
+        j = bisect.bisect_left(ps, prefix, key=paths.__getitem__)
         out = []
-        while j < len(ps) and ps[j][0][:len(prefix)] == prefix:
-            out.append(ps[j][1])
+        while j < len(ps) and paths[ps[j]][:n] == prefix:
+            out.append(ps[j])
             j += 1
         return out
 
     def _name_taken(self, path: tuple[str, ...]) -> bool:
-        if self._paths_sorted is None:
-            self.paths_under(())
-        ps = self._paths_sorted
-        j = bisect.bisect_left(ps, (path, -1))
-        return j < len(ps) and ps[j][0][:len(path)] == path
+        ps, paths = self._sorted_paths(), self.s.paths
+        j = bisect.bisect_left(ps, path, key=paths.__getitem__)
+        return j < len(ps) and paths[ps[j]][:len(path)] == path
 
     def sites_of_paths(self, pids: list[int]):
         """The call sites of the paths `pids`, in order."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import sys
 
 from .collisions import CallSite, RenameTarget, Sites, count_bytes, vectorised
 from .errors import Location, SpecError
@@ -15,10 +16,11 @@ MAX_SITES = 50_000_000
 
 
 def parse_path(text: str) -> tuple[str, ...]:
-    """"a/b/c" (or "/a/b/c", as Flax prints scope paths) -> ('a', 'b', 'c'); "" or "/" is the root."""
+    """"a/b/c" (or "/a/b/c", as Flax prints scope paths) -> ('a', 'b', 'c'); "" or "/" is the root.
+    The names are interned: a million paths of a few modules each share their names' strings."""
     if text.startswith("/"):
         text = text[1:]
-    return tuple(text.split("/")) if text else ()
+    return tuple(map(sys.intern, text.split("/"))) if text else ()
 
 
 def _type(v) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from rngaudit.errors import SpecError
@@ -130,3 +130,33 @@ def test_long_lists_are_located_in_jumps(entries, wanted_indices, indent):
         stepped = parse_json(text, "v.json").locate(wanted)
     assert jumped == stepped
     assert set(jumped) == set(wanted) & set(dict(pointers(value)))
+
+
+NAMES = st.text(alphabet=st.sampled_from(['a', 'b', '"', '\\', '[', ']', ',', ' ', '/', 'é']), max_size=6)
+
+
+@given(st.lists(NAMES | st.lists(NAMES, max_size=3), min_size=64, max_size=200), st.sampled_from([None, 0, 2]),
+       st.sampled_from([None, (",", ":"), (" , ", " : ")]))
+@example(['a",[],'] + [","] * 100, None, None)  # without the guard: `"a\"` read as a string, out of step
+@settings(max_examples=150, deadline=None)
+def test_the_plain_string_jump_agrees_with_the_exact_one(entries, indent, separators):
+    """A list of module paths (strings, or lists of names) is jumped over by a regex that takes every
+    '"' for a string's end, guarded by the absence of a backslash: from every element it lands where
+    the exact element regex does, with quotes, backslashes, brackets and commas inside the names."""
+    import rngaudit.jsonsrc as jsonsrc
+
+    text = json.dumps(entries, indent=indent, separators=separators, ensure_ascii=False)
+    starts = []
+    pos = jsonsrc._WS.match(text, 1).end()
+    for _ in entries:
+        starts.append(pos)
+        pos = jsonsrc._SEP.match(text, jsonsrc._skip(text, pos)).end()
+    for pos in starts:
+        exact = jsonsrc._JUMP.match(text, pos)
+        assert jsonsrc._jump(text, pos) == (None if exact is None else exact.end())
+    # and the walk finds every entry where a step-by-step walk does
+    wanted = [(k,) for k in range(0, len(entries), 7)]
+    jumped = parse_json(text, "p.json").locate(wanted)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(jsonsrc, "JUMP", 10**9)
+        assert jumped == parse_json(text, "p.json").locate(wanted)
