@@ -133,7 +133,7 @@ class _Scope:
     path: tuple[str, ...]
     rngs: dict  # stream -> (key reference template, suffix)
     axes: tuple[int, ...] = ()
-    cols: frozenset | None = None  # lifted collections; None: all
+    cols: "frozenset | _AllBut | None" = None  # lifted collections; None: all
     immutable: bool = False
     discard: object = None  # None | True (keep variable inits) | frozenset (keep inits in these)
     context: tuple[str, ...] = ()  # notes for every key made here
@@ -263,6 +263,30 @@ def _vmap_broadcast(variable_axes):
             if n not in mapped and n not in out:
                 (out if ax is None else mapped).add(n)
     return frozenset(out)
+
+
+class _AllBut:
+    """The collections a scope sees when that is every collection but some (`in`, and `&` with a
+    frozenset or another _AllBut, as _Scope.cols is used)."""
+
+    def __init__(self, out: frozenset):
+        self.out = frozenset(out)
+
+    def __contains__(self, col) -> bool:
+        return col not in self.out
+
+    def __and__(self, other):
+        if isinstance(other, _AllBut):
+            return _AllBut(self.out | other.out)
+        return frozenset(c for c in other if c not in self.out)
+
+    __rand__ = __and__
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _AllBut) and other.out == self.out
+
+    def __hash__(self) -> int:
+        return hash((_AllBut, self.out))
 
 
 def _filter_set(flt) -> frozenset | None:
@@ -464,13 +488,17 @@ class Replayer:
                 # mirrors flax/linen/transforms.py map_variables: with init=True and a mutable
                 # collection the body runs once to create the variables, then again
                 # that first run gets only the mutable collections (apply with a `mutable` list)
+                # (measured against Flax: of the mapped collections it sees only the mutable ones; the
+                # other collections it sees whole)
+                mapped = _filter_set(lift.opt("mapped_collections", True))
                 cols = inner.cols
                 if isinstance(run.mutable, tuple):
-                    cols = frozenset(run.mutable) if cols is None else cols & frozenset(run.mutable)
+                    mutable = frozenset(run.mutable)
+                    seen = mutable if mapped is None else _AllBut(mapped - mutable)
+                    cols = seen if cols is None else cols & seen
                 # Only the mapped collections of that run are kept (`target, _ = repack(scopes)`):
                 # variables it made in the others (their initialisers did run) are made again, with
                 # new counts, in the second run.
-                mapped = _filter_set(lift.opt("mapped_collections", True))
                 before = set(run.store)
                 yield inner.lifted(discard=_combine_discard(scope.discard, True),
                                    context=scope.context + (_MAP_RUN1,), cols=cols)

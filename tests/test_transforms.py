@@ -363,6 +363,46 @@ def test_map_variables_runs_twice_with_init_and_a_mutable_collection(init, phase
     assert (a.discarded > 0) == twice
 
 
+@pytest.mark.parametrize("mapped", ["[state]", "params", "true"])
+@pytest.mark.parametrize("mutable", ["[state]", "[params]", "true"])
+def test_map_variables_first_run_in_apply_sees_the_mapped_collections_only_where_mutable(mapped, mutable):
+    """map_variables(init=True) in apply with a `mutable` list: its first run sees the mapped collections
+    only where they are mutable, and every other collection whole (a Dense's kernel is found in
+    `params` unless `params` is mapped and not mutable: then Flax's ScopeCollectionNotFound)."""
+    a = agree(f"""
+        rngaudit: 1
+        phase: apply
+        mutable: {mutable}
+        rngs: {{params: 0}}
+        model:
+          map_variables: {{module: {{Dense: {{use_bias: false}}}}, init: true, mutable: true,
+                           mapped_collections: {mapped}}}
+        """)
+    hidden = mapped in ("params", "true") and mutable == "[state]"
+    assert a.error == ("ScopeCollectionNotFound" if hidden else None)
+
+
+def test_map_variables_first_run_sees_an_unmapped_collection_it_cannot_write():
+    """Found by the random transformed models: `cache` is neither mapped nor mutable, yet the first run
+    finds its variable; the param it then asks for is in the mapped, immutable `params`."""
+    a = agree("""
+        rngaudit: 1
+        phase: apply
+        mutable: [state]
+        rngs: {params: 0, dropout: 0, noise: 0}
+        model:
+          map_variables:
+            module:
+              class: Block
+              setup: [{variable: {collection: cache, name: w}}, param: w]
+              body: [make_rng]
+            init: true
+            mutable: true
+            mapped_collections: params
+        """)
+    assert a.error == "ScopeCollectionNotFound"
+
+
 # ---------------------------------------------------------------- nn.remat_scan
 def test_remat_scan_over_a_layer_and_a_module():
     a = agree("""
