@@ -486,10 +486,9 @@ class Replayer:
                 inner.frozen = scope.frozen | (mapped if mapped is not None else {_EVERY})
             if kind == "map_variables" and lift.opt("init", False) and self._any_mutable(run, scope):
                 # mirrors flax/linen/transforms.py map_variables: with init=True and a mutable
-                # collection the body runs once to create the variables, then again
-                # that first run gets only the mutable collections (apply with a `mutable` list)
-                # (measured against Flax: of the mapped collections it sees only the mutable ones; the
-                # other collections it sees whole)
+                # collection the body runs once to create the variables, then again.
+                # In apply with a `mutable` list, that first run sees the mapped collections only where
+                # they are mutable, and every other collection whole (measured against Flax)
                 mapped = _filter_set(lift.opt("mapped_collections", True))
                 cols = inner.cols
                 if isinstance(run.mutable, tuple):

@@ -79,6 +79,8 @@ FEATURES = 4
 X = jnp.ones((1, 2, FEATURES), jnp.float32)
 TOKENS = jnp.zeros((1, 2), jnp.int32)
 SCALAR = jnp.zeros((), jnp.float32)  # the value of params and variables that draw nothing
+PASSED_KEY_SEED = 12345  # the key handed to Dropout(rng=...) / attention(dropout_rng=...)
+MAX_BRANCH_RUNS = 32  # nn.cond/switch: at most this many runs to see every branch run
 
 
 def _drawn_value(draw: Draw | None, keys) -> jnp.ndarray:
@@ -88,8 +90,7 @@ def _drawn_value(draw: Draw | None, keys) -> jnp.ndarray:
     if draw is None:
         return SCALAR
     return SCALAR + 0 * sum(jnp.sum(draw_fn(draw)(k)).astype(jnp.float32) for k in keys)
-PASSED_KEY_SEED = 12345  # the key handed to Dropout(rng=...) / attention(dropout_rng=...)
-MAX_BRANCH_RUNS = 32  # nn.cond/switch: at most this many runs to see every branch run
+
 
 # Flax's default initializer of a layer param, written as the draw that reproduces it.
 _DEFAULT_INIT = {
