@@ -39,9 +39,9 @@ import time
 import tracemalloc
 
 from rngaudit import parse_spec
-from rngaudit.collisions import audit, spec_sites
-from rngaudit.hashing import hash_input
-from rngaudit.modpaths import load_module_sites
+from rngaudit.collision.audit import audit, spec_sites
+from rngaudit.engine.hashing import hash_input
+from rngaudit.collision.module_paths import load_module_sites
 
 
 def spec_text(modules: int, per_module: int) -> str:

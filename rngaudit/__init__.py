@@ -1,18 +1,15 @@
 """rngaudit: replay, check and diff the PRNG keys Flax hands every make_rng call."""
 from __future__ import annotations
 
-import sys
-import types
-
 __version__ = "0.1.0"
 
 # The public API loads on first use (PEP 562): `rngaudit --help`, and commands that need no spec, start
 # without the spec parser, the replay and what they import.
 _API = {
     "FlaxError": "errors", "Location": "errors", "RngauditError": "errors", "SpecError": "errors",
-    "hash_input": "hashing", "hash_word": "hashing", "produce_hash": "hashing",
-    "Derivation": "replay", "replay": "replay",
-    "load_spec": "spec", "parse_spec": "spec",
+    "hash_input": "engine.hashing", "hash_word": "engine.hashing", "produce_hash": "engine.hashing",
+    "Derivation": "engine.replay", "replay": "engine.replay",
+    "load_spec": "spec.parse", "parse_spec": "spec.parse",
 }
 
 
@@ -31,23 +28,10 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_API))
 
 
-class _Package(types.ModuleType):
-    """This package. `rngaudit.replay` is the function: importing the submodule rngaudit.replay would set
-    the package's `replay` to the module (an eager `from .replay import replay` used to overwrite that)."""
-
-    def __setattr__(self, name: str, value) -> None:
-        if name == "replay" and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
-
-
 def derive(spec, values: bool = True):
     """Replay `spec` (a Spec, or a path to a spec file) and return a DeriveReport with keys."""
-    from .report import derive as _derive
-    from .spec import load_spec
+    from .engine.derive import derive as _derive
+    from .spec.parse import load_spec
 
     if isinstance(spec, str):
         spec = load_spec(spec)

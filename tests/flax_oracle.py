@@ -65,10 +65,10 @@ import numpy as np
 from flax.core import axes_scan, lift
 from flax.core.scope import Scope, in_filter, is_filter_empty
 
-from rngaudit import keyexpr
-from rngaudit.nodes import (Call, Child, Define, Draw, MakeRng, ModuleDef, Param, Sequential, Spec,
+from rngaudit.spec import keyexpr
+from rngaudit.spec.tree import (Call, Child, Define, Draw, MakeRng, ModuleDef, Param, Sequential, Spec,
                             Variable)
-from rngaudit import nodes as _nodes
+from rngaudit.spec import tree as _nodes
 
 Transform = getattr(_nodes, "Transform", None)
 Cond = getattr(_nodes, "Cond", None)

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rngaudit.cli import app
+from rngaudit.cli.root import app
 
 HERE = Path(__file__).parent
 BAD = HERE / "bad_specs"
@@ -190,7 +190,7 @@ def test_generated_bad_inputs_never_write_output(generated, tmp_path):
 # ---------------------------------------------------------------- limits are quick
 def test_alias_bomb_is_refused_quickly():
     from rngaudit.errors import SpecError
-    from rngaudit.spec import load_spec
+    from rngaudit.spec.parse import load_spec
 
     t0 = time.monotonic()
     with pytest.raises(SpecError, match="alias bomb"):
@@ -200,7 +200,7 @@ def test_alias_bomb_is_refused_quickly():
 
 def test_deep_nesting_is_refused_quickly_and_precisely():
     from rngaudit.errors import SpecError
-    from rngaudit.spec import parse_spec
+    from rngaudit.spec.parse import parse_spec
 
     # the root mapping is level 1; the first node past level 200 is the 200th `[`, or the key
     # `a` inside the 199th `{`
@@ -215,7 +215,7 @@ def test_deep_nesting_is_refused_quickly_and_precisely():
 
 def test_nesting_exactly_at_the_limit_loads():
     from rngaudit.errors import SpecError
-    from rngaudit.yamlsrc import MAX_DEPTH, load_text
+    from rngaudit.spec.yaml_source import MAX_DEPTH, load_text
 
     def doc(levels):  # a mapping (level 1) holding `levels - 1` nested lists
         return "x: " + "[" * (levels - 1) + "]" * (levels - 1) + "\n"
@@ -227,7 +227,7 @@ def test_nesting_exactly_at_the_limit_loads():
 
 def test_aliases_count_towards_depth_and_size():
     from rngaudit.errors import SpecError
-    from rngaudit.yamlsrc import MAX_DEPTH, load_text
+    from rngaudit.spec.yaml_source import MAX_DEPTH, load_text
 
     half = MAX_DEPTH // 2 + 5
     text = ("a: &a " + "[" * half + "]" * half + "\n"
@@ -246,7 +246,7 @@ def _spec(body: str) -> str:
 
 def test_key_budget_allows_exactly_the_limit_and_resolves_calls():
     from rngaudit.errors import SpecError
-    from rngaudit.spec import MAX_KEYS, budget, parse_spec
+    from rngaudit.spec.parse import MAX_KEYS, budget, parse_spec
 
     assert MAX_KEYS == 10_000_000
     at_limit = _spec("    - module:\n        class: B\n        repeat: 1000\n"
@@ -274,8 +274,8 @@ def test_key_budget_allows_exactly_the_limit_and_resolves_calls():
     "    - variable: {collection: c, name: v, make_rng: [params, params], eager: true}\n",
 ])
 def test_key_budget_is_an_upper_bound_of_the_replay(body):
-    from rngaudit.replay import replay
-    from rngaudit.spec import budget, parse_spec
+    from rngaudit.engine.replay import replay
+    from rngaudit.spec.parse import budget, parse_spec
 
     spec = parse_spec(_spec(body))
     assert len(replay(spec)) <= budget(spec.model)[0]
@@ -283,7 +283,7 @@ def test_key_budget_is_an_upper_bound_of_the_replay(body):
 
 def test_budget_refusal_is_quick():
     from rngaudit.errors import SpecError
-    from rngaudit.spec import parse_spec
+    from rngaudit.spec.parse import parse_spec
 
     inner = "make_rng: params"
     for i in range(6):  # six modules, each repeated 1000 times: 10**18 keys
@@ -312,8 +312,8 @@ def test_mutated_specs_fail_only_with_our_errors():
     from hypothesis import strategies as st
 
     from rngaudit.errors import RngauditError
-    from rngaudit.report import derive
-    from rngaudit.spec import parse_spec
+    from rngaudit.engine.derive import derive
+    from rngaudit.spec.parse import parse_spec
 
     edit = st.tuples(st.sampled_from(["insert", "delete", "copy"]), st.integers(0, 10_000),
                      st.integers(0, 10_000), st.sampled_from(_FUZZ_TOKENS))

@@ -14,12 +14,12 @@ import jsonschema
 import pytest
 from typer.testing import CliRunner
 
-from rngaudit.cli import Format, app
+from rngaudit.cli.root import Format, app
 from rngaudit.errors import Location
-from rngaudit.findings import ERROR, NOTE, WARNING, Finding, shard_findings
-from rngaudit.render_github import annotation, render_github
-from rngaudit.sarif import to_sarif
-from rngaudit.shard_report import from_json
+from rngaudit.output.findings import ERROR, NOTE, WARNING, Finding, shard_findings
+from rngaudit.output.github import annotation, render_github
+from rngaudit.output.sarif import to_sarif
+from rngaudit.shard.report import from_json
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA = json.loads((REPO / "tests" / "data" / "sarif-schema-2.1.0-rtm.4.json").read_text(encoding="utf-8"))
@@ -331,7 +331,7 @@ def test_progress_is_a_no_op_off_a_terminal_and_transient_on_one(capsys):
     import io
     import time
 
-    from rngaudit.progress import progress
+    from rngaudit.output.progress import progress
 
     class Terminal(io.StringIO):
         def isatty(self):

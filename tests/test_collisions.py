@@ -14,12 +14,12 @@ from hypothesis import strategies as st
 
 from flax_oracle import flax_keys
 from rngaudit import load_spec, parse_spec, produce_hash
-from rngaudit.collisions import (COUNT_MEETS_NAME, SHARED_SEED, UNSPLIT_LANES, SpecSites, audit, audit_spec,
+from rngaudit.collision.audit import (COUNT_MEETS_NAME, SHARED_SEED, UNSPLIT_LANES, SpecSites, audit, audit_spec,
                                  count_bytes, smallest_counts)
-from rngaudit.hashing import encode_item, hash_input, hash_word
-from rngaudit.jsonsrc import parse_json
-from rngaudit.modpaths import ModuleSites
-from rngaudit.replay import Derivation, replay
+from rngaudit.engine.hashing import encode_item, hash_input, hash_word
+from rngaudit.spec.json_source import parse_json
+from rngaudit.collision.module_paths import ModuleSites
+from rngaudit.engine.replay import Derivation, replay
 
 REPO = Path(__file__).resolve().parent.parent
 FIX = REPO / "fixtures" / "collisions"
@@ -222,7 +222,7 @@ def test_unsplit_lanes_are_information_and_a_shared_seed_between_lanes_fails():
     assert a.failing == 0 and a.info == 1
     assert sorted((s.lane, s.count) for s in c.sites) == [((k,), n) for k in range(3) for n in (1, 2)]
     # lane 1 drawing from another stream seeded with the same key: a shared seed, failing
-    from rngaudit.replay import RootKey
+    from rngaudit.engine.replay import RootKey
     a = audit(SpecSites(spec, rows=lanes(rows, 2, base=RootKey("noise"))))
     c, = a.collisions
     assert (c.category, c.failing) == (SHARED_SEED, True)
@@ -414,7 +414,7 @@ def test_count_bytes_are_flax_encoding():
 def test_large_specs_check_renames_without_replaying_and_agree(monkeypatch, name):
     """Above REPLAY_LIMIT keys a rename is checked on the hashes alone (exact for explicitly named
     modules); on these fixtures both ways choose the same renames."""
-    import rngaudit.collisions as collisions
+    import rngaudit.collision.audit as collisions
 
     replayed = audit_spec(fixture(name))
     monkeypatch.setattr(collisions, "REPLAY_LIMIT", 0)
@@ -424,7 +424,7 @@ def test_large_specs_check_renames_without_replaying_and_agree(monkeypatch, name
 
 
 def test_large_specs_do_not_rename_auto_named_modules(monkeypatch):
-    import rngaudit.collisions as collisions
+    import rngaudit.collision.audit as collisions
 
     monkeypatch.setattr(collisions, "REPLAY_LIMIT", 0)
     c, = audit_spec(parse_spec(SHIFT.replace("STREAM", "dropout"), "shift.yaml")).collisions

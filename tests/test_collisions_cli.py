@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import rngaudit
-from rngaudit.cli import app
+from rngaudit.cli.root import app
 
 REPO = Path(__file__).resolve().parent.parent
 FIX = REPO / "fixtures" / "collisions"
@@ -193,7 +193,7 @@ def test_usage_errors_exit_2():
 # ---------------------------------------------------------------- a fast, JAX-free start
 _NO_JAX = textwrap.dedent("""
     import sys
-    from rngaudit.cli import main
+    from rngaudit.cli.root import main
     sys.argv = ["rngaudit", "collisions", *sys.argv[1:]]
     try:
         main()
@@ -243,7 +243,7 @@ def test_the_guide_example_starts_without_numpy(tmp_path):
 
 
 def test_large_inputs_use_numpy_and_still_no_jax(tmp_path):
-    from rngaudit.collisions import SMALL_SITES
+    from rngaudit.collision.audit import SMALL_SITES
 
     paths = tmp_path / "many.json"
     paths.write_text(json.dumps([f"Block_{i}/Dense_0" for i in range(SMALL_SITES)] + ["ab/cdef", "abc/def"]))
@@ -284,7 +284,7 @@ def test_rows_print_as_the_rich_table_does(rows, console_kind):
     from rich.console import Console
     from rich.text import Text
 
-    from rngaudit.render_collisions import _print_rows, _table
+    from rngaudit.output.text_collisions import _print_rows, _table
 
     tty, width = console_kind
 

@@ -12,13 +12,13 @@ import pytest
 from hypothesis import given, reject, settings
 from hypothesis import strategies as st
 
-import rngaudit.collisions as collisions
+import rngaudit.collision.audit as collisions
 from rngaudit import RngauditError, load_spec, parse_spec
-from rngaudit.collisions import SpecSites, TableSites, audit
-from rngaudit.collisions_report import to_json
-from rngaudit.jsonsrc import load_json, parse_json
-from rngaudit.modpaths import ModuleSites
-from rngaudit.replay import RootKey, replay
+from rngaudit.collision.audit import SpecSites, TableSites, audit
+from rngaudit.output.collisions_json import to_json
+from rngaudit.spec.json_source import load_json, parse_json
+from rngaudit.collision.module_paths import ModuleSites
+from rngaudit.engine.replay import RootKey, replay
 from test_collisions import JIT, SHIFT, VMAP, lanes
 
 REPO = Path(__file__).resolve().parent.parent

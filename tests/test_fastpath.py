@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rngaudit import FlaxError, SpecError, load_spec, parse_spec
-from rngaudit.report import derive, to_json
+from rngaudit.engine.derive import derive
+from rngaudit.output.derive_json import to_json
 from test_property import specs, transform_specs
 
 EXAMPLES = int(os.environ.get("RNGAUDIT_FASTPATH_EXAMPLES", "150"))
@@ -109,7 +110,7 @@ model: {class: M, body: [{make_rng: {stream: dropout, repeat: 70000}}, {module: 
 def jsonl_records(report):
     import json
 
-    from rngaudit.report import jsonl_lines
+    from rngaudit.output.derive_json import jsonl_lines
 
     text = "".join(jsonl_lines(report))
     assert text.endswith("\n")
@@ -122,7 +123,7 @@ def _jsonl_matches_json(spec, **kw):
         doc = to_json(derive(spec, engine="plain", **kw))
     except (SpecError, FlaxError):
         return
-    from rngaudit.report import jsonl_lines
+    from rngaudit.output.derive_json import jsonl_lines
 
     fast = "".join(jsonl_lines(derive(spec, engine="fast", **kw)))
     assert fast == "".join(jsonl_lines(derive(spec, engine="plain", **kw)))  # to the byte
@@ -151,7 +152,7 @@ def test_jsonl_of_random_models(text):
 def test_jsonl_streams_large_outputs_in_chunks():
     spec = parse_spec("rngaudit: 1\nrngs: {params: 0}\nmodel: {class: M, body: [{make_rng: {repeat: 10000}}]}\n",
                       "t.yaml")
-    from rngaudit.report import jsonl_lines
+    from rngaudit.output.derive_json import jsonl_lines
 
     chunks = list(jsonl_lines(derive(spec, values=False)))
     assert len(chunks) >= 4 and max(len(c) for c in chunks) < 4096 * 1000
@@ -165,9 +166,9 @@ def test_collisions_on_the_fast_path(text, keys):
     built from the plain path's Derivations (SpecSites, NumPy columns) on random models."""
     import json
 
-    import rngaudit.collisions as collisions
-    from rngaudit.collisions import SpecSites, TableSites, audit
-    from rngaudit.collisions_report import to_json as collisions_json
+    import rngaudit.collision.audit as collisions
+    from rngaudit.collision.audit import SpecSites, TableSites, audit
+    from rngaudit.output.collisions_json import to_json as collisions_json
 
     spec = parse_spec(text, "<hypothesis>")
     try:
@@ -188,7 +189,7 @@ def test_collisions_on_the_fast_path(text, keys):
 @pytest.mark.parametrize("path", FIXTURES, ids=lambda p: os.path.relpath(p, ROOT))
 def test_jsonl_is_byte_identical_on_both_engines(path):
     """The fast jsonl writer encodes what a template fixes once: the bytes equal the plain path's."""
-    from rngaudit.report import jsonl_lines
+    from rngaudit.output.derive_json import jsonl_lines
 
     spec = _loadable(path)
     if spec is None:
@@ -210,7 +211,7 @@ def test_two_process_hashing_gives_the_same_words(tmp_path):
     code = """
 import os, sys
 import numpy as np
-import rngaudit.fast as fast
+import rngaudit.engine.table as fast
 from rngaudit import parse_spec
 spec = parse_spec('''
 rngaudit: 1
@@ -259,7 +260,7 @@ print("ok")
 
 def test_counts_beyond_the_encoding_cache():
     """Counts past the cached encodings (and a block that crosses into them) hash alike on both paths."""
-    import rngaudit.fast as fast
+    import rngaudit.engine.table as fast
 
     old = fast.ENC_CACHE
     fast.ENC_CACHE = 300
@@ -281,8 +282,8 @@ def test_hashing_forks_beside_a_progress_bar_only():
 
     code = """
 import io, os, threading, time
-import rngaudit.fast as fast
-from rngaudit.progress import progress
+import rngaudit.engine.table as fast
+from rngaudit.output.progress import progress
 os.sched_getaffinity = lambda pid: {0, 1}  # (two CPUs, whatever this machine has)
 class Tty(io.StringIO):
     def isatty(self):

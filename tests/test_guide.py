@@ -9,7 +9,7 @@ import sys
 import numpy as np
 
 from rngaudit import load_spec, produce_hash
-from rngaudit.report import derive
+from rngaudit.engine.derive import derive
 
 GUIDE = pathlib.Path(__file__).resolve().parent.parent / "fixtures" / "guide"
 

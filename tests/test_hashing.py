@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rngaudit.hashing import encode_item, hash_input, hash_word, produce_hash
+from rngaudit.engine.hashing import encode_item, hash_input, hash_word, produce_hash
 
 
 def guide_produce_hash(data) -> int:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rngaudit import shard
+from rngaudit.shard import checks as shard
 
 REPO = Path(__file__).resolve().parent.parent
 MAX_SECONDS = 15.0  # wall time, interpreter start included, on a busy 2-core machine
@@ -111,7 +111,7 @@ def test_the_limit_flags_and_their_configuration_keys(tmp_path, monkeypatch):
     """The limits are options (and pyproject keys): a small limit refuses a spec the default accepts."""
     from typer.testing import CliRunner
 
-    from rngaudit.cli import app
+    from rngaudit.cli.root import app
 
     monkeypatch.chdir(tmp_path)
     spec = tmp_path / "m.yaml"

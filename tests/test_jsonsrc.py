@@ -8,7 +8,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from rngaudit.errors import SpecError
-from rngaudit.jsonsrc import load_json, parse_json
+from rngaudit.spec.json_source import load_json, parse_json
 
 SCALARS = st.one_of(st.integers(-10**6, 10**6), st.text(max_size=4), st.booleans(), st.none())
 VALUES = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=4),
@@ -103,7 +103,7 @@ def test_skip_ends_where_the_value_does(value, indent, separators, after):
     it finds is raw_decode's on any JSON value, however written, deeper ones included."""
     import json
 
-    from rngaudit.jsonsrc import _skip
+    from rngaudit.spec.json_source import _skip
 
     text = json.dumps(value, indent=indent, separators=separators, ensure_ascii=False) + after
     assert _skip(text, 0) == json.JSONDecoder().raw_decode(text, 0)[1]
@@ -116,7 +116,7 @@ def test_long_lists_are_located_in_jumps(entries, wanted_indices, indent):
     """The walk over a long list (a million module paths) jumps over runs of elements it does not
     want, and over sublists too: every entry, and every entry below it, is found where a walk that
     steps element by element finds it."""
-    import rngaudit.jsonsrc as jsonsrc
+    import rngaudit.spec.json_source as jsonsrc
 
     value = [entries, {"x": entries}]
     text = json.dumps(value, indent=indent)
@@ -143,7 +143,7 @@ def test_the_plain_string_jump_agrees_with_the_exact_one(entries, indent, separa
     """A list of module paths (strings, or lists of names) is jumped over by a regex that takes every
     '"' for a string's end, guarded by the absence of a backslash: from every element it lands where
     the exact element regex does, with quotes, backslashes, brackets and commas inside the names."""
-    import rngaudit.jsonsrc as jsonsrc
+    import rngaudit.spec.json_source as jsonsrc
 
     text = json.dumps(entries, indent=indent, separators=separators, ensure_ascii=False)
     starts = []

@@ -14,11 +14,12 @@ from hypothesis import strategies as st
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
 
-from rngaudit import keyexpr, threefry  # noqa: E402
+from rngaudit.spec import keyexpr  # noqa: E402
+from rngaudit.engine import threefry  # noqa: E402
 from rngaudit.errors import Location, SpecError  # noqa: E402
-from rngaudit.keyexpr import FoldIn, Raw, Seed, Split  # noqa: E402
-from rngaudit.keys import KeyEngine  # noqa: E402
-from rngaudit.spec import parse_spec  # noqa: E402
+from rngaudit.spec.keyexpr import FoldIn, Raw, Seed, Split  # noqa: E402
+from rngaudit.engine.keys import KeyEngine  # noqa: E402
+from rngaudit.spec.parse import parse_spec  # noqa: E402
 
 IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 WIDTH = {"threefry2x32": 2, "rbg": 4, "unsafe_rbg": 4}
@@ -328,7 +329,7 @@ def test_raw_key_width_is_checked_per_impl(impl):
 @given(seed=int64, n=st.integers(1, 6), data=st.data())
 def test_spec_roots_match_jax(seed, n, data):
     """A spec's `rngs:` (integer seed, expression, raw data) give the keys jax would."""
-    from rngaudit.keys import root_keys
+    from rngaudit.engine.keys import root_keys
 
     i = data.draw(st.integers(0, n - 1))
     w = data.draw(u32)

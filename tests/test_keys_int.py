@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from rngaudit import load_spec
-from rngaudit.keyexpr import FoldIn, Raw, Split
-from rngaudit.keys import derive_keys
-from rngaudit.keys_int import derive_keys_int
-from rngaudit.replay import replay
+from rngaudit.spec.keyexpr import FoldIn, Raw, Split
+from rngaudit.engine.keys import derive_keys
+from rngaudit.engine.keys_int import derive_keys_int
+from rngaudit.engine.replay import replay
 
 REPO = Path(__file__).resolve().parent.parent
 SPECS = sorted([*REPO.glob("fixtures/collisions/*.yaml"), *REPO.glob("fixtures/guide/*.yaml"),

@@ -12,10 +12,10 @@ import pytest
 
 from flax_oracle import capture, key_words
 from rngaudit import produce_hash
-from rngaudit.collisions import audit
+from rngaudit.collision.audit import audit
 from rngaudit.errors import SpecError
-from rngaudit.jsonsrc import parse_json
-from rngaudit.modpaths import ModuleSites, load_module_sites, parse_path
+from rngaudit.spec.json_source import parse_json
+from rngaudit.collision.module_paths import ModuleSites, load_module_sites, parse_path
 
 REPO = Path(__file__).resolve().parent.parent
 FIX = REPO / "fixtures" / "collisions"

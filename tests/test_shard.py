@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from rngaudit import shard
-from rngaudit.cli import _console_text, app
+from rngaudit.shard import checks as shard
+from rngaudit.cli.root import _console_text, app
 from rngaudit.errors import SpecError, UserCodeError
-from rngaudit.render_shard import render_shard
-from rngaudit.shard_report import from_json, to_json
+from rngaudit.output.text_shard import render_shard
+from rngaudit.shard.report import from_json, to_json
 
 REPO = Path(__file__).resolve().parent.parent
 SHARD = REPO / "fixtures" / "shard"
@@ -195,7 +195,7 @@ def test_allow_replicated_exits_0_with_a_text_report():
 # ---------------------------------------------------------------- 1, 2 devices and a 2-D mesh
 _PARENT_WITHOUT_JAX = textwrap.dedent("""
     import sys
-    from rngaudit.cli import main
+    from rngaudit.cli.root import main
     sys.argv = ["rngaudit", "shard-check", *sys.argv[1:]]
     try:
         main()
@@ -306,7 +306,7 @@ def test_a_wrong_host_key_and_its_draw_are_reported(monkeypatch):
     """Corrupt one key of the host derivation: the device re-derivation and the sharded draw disagree."""
     import dataclasses
 
-    from rngaudit import report as report_mod
+    from rngaudit.engine import derive as report_mod
 
     real = report_mod.derive
 
@@ -452,7 +452,7 @@ def test_child_env_forces_cpu_devices_and_keeps_other_xla_flags():
 
 
 def test_request_round_trips_through_json():
-    from rngaudit.cli import _parse_draw
+    from rngaudit.cli.root import _parse_draw
 
     req = shard.make_request(specs=[shard.SpecTarget("a.yaml", "apply", ("D*",), ("params",),
                                                      _parse_draw("uniform:3"))],

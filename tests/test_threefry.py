@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from rngaudit import threefry
+from rngaudit.engine import threefry
 
 u32 = st.integers(0, 2**32 - 1)
 keys = st.tuples(u32, u32)
@@ -76,6 +76,6 @@ def test_split_one_matches_jax(partitionable, key):
 
 
 def test_importing_threefry_imports_no_numpy():
-    code = "import sys, rngaudit.threefry, rngaudit.keys_int; print(sorted(m for m in sys.modules if m == 'numpy'))"
+    code = "import sys, rngaudit.engine.threefry, rngaudit.engine.keys_int; print(sorted(m for m in sys.modules if m == 'numpy'))"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr

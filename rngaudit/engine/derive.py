@@ -1,0 +1,118 @@
+"""The `derive` stage: replay a spec, compute every key and the values drawn from them, as a DeriveReport."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import SpecError
+from .keys import KeyData, derive_keys, draw_values, engine_for, root_keys
+from ..spec.tree import Draw, Spec
+from .replay import Derivation, replay
+
+
+@dataclass(frozen=True)
+class KeyedCall:
+    """A derivation with the key Flax hands out and, when asked, the values drawn from it."""
+
+    derivation: Derivation
+    key: KeyData
+    draw: Draw | None
+    values: np.ndarray | None
+
+
+class TableCalls(Sequence):
+    """The fast path's calls: a KeyedCall made when a row is read (1,000,000 rows stay columns)."""
+
+    def __init__(self, table, rows: np.ndarray, keys: np.ndarray, default_draw: Draw | None, values: dict):
+        self.table = table
+        self.rows = rows
+        self.keys = keys
+        self.default_draw = default_draw
+        self.values = values
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, j):
+        if isinstance(j, slice):
+            return [self[k] for k in range(*j.indices(len(self)))]
+        if j < 0:
+            j += len(self)
+        if not 0 <= j < len(self):
+            raise IndexError(j)
+        d = self.table.derivation(int(self.rows[j]))
+        key = tuple(int(w) for w in self.keys[j]) if d.base is not None else None
+        return KeyedCall(d, key, d.draw or self.default_draw, self.values.get(j))
+
+    def __iter__(self):
+        for j in range(len(self)):
+            yield self[j]
+
+
+@dataclass(frozen=True)
+class DeriveReport:
+    spec: Spec
+    roots: dict[str, KeyData]
+    calls: Sequence[KeyedCall]
+    total: int | None = None  # call sites before --stream/--path/--limit; None: no filter
+
+    @property
+    def fallbacks(self) -> int:
+        """Keys whose stream fell back to 'params' (the findings of `derive --strict`)."""
+        table = getattr(self.calls, "table", None)
+        if table is not None:
+            fb = np.array([tpl.stream_requested != tpl.stream for tpl in table.templates], dtype=bool)
+            return int(fb[table.block[self.calls.rows]].sum()) if len(fb) else 0
+        return sum(1 for c in self.calls if c.derivation.fallback)
+
+    @property
+    def discarded(self) -> int:
+        table = getattr(self.calls, "table", None)
+        if table is not None:
+            return int(table.discarded[self.calls.rows].sum())
+        return sum(1 for c in self.calls if c.derivation.discarded)
+
+
+def _draw(spec: Spec, key: KeyData, draw: Draw) -> np.ndarray:
+    try:
+        return draw_values(spec, key, draw)
+    except (ValueError, TypeError, ArithmeticError, IndexError) as e:
+        raise SpecError(f"cannot draw {draw.describe()}: {e}", draw.loc) from None
+
+
+def derive(spec: Spec, values: bool = True, default_draw: Draw | None = None, engine: str = "fast",
+           streams: Sequence[str] = (), paths: Sequence[str] = (), limit: int | None = None) -> DeriveReport:
+    """Replay the spec and compute every key (and the requested draws). `engine` "fast" (columns,
+    vectorised keys) or "plain" (one Derivation per call, the reference). `streams`, `paths` (globs)
+    and `limit` select call sites before any key is computed."""
+    keng = engine_for(spec)
+    if engine == "fast":
+        from .table import key_table
+
+        table = key_table(spec)
+        filtered = bool(streams or paths or limit is not None)
+        rows = table.select(streams, paths, limit)
+        keys = table.keys(keng, rows)
+        drawn: dict = {}
+        if values:
+            tdraw = [tpl.draw or default_draw for tpl in table.templates]
+            has_draw = np.array([d is not None for d in tdraw], dtype=bool)
+            # only the rows whose statement draws, and whose key exists
+            for j in np.flatnonzero(has_draw[table.block[rows]] & (table.base[rows] >= 0)).tolist():
+                draw = tdraw[int(table.block[rows[j]])]
+                drawn[j] = _draw(spec, tuple(int(w) for w in keys[j]), draw)
+        calls = TableCalls(table, rows, keys, default_draw, drawn)
+        return DeriveReport(spec, root_keys(spec, keng), calls, table.n if filtered else None)
+    if engine != "plain":
+        raise ValueError(f"engine must be 'fast' or 'plain', not {engine!r}")
+    rows = replay(spec)
+    keys = derive_keys(spec, rows, keng)
+    calls = []
+    for d, k in zip(rows, keys):
+        key = tuple(int(w) for w in k) if d.base is not None else None
+        draw = d.draw or default_draw
+        vals = _draw(spec, key, draw) if values and draw is not None and key is not None else None
+        calls.append(KeyedCall(d, key, draw, vals))
+    return DeriveReport(spec, root_keys(spec, keng), calls)

@@ -1,0 +1,100 @@
+"""`collisions` audits as versioned, deterministic JSON (format `rngaudit.collisions`, version 1)."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from .. import __version__
+from ..collision.audit import Audit, CallSite, Collision, LatentCollision, Rename, SeparatorCheck
+
+JSON_FORMAT = "rngaudit.collisions"
+JSON_FORMAT_VERSION = 1
+
+
+def site_json(s: CallSite) -> dict:
+    return {
+        "index": s.index,
+        "path": list(s.path),
+        "path_str": s.path_str,
+        "stream_requested": s.stream_requested,
+        "stream": s.stream,
+        "count": s.count,
+        "lane": list(s.lane),
+        "base": s.base,
+        "kind": s.kind,
+        "label": s.label,
+        "hash_items": list(s.hash_items),
+        "hash_input_hex": s.hash_input.hex(),
+        "hash_word": s.hash_word,
+        "key": list(s.key) if s.key is not None else None,
+        "location": s.location.as_json(),
+    }
+
+
+def separator_json(c: SeparatorCheck) -> dict:
+    return {"flag": c.flag, "removes": c.removes, "detail": c.detail, "changes_every_key": True,
+            "keys_in_model": c.keys_in_model}
+
+
+def rename_json(r: Rename) -> dict:
+    return {"path": list(r.path), "path_str": r.path_str, "old_name": r.old_name, "new_name": r.new_name,
+            "module_class": r.module_class, "explicit": r.explicit,
+            "location": r.location.as_json() if r.location is not None else None,
+            "keys_changed": r.keys_changed, "note": r.note}
+
+
+def collision_json(c: Collision) -> dict:
+    return {
+        "class": c.collision_class,
+        "category": c.category,
+        "failing": c.failing,
+        "inputs": [{"hash_input_hex": h.data.hex(), "hash_word": h.word,
+                    "key": list(h.key) if h.key is not None else None, "sites": [site_json(s) for s in h.sites]}
+                   for h in c.inputs],
+        "separator": separator_json(c.separator),
+        "renames": [rename_json(r) for r in c.renames],
+        "rename_note": c.rename_note,
+    }
+
+
+def latent_json(lt: LatentCollision) -> dict:
+    return {
+        "site": site_json(lt.site),
+        "max_count": lt.max_count,
+        "partners": [{"site": site_json(p.site), "max_count": p.max_count, "counts": list(p.counts),
+                      "hash_input_hex": p.data.hex(),
+                      "separator_counts": list(p.separator_counts) if p.separator_counts else None}
+                     for p in lt.partners],
+        "separator": separator_json(lt.separator),
+        "renames": [rename_json(r) for r in lt.renames],
+        "rename_note": lt.rename_note,
+    }
+
+
+def audit_json(a: Audit) -> dict:
+    return {
+        "file": a.source,
+        "input": a.input_kind,
+        "call_sites": a.call_sites,
+        "fix_rng_separator": a.fix_rng_separator,
+        "prng_impl": a.prng_impl,
+        "keys_checked": a.keys_checked,
+        "latent_max_count": a.latent_max_count,
+        "collisions": [collision_json(c) for c in a.collisions],
+        "latent": [latent_json(lt) for lt in a.latent],
+        "summary": {"failing": a.failing, "info": a.info, "latent": len(a.latent)},
+    }
+
+
+def to_json(audits: Sequence[Audit]) -> dict:
+    return {
+        "format": JSON_FORMAT,
+        "format_version": JSON_FORMAT_VERSION,
+        "rngaudit_version": __version__,
+        "inputs": [audit_json(a) for a in audits],
+        "summary": {
+            "inputs": len(audits),
+            "failing": sum(a.failing for a in audits),
+            "info": sum(a.info for a in audits),
+            "latent": sum(len(a.latent) for a in audits),
+        },
+    }

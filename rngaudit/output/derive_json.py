@@ -1,0 +1,166 @@
+"""`derive` reports as versioned, deterministic JSON (format `rngaudit.derive`, version 1) and JSON lines."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from .. import __version__
+from ..engine.derive import DeriveReport, KeyedCall, TableCalls
+from ..engine.hashing import hash_input
+from ..engine.table import KeyTable
+
+JSON_FORMAT = "rngaudit.derive"
+JSON_FORMAT_VERSION = 1
+
+
+def _values_json(v: np.ndarray):
+    if v.dtype == np.bool_:
+        return v.tolist()
+    if np.issubdtype(v.dtype, np.integer):
+        return v.astype(np.int64).tolist()
+    return v.astype(np.float64).tolist()
+
+
+def call_json(c: KeyedCall) -> dict:
+    d = c.derivation
+    out = {
+        "index": d.index,
+        "path": list(d.path),
+        "path_str": d.path_str,
+        "stream_requested": d.stream_requested,
+        "stream": d.stream,
+        "fallback": d.fallback,
+        "count": d.count,
+        "kind": d.kind,
+        "label": d.label,
+        "hash_items": list(d.hash_items),
+        "hash_input_hex": d.hash_input.hex(),
+        "hash_word": d.hash_word,
+        "base": str(d.base) if d.base is not None else None,
+        "key": list(c.key) if c.key is not None else None,
+        "lane": list(d.lane),
+        "discarded": d.discarded,
+        "notes": list(d.notes),
+        "location": d.location.as_json(),
+    }
+    if c.values is not None:
+        out["values"] = {
+            "draw": c.draw.describe(),
+            "kind": c.draw.kind,
+            "shape": list(c.draw.shape),
+            "dtype": c.draw.dtype,
+            "data": _values_json(c.values),
+        }
+    return out
+
+
+def _meta(report: DeriveReport) -> dict:
+    spec = report.spec
+    return {
+        "format": JSON_FORMAT,
+        "format_version": JSON_FORMAT_VERSION,
+        "rngaudit_version": __version__,
+        "spec": spec.file,
+        "phase": spec.phase,
+        "flax": {"fix_rng_separator": spec.fix_rng_separator},
+        "jax": {"prng_impl": spec.prng_impl, "threefry_partitionable": spec.threefry_partitionable},
+        "rngs": {
+            s: {"expr": spec.rngs[s].text, "key": list(report.roots[s])} for s in sorted(spec.rngs)
+        },
+    }
+
+
+def _summary(report: DeriveReport) -> dict:
+    out = {"calls": len(report.calls), "fallbacks": report.fallbacks, "discarded": report.discarded}
+    if report.total is not None:
+        out["selected_from"] = report.total
+    return out
+
+
+def to_json(report: DeriveReport) -> dict:
+    return {**_meta(report), "calls": [call_json(c) for c in report.calls], "summary": _summary(report)}
+
+
+def jsonl_lines(report: DeriveReport, advance=None):
+    """`--format jsonl`: one JSON object a line, made as it is written (flat memory): a `header`
+    record (the JSON format's fields but calls and summary), one `call` record per call site (the
+    JSON format's call objects), and a closing `summary` record."""
+    dumps = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":")).encode
+    yield dumps({"record": "header", **_meta(report)}) + "\n"
+    chunk: list[str] = []
+    calls = report.calls
+    if isinstance(calls, TableCalls):
+        # the fast path: lines straight from the columns; rows with drawn values the generic way
+        lines = table_call_lines(calls.table, calls.rows, calls.keys, dumps, calls.values)
+        records = (line if line is not None else dumps({"record": "call", **call_json(calls[j])})
+                   for j, line in enumerate(lines))
+    else:
+        records = (dumps({"record": "call", **call_json(c)}) for c in calls)
+    for line in records:
+        chunk.append(line)
+        if len(chunk) == 4096:
+            yield "\n".join(chunk) + "\n"
+            if advance is not None:
+                advance(len(chunk))
+            chunk = []
+    if chunk:
+        yield "\n".join(chunk) + "\n"
+        if advance is not None:
+            advance(len(chunk))
+    yield dumps({"record": "summary", **_summary(report)}) + "\n"
+
+
+def table_call_lines(table: KeyTable, rows: np.ndarray, keys: np.ndarray, encode, skip=frozenset()):
+    """`{"record": "call", ...}` JSON lines for `rows` (keys: their key data): byte for byte what
+    `encode` (sorted keys, compact) makes of call_json's objects, without making a
+    Derivation per row: what a template fixes is encoded once. Rows at positions in `skip` (those
+    with drawn values) are yielded as None for the caller."""
+    consts: dict = {}
+    bases_json: dict = {-1: "null"}
+    lanes_json: dict = {}
+    sep = "00" if table.sep else ""
+    step = 1 << 15
+    for j0 in range(0, len(rows), step):
+        # numpy scalars are slow one at a time: a chunk of each column as Python values
+        r = rows[j0:j0 + step]
+        cols = zip(range(j0, j0 + len(r)), r.tolist(), table.block[r].tolist(), table.count[r].tolist(),
+                   table.word[r].tolist(), table.base[r].tolist(), table.lane_ix[r].tolist(),
+                   table.discarded[r].tolist(), keys[j0:j0 + step].tolist())
+        for j, i, t, c, w, b, li, disc, key in cols:
+            if j in skip:
+                yield None
+                continue
+            const = consts.get(t)
+            if const is None:
+                const = consts[t] = _call_const(table, t, encode)
+            fallback, items, pre_hex, kind_label, rest, sizes = const
+            bj = bases_json.get(b)
+            if bj is None:
+                bj = bases_json[b] = encode(str(table.bases[b]))
+            if sizes:
+                # a lane's text depends only on the axes' sizes and its index: bounded by the lanes
+                lane = lanes_json.get((sizes, li))
+                if lane is None:
+                    lane = lanes_json[(sizes, li)] = encode(list(table.lane_of(i)))
+            else:
+                lane = "[]"
+            yield (f'{{"base":{bj},"count":{c},"discarded":{"true" if disc else "false"},"fallback":{fallback},'
+                   f'"hash_input_hex":"{pre_hex}{sep}{c.to_bytes((c.bit_length() + 7) // 8, "big").hex()}",'
+                   f'"hash_items":{items}{c}],"hash_word":{w},"index":{i},'
+                   f'"key":{"null" if b < 0 else "[" + ",".join(map(str, key)) + "]"},{kind_label},'
+                   f'"lane":{lane},{rest}}}')
+
+def _call_const(table: KeyTable, t: int, encode) -> tuple:
+    """What template t fixes in a call record, encoded once, in the sorted order of its keys."""
+    tpl = table.templates[t]
+    path, req, used, kind, label, suffix, loc, notes, axes = (tpl.path, tpl.stream_requested, tpl.stream, tpl.kind,
+                                                              tpl.label, tpl.suffix, tpl.location, tpl.notes,
+                                                              tpl.axes)
+    kind_label = encode({"kind": kind, "label": label})[1:-1]
+    rest = encode({"location": loc.as_json(), "notes": list(notes), "path": list(path),
+                   "path_str": "/".join(path) if path else "(root)", "record": "call", "stream": used,
+                   "stream_requested": req})[1:-1]
+    items = encode(list(suffix))[:-1] + ("," if suffix else "")
+    return ("true" if req != used else "false", items, hash_input(suffix, table.sep).hex(), kind_label, rest,
+            tuple(table.axis_size[a] for a in axes))

@@ -1,0 +1,237 @@
+"""Every command's findings as one plain list (rule, level, message, file:line:col) for the CI formats."""
+from __future__ import annotations
+
+import ast
+import os
+import sys
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..errors import Location
+
+ERROR, WARNING, NOTE = "error", "warning", "note"  # SARIF levels; `github` maps them to ::error/::warning/::notice
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A kind of finding: what it means, and how to fix it (SARIF `reportingDescriptor`)."""
+
+    id: str
+    name: str
+    summary: str
+    help: str
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem to annotate. `related` are the other places that take part (e.g. the other call sites)."""
+
+    rule: str
+    level: str
+    message: str
+    location: Location | None
+    related: tuple[tuple[Location, str], ...] = ()
+
+
+# ---------------------------------------------------------------- derive
+DERIVE_RULES = (
+    Rule("derive/stream-fallback", "StreamFallback",
+         "make_rng asks for a stream init/apply was not given: Flax falls back to 'params'",
+         "The key comes from the 'params' stream and shares its counter, so adding or removing a param "
+         "changes it. Pass the stream in `rngs=` (the spec's `rngs:`), or ask for 'params' on purpose."),
+)
+
+
+def derive_findings(report, strict: bool) -> list[Finding]:
+    """`derive` has findings only with --strict: each statement whose keys fall back to 'params', once."""
+    if not strict:
+        return []
+    rows: dict = {}
+    for c in report.calls:
+        d = c.derivation
+        if d.fallback:
+            rows.setdefault((d.location, d.stream_requested, d.path_str), []).append(d.index)
+    out = []
+    for (loc, stream, path), idx in rows.items():
+        keys = f"{len(idx)} keys, rows #{idx[0]}-#{idx[-1]}" if len(idx) > 1 else f"row #{idx[0]}"
+        out.append(Finding("derive/stream-fallback", ERROR,
+                           f"{path}: make_rng({stream!r}) falls back to 'params' ({keys}): the stream is not in "
+                           f"rngs; pass it to init/apply or ask for 'params' on purpose", loc))
+    return out
+
+
+# ---------------------------------------------------------------- collisions
+FAILING_CATEGORIES = ("concatenation", "count_meets_name", "hash_word", "shared_seed")
+CATEGORIES = FAILING_CATEGORIES + ("unsplit_lanes", "latent")
+
+COLLISION_RULES = (
+    Rule("collisions/concatenation", "Concatenation",
+         "two call sites get the same key: their path names concatenate to the same hashed bytes",
+         "Flax hashes the path names and the count with no separator (class 1). Rename one module, or turn on "
+         "flax_fix_rng_separator (which changes every key)."),
+    Rule("collisions/count-meets-name", "CountMeetsName",
+         "two call sites get the same key: a count's bytes spell the end of a name",
+         "The count is hashed as big-endian bytes right after the names (class 2). Rename one module, or turn on "
+         "flax_fix_rng_separator (which changes every key)."),
+    Rule("collisions/hash-word", "HashWord",
+         "two call sites get the same key: different bytes share a 32-bit SHA-1 word",
+         "Flax keeps 32 bits of SHA-1 (class 3). Rename one of the modules."),
+    Rule("collisions/shared-seed", "SharedSeed",
+         "call sites of different streams or base keys get the same key: the streams were given the same key",
+         "The stream name is not hashed (class 4): give each stream its own key, e.g. split one key."),
+    Rule("collisions/unsplit-lanes", "UnsplitLanes",
+         "the lanes of a vmap/scan share every key of a stream that is not split",
+         "split_rngs is false for the stream (class 4, information). Set split_rngs for it if each lane should "
+         "draw its own randomness."),
+    Rule("collisions/latent", "LatentCollision",
+         "module paths whose keys would be equal at higher counts",
+         "A shorter path drawing more keys would meet a longer path's keys (information). Rename a module if "
+         "the model may draw that many keys."),
+)
+_CATEGORY_RULE = {"concatenation": "collisions/concatenation", "count_meets_name": "collisions/count-meets-name",
+                  "hash_word": "collisions/hash-word", "shared_seed": "collisions/shared-seed",
+                  "unsplit_lanes": "collisions/unsplit-lanes", "latent": "collisions/latent"}
+
+
+def fail_categories(strict: bool, fail_on: Sequence[str] | None) -> frozenset[str]:
+    """The categories that make `collisions` exit 1: --fail-on if given, else the failing classes (all with
+    --strict)."""
+    if strict:
+        return frozenset(CATEGORIES)
+    return frozenset(FAILING_CATEGORIES if fail_on is None else fail_on)
+
+
+def _site_text(s) -> str:
+    lane = f" lane {list(s.lane)}" if s.lane else ""
+    return f"{s.path_str} ({s.stream}, count {s.count}{lane}) at {s.location}"
+
+
+def _fix_text(separator, renames, rename_note: str) -> str:
+    parts = []
+    if renames:
+        parts.append("; ".join(f"rename {r.path_str}{f' at {r.location}' if r.location else ''} to {r.new_name!r}"
+                               for r in renames) + " (verified)")
+    elif rename_note:
+        parts.append(rename_note)
+    if not separator.flag and separator.removes:
+        parts.append("fix_rng_separator: true also removes it, but changes every key")
+    return ". Fix: " + ". ".join(parts) if parts else ""
+
+
+def collision_findings(audits, failing: frozenset[str]) -> list[Finding]:
+    """One finding per collision and per latent collision, at its first call site; the others are related."""
+    out = []
+    for a in audits:
+        for c in a.collisions:
+            sites = c.sites
+            level = ERROR if c.category in failing else (WARNING if c.failing else NOTE)
+            shown = ", ".join(_site_text(s) for s in sites[:4]) + (f" and {len(sites) - 4} more" if len(sites) > 4
+                                                                    else "")
+            msg = (f"class {c.collision_class} ({c.category}): {len(sites)} call sites get the same key: {shown}"
+                   + _fix_text(c.separator, c.renames, c.rename_note))
+            out.append(Finding(_CATEGORY_RULE[c.category], level, msg, sites[0].location,
+                               tuple((s.location, f"{s.path_str} count {s.count}") for s in sites[1:])))
+        for lt in a.latent:
+            level = ERROR if "latent" in failing else NOTE
+            partners = ", ".join(f"{p.site.path_str} at count {p.counts[1]} (meets count {p.counts[0]})"
+                                 for p in lt.partners[:4]) + (f" and {len(lt.partners) - 4} more"
+                                                              if len(lt.partners) > 4 else "")
+            msg = (f"latent: {_site_text(lt.site)} reaches count {lt.max_count}; at higher counts its keys equal "
+                   f"those of {partners}" + _fix_text(lt.separator, lt.renames, lt.rename_note))
+            out.append(Finding("collisions/latent", level, msg, lt.site.location,
+                               tuple((p.site.location, p.site.path_str) for p in lt.partners)))
+    return out
+
+
+def collisions_failing(audits, failing: frozenset[str]) -> bool:
+    return any(c.category in failing for a in audits for c in a.collisions) or (
+        "latent" in failing and any(a.latent for a in audits))
+
+
+# ---------------------------------------------------------------- shard-check
+SHARD_CHECK_RULES = (
+    Rule("shard-check/root_keys", "RootKeys", "root keys computed on the devices differ from the host's",
+         "The spec's rngs expressions evaluated under jax.jit must equal the host derivation on every device."),
+    Rule("shard-check/base_keys", "BaseKeys", "lane, loop or fork base keys on the devices differ from the host's",
+         "vmap/scan splits, while_loop folds and jit forks must equal the host derivation."),
+    Rule("shard-check/keys", "Keys", "keys re-derived on the devices differ from the host derivation",
+         "fold_in(base, hash word) under jax.jit with rows sharded must equal the host's keys bit for bit."),
+    Rule("shard-check/draws", "Draws", "values drawn under jax.jit with sharded output differ from the eager draw",
+         "A draw must give the same values whether its output is sharded or not."),
+    Rule("shard-check/jit_equals_eager", "JitEqualsEager", "the function under jax.jit differs from its eager run",
+         "With the batch sharded, jax.jit must reproduce the eager output (within --atol)."),
+    Rule("shard-check/shard_map_split_keys", "ShardMapSplitKeys",
+         "under shard_map with one key per device, devices drew the same values",
+         "The output does not depend on the key, or the key is not used per device."),
+    Rule("shard-check/shard_map_replicated_key", "SameRandomnessOnEveryDevice",
+         "under shard_map with one replicated key, devices drew the same values",
+         "Pass each device its own key (split with in_specs over the mesh axis) or fold in "
+         "jax.lax.axis_index; --allow-replicated if identical randomness is intended."),
+)
+
+
+def _fn_location(target) -> Location | None:
+    """Where `--fn FILE.py:NAME` (or `module:NAME`) defines NAME, found without importing it."""
+    where, _, attr = target.name.rpartition(":")
+    path = where if where.endswith(".py") or "/" in where or os.sep in where else _module_file(where)
+    if path is None or not os.path.isfile(path):
+        return None
+    line = 1
+    try:
+        with open(path, "rb") as f:
+            tree = ast.parse(f.read())
+        scope = tree.body
+        for part in attr.split("."):
+            node = next((n for n in scope if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                         and n.name == part), None)
+            if node is None:
+                break
+            line = node.lineno
+            scope = node.body
+    except (OSError, SyntaxError, ValueError):
+        pass
+    return Location(path, line, 1)
+
+
+def _module_file(module: str) -> str | None:
+    parts = module.split(".")
+    for base in [os.getcwd()] + [p for p in sys.path if p]:
+        for candidate in (os.path.join(base, *parts) + ".py", os.path.join(base, *parts, "__init__.py")):
+            if os.path.isfile(candidate):
+                return os.path.relpath(candidate) if base == os.getcwd() else candidate
+    return None
+
+
+def _check_location(target, check) -> Location | None:
+    if target.kind == "fn":
+        return _fn_location(target)
+    for m in check.details.get("mismatches") or ():
+        loc = m.get("location") if isinstance(m, dict) else None
+        if loc:
+            return Location(loc["file"], loc["line"], loc["col"])
+    return Location(target.name, 1, 1)
+
+
+def shard_findings(report) -> list[Finding]:
+    """Every check that failed, found the same randomness, or found it and was told it is intended."""
+    out = []
+    for t in report.targets:
+        for c in t.checks:
+            if c.status not in ("fail", "finding", "allowed"):
+                continue
+            level = NOTE if c.status == "allowed" else ERROR
+            out.append(Finding(f"shard-check/{c.id}", level, f"{t.name}: {c.title}: {c.message}",
+                               _check_location(t, c)))
+    return out
+
+
+def report_path(file: str) -> str:
+    """A path as CI tools resolve it: relative to the working directory (the checkout) when inside it."""
+    if os.path.isabs(file):
+        try:
+            rel = os.path.relpath(file)
+        except ValueError:  # another drive on Windows
+            return file
+        if not rel.startswith(os.pardir):
+            return rel
+    return file

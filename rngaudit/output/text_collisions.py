@@ -1,0 +1,264 @@
+"""Human-readable `collisions` output with rich: each finding, why it happens, and the checked fixes."""
+from __future__ import annotations
+
+import json
+import re
+from typing import Sequence
+
+from rich.cells import cell_len
+from rich.console import Console
+from rich.text import Text
+
+from ..collision.audit import (COUNT_MEETS_NAME, SHARED_KEY, SHARED_SEED, Audit, CallSite, Collision, LatentCollision,
+                         Rename, SeparatorCheck)
+
+MAX_SHOWN = 12  # call sites (or key groups) listed per finding; --format json lists them all
+
+_WHY = {
+    1: "Flax hashes the path names and the count concatenated, with no separator: different names spell "
+       "the same bytes",
+    2: "the count is hashed as big-endian bytes right after the names: a count spells the end of a name",
+    3: "different bytes, but Flax keeps only 32 bits of SHA-1 and both give the same word "
+       "(with n call sites on one key, expect about n*n/2**33 such pairs)",
+}
+_WHY_SHARED = {
+    SHARED_SEED: "the streams (or base keys) hold the same key data, and the stream name is not hashed: "
+                 "equal paths and counts get equal keys",
+    "unsplit_lanes": "the lanes of a vmap/scan with split_rngs false for this stream share every key",
+}
+_INDENT = "   "
+_LABEL = 11
+
+
+def _line(label: str, text: str | Text, style: str = "") -> Text:
+    out = Text(_INDENT + label.ljust(_LABEL), style="bold")
+    out.append_text(text if isinstance(text, Text) else Text(text, style=style))
+    return out
+
+
+def _shown(text: str) -> str:
+    """Names as a person can read them: control and other unprintable characters escaped."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
+def _path(path: tuple[str, ...]) -> str:
+    return "/".join(_shown(p) for p in path) if path else "(root)"
+
+
+def _yaml_name(name: str) -> str:
+    """How to write a name in a spec: bare when YAML reads it back unchanged, else double-quoted."""
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]*", name):
+        return name
+    return json.dumps(name)
+
+
+def _items(items) -> str:
+    return "(" + ", ".join(repr(x) for x in items) + ("," if len(items) == 1 else "") + ")"
+
+
+def _bytes(data: bytes) -> str:
+    return f"{data.hex() or '(empty)'} {data!r}"
+
+
+def _key(key) -> str:
+    return "[" + " ".join(str(w) for w in key) + "]"
+
+
+def _table(*columns: str):
+    """A borderless table with these columns. rich.table is imported here: a clean report needs none."""
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False, show_edge=False, show_header=False, padding=(0, 2, 0, 0))
+    for col in columns:
+        table.add_column(col, no_wrap=True)
+    return table
+
+
+def _plain(console: Console) -> bool:
+    """Whether the console writes to a file without colour or wrapping: plain text can go as is."""
+    return not console.is_terminal and console.no_color and console.soft_wrap
+
+
+def _print(console: Console, text: Text) -> None:
+    """console.print(text); a plain console (_plain) gets the text written at once (rich's rendering of
+    a line costs more than the key work of a thousand call sites)."""
+    plain = text.plain
+    if _plain(console) and plain.isprintable():
+        console.file.write(plain + "\n")
+    else:
+        console.print(text)
+
+
+def _print_rows(rows: list[list[str]], console: Console, bold: int = 1) -> None:
+    """Rows of cells in aligned columns, two spaces apart, column `bold` in bold: what a borderless rich
+    Table (_table) prints, without the cost of measuring (a report of a large model has thousands of
+    these). A table wider than the console, or with a cell rich would treat specially (a tab, an
+    escape, a combining character), is left to rich.table."""
+    if not rows:
+        return
+    ncols = len(rows[0])
+    widths = [max(cell_len(r[c]) for r in rows) for c in range(ncols)]
+    widths[-1] = max(widths[-1], 1)  # (as rich.table: an empty last column is one space wide)
+    special = not all(cell.isprintable() and cell_len(cell) >= len(cell) for r in rows for cell in r)
+    if special or sum(widths) + 2 * (ncols - 1) > console.width:
+        table = _table(*(str(c) for c in range(ncols)))
+        for r in rows:
+            table.add_row(*(Text(cell, style="bold" if c == bold else "") for c, cell in enumerate(r)))
+        console.print(table)
+        return
+    plain = _plain(console)
+    for r in rows:
+        cells = [cell + " " * (w - cell_len(cell)) for cell, w in zip(r, widths)]
+        if plain:
+            console.file.write("  ".join(cells) + "\n")
+            continue
+        line = Text()
+        for c, cell in enumerate(cells):
+            if c:
+                line.append("  ")
+            line.append(cell, style="bold" if c == bold else "")
+        console.print(line)
+
+
+def _site_table(rows: list[tuple[CallSite, str]], console: Console) -> None:
+    lines = []
+    for s, extra in rows:
+        stream = s.stream if s.stream == s.stream_requested else f"{s.stream_requested}->{s.stream}"
+        lane = f" lane {list(s.lane)}" if s.lane else ""
+        lines.append([_INDENT, _path(s.path), _shown(stream) + lane, f"count {s.count}", _shown(s.label or s.kind),
+                      str(s.location), _items(s.hash_items), extra])
+    _print_rows(lines, console)
+
+
+def _more(n: int, what: str, console: Console) -> None:
+    if n > 0:
+        _print(console, Text(f"{_INDENT}... and {n} more {what} (--format json lists them all)"))
+
+
+def _separator(check: SeparatorCheck, console: Console) -> None:
+    if check.flag:
+        _print(console, _line("separator", "fix_rng_separator is on already, and this still happens"))
+        return
+    if check.removes is None:
+        _print(console, _line("separator", f"not checked: {check.detail}"))
+    elif check.removes:
+        _print(console, _line("separator", f"fix_rng_separator: true removes it (checked: {check.detail})"))
+    else:
+        _print(console, _line("separator", f"fix_rng_separator: true does NOT remove it (checked: {check.detail})",
+                              "yellow"))
+    _print(console, _line("", f"warning: flipping fix_rng_separator changes every key in the model (all "
+                              f"{check.keys_in_model} here), not only these"))
+
+
+def _rename(r: Rename, input_kind: str) -> str:
+    where = f" at {r.location}" if r.location is not None else ""
+    cls = f" ({_shown(r.module_class)})" if r.module_class else ""
+    changes = f"changes {r.keys_changed} key{'s' if r.keys_changed != 1 else ''}"
+    path = _path(r.path)
+    if input_kind != "spec":
+        return f"rename module {path}{where} to {r.new_name!r} (name={r.new_name!r} in the model); {changes}"
+    new = _yaml_name(r.new_name)
+    if r.explicit:
+        return f"rename module {path}{cls}{where}: `name: {_yaml_name(r.old_name)}` -> `name: {new}`; {changes}"
+    return f"give module {path}{cls}{where} `name: {new}` (Flax auto-names it {_shown(r.old_name)}); {changes}"
+
+
+def _renames(renames: Sequence[Rename], note: str, input_kind: str, console: Console) -> None:
+    if not renames:
+        _print(console, _line("rename", note))
+        return
+    for k, r in enumerate(renames):
+        _print(console, _line("rename" if k == 0 else "", _rename(r, input_kind)))
+        if r.note:
+            _print(console, _line("", f"  ({r.note})"))
+    _print(console, _line("", note))
+
+
+def render_collision(c: Collision, input_kind: str, console: Console) -> None:
+    head = Text()
+    head.append("FAIL  " if c.failing else "INFO  ", style="bold red" if c.failing else "bold cyan")
+    head.append(f"class {c.collision_class} ({c.category}): ", style="bold")
+    sites = c.sites
+    keys = c.keys
+    if c.collision_class == SHARED_KEY:
+        streams = sorted({_shown(s.stream) for s in sites})
+        bases = sorted({_shown(s.base) for s in sites})
+        head.append(f"{len(keys)} key{'s' if len(keys) != 1 else ''} shared by {len(sites)} call sites across "
+                    f"{', '.join(bases)}" + (f" (streams {', '.join(streams)})" if len(streams) > 1 else ""))
+        _print(console, head)
+        rows: list[tuple[CallSite, str]] = []
+        shown = c.inputs[:MAX_SHOWN]
+        for h in shown:
+            rows.extend((s, f"key {_key(h.key)}" if h.key is not None else "") for s in h.sites)
+        _site_table(rows, console)
+        _more(len(c.inputs) - len(shown), "shared keys", console)
+    else:
+        head.append(f"{len(sites)} call sites get the same key")
+        if keys[0] is not None:
+            head.append(f" {_key(keys[0])}")
+        _print(console, head)
+        _site_table([(s, "") for s in sites[:MAX_SHOWN]], console)
+        _more(len(sites) - MAX_SHOWN, "call sites", console)
+        if len(c.inputs) == 1:
+            h = c.inputs[0]
+            _print(console, _line("shared", f"hash input {_bytes(h.data)} -> word {h.word}"))
+        else:
+            for k, h in enumerate(c.inputs):
+                names = ", ".join(f"{_path(s.path)} count {s.count}" for s in h.sites)
+                _print(console, _line("inputs" if k == 0 else "", f"{_bytes(h.data)} -> word {h.word} ({names})"))
+    why = _WHY_SHARED[c.category] if c.collision_class == SHARED_KEY else _WHY[c.collision_class]
+    if c.collision_class == COUNT_MEETS_NAME:
+        why += " (" + ", ".join(f"{_path(s.path)} count {s.count} = 0x{s.count:x}" for s in sites[:MAX_SHOWN]) + ")"
+    _print(console, _line("why", why))
+    _separator(c.separator, console)
+    _renames(c.renames, c.rename_note, input_kind, console)
+
+
+def render_latent(lt: LatentCollision, input_kind: str, console: Console) -> None:
+    s = lt.site
+    n = len(lt.partners)
+    head = Text()
+    head.append("LATENT ", style="bold yellow")
+    head.append(f"{_path(s.path)} (stream {_shown(s.stream)}, {s.location}) reaches count {lt.max_count}; at higher counts "
+                f"its keys equal those of {n} other path{'s' if n != 1 else ''}:")
+    _print(console, head)
+    lines = []
+    for p in lt.partners[:MAX_SHOWN]:
+        short, long = p.counts
+        lines.append([_INDENT, _path(p.site.path),
+                      f"count {long} (reaches {p.max_count}) = {_path(s.path)} count {short} (0x{short:x})",
+                      str(p.site.location), f"both hash {p.data!r}"])
+    _print_rows(lines, console)
+    _more(n - MAX_SHOWN, "paths", console)
+    _print(console, _line("why", _WHY[COUNT_MEETS_NAME]))
+    _separator(lt.separator, console)
+    _renames(lt.renames, lt.rename_note, input_kind, console)
+
+
+def render_audit(a: Audit, console: Console) -> None:
+    head = Text()
+    head.append(_shown(a.source), style="bold")
+    impl = f", {a.prng_impl}" if a.prng_impl else ""
+    keys = "" if a.keys_checked else ", hash words only: class 4 not checked"
+    head.append(f"  ({a.input_kind}, {a.call_sites} call sites, fix_rng_separator={str(a.fix_rng_separator).lower()}"
+                f"{impl}{keys})")
+    _print(console, head)
+    for c in a.collisions:
+        render_collision(c, a.input_kind, console)
+    for lt in a.latent:
+        render_latent(lt, a.input_kind, console)
+    latent = f"latent counts up to {a.latent_max_count}" if a.latent_max_count else "latent not checked"
+    _print(console, Text(f"{a.failing} failing, {a.info} information, {len(a.latent)} latent ({latent})"))
+
+
+def render_collisions(audits: Sequence[Audit], console: Console) -> None:
+    for k, a in enumerate(audits):
+        if k:
+            _print(console, Text())
+        render_audit(a, console)
+    if len(audits) > 1:
+        _print(console, Text())
+        _print(console, Text(f"total: {sum(a.failing for a in audits)} failing, {sum(a.info for a in audits)} "
+                           f"information, {sum(len(a.latent) for a in audits)} latent in {len(audits)} inputs"))

@@ -1,0 +1,469 @@
+"""Compare the keys of two runs call site by call site (verify, diff), and say why a key moved."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from .. import __version__
+from .capture import Capture, Site
+from ..errors import Location
+from ..output.findings import ERROR, Finding, Rule
+
+DIFF_FORMAT, VERIFY_FORMAT, FORMAT_VERSION = "rngaudit.diff", "rngaudit.verify", 1
+_PREFIXES = {"Jit": "nn.jit", "Checkpoint": "nn.remat", "Vmap": "nn.vmap", "Scan": "nn.scan",
+             "Fold_rngs": "nn.fold_rngs"}
+
+
+@dataclass
+class Entry:
+    """One call site in the comparison: status kept | changed | new | gone (diff), or
+    same | differs | missing | extra (verify)."""
+
+    status: str
+    ident: tuple
+    old: Site | None
+    new: Site | None
+    why: list[str] = field(default_factory=list)
+    fix: str | None = None
+
+    @property
+    def site(self) -> Site:
+        return self.new if self.new is not None else self.old
+
+
+@dataclass
+class Comparison:
+    kind: str  # diff | verify
+    old_name: str
+    new_name: str
+    entries: list[Entry]
+    notes: list[str] = field(default_factory=list)  # model-level explanations (renames, insertions)
+    fixes: list[str] = field(default_factory=list)
+    old: Capture | None = None
+    new: Capture | None = None
+
+    def count(self, status: str) -> int:
+        return sum(1 for e in self.entries if e.status == status)
+
+    @property
+    def failing(self) -> bool:
+        bad = ("changed", "new", "gone") if self.kind == "diff" else ("differs", "missing", "extra")
+        return any(e.status in bad for e in self.entries)
+
+
+def _live(sites: list[Site]) -> dict:
+    return {s.ident: s for s in sites}
+
+
+# ---------------------------------------------------------------- verify
+def verify(spec_sites: Capture, observed: Capture) -> Comparison:
+    """The spec's replay (old side) against what Flax handed out (new side)."""
+    ours, theirs = _live(spec_sites.sites), _live(observed.sites)
+    entries = []
+    for ident in _ordered(ours, theirs):
+        o, t = ours.get(ident), theirs.get(ident)
+        if o is None:
+            entries.append(Entry("missing", ident, None, t, ["Flax hands out this key; the spec has no such call site"]))
+        elif t is None:
+            entries.append(Entry("extra", ident, o, None, ["the spec replays this key; Flax never hands it out"]))
+        elif o.key != t.key:
+            entries.append(Entry("differs", ident, o, t, ["the spec's key differs from the key Flax hands out"]))
+        else:
+            entries.append(Entry("same", ident, o, t))
+    return Comparison("verify", spec_sites.target, observed.target, entries, old=spec_sites, new=observed)
+
+
+def _ordered(a: dict, b: dict) -> list:
+    seen = list(b)
+    extra = [k for k in a if k not in b]
+    return seen + extra
+
+
+# ---------------------------------------------------------------- diff
+def diff(old: Capture, new: Capture) -> Comparison:
+    a, b = _live(old.sites), _live(new.sites)
+    entries = []
+    for ident in _ordered(a, b):
+        o, n = a.get(ident), b.get(ident)
+        if o is None:
+            entries.append(Entry("new", ident, None, n))
+        elif n is None:
+            entries.append(Entry("gone", ident, o, None))
+        elif o.key != n.key:
+            entries.append(Entry("changed", ident, o, n))
+        else:
+            entries.append(Entry("kept", ident, o, n))
+    cmp = Comparison("diff", old.target, new.target, entries, old=old, new=new)
+    _explain_changed(cmp, old, new)
+    _explain_moves(cmp, old, new)
+    return cmp
+
+
+def _forks(cap: Capture) -> set:
+    return {s.path for s in cap.sites if s.kind in ("jit_fork", "fold_rngs_fork")}
+
+
+def _explain_changed(cmp: Comparison, old: Capture, new: Capture) -> None:
+    old_forks, new_forks = _forks(old), _forks(new)
+    lanes_old = _lane_keys(old.sites)
+    lanes_new = _lane_keys(new.sites)
+    for e in cmp.entries:
+        if e.status != "changed":
+            continue
+        s = e.new
+        prefixes = [s.path[:i] for i in range(len(s.path) + 1)]
+        added = [p for p in prefixes if p in new_forks and p not in old_forks and not (p == s.path and s.kind == "jit_fork")]
+        removed = [p for p in prefixes if p in old_forks and p not in new_forks]
+        for p in added:
+            e.why.append(f"a new jit fork: nn.jit/nn.fold_rngs at {_p(p)} now forks every stream, and keys below it "
+                         "derive from the fork")
+        for p in removed:
+            e.why.append(f"the jit fork at {_p(p)} is gone: keys below it derive from the stream's key again")
+        if s.lane:
+            grp = (s.path, s.stream, s.count)
+            so, sn = lanes_old.get(grp), lanes_new.get(grp)
+            if so is not None and sn is not None and so != sn:
+                e.why.append("a different split: the lanes " + ("now share one key (split_rngs false for "
+                             f"{s.stream!r})" if sn else f"now get split keys (split_rngs true for {s.stream!r})"))
+            elif not added and not removed:
+                e.why.append(f"a different split of {s.stream!r} over the lanes (vmap/scan axis size or split_rngs "
+                             "above it changed)")
+        if old.rngs.get(s.stream) != new.rngs.get(s.stream):
+            e.why.append(f"the root key of stream {s.stream!r} differs ({old.rngs.get(s.stream)!r} -> "
+                         f"{new.rngs.get(s.stream)!r})")
+        for k in ("fix_rng_separator", "prng_impl", "threefry_partitionable"):
+            if old.settings.get(k) != new.settings.get(k):
+                e.why.append(f"{k} differs ({old.settings.get(k)!r} -> {new.settings.get(k)!r})")
+        if not e.why:
+            e.why.append("the key this site folds into (its base) changed")
+
+
+def _lane_keys(sites: list[Site]) -> dict:
+    """(path, stream, count) -> whether every lane got the same key."""
+    groups: dict = {}
+    for s in sites:
+        if s.lane:
+            groups.setdefault((s.path, s.stream, s.count), set()).add(s.key)
+    return {g: len(keys) == 1 for g, keys in groups.items() if len(keys) >= 1}
+
+
+def _modules_of(cap: Capture) -> set:
+    out = set(cap.modules)
+    for s in cap.sites:
+        for i in range(len(s.path) + 1):
+            out.add(s.path[:i])
+    return out
+
+
+def _signature(cap: Capture, mod: tuple) -> tuple:
+    n = len(mod)
+    return tuple(sorted((s.path[n:], s.stream, s.count, s.lane, s.label or "") for s in cap.sites
+                        if s.path[:n] == mod and s.kind not in ("jit_fork", "fold_rngs_fork")))
+
+
+def _auto(name: str):
+    m = re.fullmatch(r"(.+)_(\d+)", name)
+    return (m.group(1), int(m.group(2))) if m else None
+
+
+def _rename_kind(old_name: str, new_name: str) -> str:
+    a, b = _auto(old_name), _auto(new_name)
+    if a and b and a[0] == b[0]:
+        return f"shifted auto-name index ({old_name} -> {new_name})"
+    if a and b and a[1] == b[1]:
+        for prefix, what in _PREFIXES.items():
+            if b[0] == prefix + a[0]:
+                return f"renamed path: {what} renames class {a[0]} to {b[0]} ({old_name} -> {new_name})"
+            if a[0] == prefix + b[0]:
+                return f"renamed path: {what} was removed, so {a[0]} is {b[0]} again ({old_name} -> {new_name})"
+    return f"renamed path ({old_name} -> {new_name})"
+
+
+def _explain_moves(cmp: Comparison, old: Capture, new: Capture) -> None:
+    """Pair modules that exist on one side only (same parent, same keys drawn) as renames; explain
+    auto-name shifts and new jit forks on them."""
+    mods_old, mods_new = _modules_of(old), _modules_of(new)
+    paired = _pair_by_fields(old, new) if old.modules and new.modules else {}
+    only_old = sorted(m for m in mods_old - mods_new if m)
+    only_new = sorted(m for m in mods_new - mods_old if m)
+    used: set = set(paired.values())
+    for mo in only_old:
+        if mo in paired or any(mo[:i] in paired for i in range(1, len(mo))):
+            continue
+        sig = _signature(old, mo)
+        cands = [mn for mn in only_new if mn[:-1] == mo[:-1] and mn not in used and _signature(new, mn) == sig]
+        if cands:
+            paired[mo] = cands[0]
+            used.add(cands[0])
+    new_forks = _forks(new)
+    for mo, mn in paired.items():
+        why = _rename_kind(mo[-1], mn[-1])
+        fix = (f"give the module now at {_p(mn)} an explicit name={mo[-1]!r} (in setup(), an explicit name= is "
+               f"kept too): it restores the old path {_p(mo)}")
+        inserted = _unmatched_sibling(new, mn, set(paired.values()), old)
+        if why.startswith("shifted auto-name index") and inserted is not None:
+            fix = (f"give the inserted module at {_p(inserted)} an explicit name= (explicit names do not advance "
+                   f"the auto-name counter): the {_base_class(new.modules[inserted]['class'])} modules after it get "
+                   "their old names and keys back")
+        forked = mn in new_forks and mo not in _forks(old)
+        if forked:
+            fix += "; its keys still change, because nn.jit forks the streams there (a new jit fork)"
+        cmp.notes.append(f"{_p(mo)} -> {_p(mn)}: {why}")
+        cmp.fixes.append(fix)
+        for e in cmp.entries:
+            s = e.site
+            if e.status == "gone" and s.path[:len(mo)] == mo:
+                e.why.append(f"{why}; its keys moved to {_p(mn + s.path[len(mo):])}")
+                e.fix = fix
+            elif e.status == "new" and s.path[:len(mn)] == mn:
+                if s.kind == "jit_fork" and s.path == mn:
+                    e.why.append(f"a new jit fork at {_p(mn)} ({why})")
+                else:
+                    e.why.append(f"{why}; was {_p(mo + s.path[len(mn):])}")
+                e.fix = fix
+    _explain_insertions(cmp, old, new, mods_old, mods_new, set(paired.values()))
+    for e in cmp.entries:
+        if e.status in ("new", "gone") and not e.why:
+            e.why.append(_count_shift(e, old, new) or ("a call site that did not exist before" if e.status == "new"
+                                                       else "this call site no longer exists"))
+
+
+def _unmatched_sibling(new: Capture, mn: tuple, matched: set, old: Capture):
+    """A new module beside `mn`, of its class, that matches nothing in the old version (inserted)."""
+    cls = new.modules.get(mn, {}).get("class")
+    old_fields = {m.get("fields") for p, m in old.modules.items() if p[:-1] == mn[:-1]}
+    for p, m in new.modules.items():
+        if (p[:-1] == mn[:-1] and p != mn and p not in matched and m.get("class") == cls
+                and m.get("fields") not in old_fields):
+            return p
+    return None
+
+
+def _base_class(cls: str) -> str:
+    changed = True
+    while changed:
+        changed = False
+        for prefix in _PREFIXES:
+            if cls.startswith(prefix) and len(cls) > len(prefix) and cls[len(prefix)].isupper():
+                cls, changed = cls[len(prefix):], True
+    return cls
+
+
+def _pair_by_fields(old: Capture, new: Capture) -> dict:
+    """Children of one parent matched in creation order by class (transform prefixes aside) and
+    hyper-parameters; pairs whose names differ are renames."""
+    def children(cap):
+        out: dict = {}
+        for path, m in cap.modules.items():
+            if path:
+                inner = m.get("fields", "")
+                inner = inner[inner.find("("):] if "(" in inner else inner
+                out.setdefault(path[:-1], []).append((path, (_base_class(m["class"]), inner)))
+        return out
+
+    co, cn = children(old), children(new)
+    pairs: dict = {}
+    for parent, olds in co.items():
+        news = list(cn.get(parent, ()))
+        if parent not in new.modules and parent:
+            continue
+        taken: set = set()
+        for path, key in olds:
+            match = next((p for p, k in news if k == key and p not in taken), None)
+            if match is not None:
+                taken.add(match)
+                if match != path:
+                    pairs[path] = match
+    # a child of a renamed module is renamed with it
+    return {mo: mn for mo, mn in pairs.items() if not any(mo[:i] in pairs for i in range(1, len(mo)))}
+
+
+def _explain_insertions(cmp, old: Capture, new: Capture, mods_old, mods_new, renamed_to: set) -> None:
+    """A new auto-named module Cls_k whose class already had k instances: an insertion shifted the names."""
+    if renamed_to:
+        return
+    for mn in sorted(mods_new - mods_old):
+        if not mn or mn[:-1] in mods_new - mods_old:
+            continue
+        auto = _auto(mn[-1])
+        if not auto:
+            continue
+        cls, k = auto
+        siblings_old = sorted(i for m in mods_old if m[:-1] == mn[:-1] and (a := _auto(m[-1])) and a[0] == cls
+                              for i in [a[1]])
+        if not siblings_old or siblings_old != list(range(len(siblings_old))) or k != len(siblings_old):
+            continue
+        inserted = _inserted_index(old, new, mn[:-1], cls, k + 1)
+        where = f"{cls}_{inserted}" if inserted is not None else f"one of {cls}_0..{cls}_{k}"
+        why = (f"shifted auto-name index: a {cls} was inserted ({where}), so every later {cls} moved up one index "
+               f"and {_p(mn)} is new; the keys at the shifted paths now go to other layers")
+        fix = (f"give the inserted {cls} an explicit name= (explicit names do not advance the auto-name counter): "
+               f"the later {cls} modules get their old names and keys back")
+        cmp.notes.append(why)
+        cmp.fixes.append(fix)
+        for e in cmp.entries:
+            if e.status == "new" and e.site.path[:len(mn)] == mn:
+                e.why.append(why)
+                e.fix = fix
+
+
+def _inserted_index(old: Capture, new: Capture, parent: tuple, cls: str, n_new: int):
+    """Which new Cls_i is the inserted one, from the modules' hyper-parameters (captures only)."""
+    fo = [old.modules.get(parent + (f"{cls}_{i}",), {}).get("fields") for i in range(n_new - 1)]
+    fn = [new.modules.get(parent + (f"{cls}_{i}",), {}).get("fields") for i in range(n_new)]
+    if None in fo or None in fn:
+        return None
+    for i in range(n_new):
+        if fn[:i] + fn[i + 1:] == fo:
+            return i
+    return None
+
+
+def _count_shift(e: Entry, old: Capture, new: Capture) -> str | None:
+    s = e.site
+    if not s.label:
+        return None
+    other = old if e.status == "new" else new
+    for t in other.sites:
+        if t.path == s.path and t.stream == s.stream and t.label == s.label and t.lane == s.lane and t.count != s.count:
+            a, b = (t.count, s.count) if e.status == "new" else (s.count, t.count)
+            return f"shifted count: {s.label!r} at {s.path_str} drew count {a} before and count {b} now"
+    return None
+
+
+def _p(path: tuple) -> str:
+    return "/".join(path) if path else "(root)"
+
+
+# ---------------------------------------------------------------- output
+def to_json(cmp: Comparison) -> dict:
+    def entry(e: Entry) -> dict:
+        s = e.site
+        return {"status": e.status, "path": list(s.path), "path_str": s.path_str, "stream": s.stream,
+                "count": s.count, "lane": list(s.lane), "label": s.label, "kind": s.kind,
+                "old_key": list(e.old.key) if e.old is not None and e.old.key is not None else None,
+                "new_key": list(e.new.key) if e.new is not None and e.new.key is not None else None,
+                "why": list(e.why), "fix": e.fix}
+
+    statuses = ("kept", "changed", "new", "gone") if cmp.kind == "diff" else ("same", "differs", "missing", "extra")
+    return {
+        "format": DIFF_FORMAT if cmp.kind == "diff" else VERIFY_FORMAT, "format_version": FORMAT_VERSION,
+        "rngaudit_version": __version__, "old": cmp.old_name, "new": cmp.new_name,
+        "sites": [entry(e) for e in cmp.entries],
+        "notes": list(cmp.notes), "fixes": list(cmp.fixes),
+        "summary": dict({s: cmp.count(s) for s in statuses}, failing=cmp.failing),
+    }
+
+
+def render_text(cmp: Comparison) -> str:
+    lines = []
+    if cmp.kind == "diff":
+        lines.append(f"diff {cmp.old_name} -> {cmp.new_name}")
+        order = ("changed", "gone", "new")
+    else:
+        lines.append(f"verify {cmp.old_name} against {cmp.new_name}")
+        order = ("differs", "missing", "extra")
+    for status in order:
+        for e in cmp.entries:
+            if e.status != status:
+                continue
+            s = e.site
+            lane = f" lane {list(s.lane)}" if s.lane else ""
+            label = f" {s.label}" if s.label else ""
+            old = list(e.old.key) if e.old is not None and e.old.key else "-"
+            new = list(e.new.key) if e.new is not None and e.new.key else "-"
+            lines.append(f"{status.upper():8} {s.path_str}  {s.stream} count {s.count}{lane}{label}  {old} -> {new}")
+            for w in e.why:
+                lines.append(f"         why: {w}")
+            if e.fix:
+                lines.append(f"         fix: {e.fix}")
+    for n in cmp.notes:
+        lines.append(f"note: {n}")
+    for f in dict.fromkeys(cmp.fixes):
+        lines.append(f"fix:  {f}")
+    if cmp.kind == "diff":
+        lines.append(f"{cmp.count('kept')} kept, {cmp.count('changed')} changed, {cmp.count('new')} new, "
+                     f"{cmp.count('gone')} gone")
+    else:
+        lines.append(f"{cmp.count('same')} same, {cmp.count('differs')} differ, {cmp.count('missing')} missing, "
+                     f"{cmp.count('extra')} extra")
+    return "\n".join(lines) + "\n"
+
+
+DIFF_RULES = (
+    Rule("diff/changed", "KeyChanged", "a call site receives a different key than before",
+         "The site (path, stream, count, lane) still exists but its key moved: a new or removed nn.jit fork "
+         "above it, a different split, a different root key or setting. The finding says why and how to fix it."),
+    Rule("diff/new", "NewCallSite", "a call site that did not exist before",
+         "Often one half of a module move (a rename, an inserted auto-named module, a new transform): give the "
+         "module its old name to get the old keys back."),
+    Rule("diff/gone", "GoneCallSite", "a call site that no longer exists",
+         "Often the other half of a module move; the finding names where its keys went."),
+)
+VERIFY_RULES = (
+    Rule("verify/differs", "KeyDiffers", "the spec's key differs from the key Flax hands out",
+         "The spec no longer describes the model: capture it again, or fix the spec statement."),
+    Rule("verify/missing", "MissingInSpec", "Flax hands out a key the spec has no call site for",
+         "Add the statement to the spec (or capture it again)."),
+    Rule("verify/extra", "ExtraInSpec", "the spec replays a key Flax never hands out",
+         "Remove the statement from the spec (or capture it again)."),
+)
+
+
+def _nearest(sites: list[Site], path: tuple):
+    """The located site whose module path shares the longest prefix with `path` (ties: the first)."""
+    best, depth = None, -1
+    for t in sites:
+        if t.location is None:
+            continue
+        n = 0
+        while n < min(len(t.path), len(path)) and t.path[n] == path[n]:
+            n += 1
+        if n > depth:
+            best, depth = t, n
+    return best
+
+
+def _where(cmp: Comparison, e: Entry):
+    """Where a finding points: the NEW file's row for diff, the spec's row for verify; a site that file does
+    not have points at the row of the nearest module there (and says so); a file without rows at 1:1."""
+    cap, site = (cmp.new, e.new) if cmp.kind == "diff" else (cmp.old, e.old)
+    file = cmp.new_name if cmp.kind == "diff" else cmp.old_name
+    if site is not None and site.location is not None:
+        return site.location, ""
+    near = _nearest(cap.sites, e.site.path) if cap is not None else None
+    if near is not None:
+        return near.location, f" [{file} has no such call site; shown at {near.path_str} {near.stream} count {near.count}]"
+    return Location(file, 1, 1), f" [{file} has no line for this call site]"
+
+
+def findings(cmp: Comparison) -> list[Finding]:
+    """Every failing entry as a findings.Finding (for the github and sarif formats), at the spec line of
+    the call site's statement, or the keys file's record."""
+    out = []
+    bad = ("changed", "new", "gone") if cmp.kind == "diff" else ("differs", "missing", "extra")
+    if any(e.status in bad for e in cmp.entries):
+        for cap in (cmp.old, cmp.new):
+            if cap is not None:
+                cap.locate()
+    for e in cmp.entries:
+        if e.status not in bad:
+            continue
+        s = e.site
+        lane = f" lane {list(s.lane)}" if s.lane else ""
+        label = f" ({s.label})" if s.label else ""
+        msg = f"{e.status}: {s.path_str} {s.stream} count {s.count}{lane}{label}"
+        old = list(e.old.key) if e.old is not None and e.old.key is not None else None
+        new = list(e.new.key) if e.new is not None and e.new.key is not None else None
+        if e.status in ("changed", "differs"):
+            msg += f": key {old} -> {new}"
+        if e.why:
+            msg += f": {'; '.join(e.why)}"
+        if e.fix:
+            msg += f". Fix: {e.fix}"
+        where, note = _where(cmp, e)
+        related = ()
+        if cmp.kind == "diff" and e.old is not None and e.old.location is not None and e.new is None:
+            related = ((e.old.location, f"{s.path_str} in {cmp.old_name}"),)
+        out.append(Finding(f"{cmp.kind}/{e.status}", ERROR, msg + note, where, related))
+    return out

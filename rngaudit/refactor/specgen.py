@@ -1,0 +1,324 @@
+"""Turn what capture observed in Flax (calls, transforms, key events) into a spec in the project's format."""
+from __future__ import annotations
+
+import yaml
+
+from ..errors import SpecError
+
+_CLASS_PREFIX = {"vmap": "Vmap", "scan": "Scan", "jit": "Jit", "remat": "Checkpoint", "fold_rngs": "Fold_rngs",
+                 "map_variables": "Map_variables"}
+_FLOW = ("cond", "switch", "while_loop")  # lifted inside a method: statements of the body
+
+
+def _kind(x) -> str:
+    return type(x).__name__
+
+
+def _is_lift(x) -> bool:
+    """A class transform (or method decorator) around the module's method, not an nn.cond/switch/while_loop."""
+    return _kind(x) == "LiftNode" and x.kind not in _FLOW
+
+
+def _is_flow(x) -> bool:
+    return _kind(x) == "LiftNode" and x.kind in _FLOW
+
+
+class _Unsupported(SpecError):
+    pass
+
+
+def _filter(f, what: str):
+    """A Flax filter as the spec writes it."""
+    if f is True:
+        return "all"
+    if f is False or f is None:
+        return "none"
+    if isinstance(f, str):
+        return f
+    if isinstance(f, (tuple, list)) and all(isinstance(x, str) for x in f):
+        return list(f)
+    raise _Unsupported(f"capture cannot write the filter {f!r} of {what} (only names, lists of names, True "
+                       "and False)")
+
+
+def _mapping(d, what: str) -> dict:
+    out = {}
+    for k, v in (d or {}).items():
+        key = _filter(k, what)
+        if isinstance(key, list):
+            for name in key:
+                out[name] = v
+        else:
+            out[key] = v
+    return out
+
+
+def _lift_options(node) -> dict:
+    o = node.options
+    if node.kind == "vmap":
+        if o.get("axis_size") is None:
+            raise _Unsupported("nn.vmap whose axis size cannot be told from its inputs")
+        return {"axis_size": int(o["axis_size"]), "split_rngs": _mapping(o["split_rngs"], "split_rngs"),
+                "variable_axes": _mapping(o["variable_axes"], "variable_axes")}
+    if node.kind == "scan":
+        if o.get("length") is None:
+            raise _Unsupported("nn.scan whose length cannot be told from its inputs")
+        return {"length": int(o["length"]), "split_rngs": _mapping(o["split_rngs"], "split_rngs"),
+                "variable_axes": _mapping(o["variable_axes"], "variable_axes"),
+                "variable_broadcast": _filter(o["variable_broadcast"], "variable_broadcast"),
+                "variable_carry": _filter(o["variable_carry"], "variable_carry"),
+                "check_constancy_invariants": bool(o["check_constancy_invariants"])}
+    if node.kind == "map_variables":
+        out = {"rngs": _filter(o["rngs"], "rngs"), "init": bool(o["init"]), "mutable": bool(o["mutable"]),
+               "mapped_collections": _filter(o["mapped_collections"], "mapped_collections")}
+        if o["variables"] is not True:
+            out["variables"] = _filter(o["variables"], "variables")
+        return out
+    return {"rngs": _filter(o["rngs"], "rngs")}
+
+
+class _Builder:
+    def __init__(self, rec, phase: str):
+        self.rec = rec
+        self.phase = phase
+
+    def setup_of(self, node):
+        """The setup() run that prepared this call: the latest one at the same path before it."""
+        best = None
+        for s in self.rec.setups:
+            if s.path == node.path and s.seq < node.seq:
+                best = s
+        return best
+
+    def unwrap(self, node):
+        """(lifts outermost first as (kind, options, class at that level), the innermost call node)."""
+        lifts = []
+        while True:
+            lift_nodes = [x for x in node.items if _is_lift(x)]
+            if not lift_nodes:
+                return lifts, node
+            others = [x for x in node.items if _kind(x) in ("Event", "CallNode") or _is_flow(x)
+                      if not (_kind(x) == "CallNode" and x.method == "setup")]
+            if len(lift_nodes) > 1 or others:
+                raise _Unsupported(f"module {'/'.join(node.path) or '(root)'} mixes a lifted transform with other "
+                                   "work in the same method")
+            ln = lift_nodes[0]
+            if not ln.traces:
+                raise _Unsupported(f"nn.{ln.kind} at {'/'.join(node.path) or '(root)'} ran without tracing its body")
+            lifts.append((ln.kind, _lift_options(ln), node.cls))
+            inner = [x for x in ln.traces[0].items if type(x).__name__ == "CallNode" and x.path == node.path
+                     and x.method != "setup"]
+            if len(inner) != 1:
+                raise _Unsupported(f"the body of nn.{ln.kind} at {'/'.join(node.path) or '(root)'} is not one call "
+                                   "of the module")
+            node = inner[0]
+
+    def module(self, node, name: str | None, define: bool = False) -> dict:
+        """The statement for the module whose (first) call is `node`."""
+        lifts, inner = self.unwrap(node)
+        body = {"class": inner.cls}
+        setup = self.setup_of(inner)
+        defined: list[str] = []
+        if setup is not None:
+            items, defined = self.setup_items(setup, inner)
+            if items:
+                body["setup"] = items
+        body["body"] = self.body(inner, set(defined))
+        # class transforms rename the class (VmapMLP); a method decorator keeps it
+        cls_chain = [c for _, _, c in lifts] + [inner.cls]
+        stmt = body
+        decorators = []
+        for i in range(len(lifts) - 1, -1, -1):
+            kind, opts, outer_cls = lifts[i]
+            if outer_cls == _CLASS_PREFIX[kind] + cls_chain[i + 1]:
+                stmt = {kind: dict({"module": stmt}, **opts)}
+            elif outer_cls == cls_chain[i + 1]:
+                if not isinstance(stmt, dict) or "class" not in stmt:
+                    raise _Unsupported(f"a method decorator outside a class transform at "
+                                       f"{'/'.join(node.path) or '(root)'}")
+                decorators.insert(0, {kind: opts})
+            else:
+                raise _Unsupported(f"cannot tell how {outer_cls} wraps {cls_chain[i + 1]}")
+        if decorators:
+            stmt["transforms"] = decorators
+        if "class" in stmt:
+            if name is not None:
+                stmt = dict({"class": stmt["class"], "name": name}, **{k: v for k, v in stmt.items() if k != "class"})
+            return {"module": stmt}
+        if name is not None:
+            (kind, opts), = stmt.items()
+            stmt = {kind: dict(opts, name=name)}
+        return stmt
+
+    def setup_items(self, setup, call) -> tuple[list, list[str]]:
+        out: list = []
+        defined: list[str] = []
+        firsts = self.first_calls(call)
+        for item in setup.items:
+            if isinstance(item, tuple) and item[0] == "define":
+                name = item[1]
+                defined.append(name)
+                child = firsts.get(name)
+                if child is None:
+                    info = self.rec.modules.get(setup.path + (name,))
+                    cls = info.cls if info is not None else "Module"
+                    out.append({"module": {"class": cls, "name": name, "body": []}})
+                else:
+                    stmt = self.module(child, name)
+                    out.append(stmt)
+            else:
+                out.extend(self.own(item, setup))
+        return out, defined
+
+    def first_calls(self, call, out=None) -> dict:
+        """The first call of each child of `call`'s module, also inside its nn.cond/switch/while_loop
+        branches (which run at the module's scope)."""
+        out = {} if out is None else out
+        for x in call.items:
+            if _kind(x) == "CallNode" and x.method != "setup" and x.path == call.path:
+                self.first_calls(x, out)  # another method of the module, called from a branch
+            elif _kind(x) == "CallNode" and x.method != "setup" and x.path[:-1] == call.path:
+                out.setdefault(x.path[-1], x)
+            elif _is_flow(x):
+                for trace in x.traces:
+                    self.first_calls(_At(trace.items, call.path), out)
+        return out
+
+    def own(self, ev, node) -> list:
+        if type(ev).__name__ == "CallNode":
+            raise _Unsupported(f"module {'/'.join(ev.path)} is called from its parent's setup()")
+        if type(ev).__name__ != "Event":
+            raise _Unsupported(f"a lifted transform inside the setup() of {'/'.join(node.path) or '(root)'}")
+        if ev.fork:
+            return []
+        if ev.init_col == "params" and self.phase == "init":
+            return [{"param": ev.var_name}]
+        if ev.init_col == "params":
+            return [{"make_rng": {"stream": "params", "label": ev.var_name}}]
+        if ev.init_col is not None and self.phase == "init":
+            return [{"variable": {"collection": ev.init_col, "name": ev.var_name, "make_rng": ev.requested}}]
+        if ev.init_col is not None:
+            return [{"make_rng": {"stream": ev.requested, "label": ev.var_name}}]
+        return [{"make_rng": ev.requested}]
+
+    def body(self, node, defined: set) -> list:
+        return self.statements(node.items, node.path, defined, {}, set())
+
+    def statements(self, items, path: tuple, defined: set, cursor: dict, seen: set) -> list:
+        """The statements for what a method of the module at `path` did; `cursor` (auto-name counters)
+        and `seen` (children made so far) carry on as Flax's do."""
+        out: list = []
+        pending_var = None
+        node = _At(items, path)
+        for item in items:
+            kind = _kind(item)
+            if kind == "CallNode":
+                if item.method == "setup":
+                    continue  # a branch runs on a clone of the module, which runs setup() again
+                if item.path == path:
+                    # another method of the same module, called from an nn.cond/switch/while_loop branch
+                    out.extend(self.statements(item.items, path, defined, cursor, seen))
+                    pending_var = None
+                    continue
+                name = item.path[-1]
+                if name in defined or name in seen:
+                    out.append({"call": name})
+                    continue
+                seen.add(name)
+                cls = item.cls
+                n = cursor.get(cls, 0)
+                info = self.rec.modules.get(item.path)
+                if info is not None and info.naming == "auto" and name == f"{cls}_{n}":
+                    cursor[cls] = n + 1
+                    out.append(self.module(item, None))
+                else:
+                    out.append(self.module(item, name))
+            elif kind == "Event":
+                stmts = self.own(item, node)
+                # several keys drawn while creating one variable: one `variable` with a list of streams
+                if (stmts and "variable" in stmts[0] and pending_var is not None and out
+                        and pending_var == (item.init_col, item.var_name)):
+                    prev = out[-1]["variable"]
+                    streams = prev["make_rng"] if isinstance(prev["make_rng"], list) else [prev["make_rng"]]
+                    prev["make_rng"] = streams + [item.requested]
+                    continue
+                pending_var = (item.init_col, item.var_name) if stmts and "variable" in stmts[0] else None
+                out.extend(stmts)
+            elif _is_flow(item):
+                out.append(self.flow(item, path, defined, cursor, seen))
+                pending_var = None
+            elif kind == "LiftNode":
+                raise _Unsupported(f"a lifted transform inside a method of {'/'.join(path) or '(root)'} "
+                                   "that also does other work")
+        return out
+
+    def flow(self, node, path: tuple, defined: set, cursor: dict, seen: set) -> dict:
+        """nn.cond / nn.switch / nn.while_loop as a statement: each branch (cond, body) traced in order, each
+        starting from the module's auto-name cursor; afterwards the cursor is the last trace's
+        (mirrors flax/linen/transforms.py decorator_lift_transform: every branch runs on a clone)."""
+        where = "/".join(path) or "(root)"
+        labels = [t.label for t in node.traces]
+        if node.kind == "while_loop":
+            if labels != ["cond", "body"]:
+                raise _Unsupported(f"nn.while_loop at {where} traced its cond and body {len(labels)} times "
+                                   f"({', '.join(map(str, labels))}), not once each (a carry whose dtype changes "
+                                   "in the body makes JAX trace it again); make the carry's dtypes stable")
+        elif labels != list(range(node.options["branches"])):
+            raise _Unsupported(f"nn.{node.kind} at {where} traced its branches as {labels}, not once each in order")
+        last = cursor
+        parts = []
+        for trace in node.traces:
+            branch_cursor = dict(cursor)
+            parts.append(self.statements(trace.items, path, defined, branch_cursor, set(seen)))
+            last = branch_cursor
+        cursor.clear()
+        cursor.update(last)
+        o = node.options
+        if node.kind == "while_loop":
+            counts = self.rec.loop_iterations.get(o["loop"], set())
+            if len(counts) > 1:
+                raise _Unsupported(f"nn.while_loop at {where} ran {' or '.join(map(str, sorted(counts)))} times "
+                                   "(in different calls, lanes or steps); a spec has one iteration count per loop")
+            return {"while_loop": {"cond": parts[0], "body": parts[1], "iterations": min(counts, default=0),
+                                   "split_rngs": _mapping(o["split_rngs"], "split_rngs")}}
+        stmt = {"true_fun": parts[0], "false_fun": parts[1]} if node.kind == "cond" else {"branches": parts}
+        if o["rngs"] is not True:
+            stmt["rngs"] = _filter(o["rngs"], "rngs")
+        if o["variables"] is not True:
+            stmt["variables"] = _filter(o["variables"], "variables")
+        return {node.kind: stmt}
+
+
+class _At:
+    """What a method (or a branch of one) did at a module's scope: its items and the module's path."""
+
+    def __init__(self, items, path):
+        self.items = items
+        self.path = path
+
+
+def build_spec(rec, root_cls: str, phase: str, seeds: dict, settings: dict, target: str) -> str:
+    """The YAML text of a spec that replays what `rec` observed."""
+    roots = [x for x in rec.root.items if type(x).__name__ == "CallNode" and x.method != "setup"]
+    # init(...) may first call a wrapper method that does nothing at the root's scope
+    roots = [x for x in roots if x.items] or roots
+    if not roots:
+        raise SpecError(f"capture of {target}: the model's {phase} called no module method")
+    b = _Builder(rec, phase)
+    try:
+        model = b.module(roots[0], None)
+    except _Unsupported as e:
+        raise SpecError(f"capture of {target}: {e.message}; no spec was written") from None
+    model = model["module"] if "module" in model else model
+    doc = {
+        "rngaudit": 1,
+        "flax": {"fix_rng_separator": settings["fix_rng_separator"]},
+        "jax": {"prng_impl": settings["prng_impl"], "threefry_partitionable": settings["threefry_partitionable"]},
+        "phase": phase,
+        "rngs": dict(seeds),
+        "model": model,
+    }
+    header = (f"# Captured by rngaudit capture {target} ({phase}) from real Flax; `rngaudit derive` on this\n"
+              "# spec reproduces every key Flax handed out (checked before it was written).\n")
+    return header + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=100)
+

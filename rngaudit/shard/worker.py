@@ -1,0 +1,52 @@
+"""The device process of `shard-check`: runs the checks on the devices it started with, and reports JSON.
+
+    python -m rngaudit.shard.worker REQUEST.json RESULT.json
+
+The command starts it with the environment that decides the devices (XLA_FLAGS, JAX_NUM_CPU_DEVICES,
+JAX_PLATFORMS), since JAX reads those only when it starts. RESULT.json holds `{"report": ...}` (the
+`rngaudit.shard_check` JSON) or `{"error": {"kind": ..., "message": ...}}`; stdout is left to the user's code.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+
+
+def _result(request_path: str) -> dict:
+    from ..errors import RngauditError
+    from .checks import request_from_json, run_here
+    from .report import to_json
+
+    try:
+        with open(request_path, encoding="utf-8") as f:
+            request = request_from_json(json.load(f))
+        return {"report": to_json(run_here(request))}
+    except RngauditError as e:
+        return {"error": {"kind": type(e).__name__, "message": str(e)}}
+    except MemoryError:
+        return {"error": {"kind": "DeviceError", "message": "the device process ran out of memory"}}
+    except Exception as e:  # a bug of ours: say so in one line, with details on request
+        if os.environ.get("RNGAUDIT_DEBUG"):
+            traceback.print_exc()
+        text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        return {"error": {"kind": "internal", "message": f"internal error in the device process "
+                          f"({type(e).__name__}: {text}); please report it (RNGAUDIT_DEBUG=1 shows details)"}}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        sys.stderr.write("usage: python -m rngaudit.shard.worker REQUEST.json RESULT.json\n")
+        return 2
+    request_path, result_path = argv
+    result = _result(request_path)
+    tmp = result_path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(result, f, sort_keys=True)
+    os.replace(tmp, result_path)  # the command reads a whole result or none
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,186 @@
+"""The parsed spec as frozen dataclasses; every node carries its spec file:line:col."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import Location
+from .keyexpr import KeyExpr
+
+
+@dataclass(frozen=True)
+class Draw:
+    """Values to draw from a key: jax.random.<kind>(key, shape, dtype, **params)."""
+
+    kind: str
+    shape: tuple[int, ...]
+    dtype: str
+    params: tuple[tuple[str, object], ...]
+    loc: Location
+
+    def describe(self) -> str:
+        extra = "".join(f", {k}={v!r}" for k, v in self.params)
+        return f"{self.kind}(shape={list(self.shape)}, dtype={self.dtype}{extra})"
+
+
+@dataclass(frozen=True)
+class Item:
+    """One statement of a module body, in execution order."""
+
+    loc: Location
+    when: str | None  # None: both phases; 'init' or 'apply': only then
+
+
+@dataclass(frozen=True)
+class MakeRng(Item):
+    """`self.make_rng(stream)`, `repeat` times in a row (or a layer's own key request)."""
+
+    stream: str
+    repeat: int = 1
+    label: str | None = None
+    draw: Draw | None = None
+    kind: str = "make_rng"  # make_rng | dropout | attention_dropout (what asked for the key)
+
+
+@dataclass(frozen=True)
+class Param(Item):
+    """`self.param(name, init, ...)`: one `params` key when the param is created."""
+
+    name: str
+    draw: Draw | None = None
+    uses_key: bool | None = None  # whether the initializer uses its key; None: unknown (no draw given)
+
+
+@dataclass(frozen=True)
+class Variable(Item):
+    """`self.variable(collection, name, init, ...)`: keys of `streams` when created (every call if eager)."""
+
+    collection: str
+    name: str
+    streams: tuple[str, ...] = ()
+    eager: bool = False  # make_rng passed as an argument: evaluated on every call
+    draw: Draw | None = None
+
+
+@dataclass(frozen=True)
+class ModuleDef:
+    """A Flax module: its class name, optional explicit name, setup() and __call__ bodies."""
+
+    cls: str
+    name: str | None
+    setup: tuple[Item, ...]
+    body: tuple[Item, ...]
+    loc: Location
+    layer: str | None = None  # the standard layer this stands for, if any
+    layer_options: tuple[tuple[str, object], ...] = ()  # its key-changing options, defaults filled in
+    lifts: tuple["Lift", ...] = ()  # method-decorator transforms on __call__, outermost first
+    impl_cls: str | None = None  # the class that runs inside the transforms (cls before renaming)
+
+
+@dataclass(frozen=True)
+class Child(Item):
+    """Create a child module (auto-named unless `module.name`) and call it once."""
+
+    module: ModuleDef
+    repeat: int = 1
+
+
+@dataclass(frozen=True)
+class Define(Item):
+    """A child assigned in setup(): created and named, not called."""
+
+    module: ModuleDef
+
+
+@dataclass(frozen=True)
+class Call(Item):
+    """Call an existing child again; its counters and variables carry on."""
+
+    name: str
+    repeat: int = 1
+
+
+@dataclass(frozen=True)
+class Sequential(Item):
+    """nn.Sequential(layers): in @compact the layers are named in the enclosing module."""
+
+    name: str | None
+    layers: tuple[ModuleDef, ...]
+    in_setup: bool = False
+
+
+@dataclass(frozen=True)
+class RngSource:
+    """The key one stream of `rngs` receives, as parsed and as written."""
+
+    expr: KeyExpr
+    text: str
+    loc: Location
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A whole spec: the Flax and JAX settings, the phase, the root keys and the model."""
+
+    file: str
+    fix_rng_separator: bool
+    prng_impl: str
+    threefry_partitionable: bool
+    phase: str
+    mutable: tuple[str, ...] | bool
+    rngs: dict[str, RngSource]
+    model: ModuleDef
+    version: int = 1
+    extra: dict = field(default_factory=dict)
+
+
+# A stream or collection filter, as Flax's Filter: True (all), False (none) or a tuple of names.
+Filter = "bool | tuple[str, ...]"
+
+
+@dataclass(frozen=True)
+class Lift:
+    """One lifted transform applied to a module's __call__: vmap, scan, jit, remat, fold_rngs,
+    map_variables or remat_scan, with its key-relevant options normalised."""
+
+    kind: str
+    options: tuple[tuple[str, object], ...]
+    loc: Location
+
+    def opt(self, key: str, default=None):
+        for k, v in self.options:
+            if k == key:
+                return v
+        return default
+
+
+@dataclass(frozen=True)
+class Transform(Item):
+    """A child created from a transformed class (nn.vmap(MLP)(...)) and called once per repeat.
+    `target` is the wrapped module with `lifts` holding this transform (outermost first) and
+    `cls` already the transformed class name (VmapMLP)."""
+
+    target: ModuleDef
+    repeat: int = 1
+
+    @property
+    def kind(self) -> str:
+        return self.target.lifts[0].kind
+
+
+@dataclass(frozen=True)
+class Cond(Item):
+    """nn.cond(pred, true_fun, false_fun, self): both branches traced in order."""
+
+    branches: tuple[tuple[Item, ...], ...]
+    rngs: object = True
+    kind: str = "cond"
+
+
+@dataclass(frozen=True)
+class WhileLoop(Item):
+    """nn.while_loop(cond_fn, body_fn, self, ...): cond traced, then body; runs `iterations` times."""
+
+    cond_items: tuple[Item, ...]
+    body_items: tuple[Item, ...]
+    iterations: int
+    split_rngs: tuple[tuple[object, bool], ...] = ()
