@@ -1,7 +1,13 @@
-"""Where a problem is in a spec, and the one exception family commands catch."""
+"""Where a problem is, and the one exception family every command catches: one class per cause."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+# Exit codes, the public API of every command (README, "Exit codes").
+EXIT_OK = 0  # clean
+EXIT_FINDINGS = 1  # findings (unless --exit-zero)
+EXIT_ERROR = 2  # bad usage or bad input: the run could not go on, and the message says why
+EXIT_INTERNAL = 3  # a bug in rngaudit: please report it
 
 
 @dataclass(frozen=True)
@@ -20,7 +26,10 @@ class Location:
 
 
 class RngauditError(Exception):
-    """Base error: the run cannot go on. Commands print it and exit 2."""
+    """Base error: the run cannot go on. Commands print `error: [FILE:LINE:COL: ]MESSAGE` on stderr and exit
+    with `exit_code`."""
+
+    exit_code = EXIT_ERROR
 
     def __init__(self, message: str, location: Location | None = None):
         super().__init__(message)
@@ -33,8 +42,14 @@ class RngauditError(Exception):
         return f"{self.location}: {self.message}"
 
 
-class SpecError(RngauditError):
-    """The spec is malformed: bad YAML, unknown key, wrong type, bad key expression."""
+class InputError(RngauditError):
+    """An input file cannot be read or is malformed: a JSON file of module paths or of a params tree, a keys file
+    written by `capture --keys` (specs raise SpecError)."""
+
+
+class SpecError(InputError):
+    """The spec is malformed: bad YAML, an unknown key, a wrong type, a bad key expression, or more than the
+    limits allow."""
 
 
 class FlaxError(RngauditError):
@@ -45,13 +60,37 @@ class FlaxError(RngauditError):
         self.flax_error = flax_error
 
 
-class DeviceError(RngauditError):
-    """The devices asked for cannot be had, or the run on them could not finish (shard-check)."""
+class UsageError(RngauditError):
+    """A command-line argument or option is invalid, or does not apply to what else was given."""
 
 
-class UserCodeError(RngauditError):
-    """The user function of `shard-check --fn` cannot be imported, called as fn(key, x), or run."""
+class OutputError(UsageError):
+    """The report (or keys file) cannot be written where --output (or --keys) says."""
 
 
 class ConfigError(RngauditError):
     """`[tool.rngaudit]` in pyproject.toml is malformed: bad TOML, an unknown key, a value of the wrong type."""
+
+
+class UserCodeError(RngauditError):
+    """The user's code (capture's TARGET, shard-check's --fn) cannot be imported, called or run."""
+
+
+class DeviceError(RngauditError):
+    """The devices asked for cannot be had, or the run on them could not finish (shard-check)."""
+
+
+class FlaxUnavailableError(RngauditError):
+    """The command runs real Flax, which is not installed."""
+
+
+class UnsupportedError(RngauditError):
+    """The input is valid but uses something rngaudit cannot handle yet (a gap in rngaudit, not a mistake of the
+    user), e.g. a transform capture cannot describe as a spec."""
+
+
+class InternalError(RngauditError):
+    """rngaudit contradicts itself, e.g. a captured spec whose replay differs from what Flax did: a bug in
+    rngaudit, to report with the input."""
+
+    exit_code = EXIT_INTERNAL
