@@ -246,7 +246,8 @@ def _spec(body: str) -> str:
 
 def test_key_budget_allows_exactly_the_limit_and_resolves_calls():
     from rngaudit.errors import SpecError
-    from rngaudit.spec.parse import MAX_KEYS, budget, parse_spec
+    from rngaudit.spec.budget import MAX_KEYS, budget
+    from rngaudit.spec.parse import parse_spec
 
     assert MAX_KEYS == 10_000_000
     at_limit = _spec("    - module:\n        class: B\n        repeat: 1000\n"
@@ -275,7 +276,8 @@ def test_key_budget_allows_exactly_the_limit_and_resolves_calls():
 ])
 def test_key_budget_is_an_upper_bound_of_the_replay(body):
     from rngaudit.engine.replay import replay
-    from rngaudit.spec.parse import budget, parse_spec
+    from rngaudit.spec.budget import budget
+    from rngaudit.spec.parse import parse_spec
 
     spec = parse_spec(_spec(body))
     assert len(replay(spec)) <= budget(spec.model)[0]

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from rngaudit.errors import SpecError
+from rngaudit.errors import InputError
 from rngaudit.spec.json_source import load_json, parse_json
 
 SCALARS = st.one_of(st.integers(-10**6, 10**6), st.text(max_size=4), st.booleans(), st.none())
@@ -65,7 +65,7 @@ def test_locate_finds_a_subset_and_ignores_missing_pointers():
     ('{"a": 1,\n "b": [{"a": 1}],\n "a": 2}', "duplicate key 'a'", (3, 2)),
 ])
 def test_errors_carry_line_and_column(text, message, where):
-    with pytest.raises(SpecError) as e:
+    with pytest.raises(InputError) as e:
         parse_json(text, "bad.json")
     assert message in e.value.message
     assert (e.value.location.file, e.value.location.line, e.value.location.col) == ("bad.json", *where)
@@ -74,17 +74,17 @@ def test_errors_carry_line_and_column(text, message, where):
 def test_file_errors(tmp_path):
     p = tmp_path / "x.json"
     p.write_bytes(b'["a",\n "\xff"]')
-    with pytest.raises(SpecError) as e:
+    with pytest.raises(InputError) as e:
         load_json(str(p))
     assert "not UTF-8 (byte 0xff)" in e.value.message and (e.value.location.line, e.value.location.col) == (2, 3)
     p.write_bytes(b'\xef\xbb\xbf["a"]')  # a BOM is not part of the text
     assert load_json(str(p)).value == ["a"]
-    with pytest.raises(SpecError, match="no such file"):
+    with pytest.raises(InputError, match="no such file"):
         load_json(str(tmp_path / "missing.json"))
-    with pytest.raises(SpecError, match="is a directory"):
+    with pytest.raises(InputError, match="is a directory"):
         load_json(str(tmp_path))
     p.write_text("[" * 100_000 + "]" * 100_000)
-    with pytest.raises(SpecError, match="nested too deeply"):
+    with pytest.raises(InputError, match="nested too deeply"):
         load_json(str(p))
 
 

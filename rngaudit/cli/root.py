@@ -146,7 +146,7 @@ def _write_stream(chunks, output: Optional[str]) -> None:
 
 def _parse_draw(text: str):
     """`--draw normal:2,2` -> a Draw."""
-    from ..spec.parse import parse_draw
+    from ..spec.draws import parse_draw
     from ..spec.yaml_source import YNode
 
     loc = Location("--draw", 1, 1)
@@ -163,7 +163,7 @@ def _check_draw_budget(spec, default_draw, text: str) -> None:
     """--draw applies to every key: refuse it up front when that is too many values."""
     import math
 
-    from ..spec.parse import MAX_DRAWN_VALUES, budget
+    from ..spec.budget import MAX_DRAWN_VALUES, budget
 
     keys, drawn, _ = budget(spec.model)
     total = drawn + keys * math.prod(default_draw.shape)

@@ -6,7 +6,7 @@ import json
 import os
 import re
 
-from ..errors import Location, SpecError
+from ..errors import Location, InputError
 from ..gcpause import paused
 
 MAX_BYTES = 512 * 1024 * 1024
@@ -230,8 +230,8 @@ def load_json(path: str) -> JsonDoc:
     """Read a JSON file: UTF-8, one value, no duplicate keys; errors carry file:line:col."""
     top = Location(path, 1, 1)
     if os.path.isdir(path):
-        raise SpecError("is a directory, not a JSON file", top)
-    too_big = SpecError(f"the file is larger than {MAX_BYTES // (1024 * 1024)} MiB", top)
+        raise InputError("is a directory, not a JSON file", top)
+    too_big = InputError(f"the file is larger than {MAX_BYTES // (1024 * 1024)} MiB", top)
     try:
         with open(path, "rb") as f:
             chunks, size = [], 0
@@ -242,9 +242,9 @@ def load_json(path: str) -> JsonDoc:
                     raise too_big
             data = b"".join(chunks)
     except FileNotFoundError:
-        raise SpecError("no such file", top) from None
+        raise InputError("no such file", top) from None
     except OSError as e:
-        raise SpecError(f"cannot read: {e.strerror or e}", top) from None
+        raise InputError(f"cannot read: {e.strerror or e}", top) from None
     if data.startswith(b"\xef\xbb\xbf"):
         data = data[3:]
     try:
@@ -253,22 +253,22 @@ def load_json(path: str) -> JsonDoc:
         before = data[: e.start]
         line_start = before.rfind(b"\n") + 1
         col = len(before[line_start:].decode("utf-8", errors="replace")) + 1
-        raise SpecError(f"the file is not UTF-8 (byte 0x{data[e.start]:02x}); save it as UTF-8",
+        raise InputError(f"the file is not UTF-8 (byte 0x{data[e.start]:02x}); save it as UTF-8",
                         Location(path, before.count(b"\n") + 1, col)) from None
     return parse_json(text, path)
 
 
 def parse_json(text: str, file: str = "<json>") -> JsonDoc:
     if not text.strip():
-        raise SpecError("the file is empty; expected JSON (a list of module paths or a params tree)",
+        raise InputError("the file is empty; expected JSON (a list of module paths or a params tree)",
                         Location(file, 1, 1))
     try:
         value = json.loads(text, object_pairs_hook=_no_duplicates)
     except json.JSONDecodeError as e:
-        raise SpecError(f"invalid JSON: {e.msg}", Location(file, e.lineno, e.colno)) from None
+        raise InputError(f"invalid JSON: {e.msg}", Location(file, e.lineno, e.colno)) from None
     except _Duplicate as d:
         doc = JsonDoc(file, text, None)
-        raise SpecError(f"duplicate key {d.key!r} in one JSON object; keep one", doc.duplicate_key(d.key)) from None
+        raise InputError(f"duplicate key {d.key!r} in one JSON object; keep one", doc.duplicate_key(d.key)) from None
     except RecursionError:
-        raise SpecError("JSON nested too deeply", Location(file, 1, 1)) from None
+        raise InputError("JSON nested too deeply", Location(file, 1, 1)) from None
     return JsonDoc(file, text, value)

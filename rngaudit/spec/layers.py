@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import Location, SpecError
-from .tree import Child, Draw, MakeRng, ModuleDef, Param, Variable
+from .tree import Child, MakeRng, ModuleDef, Param, Variable
 
 # Constructor fields of flax.linen 0.12 layers that do not change which keys are drawn.
 # They are accepted (and ignored) so a user can paste a layer's arguments unchanged.

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from ..errors import Location
 from .keyexpr import KeyExpr
 
+PHASES = ("init", "apply")  # what a spec replays: Flax's init or apply
+
 
 @dataclass(frozen=True)
 class Draw:
