@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rngaudit.shard import checks as shard
+from rngaudit.shard.request import SpecTarget, make_request, request_from_json, request_json
 
 REPO = Path(__file__).resolve().parent.parent
 MAX_SECONDS = 15.0  # wall time, interpreter start included, on a busy 2-core machine
@@ -133,11 +133,11 @@ def test_the_limit_flags_and_their_configuration_keys(tmp_path, monkeypatch):
 
 
 def test_shard_check_passes_the_limits_to_its_device_process():
-    r = shard.make_request(specs=[shard.SpecTarget("m.yaml")])
+    r = make_request(specs=[SpecTarget("m.yaml")])
     import dataclasses
 
     r = dataclasses.replace(r, spec_limits=(123, 456))
-    assert shard.request_from_json(json.loads(json.dumps(shard.request_json(r)))).spec_limits == (123, 456)
+    assert request_from_json(json.loads(json.dumps(request_json(r)))).spec_limits == (123, 456)
 
 
 @pytest.mark.slow

@@ -19,9 +19,14 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from rngaudit.shard import checks as shard
+from rngaudit.shard.arrays import compare
+from rngaudit.shard.devices import partition_for
+from rngaudit.shard.request import (FnTarget, SpecTarget, make_request, parse_fn_target, parse_mesh, parse_shape,
+                                    request_from_json, request_json)
+from rngaudit.shard.runner import child_env
+from rngaudit.shard.worker import run_here
 from rngaudit.cli.root import _console_text, app
-from rngaudit.errors import SpecError, UserCodeError
+from rngaudit.errors import UsageError, UserCodeError
 from rngaudit.output.text_shard import render_shard
 from rngaudit.shard.report import from_json, to_json
 
@@ -317,7 +322,7 @@ def test_a_wrong_host_key_and_its_draw_are_reported(monkeypatch):
         return dataclasses.replace(r, calls=[bad] + r.calls[1:])
 
     monkeypatch.setattr(report_mod, "derive", corrupted)
-    rep = shard.run_here(shard.make_request(specs=[shard.SpecTarget("fixtures/guide/jit_init.yaml")]))
+    rep = run_here(make_request(specs=[SpecTarget("fixtures/guide/jit_init.yaml")]))
     c = {x.id: x for x in rep.targets[0].checks}
     assert c["keys"].status == "fail" and c["keys"].details["mismatched"] == 1
     row = c["keys"].details["mismatches"][0]
@@ -331,7 +336,7 @@ def test_a_wrong_host_key_and_its_draw_are_reported(monkeypatch):
 
 
 def test_jit_that_differs_from_eager_fails_in_this_process():
-    rep = shard.run_here(shard.make_request(fns=[shard.parse_fn_target(f"{STEPS}:host_random")]))
+    rep = run_here(make_request(fns=[parse_fn_target(f"{STEPS}:host_random")]))
     jit = {x.id: x for x in rep.targets[0].checks}["jit_equals_eager"]
     assert jit.status == "fail"
     assert "larger than rounding" in jit.message
@@ -421,53 +426,53 @@ def test_a_run_past_the_timeout_is_stopped():
 
 # ---------------------------------------------------------------- the pieces, in this process
 def test_parse_mesh_shape_and_fn_target():
-    assert shard.parse_mesh("data=4, model=2") == (("data", 4), ("model", 2))
-    assert shard.parse_shape("8,1") == (8, 1)
-    assert shard.parse_fn_target(GUIDE_FN) == shard.FnTarget(GUIDE_FN, "fixtures/shard/guide_forward.py", None,
-                                                             "forward")
-    assert shard.parse_fn_target("pkg.mod:Model.step") == shard.FnTarget("pkg.mod:Model.step", None, "pkg.mod",
+    assert parse_mesh("data=4, model=2") == (("data", 4), ("model", 2))
+    assert parse_shape("8,1") == (8, 1)
+    assert parse_fn_target(GUIDE_FN) == FnTarget(GUIDE_FN, "fixtures/shard/guide_forward.py", None,
+                                                 "forward")
+    assert parse_fn_target("pkg.mod:Model.step") == FnTarget("pkg.mod:Model.step", None, "pkg.mod",
                                                                          "Model.step")
-    with pytest.raises(SpecError):
-        shard.parse_shape("0,1")
+    with pytest.raises(UsageError):
+        parse_shape("0,1")
     with pytest.raises(UserCodeError):
-        shard.parse_fn_target("nowhere/f.py:g")
+        parse_fn_target("nowhere/f.py:g")
 
 
 def test_partition_for_puts_each_axis_on_the_first_dimension_it_divides():
     axes = [("data", 4), ("model", 2)]
-    assert shard.partition_for((8, 1), axes) == (("data", "model"), None)
-    assert shard.partition_for((4, 6), axes) == ("data", "model")
-    assert shard.partition_for((2, 2), axes) == ("model", None)
-    assert shard.partition_for((), axes) == ()
+    assert partition_for((8, 1), axes) == (("data", "model"), None)
+    assert partition_for((4, 6), axes) == ("data", "model")
+    assert partition_for((2, 2), axes) == ("model", None)
+    assert partition_for((), axes) == ()
 
 
 def test_child_env_forces_cpu_devices_and_keeps_other_xla_flags():
-    req = shard.make_request(fns=[shard.parse_fn_target(GUIDE_FN)], devices=4)
-    env = shard.child_env(req, {"XLA_FLAGS": "--xla_cpu_foo=1 --xla_force_host_platform_device_count=2",
+    req = make_request(fns=[parse_fn_target(GUIDE_FN)], devices=4)
+    env = child_env(req, {"XLA_FLAGS": "--xla_cpu_foo=1 --xla_force_host_platform_device_count=2",
                                 "JAX_PLATFORMS": "cuda"})
     assert env["XLA_FLAGS"] == "--xla_cpu_foo=1 --xla_force_host_platform_device_count=4"
     assert env["JAX_NUM_CPU_DEVICES"] == "4" and env["JAX_PLATFORMS"] == "cpu"
-    real = shard.child_env(shard.make_request(fns=[shard.parse_fn_target(GUIDE_FN)]), {"XLA_FLAGS": "--x=1"})
+    real = child_env(make_request(fns=[parse_fn_target(GUIDE_FN)]), {"XLA_FLAGS": "--x=1"})
     assert real["XLA_FLAGS"] == "--x=1" and "JAX_PLATFORMS" not in real
 
 
 def test_request_round_trips_through_json():
     from rngaudit.cli.root import _parse_draw
 
-    req = shard.make_request(specs=[shard.SpecTarget("a.yaml", "apply", ("D*",), ("params",),
+    req = make_request(specs=[SpecTarget("a.yaml", "apply", ("D*",), ("params",),
                                                      _parse_draw("uniform:3"))],
-                             fns=[shard.parse_fn_target("pkg.mod:f")], mesh="data=2,model=2", shape="4,2",
+                             fns=[parse_fn_target("pkg.mod:f")], mesh="data=2,model=2", shape="4,2",
                              fill="normal", key="fold_in(key(3), 7)", atol=1e-6, timeout=9)
-    assert shard.request_from_json(json.loads(json.dumps(shard.request_json(req)))) == req
+    assert request_from_json(json.loads(json.dumps(request_json(req)))) == req
 
 
 def test_compare_is_bit_for_bit_and_counts_ulps():
     a = np.array([1.0, -2.0, 0.0], np.float32)
     b = a.copy()
     b[1] = np.nextafter(b[1], np.float32(0))
-    assert shard._compare(a, b) == {"mismatched": 1, "max_abs_diff": pytest.approx(1.192e-7, rel=1e-3),
+    assert compare(a, b) == {"mismatched": 1, "max_abs_diff": pytest.approx(1.192e-7, rel=1e-3),
                                     "max_ulp": 1}
-    assert shard._compare(a, b, atol=1e-6)["mismatched"] == 0
-    assert shard._compare(np.array([0.0], np.float32), np.array([-0.0], np.float32))["mismatched"] == 1
-    assert shard._compare(np.array([True]), np.array([False])) == {"mismatched": 1, "max_abs_diff": None,
+    assert compare(a, b, atol=1e-6)["mismatched"] == 0
+    assert compare(np.array([0.0], np.float32), np.array([-0.0], np.float32))["mismatched"] == 1
+    assert compare(np.array([True]), np.array([False])) == {"mismatched": 1, "max_abs_diff": None,
                                                                    "max_ulp": None}

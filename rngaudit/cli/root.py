@@ -598,9 +598,9 @@ def shard_check(
     def go():
         from ..output.findings import SHARD_CHECK_RULES, shard_findings
         from ..output.progress import progress
-        from ..shard.checks import SpecTarget, make_request, parse_fn_target
+        from ..shard.request import SpecTarget, make_request, parse_fn_target
         from ..spec.yaml_source import current_limits
-        from ..shard.checks import run as run_shard
+        from ..shard.runner import run as run_shard
         from ..shard.report import to_json
         from ..spec.parse import load_spec
 

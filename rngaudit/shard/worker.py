@@ -13,11 +13,16 @@ import os
 import sys
 import traceback
 
+import numpy as np
+
+from .report import DeviceSet, MeshLayout, ShardReport
+from .request import ShardRequest
+
 
 def _result(request_path: str) -> dict:
     from ..errors import RngauditError
-    from .checks import request_from_json, run_here
     from .report import to_json
+    from .request import request_from_json
 
     try:
         with open(request_path, encoding="utf-8") as f:
@@ -33,6 +38,26 @@ def _result(request_path: str) -> dict:
         text = str(e).strip().splitlines()[0] if str(e).strip() else ""
         return {"error": {"kind": "internal", "message": f"internal error in the device process "
                           f"({type(e).__name__}: {text}); please report it (RNGAUDIT_DEBUG=1 shows details)"}}
+
+
+def run_here(r: ShardRequest) -> ShardReport:
+    """Run every check of `r` in this process, on its devices (what the device process does)."""
+    from ..spec.yaml_source import limits
+    from .devices import environment, make_mesh, pick_devices
+    from .fn_checks import check_fn
+    from .spec_checks import check_spec
+
+    devices = pick_devices(r)
+    mesh = make_mesh(devices, r.mesh)
+    with limits(*(r.spec_limits or (None, None))):
+        targets = [check_spec(t, mesh) for t in r.specs] + [check_fn(t, r, mesh) for t in r.fns]
+    flat = list(mesh.devices.flat)
+    return ShardReport(
+        environment(),
+        DeviceSet(flat[0].platform, flat[0].device_kind, tuple(int(d.id) for d in flat), r.devices is not None),
+        MeshLayout(tuple(mesh.axis_names), tuple(int(s) for s in mesh.devices.shape),
+                   np.vectorize(lambda d: int(d.id), otypes=[np.int64])(mesh.devices).tolist()),
+        tuple(targets))
 
 
 def main(argv: list[str]) -> int:

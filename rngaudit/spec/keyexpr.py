@@ -218,6 +218,22 @@ def make_raw(words: list, error) -> Raw:
     return Raw(tuple(words))
 
 
+def raw_words(expr: KeyExpr) -> tuple[int, ...] | None:
+    """The raw key data an expression starts from, or None when it starts from a seed."""
+    while isinstance(expr, (Split, FoldIn)):
+        expr = expr.parent
+    return expr.words if isinstance(expr, Raw) else None
+
+
+def largest_split(expr: KeyExpr) -> int:
+    """The most keys any split in the expression makes (0: no split)."""
+    if isinstance(expr, Split):
+        return max(expr.n, largest_split(expr.parent))
+    if isinstance(expr, FoldIn):
+        return largest_split(expr.parent)
+    return 0
+
+
 def parse(text: str, loc: Location, quoted: bool = True) -> KeyExpr:
     """Parse a key expression string found at `loc`."""
     return _Parser(text, loc, quoted).parse()

@@ -44,27 +44,15 @@ def _rng_source(n: YNode, impl_width: int, impl: str = "threefry2x32") -> RngSou
                 raise SpecError(f"split into {e.n} keys: for unsafe_rbg rngaudit asks JAX for all of them; "
                                 f"split into at most {MAX_UNSAFE_RBG_SPLIT}", n.loc)
             e = e.parent
-    if isinstance(expr, keyexpr.Raw) or _has_raw(expr):
-        raw = _find_raw(expr)
-        if len(raw.words) != impl_width:
+    words = keyexpr.raw_words(expr)
+    if words is not None:
+        if len(words) != impl_width:
             raise SpecError(
-                f"raw key data has {len(raw.words)} words but the PRNG impl needs {impl_width} "
+                f"raw key data has {len(words)} words but the PRNG impl needs {impl_width} "
                 "(Flax raises ValueError for a key of another impl); check jax.prng_impl",
                 n.loc,
             )
     return RngSource(expr, text, n.loc)
-
-
-def _find_raw(e):
-    while not isinstance(e, keyexpr.Raw):
-        if isinstance(e, keyexpr.Seed):
-            return None
-        e = e.parent
-    return e
-
-
-def _has_raw(e) -> bool:
-    return _find_raw(e) is not None
 
 
 def spec_from_node(root: YNode) -> Spec:
