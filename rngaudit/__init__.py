@@ -8,7 +8,7 @@ __version__ = "0.1.0"
 _API = {
     "FlaxError": "errors", "Location": "errors", "RngauditError": "errors", "SpecError": "errors",
     "hash_input": "engine.hashing", "hash_word": "engine.hashing", "produce_hash": "engine.hashing",
-    "Derivation": "engine.replay", "replay": "engine.replay",
+    "Derivation": "engine.records", "replay": "engine.replay",
     "load_spec": "spec.parse", "parse_spec": "spec.parse",
 }
 

@@ -19,7 +19,8 @@ from rngaudit.collision.audit import (COUNT_MEETS_NAME, SHARED_SEED, UNSPLIT_LAN
 from rngaudit.engine.hashing import encode_item, hash_input, hash_word
 from rngaudit.spec.json_source import parse_json
 from rngaudit.collision.module_paths import ModuleSites
-from rngaudit.engine.replay import Derivation, replay
+from rngaudit.engine.records import Derivation
+from rngaudit.engine.replay import replay
 
 REPO = Path(__file__).resolve().parent.parent
 FIX = REPO / "fixtures" / "collisions"
@@ -222,7 +223,7 @@ def test_unsplit_lanes_are_information_and_a_shared_seed_between_lanes_fails():
     assert a.failing == 0 and a.info == 1
     assert sorted((s.lane, s.count) for s in c.sites) == [((k,), n) for k in range(3) for n in (1, 2)]
     # lane 1 drawing from another stream seeded with the same key: a shared seed, failing
-    from rngaudit.engine.replay import RootKey
+    from rngaudit.engine.refs import RootKey
     a = audit(SpecSites(spec, rows=lanes(rows, 2, base=RootKey("noise"))))
     c, = a.collisions
     assert (c.category, c.failing) == (SHARED_SEED, True)

@@ -18,7 +18,8 @@ from rngaudit.collision.audit import SpecSites, TableSites, audit
 from rngaudit.output.collisions_json import to_json
 from rngaudit.spec.json_source import load_json, parse_json
 from rngaudit.collision.module_paths import ModuleSites
-from rngaudit.engine.replay import RootKey, replay
+from rngaudit.engine.refs import RootKey
+from rngaudit.engine.replay import replay
 from test_collisions import JIT, SHIFT, VMAP, lanes
 
 REPO = Path(__file__).resolve().parent.parent

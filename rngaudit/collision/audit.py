@@ -1623,15 +1623,15 @@ class TableSites(SpecSites):
 def spec_sites(spec: Spec, keys: bool = True) -> SpecSites:
     """A spec's call sites: small ones on the plain replay (Python lists, keys on Python ints, no
     NumPy), large ones on derive's fast path (TableSites). Both give the same report."""
-    from ..engine.blocks import BlockReplayer
+    from ..engine.replay import Replayer
 
-    blocks = BlockReplayer(spec).run()
+    blocks = Replayer(spec, blocks=True).walk()
     if vectorised(blocks.rows):
         return TableSites(spec, keys, blocks)
     return SpecSites(spec, keys)
 def _without_fork(ref) -> bool:
     """Whether a key reference derives from the root keys alone (no jit fork, which is a make_rng key)."""
-    from ..engine.replay import ForkKey
+    from ..engine.refs import ForkKey
 
     while ref is not None:
         if isinstance(ref, ForkKey):

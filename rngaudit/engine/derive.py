@@ -7,9 +7,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import SpecError
-from .keys import KeyData, derive_keys, draw_values, engine_for, root_keys
 from ..spec.tree import Draw, Spec
-from .replay import Derivation, replay
+from .keys import KeyData, derive_keys, draw_values, engine_for, root_keys
+from .records import Derivation
+from .replay import replay
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,11 @@ from typing import Sequence
 
 import numpy as np
 
-from . import threefry
 from ..spec.keyexpr import FoldIn, KeyExpr, Raw, Seed, Split
 from ..spec.tree import Draw, Spec
-from .replay import Derivation, FoldKey, ForkKey, RootKey, SplitKey
+from . import threefry
+from .records import Derivation
+from .refs import FoldKey, ForkKey, RootKey, SplitKey
 
 KeyData = tuple[int, ...]
 

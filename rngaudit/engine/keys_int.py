@@ -3,10 +3,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from . import threefry
 from ..spec.keyexpr import FoldIn, KeyExpr, Raw, Seed, Split
 from ..spec.tree import Spec
-from .replay import Derivation, FoldKey, ForkKey, RootKey, SplitKey
+from . import threefry
+from .records import Derivation
+from .refs import FoldKey, ForkKey, RootKey, SplitKey
 
 KeyData = tuple[int, ...]
 IMPLS = ("threefry2x32", "rbg")  # unsafe_rbg keys need JAX: rngaudit.keys

@@ -13,14 +13,15 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from . import threefry
 from ..gcpause import paused
+from ..spec.tree import Spec
+from . import threefry
 from .hashing import hash_input
 from .keys import KeyData, KeyEngine, root_keys
-from ..spec.tree import Spec
-from .blocks import BlockReplayer
-from .replay import Derivation, FoldKey, ForkKey, RootKey, SplitKey
-from .replay import concrete as resolve
+from .records import Derivation
+from .refs import FoldKey, ForkKey, RootKey, SplitKey
+from .refs import concrete as resolve
+from .replay import Replayer
 
 _sha1 = hashlib.sha1
 ENC_CACHE = 1 << 17  # counts whose bytes are kept (per separator setting); larger ones are made as needed
@@ -55,7 +56,7 @@ class KeyTable:
     `block` (its template), `count`, `word` (the hash word), `base` (an index into `bases`, -1 for a
     key that never exists), `lane_ix` (index of its lane in the template's lanes) and `discarded`."""
 
-    def __init__(self, r: BlockReplayer):
+    def __init__(self, r: Replayer):
         self.spec: Spec = r.spec
         self.sep = r.sep
         self.templates = r.templates
@@ -351,7 +352,6 @@ def _can_fork() -> bool:
     writes to its pipe, needs)."""
     import os
     import sys
-
     import threading
 
     if not hasattr(os, "fork") or os.environ.get("RNGAUDIT_HASH_PROCESSES") == "1" or "jax" in sys.modules:
@@ -527,9 +527,9 @@ def _lane_index(lane, axes, sizes) -> int:
 
 
 @paused
-def key_table(spec: Spec, blocks: BlockReplayer | None = None) -> KeyTable:
+def key_table(spec: Spec, blocks: Replayer | None = None) -> KeyTable:
     """Replay `spec` on the fast path (or expand the replay `blocks` already made of it)."""
-    return KeyTable(BlockReplayer(spec).run() if blocks is None else blocks)
+    return KeyTable(Replayer(spec, blocks=True).walk() if blocks is None else blocks)
 
 
 __all__ = ["KeyTable", "key_table"]

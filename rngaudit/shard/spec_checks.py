@@ -152,7 +152,7 @@ def check_spec(t: SpecTarget, mesh) -> TargetResult:
 
     from ..engine.derive import derive
     from ..engine.keys import engine_for
-    from ..engine.replay import FoldKey, ForkKey, RootKey, SplitKey
+    from ..engine.refs import FoldKey, ForkKey, RootKey, SplitKey
     from ..spec.parse import load_spec
 
     spec = load_spec(t.file)
@@ -241,7 +241,7 @@ def _root_check(spec, roots: dict, mesh) -> Check:
 
 
 def _base_check(refs: list, host_key, report, impl: str, width: int, mesh) -> Check:
-    from ..engine.replay import ForkKey, SplitKey
+    from ..engine.refs import ForkKey, SplitKey
 
     title = "base keys"
     if not refs:

@@ -1,0 +1,223 @@
+"""Flax's lifted-transform rules: the traces nn.vmap, nn.scan, nn.jit, nn.fold_rngs, nn.remat and
+nn.map_variables make of a module's method, and nn.cond, nn.switch and nn.while_loop inside one (which
+streams each trace sees, split or folded per lane, which collections, which keys Flax throws away)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..errors import FlaxError
+from ..spec.tree import Cond, Lift, WhileLoop
+from .filters import (
+    EVERY,
+    AllBut,
+    combine_discard,
+    filter_set,
+    select,
+    union_cols,
+    vmap_broadcast,
+)
+from .refs import Discovered, ForkOf, LaneFold, LaneSplit
+from .scope import MAP_RUN1, SCAN_CHECK, Instance, Run, Scope
+from .variables import raise_carry
+
+if TYPE_CHECKING:
+    from .replay import Replayer
+
+
+def validate_setup(r: Replayer, inst: Instance) -> None:
+    """Before a lifted transform, Flax evaluates setup() abstractly on a fresh clone bound to a
+    TestScope: no variables, every collection mutable, no rngs, and a make_rng that hands out a
+    dummy key at that root only; its children's scopes are plain ones without rngs. Its errors
+    (a child called in setup that needs a key, a name clash) are raised; nothing else is kept."""
+    # mirrors flax/linen/module.py Module._try_setup(shallow=True) -> _validate_setup
+    # (transforms.py get_module_scopes); a fresh Replayer keeps this run's templates untouched
+    from .replay import Replayer  # (a cycle at import time: replay imports these rules)
+
+    probe = Replayer(r.spec)
+    clone = Instance(inst.mod, Scope((), {}, abstract=True), clone=inst.clone)
+    probe.setup(clone, Run("init", True, tuple(r.spec.rngs), False))
+
+
+def traces(r: Replayer, lift: Lift, inst: Instance, run: Run):
+    """Yield the lifted scope once per trace Flax makes of the wrapped function (R10-R17)."""
+    scope = inst.scope
+    kind = lift.kind
+    if kind in ("vmap", "scan"):
+        n = lift.opt("axis_size") if kind == "vmap" else lift.opt("length")
+        axis = r.new_axis(n)
+        rngs = {}
+        # mirrors flax/core/lift.py vmap/scan: split_rngs keys filter the streams; split acts on
+        # the raw base key (tree_map_rngs over LazyRng.rng) and keeps the suffix
+        for s, split in select(scope.rngs, lift.opt("split_rngs", ())):
+            ref, suffix = scope.rngs[s]
+            rngs[s] = (LaneSplit(ref, n, axis) if split else ref, suffix)
+        axes_cols = tuple(c for c, _ in lift.opt("variable_axes", ()))
+        broadcast = lift.opt("variable_broadcast", False)
+        cols = union_cols(*axes_cols, broadcast, lift.opt("variable_carry", False))
+        if cols is not None and scope.cols is not None:
+            cols &= scope.cols
+        elif cols is None:
+            cols = scope.cols
+        bset = filter_set(broadcast)  # None: every collection is broadcast
+        if kind == "vmap":
+            bset = vmap_broadcast(lift.opt("variable_axes", ()))
+        lanes = scope.lanes + ((axis, kind, bset),)
+        carry = scope.carry | (filter_set(lift.opt("variable_carry", False)) or frozenset({EVERY}))
+        if lift.opt("variable_carry", False) is False:
+            carry = scope.carry
+        if kind == "scan" and lift.opt("check_constancy_invariants", True):
+            # mirrors flax/core/axes_scan.py scan_fn: trace 1 (pe.trace_to_jaxpr) only checks that
+            # broadcast values are loop invariant; its keys are thrown away, except initialisers
+            # of broadcast variables, whose values are kept. Scanned variables made there are
+            # dropped and made again in trace 2.
+            before = set(run.store)
+            keep = True if bset is None else bset
+            yield scope.lifted(kind, rngs=rngs, cols=cols, discard=combine_discard(scope.discard, keep),
+                               context=scope.context + (SCAN_CHECK,), lanes=lanes, carry=carry)
+            raise_carry(run, axis)
+            if bset is not None:
+                for key in set(run.store) - before:
+                    if key[1] not in bset:
+                        del run.store[key]
+            yield scope.lifted(kind, rngs=rngs, axes=scope.axes + (axis,), cols=cols, lanes=lanes, carry=carry)
+            raise_carry(run, axis)
+        elif kind == "scan":
+            # mirrors flax/core/axes_scan.py simple_scan_fn: without the constancy check the
+            # broadcast outputs are dropped, so broadcast variables the body made do not persist
+            before = set(run.store)
+            # and the broadcast variables are never checked against the body: no dependency error
+            lanes = scope.lanes + ((axis, kind, frozenset()),)
+            yield scope.lifted(kind, rngs=rngs, axes=scope.axes + (axis,), cols=cols, lanes=lanes, carry=carry)
+            raise_carry(run, axis)
+            for key in set(run.store) - before:
+                if bset is None or key[1] in bset:
+                    del run.store[key]
+        else:
+            yield scope.lifted(kind, rngs=rngs, axes=scope.axes + (axis,), cols=cols, lanes=lanes)
+            raise_carry(run, axis, carry=False)
+    elif kind in ("jit", "fold_rngs"):
+        # mirrors flax/linen/transforms.py fork_rngs: one make_rng per visible stream, at the
+        # module's own scope, on every call; inside, keys derive from the fork with no suffix,
+        # and the streams come in sorted order (the forks pass through JAX as a dict)
+        forked = {}
+        for s in list(scope.rngs):
+            t = r.make_rng(scope, s, f"{kind}_fork", f"fork of {s!r}", None, lift.loc, run,
+                               note=f"nn.{kind} forks every visible stream here on every call: this uses "
+                                    "up a count, and keys inside derive from this key")
+            # (apply's pre-init run records no template: the fork's own reference carries the
+            # lanes it depends on, for broadcast checks inside)
+            forked[s] = (ForkOf(t) if isinstance(t, int) else t.ref if isinstance(t, Discovered) else None, ())
+        rngs = {s: forked[s] for s, _ in select(forked, ((lift.opt("rngs", True), None),),
+                                                 jax_pytree=True)}
+        where = "/".join(scope.path) or "(root)"
+        if not inst.setup_done:
+            # The first call runs the module's setup() outside the trace but inside fork_rngs,
+            # which has replaced the scope's rngs with the forks (every stream, no suffix).
+            inst.scope = scope.lifted(rngs=forked, context=scope.context + (
+                f"setup() of a module under nn.{kind}: runs once, after the fork, and derives from it",))
+            r.setup(inst, run)
+            inst.scope = scope
+        yield scope.lifted(kind, rngs=rngs, context=scope.context + (
+            f"inside nn.{kind} at {where}: derived from the fork key made there on this call, not from "
+            "rngs, so it differs from the un-transformed module's key",))
+    elif kind in ("remat", "map_variables"):
+        rngs = {s: scope.rngs[s] for s, _ in select(scope.rngs, ((lift.opt("rngs", True), None),),
+                                                       jax_pytree=kind == "remat")}
+        inner = scope.lifted(kind, rngs=rngs)
+        if kind == "map_variables" and not (lift.opt("init") or lift.opt("mutable")):
+            # mirrors flax/core/lift.py map_variables: mapped collections are read-only unless
+            # init=True or mutable=True
+            mapped = filter_set(lift.opt("mapped_collections", True))
+            inner.frozen = scope.frozen | (mapped if mapped is not None else {EVERY})
+        if kind == "map_variables" and lift.opt("init", False) and any_mutable(run, scope):
+            # mirrors flax/linen/transforms.py map_variables: with init=True and a mutable
+            # collection the body runs once to create the variables, then again.
+            # In apply with a `mutable` list, that first run sees the mapped collections only where
+            # they are mutable, and every other collection whole (measured against Flax)
+            mapped = filter_set(lift.opt("mapped_collections", True))
+            cols = inner.cols
+            if isinstance(run.mutable, tuple):
+                mutable = frozenset(run.mutable)
+                seen = mutable if mapped is None else AllBut(mapped - mutable)
+                cols = seen if cols is None else cols & seen
+            # Only the mapped collections of that run are kept (`target, _ = repack(scopes)`):
+            # variables it made in the others (their initialisers did run) are made again, with
+            # new counts, in the second run.
+            before = set(run.store)
+            yield inner.lifted(discard=combine_discard(scope.discard, True),
+                               context=scope.context + (MAP_RUN1,), cols=cols)
+            if mapped is not None:
+                for key in set(run.store) - before:
+                    if key[1] not in mapped:
+                        del run.store[key]
+        yield inner
+    else:
+        raise AssertionError(kind)
+
+
+def any_mutable(run: Run, scope: Scope) -> bool:
+    return not scope.immutable and (run.mutable is True or bool(run.mutable))
+
+
+def trace_branch(r: Replayer, inst: Instance, scope: Scope, items, cursor: dict, run: Run) -> dict:
+    """Trace `items` as a function of the module (nn.cond/switch/while_loop): on a clone bound
+    to the lifted scope, starting from the module's current auto-name cursor."""
+    # mirrors flax/linen/transforms.py decorator_lift_transform core_fn: state.export() per target
+    clone = Instance(inst.mod, scope, clone=inst.clone)
+    r.setup(clone, run)
+    branch_cursor = dict(cursor)
+    r.items(clone, items, {}, branch_cursor, run)
+    return branch_cursor
+
+
+def cond(r: Replayer, inst: Instance, item: Cond, cursor: dict, run: Run) -> None:
+    # mirrors flax/core/lift.py cond/switch: jax.lax.cond/switch trace every branch, in order
+    scope = inst.scope
+    # (the branches get the streams in the scope's order: measured against Flax, unlike while_loop)
+    rngs = {s: scope.rngs[s] for s, _ in select(scope.rngs, ((item.rngs, None),), jax_pytree=False)}
+    last = cursor
+    n = len(item.branches)
+    before = dict(run.store)
+    made = None
+    for k, branch in enumerate(item.branches):
+        which = ("true", "false")[k] if item.kind == "cond" else str(k)
+        inner = scope.lifted(item.kind, rngs=rngs, context=scope.context + (
+            f"nn.{item.kind} branch {which}: every branch is traced, in order, so its counts are "
+            f"taken even when branch {which} does not run ({n} branches share counters)",))
+        # every branch starts from the same variables (scope_fn(variable_groups, ...))
+        run.store = dict(before)
+        last = trace_branch(r, inst, inner, branch, cursor, run)
+        new = {key: v for key, v in run.store.items() if key not in before}
+        if made is not None and set(new) != set(made):
+            raise FlaxError(
+                "TypeError",
+                f"{item.kind} branch outputs must have the same pytree structure, but they differ: "
+                f"nn.{item.kind} branches must create the same variables; create them before the "
+                f"{item.kind} or in every branch",
+                item.loc,
+            )
+        made = new
+    cursor.clear()
+    cursor.update(last)
+
+
+def while_loop(r: Replayer, inst: Instance, item: WhileLoop, cursor: dict, run: Run) -> None:
+    # mirrors flax/core/lift.py while_loop: cond traced before body; a split stream is folded with
+    # the iteration index, negated for cond (make_loop_rngs(-i)); cond sees immutable variables
+    scope = inst.scope
+    selected = select(scope.rngs, item.split_rngs)
+    last = cursor
+    for items, negate, size, what in ((item.cond_items, True, item.iterations + 1, "cond"),
+                                      (item.body_items, False, item.iterations, "body")):
+        axis = r.new_axis(size)
+        rngs = {}
+        for s, split in sorted(selected):
+            # the loop's rngs pass through jax.lax.while_loop as a dict: in sorted order inside
+            ref, suffix = scope.rngs[s]
+            rngs[s] = (LaneFold(ref, axis, negate) if split else ref, suffix)
+        # linen's nn.while_loop lifts every collection read-only (broadcast_variables=True)
+        inner = scope.lifted("while_loop", rngs=rngs, axes=scope.axes + (axis,), immutable=True,
+                             context=scope.context + (f"nn.while_loop {what}",))
+        last = trace_branch(r, inst, inner, items, cursor, run)
+    cursor.clear()
+    cursor.update(last)

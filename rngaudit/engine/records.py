@@ -1,0 +1,60 @@
+"""What the replay records: a Template per make_rng statement and place, expanded into a Derivation per key."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from ..errors import Location
+from ..spec.tree import Draw
+
+
+@dataclass(frozen=True)
+class Derivation:
+    """One key Flax hands out: key = fold_in(base, hash_word(hash_input(suffix + (count,))))."""
+
+    index: int
+    path: tuple[str, ...]
+    stream_requested: str
+    stream: str
+    count: int
+    kind: str  # make_rng | param | variable | dropout | attention_dropout | jit_fork | fold_rngs_fork
+    label: str | None
+    hash_items: tuple
+    hash_input: bytes
+    hash_word: int
+    base: object  # RootKey | SplitKey | FoldKey | ForkKey, or None: a traced key Flax discards
+    location: Location
+    draw: Draw | None = None
+    notes: tuple[str, ...] = ()
+    lane: tuple[int, ...] = ()  # vmap lane / scan step / while iteration indices, outermost first
+    discarded: bool = False  # made in a trace whose keys Flax throws away (scan's constancy check)
+
+    @property
+    def path_str(self) -> str:
+        return "/".join(self.path) if self.path else "(root)"
+
+    @property
+    def fallback(self) -> bool:
+        return self.stream != self.stream_requested
+
+
+class Template(NamedTuple):
+    """What the replay records for a make_rng statement at one place: `n` consecutive calls, counts
+    `count` .. `count + n - 1` (n is 1 on the plain path, which records every call), made in every lane
+    of the vmap/scan/while axes `axes`. Each call's key is fold_in(base, hash_word(suffix + (count,))),
+    its base `ref` resolved per lane."""
+
+    path: tuple[str, ...]
+    stream_requested: str
+    stream: str
+    count: int
+    kind: str
+    label: str | None
+    suffix: tuple  # what Flax hashes before the count: the path since the base key
+    ref: object  # RootKey, or a lane template (LaneSplit, LaneFold, ForkOf) resolved per lane
+    location: Location
+    draw: Draw | None
+    notes: tuple[str, ...]
+    axes: tuple[int, ...]  # lane axes (indices into Replayer.axis_size), outermost first
+    discarded: bool  # made in a trace whose keys Flax throws away
+    n: int = 1
