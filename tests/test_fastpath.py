@@ -211,8 +211,9 @@ def test_two_process_hashing_gives_the_same_words(tmp_path):
     code = """
 import os, sys
 import numpy as np
-import rngaudit.engine.table as fast
+import rngaudit.engine.hash_words as hashing
 from rngaudit import parse_spec
+from rngaudit.engine.table import key_table
 spec = parse_spec('''
 rngaudit: 1
 rngs: {params: 0, dropout: 1}
@@ -220,8 +221,8 @@ flax: {fix_rng_separator: true}
 model: {class: M, body: [{module: {class: B, repeat: 300, body: [{make_rng: {stream: dropout, repeat: 700}}]}},
                          {make_rng: {repeat: 140000}}]}
 ''', 't.yaml')
-fast.PARALLEL_HASHES = 1000
-assert fast._can_fork(), "expected to fork here"
+hashing.PARALLEL_HASHES = 1000
+assert hashing.can_fork(), "expected to fork here"
 forks = []
 real_fork = os.fork
 def counting_fork():
@@ -230,21 +231,21 @@ def counting_fork():
         forks.append(pid)
     return pid
 os.fork = counting_fork
-two = fast.key_table(spec).word
+two = key_table(spec).word
 assert len(forks) == 1, forks
 real_write = os.write
 def failing_write(fd, data):  # only the child writes (its words, to the pipe): the child fails
     raise OSError(32, "Broken pipe")
 os.write = failing_write
-child_failed = fast.key_table(spec).word
+child_failed = key_table(spec).word
 os.write = real_write
 assert len(forks) == 2, forks
 def failing_fork():
     raise BlockingIOError(11, "Resource temporarily unavailable")
 os.fork = failing_fork
-fallback = fast.key_table(spec).word
-fast.PARALLEL_HASHES = 10**12
-one = fast.key_table(spec).word
+fallback = key_table(spec).word
+hashing.PARALLEL_HASHES = 10**12
+one = key_table(spec).word
 assert len(one) == 300 * 700 + 140000
 assert np.array_equal(two, one) and np.array_equal(fallback, one) and np.array_equal(child_failed, one)
 assert "jax" not in sys.modules
@@ -260,16 +261,16 @@ print("ok")
 
 def test_counts_beyond_the_encoding_cache():
     """Counts past the cached encodings (and a block that crosses into them) hash alike on both paths."""
-    import rngaudit.engine.table as fast
+    import rngaudit.engine.hash_words as hashing
 
-    old = fast.ENC_CACHE
-    fast.ENC_CACHE = 300
+    old = hashing.ENC_CACHE
+    hashing.ENC_CACHE = 300
     try:
         spec = parse_spec("rngaudit: 1\nrngs: {params: 0}\nflax: {fix_rng_separator: true}\n"
                           "model: {class: M, body: [{make_rng: {repeat: 1000}}, make_rng]}\n", "t.yaml")
         out = assert_same(spec, values=False)
     finally:
-        fast.ENC_CACHE = old
+        hashing.ENC_CACHE = old
     assert out["calls"][-1]["count"] == 1001
 
 
@@ -282,21 +283,21 @@ def test_hashing_forks_beside_a_progress_bar_only():
 
     code = """
 import io, os, threading, time
-import rngaudit.engine.table as fast
+import rngaudit.engine.hash_words as hashing
 from rngaudit.output.progress import progress
 os.sched_getaffinity = lambda pid: {0, 1}  # (two CPUs, whatever this machine has)
 class Tty(io.StringIO):
     def isatty(self):
         return True
-assert fast._can_fork()
+assert hashing.can_fork()
 with progress(5, "work", stream=Tty(), delay=0.0):
     time.sleep(0.3)  # the bar is drawn: its timer and rich's refresh thread run
     assert threading.active_count() > 1
-    assert fast._can_fork()
+    assert hashing.can_fork()
 stop = threading.Event()
 other = threading.Thread(target=stop.wait)
 other.start()
-assert not fast._can_fork()
+assert not hashing.can_fork()
 stop.set()
 other.join()
 print("ok")

@@ -1,4 +1,4 @@
-"""rngaudit.keys_int derives exactly the keys rngaudit.keys does (NumPy Threefry, checked against JAX there),
+"""derive_keys_exact (Python ints) derives exactly the keys derive_keys does (NumPy Threefry, checked against JAX there),
 for every fixture spec, for threefry2x32 and rbg, with and without jax_threefry_partitionable."""
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import pytest
 
 from rngaudit import load_spec
 from rngaudit.spec.keyexpr import FoldIn, Raw, Split
-from rngaudit.engine.keys import derive_keys
-from rngaudit.engine.keys_int import derive_keys_int
+from rngaudit.engine.keys import derive_keys, derive_keys_exact
 from rngaudit.engine.replay import replay
 
 REPO = Path(__file__).resolve().parent.parent
@@ -38,12 +37,12 @@ def test_int_keys_equal_numpy_keys(path):
     for spec in variants(load_spec(str(path))):
         rows = replay(spec)
         want = [tuple(k) for k in derive_keys(spec, rows).tolist()]
-        assert derive_keys_int(spec, rows) == want
-        assert derive_keys_int(spec, rows, cache) == want
-        assert derive_keys_int(spec, rows, cache) == want  # now from the cache
+        assert derive_keys_exact(spec, rows) == want
+        assert derive_keys_exact(spec, rows, cache) == want
+        assert derive_keys_exact(spec, rows, cache) == want  # now from the cache
 
 
 def test_unsafe_rbg_is_refused():
     spec = dataclasses.replace(load_spec(str(REPO / "rngaudit" / "examples" / "guide.yaml")), prng_impl="unsafe_rbg")
     with pytest.raises(ValueError, match="need JAX"):
-        derive_keys_int(spec, replay(spec))
+        derive_keys_exact(spec, replay(spec))

@@ -6,9 +6,21 @@ from typing import Optional
 
 import typer
 
-from .root import (_CONFIG, _EXIT_ZERO, _MAX_SPEC_MIB, _MAX_YAML_NODES, Format, Phase, _configured, _emit, _finish,
-                  _run, _write_output, app)
 from ..errors import SpecError
+from .root import (
+    _CONFIG,
+    _EXIT_ZERO,
+    _MAX_SPEC_MIB,
+    _MAX_YAML_NODES,
+    Format,
+    Phase,
+    _configured,
+    _emit,
+    _finish,
+    _run,
+    _write_output,
+    app,
+)
 
 _INPUT_HELP = ("An argument of init/apply as DTYPE[SHAPE] (ones), positional, or NAME=DTYPE[SHAPE]; repeatable. "
                "Default: the example arguments the factory returns.")

@@ -409,9 +409,9 @@ def derive(
         max_spec_mib=max_spec_mib, max_yaml_nodes=max_yaml_nodes)
 
     def go():
-        from ..output.findings import DERIVE_RULES, derive_findings
         from ..engine.derive import derive as run_derive
         from ..output.derive_json import to_json
+        from ..output.findings import DERIVE_RULES, derive_findings
         from ..spec.parse import load_spec
 
         s = load_spec(spec)
@@ -501,11 +501,16 @@ def collisions(
 
     def go():
         from ..collision.audit import DEFAULT_LATENT_MAX_COUNT, audit, spec_sites
+        from ..collision.module_paths import ModuleSites, is_spec
         from ..output.collisions_json import to_json
-        from ..output.findings import COLLISION_RULES, collision_findings, collisions_failing, fail_categories
+        from ..output.findings import (
+            COLLISION_RULES,
+            collision_findings,
+            collisions_failing,
+            fail_categories,
+        )
         from ..output.progress import progress
         from ..spec.json_source import load_json
-        from ..collision.module_paths import ModuleSites, is_spec
         from ..spec.parse import load_spec
 
         bound = DEFAULT_LATENT_MAX_COUNT if latent_max_count is None else latent_max_count
@@ -598,11 +603,11 @@ def shard_check(
     def go():
         from ..output.findings import SHARD_CHECK_RULES, shard_findings
         from ..output.progress import progress
-        from ..shard.request import SpecTarget, make_request, parse_fn_target
-        from ..spec.yaml_source import current_limits
-        from ..shard.runner import run as run_shard
         from ..shard.report import to_json
+        from ..shard.request import SpecTarget, make_request, parse_fn_target
+        from ..shard.runner import run as run_shard
         from ..spec.parse import load_spec
+        from ..spec.yaml_source import current_limits
 
         if not specs:
             given = [o for o, v in (("--path", path), ("--stream", stream), ("--phase", phase), ("--draw", draw)) if v]

@@ -9,11 +9,22 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, Sequence
 
+from ..engine.hashing import encode_item, hash_input, hash_word
 from ..errors import Location
 from ..gcpause import paused
-from ..engine.hashing import encode_item, hash_input, hash_word
-from ..spec.tree import (Child, Cond, Define, MakeRng, ModuleDef, Param, Sequential, Spec, Transform, Variable,
-                    WhileLoop)
+from ..spec.tree import (
+    Child,
+    Cond,
+    Define,
+    MakeRng,
+    ModuleDef,
+    Param,
+    Sequential,
+    Spec,
+    Transform,
+    Variable,
+    WhileLoop,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -1138,14 +1149,14 @@ class _PendingLatent:
 # ---------------------------------------------------------------- a spec as call sites
 class SpecSites(Sites):
     """A replayed spec: one call site per Derivation whose key Flax uses. Keys of threefry2x32 and rbg are
-    exact Threefry: on Python ints (rngaudit.keys_int) for small specs, else NumPy (rngaudit.keys);
+    exact Threefry: on Python ints for small specs, else NumPy (rngaudit.engine.keys);
     unsafe_rbg needs JAX."""
 
     def __init__(self, spec: Spec, keys: bool = True, rows=None, key_cache: dict | None = None):
         from ..engine.replay import replay
 
         self.spec = spec
-        # fold_in results on Python ints, shared with this spec's renamed copies (rngaudit.keys_int)
+        # fold_in results on Python ints, shared with this spec's renamed copies (derive_keys_exact)
         self.key_cache = {} if key_cache is None else key_cache
         self.all_rows = replay(spec) if rows is None else rows
         # keys of a trace Flax throws away (scan's constancy check) share no randomness with anything
@@ -1185,10 +1196,10 @@ class SpecSites(Sites):
     def _derive(self, spec: Spec, rows):
         """Key data of `rows`: a (len(rows), width) uint32 array, or a list of tuples when not vectorised."""
         if not self.vectorised:
-            from ..engine.keys_int import IMPLS, derive_keys_int
+            from ..engine.keys import EXACT_IMPLS, derive_keys_exact
 
-            if spec.prng_impl in IMPLS:
-                return derive_keys_int(spec, rows, self.key_cache)
+            if spec.prng_impl in EXACT_IMPLS:
+                return derive_keys_exact(spec, rows, self.key_cache)
         from ..engine.keys import derive_keys
 
         keys = derive_keys(spec, rows)
@@ -1366,8 +1377,8 @@ class TableSites(SpecSites):
     def __init__(self, spec: Spec, keys: bool = True, blocks=None, registry: dict | None = None):
         import numpy as np
 
-        from ..engine.table import key_table
         from ..engine.keys import engine_for
+        from ..engine.table import key_table
 
         self.spec = spec
         self.key_cache = {}
@@ -1478,13 +1489,11 @@ class TableSites(SpecSites):
     # ------------------------------------------------------------ idents from base keys and words
     def _bases(self, table, words: dict | None = None):
         """Base key values of `table` (this table's memoised; `words`: rows hashed differently)."""
-        from ..engine.table import _Bases
-
         if table is self.table and not words:
             if self._resolver is None:
-                self._resolver = _Bases(table, self._engine)
+                self._resolver = table.base_keys(self._engine)
             return self._resolver
-        return _Bases(table, self._engine, words)
+        return table.base_keys(self._engine, words)
 
     def _base_id(self, value) -> int:
         return self._registry.setdefault(value, len(self._registry))
@@ -1553,13 +1562,11 @@ class TableSites(SpecSites):
             return [tuple(k) for k in self.keys[indices].tolist()]
         import numpy as np
 
-        from ..engine.table import _fold_in_rows
-
         t = self.table
         res = self._bases(t)
         used, inverse = np.unique(t.base[rows], return_inverse=True)
         base_keys = np.array([res.key(t.bases[b]) for b in used.tolist()], dtype=np.uint32).reshape(len(used), -1)
-        return [tuple(k) for k in _fold_in_rows(self._engine, base_keys[inverse.ravel()], t.word[rows]).tolist()]
+        return [tuple(k) for k in self._engine.fold_in_rows(base_keys[inverse.ravel()], t.word[rows]).tolist()]
 
     # ------------------------------------------------------------ reported sites
     def describe(self, indices, module_paths):
@@ -1608,12 +1615,10 @@ class TableSites(SpecSites):
         table's base keys (a changed jit fork's row changes the keys derived from it)."""
         if self.keys is None or separator != self.separator:
             return super().keys_for(indices, items, separator)
-        from ..engine.table import keys_with_words
-
         rows = [int(self.keep[i]) for i in indices]
         if len(set(rows)) != len(rows):
             return super().keys_for(indices, items, separator)
-        return keys_with_words(self.table, self._engine, dict(zip(rows, _words(items, separator))))
+        return self.table.keys_with_words(self._engine, dict(zip(rows, _words(items, separator))))
 
     def _sites_of(self, spec: Spec) -> "TableSites":
         return TableSites(spec, keys=self._checked, registry=self._registry)

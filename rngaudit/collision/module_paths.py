@@ -4,11 +4,11 @@ from __future__ import annotations
 import hashlib
 import sys
 
-from .audit import CallSite, RenameTarget, Sites, count_bytes, vectorised
+from ..engine.hashing import hash_input
 from ..errors import Location, SpecError
 from ..gcpause import paused
-from ..engine.hashing import hash_input
 from ..spec.json_source import JsonDoc, load_json
+from .audit import CallSite, RenameTarget, Sites, count_bytes, vectorised
 
 STREAM = "params"
 BASE = "rngs['params']"

@@ -8,9 +8,11 @@ import numpy as np
 
 from ..errors import SpecError
 from ..spec.tree import Draw, Spec
-from .keys import KeyData, derive_keys, draw_values, engine_for, root_keys
+from .draws import draw_values
+from .keys import KeyData, derive_keys, engine_for, root_keys
 from .records import Derivation
 from .replay import replay
+from .table import KeyTable, key_table
 
 
 @dataclass(frozen=True)
@@ -18,15 +20,39 @@ class KeyedCall:
     """A derivation with the key Flax hands out and, when asked, the values drawn from it."""
 
     derivation: Derivation
-    key: KeyData
+    key: KeyData | None  # None: a key of a trace Flax throws away, which never exists
     draw: Draw | None
     values: np.ndarray | None
 
 
-class TableCalls(Sequence):
+class Calls(Sequence[KeyedCall]):
+    """A report's calls, and how many of them fall back to 'params' or are thrown away by Flax."""
+
+    def fallbacks(self) -> int:
+        return sum(1 for c in self if c.derivation.fallback)
+
+    def discarded(self) -> int:
+        return sum(1 for c in self if c.derivation.discarded)
+
+
+class ListCalls(Calls):
+    """The plain path's calls: one KeyedCall per derivation, made up front."""
+
+    def __init__(self, calls: list[KeyedCall]):
+        self.calls = calls
+
+    def __len__(self) -> int:
+        return len(self.calls)
+
+    def __getitem__(self, j):
+        return self.calls[j]
+
+
+class TableCalls(Calls):
     """The fast path's calls: a KeyedCall made when a row is read (1,000,000 rows stay columns)."""
 
-    def __init__(self, table, rows: np.ndarray, keys: np.ndarray, default_draw: Draw | None, values: dict):
+    def __init__(self, table: KeyTable, rows: np.ndarray, keys: np.ndarray, default_draw: Draw | None,
+                 values: dict):
         self.table = table
         self.rows = rows
         self.keys = keys
@@ -51,29 +77,30 @@ class TableCalls(Sequence):
         for j in range(len(self)):
             yield self[j]
 
+    def fallbacks(self) -> int:
+        table = self.table
+        fb = np.array([tpl.stream_requested != tpl.stream for tpl in table.templates], dtype=bool)
+        return int(fb[table.block[self.rows]].sum()) if len(fb) else 0
+
+    def discarded(self) -> int:
+        return int(self.table.discarded[self.rows].sum())
+
 
 @dataclass(frozen=True)
 class DeriveReport:
     spec: Spec
     roots: dict[str, KeyData]
-    calls: Sequence[KeyedCall]
+    calls: Calls
     total: int | None = None  # call sites before --stream/--path/--limit; None: no filter
 
     @property
     def fallbacks(self) -> int:
         """Keys whose stream fell back to 'params' (the findings of `derive --strict`)."""
-        table = getattr(self.calls, "table", None)
-        if table is not None:
-            fb = np.array([tpl.stream_requested != tpl.stream for tpl in table.templates], dtype=bool)
-            return int(fb[table.block[self.calls.rows]].sum()) if len(fb) else 0
-        return sum(1 for c in self.calls if c.derivation.fallback)
+        return self.calls.fallbacks()
 
     @property
     def discarded(self) -> int:
-        table = getattr(self.calls, "table", None)
-        if table is not None:
-            return int(table.discarded[self.calls.rows].sum())
-        return sum(1 for c in self.calls if c.derivation.discarded)
+        return self.calls.discarded()
 
 
 def _draw(spec: Spec, key: KeyData, draw: Draw) -> np.ndarray:
@@ -90,8 +117,6 @@ def derive(spec: Spec, values: bool = True, default_draw: Draw | None = None, en
     and `limit` select call sites before any key is computed."""
     keng = engine_for(spec)
     if engine == "fast":
-        from .table import key_table
-
         table = key_table(spec)
         filtered = bool(streams or paths or limit is not None)
         rows = table.select(streams, paths, limit)
@@ -116,4 +141,4 @@ def derive(spec: Spec, values: bool = True, default_draw: Draw | None = None, en
         draw = d.draw or default_draw
         vals = _draw(spec, key, draw) if values and draw is not None and key is not None else None
         calls.append(KeyedCall(d, key, draw, vals))
-    return DeriveReport(spec, root_keys(spec, keng), calls)
+    return DeriveReport(spec, root_keys(spec, keng), ListCalls(calls))

@@ -4,7 +4,14 @@ from __future__ import annotations
 from typing import Sequence
 
 from .. import __version__
-from ..collision.audit import Audit, CallSite, Collision, LatentCollision, Rename, SeparatorCheck
+from ..collision.audit import (
+    Audit,
+    CallSite,
+    Collision,
+    LatentCollision,
+    Rename,
+    SeparatorCheck,
+)
 
 JSON_FORMAT = "rngaudit.collisions"
 JSON_FORMAT_VERSION = 1

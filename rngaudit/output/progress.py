@@ -48,8 +48,14 @@ def progress(total: int | None, description: str, *, stream=None,
         yield _noop
         return
     from rich.console import Console
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
-                               TimeElapsedColumn)
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     console = Console(file=stream, no_color="NO_COLOR" in os.environ, highlight=False)
     columns = [SpinnerColumn(), TextColumn("{task.description}")]

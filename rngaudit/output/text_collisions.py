@@ -9,8 +9,17 @@ from rich.cells import cell_len
 from rich.console import Console
 from rich.text import Text
 
-from ..collision.audit import (COUNT_MEETS_NAME, SHARED_KEY, SHARED_SEED, Audit, CallSite, Collision, LatentCollision,
-                         Rename, SeparatorCheck)
+from ..collision.audit import (
+    COUNT_MEETS_NAME,
+    SHARED_KEY,
+    SHARED_SEED,
+    Audit,
+    CallSite,
+    Collision,
+    LatentCollision,
+    Rename,
+    SeparatorCheck,
+)
 
 MAX_SHOWN = 12  # call sites (or key groups) listed per finding; --format json lists them all
 

@@ -4,7 +4,17 @@ from __future__ import annotations
 from rich.console import Console
 from rich.text import Text
 
-from ..shard.report import ALLOWED, FAIL, FINDING, NOT_APPLICABLE, PASS, STATUSES, Check, ShardReport, TargetResult
+from ..shard.report import (
+    ALLOWED,
+    FAIL,
+    FINDING,
+    NOT_APPLICABLE,
+    PASS,
+    STATUSES,
+    Check,
+    ShardReport,
+    TargetResult,
+)
 
 _STYLE = {PASS: "green", FAIL: "bold red", FINDING: "bold red", ALLOWED: "yellow", NOT_APPLICABLE: "dim"}
 MAX_DEVICES_SHOWN = 16  # per-device values listed for a shard_map check; --format json lists them all

@@ -5,9 +5,9 @@ import re
 from dataclasses import dataclass, field
 
 from .. import __version__
-from .capture import Capture, Site
 from ..errors import Location
 from ..output.findings import ERROR, Finding, Rule
+from .capture import Capture, Site
 
 DIFF_FORMAT, VERIFY_FORMAT, FORMAT_VERSION = "rngaudit.diff", "rngaudit.verify", 1
 _PREFIXES = {"Jit": "nn.jit", "Checkpoint": "nn.remat", "Vmap": "nn.vmap", "Scan": "nn.scan",

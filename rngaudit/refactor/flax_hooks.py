@@ -19,7 +19,6 @@ from __future__ import annotations
 #
 # The wrappers are installed once and pass straight through unless a capture is active, because a
 # class-level `nn.jit(Block)` made while capturing keeps a reference to the lifting function.
-
 import contextlib
 import functools
 import inspect

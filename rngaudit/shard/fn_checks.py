@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 
+from ..engine.keys import JaxKeys, evaluate
 from ..errors import Location, UsageError, UserCodeError
 from ..spec.keyexpr import parse as parse_key_expr
 from ..spec.keyexpr import raw_words
@@ -24,7 +25,6 @@ from .devices import (
 )
 from .report import ALLOWED, FAIL, FINDING, NOT_APPLICABLE, PASS, Check, TargetResult
 from .request import FnTarget, ShardRequest, mesh_text
-from .spec_checks import key_from_expr
 
 PREVIEW = 16  # values shown per device slice or output
 
@@ -180,7 +180,7 @@ def _fn_key(r: ShardRequest, device):
         raise UsageError(f"--key {r.key}: raw key data of {len(raw)} words; keys of the default PRNG impl "
                         f"({jax.config.jax_default_prng_impl}) have {width}")
     with jax.default_device(device):
-        return key_from_expr(expr, None)
+        return evaluate(expr, JaxKeys(None))
 
 
 def check_fn(t: FnTarget, r: ShardRequest, mesh) -> TargetResult:

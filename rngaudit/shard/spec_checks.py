@@ -8,8 +8,10 @@ import functools
 
 import numpy as np
 
+from ..engine.draws import draw
+from ..engine.keys import BaseKeys, JaxKeys, evaluate
 from ..errors import Location, UsageError
-from ..spec.keyexpr import FoldIn, KeyExpr, Raw, Seed, Split, largest_split
+from ..spec.keyexpr import KeyExpr, largest_split
 from ..spec.tree import Draw
 from .arrays import compare
 from .devices import distinct_blocks, partition_for, partition_text, rows_sharding
@@ -19,54 +21,14 @@ from .request import DEVICE_SPLIT_MAX, SpecTarget
 MAX_LISTED = 20  # mismatching rows listed per check
 
 
-# ---------------------------------------------------------------- keys from expressions, draws (traceable)
-def key_from_expr(expr: KeyExpr, impl: str | None):
-    """The typed key a key expression denotes, computed with jax.random (works under jax.jit)."""
-    import jax
-    import jax.numpy as jnp
-
-    if isinstance(expr, Seed):
-        return jax.random.key(expr.seed, impl=impl)
-    if isinstance(expr, Raw):
-        return jax.random.wrap_key_data(jnp.asarray(expr.words, jnp.uint32), impl=impl)
-    if isinstance(expr, Split):
-        return jax.random.split(key_from_expr(expr.parent, impl), expr.n)[expr.index]
-    if isinstance(expr, FoldIn):
-        return jax.random.fold_in(key_from_expr(expr.parent, impl), np.uint32(expr.data))
-    raise TypeError(expr)
-
-
-def draw_array(key, draw: Draw):
-    """What jax.random draws for `draw`: the calls of rngaudit/keys.py draw_values, kept traceable."""
-    import jax
-    import jax.numpy as jnp
-
-    p = dict(draw.params)
-    dtype = jnp.dtype(draw.dtype)
-    kind, shape = draw.kind, draw.shape
-    if kind == "normal":
-        return jax.random.normal(key, shape, dtype)
-    if kind == "uniform":
-        return jax.random.uniform(key, shape, dtype, p["minval"], p["maxval"])
-    if kind == "bernoulli":
-        return jax.random.bernoulli(key, p["p"], shape)
-    if kind == "randint":
-        return jax.random.randint(key, shape, p["minval"], p["maxval"], dtype)
-    if kind == "truncated_normal":
-        return jax.random.truncated_normal(key, p["lower"], p["upper"], shape, dtype)
-    if kind == "variance_scaling":
-        return jax.nn.initializers.variance_scaling(p["scale"], p["mode"], p["distribution"], in_axis=p["in_axis"],
-                                                    out_axis=p["out_axis"])(key, shape, dtype)
-    return getattr(jax.nn.initializers, kind)(in_axis=p["in_axis"], out_axis=p["out_axis"])(key, shape, dtype)
-
-
+# ---------------------------------------------------------------- jitted key operations
 def _per_row(one, impl: str):
     """`one` over the rows of its arguments."""
     import jax
 
     if impl == "unsafe_rbg":
         # lax.map, not vmap: jax/_src/lax/control_flow/loops.py _rng_bit_generator_batching_rule seeds a
-        # vmapped rng_bit_generator from keys[0] only (see rngaudit/keys.py _jax_fold_in_many)
+        # vmapped rng_bit_generator from keys[0] only (see rngaudit/engine/keys.py KeyEngine.fold_in_many)
         return lambda *cols: jax.lax.map(lambda row: one(*row), cols)
     return jax.vmap(one)
 
@@ -114,7 +76,7 @@ def _root_jit(expr: KeyExpr, impl: str, mesh):
     import jax
     from jax.sharding import NamedSharding, PartitionSpec
 
-    return jax.jit(lambda: jax.random.key_data(key_from_expr(expr, impl)),
+    return jax.jit(lambda: jax.random.key_data(evaluate(expr, JaxKeys(impl))),
                    out_shardings=NamedSharding(mesh, PartitionSpec()))
 
 
@@ -124,9 +86,9 @@ def _draw_jit(kind: str, shape: tuple, dtype: str, params: tuple, impl: str, mes
     import jax
     from jax.sharding import NamedSharding, PartitionSpec
 
-    draw = Draw(kind, shape, dtype, params, Location("-", 1, 1))
+    spec_draw = Draw(kind, shape, dtype, params, Location("-", 1, 1))
     part = partition_for(shape, list(zip(mesh.axis_names, mesh.devices.shape)))
-    fn = jax.jit(lambda kd: draw_array(jax.random.wrap_key_data(kd, impl=impl), draw),
+    fn = jax.jit(lambda kd: draw(jax.random.wrap_key_data(kd, impl=impl), spec_draw),
                  out_shardings=NamedSharding(mesh, PartitionSpec(*part)))
     return fn, part
 
@@ -152,7 +114,7 @@ def check_spec(t: SpecTarget, mesh) -> TargetResult:
 
     from ..engine.derive import derive
     from ..engine.keys import engine_for
-    from ..engine.refs import FoldKey, ForkKey, RootKey, SplitKey
+    from ..engine.refs import ForkKey, RootKey
     from ..spec.parse import load_spec
 
     spec = load_spec(t.file)
@@ -169,20 +131,7 @@ def check_spec(t: SpecTarget, mesh) -> TargetResult:
         raise UsageError(f"{spec.file}: {sel} select none of its {len(keyed)} keys")
     engine = engine_for(spec)
     impl, width = spec.prng_impl, engine.width
-    host: dict = {}
-
-    def host_key(ref):
-        # mirrors rngaudit/keys.py derive_keys: the key data a base reference stands for
-        if ref not in host:
-            if isinstance(ref, RootKey):
-                host[ref] = report.roots[ref.stream]
-            elif isinstance(ref, SplitKey):
-                host[ref] = engine.split(host_key(ref.parent), ref.n, ref.index)
-            elif isinstance(ref, FoldKey):
-                host[ref] = tuple(int(w) for w in engine.fold_in_many(host_key(ref.parent), np.array([ref.data]))[0])
-            else:
-                host[ref] = report.calls[ref.index].key
-        return host[ref]
+    host_key = BaseKeys(engine, report.roots, lambda i: report.calls[i].key).key
 
     # every base a chosen key hangs from, down to the roots: each is one split or fold of its parent
     bases: dict = {}

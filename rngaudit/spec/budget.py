@@ -4,8 +4,22 @@ from __future__ import annotations
 import math
 
 from ..errors import Location, SpecError
-from .tree import Call, Child, Cond, Define, Draw, Item, Lift, MakeRng, ModuleDef, Param, Sequential, Transform, \
-    Variable, WhileLoop
+from .tree import (
+    Call,
+    Child,
+    Cond,
+    Define,
+    Draw,
+    Item,
+    Lift,
+    MakeRng,
+    ModuleDef,
+    Param,
+    Sequential,
+    Transform,
+    Variable,
+    WhileLoop,
+)
 
 # Upper bounds on a whole replay (every repeat multiplied out, `when` ignored). derive's fast path
 # (rngaudit.engine.table) needs about 1 us and 100 bytes per key, so ten million keys are seconds and ~1 GiB.

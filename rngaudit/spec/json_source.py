@@ -6,7 +6,7 @@ import json
 import os
 import re
 
-from ..errors import Location, InputError
+from ..errors import InputError, Location
 from ..gcpause import paused
 
 MAX_BYTES = 512 * 1024 * 1024

@@ -7,8 +7,23 @@ from ..errors import Location, SpecError
 from .draws import parse_draw
 from .fields import Fields, as_int, as_str, suggest, type_name
 from .layers import LAYERS, OPTION_TYPES, make_layer
-from .tree import (PHASES, Call, Child, Cond, Define, Draw, Item, Lift, MakeRng, ModuleDef, Param, Sequential,
-                   Transform, Variable, WhileLoop)
+from .tree import (
+    PHASES,
+    Call,
+    Child,
+    Cond,
+    Define,
+    Draw,
+    Item,
+    Lift,
+    MakeRng,
+    ModuleDef,
+    Param,
+    Sequential,
+    Transform,
+    Variable,
+    WhileLoop,
+)
 from .yaml_source import YNode
 
 MAX_REPEAT = 10_000_000
