@@ -39,9 +39,10 @@ import time
 import tracemalloc
 
 from rngaudit import parse_spec
-from rngaudit.collision.audit import audit, spec_sites
-from rngaudit.engine.hashing import hash_input
+from rngaudit.collision.audit import audit
 from rngaudit.collision.module_paths import load_module_sites
+from rngaudit.collision.spec_sites import spec_sites
+from rngaudit.engine.hashing import hash_input
 
 
 def spec_text(modules: int, per_module: int) -> str:
@@ -122,7 +123,7 @@ def bench_spec(text: str, name: str = "spec", peak: bool = True) -> float:
 def bench_command(modules: int, per_module: int, floor: float) -> None:
     """The whole command in a fresh process, as a user runs it: start-up, YAML, replay, audit, and the
     report written to a file (text, and JSON); best of 3."""
-    print(f"\n[command] rngaudit collisions on the spec, end to end (fresh process, report to a file)")
+    print("\n[command] rngaudit collisions on the spec, end to end (fresh process, report to a file)")
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "bench.yaml")
         with open(path, "w") as f:

@@ -20,9 +20,9 @@ import sys
 import time
 
 from rngaudit import parse_spec
-from rngaudit.engine.table import key_table
 from rngaudit.engine.keys import derive_keys, engine_for
 from rngaudit.engine.replay import replay
+from rngaudit.engine.table import key_table
 
 
 def shapes(sites: int) -> dict[str, str]:

@@ -48,12 +48,11 @@ discarded=False, and, where the spec draws values, value (and label for params).
 """
 from __future__ import annotations
 
-import re
-
 import contextlib
 import functools
 import inspect
 import itertools
+import re
 from dataclasses import dataclass, field
 
 import flax
@@ -66,9 +65,19 @@ from flax.core import axes_scan, lift
 from flax.core.scope import Scope, in_filter, is_filter_empty
 
 from rngaudit.spec import keyexpr
-from rngaudit.spec.tree import (Call, Child, Define, Draw, MakeRng, ModuleDef, Param, Sequential, Spec,
-                            Variable)
 from rngaudit.spec import tree as _nodes
+from rngaudit.spec.tree import (
+    Call,
+    Child,
+    Define,
+    Draw,
+    MakeRng,
+    ModuleDef,
+    Param,
+    Sequential,
+    Spec,
+    Variable,
+)
 
 Transform = getattr(_nodes, "Transform", None)
 Cond = getattr(_nodes, "Cond", None)

@@ -313,8 +313,8 @@ def test_mutated_specs_fail_only_with_our_errors():
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    from rngaudit.errors import RngauditError
     from rngaudit.engine.derive import derive
+    from rngaudit.errors import RngauditError
     from rngaudit.spec.parse import parse_spec
 
     edit = st.tuples(st.sampled_from(["insert", "delete", "copy"]), st.integers(0, 10_000),

@@ -9,18 +9,21 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from flax_oracle import flax_keys
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flax_oracle import flax_keys
 from rngaudit import load_spec, parse_spec, produce_hash
-from rngaudit.collision.audit import (COUNT_MEETS_NAME, SHARED_SEED, UNSPLIT_LANES, SpecSites, audit, audit_spec,
-                                 count_bytes, smallest_counts)
-from rngaudit.engine.hashing import encode_item, hash_input, hash_word
-from rngaudit.spec.json_source import parse_json
+from rngaudit.collision.audit import audit, audit_spec
+from rngaudit.collision.latent import smallest_counts
 from rngaudit.collision.module_paths import ModuleSites
+from rngaudit.collision.results import COUNT_MEETS_NAME, SHARED_SEED, UNSPLIT_LANES
+from rngaudit.collision.sites import count_bytes
+from rngaudit.collision.spec_sites import SpecSites
+from rngaudit.engine.hashing import encode_item, hash_input, hash_word
 from rngaudit.engine.records import Derivation
 from rngaudit.engine.replay import replay
+from rngaudit.spec.json_source import parse_json
 
 REPO = Path(__file__).resolve().parent.parent
 FIX = REPO / "fixtures" / "collisions"
@@ -415,7 +418,7 @@ def test_count_bytes_are_flax_encoding():
 def test_large_specs_check_renames_without_replaying_and_agree(monkeypatch, name):
     """Above REPLAY_LIMIT keys a rename is checked on the hashes alone (exact for explicitly named
     modules); on these fixtures both ways choose the same renames."""
-    import rngaudit.collision.audit as collisions
+    import rngaudit.collision.spec_sites as collisions
 
     replayed = audit_spec(fixture(name))
     monkeypatch.setattr(collisions, "REPLAY_LIMIT", 0)
@@ -425,7 +428,7 @@ def test_large_specs_check_renames_without_replaying_and_agree(monkeypatch, name
 
 
 def test_large_specs_do_not_rename_auto_named_modules(monkeypatch):
-    import rngaudit.collision.audit as collisions
+    import rngaudit.collision.spec_sites as collisions
 
     monkeypatch.setattr(collisions, "REPLAY_LIMIT", 0)
     c, = audit_spec(parse_spec(SHIFT.replace("STREAM", "dropout"), "shift.yaml")).collisions

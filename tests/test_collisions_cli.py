@@ -243,7 +243,7 @@ def test_the_guide_example_starts_without_numpy(tmp_path):
 
 
 def test_large_inputs_use_numpy_and_still_no_jax(tmp_path):
-    from rngaudit.collision.audit import SMALL_SITES
+    from rngaudit.collision.sites import SMALL_SITES
 
     paths = tmp_path / "many.json"
     paths.write_text(json.dumps([f"Block_{i}/Dense_0" for i in range(SMALL_SITES)] + ["ab/cdef", "abc/def"]))

@@ -11,16 +11,20 @@ from pathlib import Path
 import pytest
 from hypothesis import given, reject, settings
 from hypothesis import strategies as st
+from test_collisions import JIT, SHIFT, VMAP, lanes
 
-import rngaudit.collision.audit as collisions
+import rngaudit.collision.sites as collision_sites
+import rngaudit.collision.spec_sites as collision_spec_sites
 from rngaudit import RngauditError, load_spec, parse_spec
-from rngaudit.collision.audit import SpecSites, TableSites, audit
-from rngaudit.output.collisions_json import to_json
-from rngaudit.spec.json_source import load_json, parse_json
+from rngaudit.collision.audit import audit
+from rngaudit.collision.latent import DEFAULT_LATENT_MAX_COUNT
 from rngaudit.collision.module_paths import ModuleSites
+from rngaudit.collision.results import CONCATENATION, HASH_WORD
+from rngaudit.collision.spec_sites import SpecSites, TableSites, spec_sites
 from rngaudit.engine.refs import RootKey
 from rngaudit.engine.replay import replay
-from test_collisions import JIT, SHIFT, VMAP, lanes
+from rngaudit.output.collisions_json import to_json
+from rngaudit.spec.json_source import load_json, parse_json
 
 REPO = Path(__file__).resolve().parent.parent
 SPECS = sorted([*REPO.glob("fixtures/collisions/*.yaml"), *REPO.glob("fixtures/guide/*.yaml"),
@@ -29,8 +33,8 @@ JSONS = [REPO / "fixtures" / "collisions" / name for name in ("paths.json", "par
 LISTS, ARRAYS = 10**12, 0  # SMALL_SITES that puts every input on one path
 
 
-def report(make, small_sites: int, monkeypatch, latent_max_count: int = collisions.DEFAULT_LATENT_MAX_COUNT) -> str:
-    monkeypatch.setattr(collisions, "SMALL_SITES", small_sites)
+def report(make, small_sites: int, monkeypatch, latent_max_count: int = DEFAULT_LATENT_MAX_COUNT) -> str:
+    monkeypatch.setattr(collision_sites, "SMALL_SITES", small_sites)
     sites = make()
     assert sites.vectorised is (small_sites == ARRAYS)
     return json.dumps(to_json([audit(sites, latent_max_count)]), sort_keys=True, indent=1)
@@ -53,7 +57,7 @@ def spec_variants(spec):
 def check_spec(spec, monkeypatch, rows=None) -> None:
     """Lists, arrays, and arrays from derive's fast path (TableSites): one report."""
     for _, s, opts in spec_variants(spec):
-        monkeypatch.setattr(collisions, "REPLAY_LIMIT", opts.get("replay_limit", 20_000))
+        monkeypatch.setattr(collision_spec_sites, "REPLAY_LIMIT", opts.get("replay_limit", 20_000))
         text = assert_same(lambda: SpecSites(s, keys=opts.get("keys", True), rows=rows if s is spec else None),
                            monkeypatch)
         if rows is None:
@@ -161,7 +165,7 @@ NAMES = st.text(alphabet="ab1\x00\x01\x02", max_size=3)
 
 
 @given(st.lists(st.tuples(st.lists(NAMES, max_size=3).map(tuple), st.integers(1, 3)), min_size=1, max_size=8),
-       st.booleans(), st.sampled_from([0, 600, collisions.DEFAULT_LATENT_MAX_COUNT]))
+       st.booleans(), st.sampled_from([0, 600, DEFAULT_LATENT_MAX_COUNT]))
 @settings(max_examples=150, deadline=None)
 def test_random_module_paths(modules, separator, bound):
     """Random paths drawing a few keys each (collisions, latent pairs and renames of every kind)."""
@@ -209,11 +213,11 @@ def test_a_rename_that_would_meet_other_keys_by_chance_is_not_tried():
             - module: {class: N, name: ab, body: [{module: {class: L, name: cdef, body: [make_rng]}}]}
             - module: {class: N, name: abc, body: [{module: {class: L, name: def, body: [make_rng]}}]}
         """), "big.yaml")
-    a = audit(collisions.spec_sites(spec))
+    a = audit(spec_sites(spec))
     big = [c for c in a.collisions if any(s.path == ("filler",) for s in c.sites)]
     assert big, "expected class-3 collisions among the filler's 250,000 keys"
     for c in big:
-        assert c.collision_class == collisions.HASH_WORD
+        assert c.collision_class == HASH_WORD
         assert c.renames == () and "is not tried" in c.rename_note
-    small = [c for c in a.collisions if c.collision_class == collisions.CONCATENATION]
+    small = [c for c in a.collisions if c.collision_class == CONCATENATION]
     assert small and all(c.renames for c in small)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rngaudit.cli.root import app
 from rngaudit.cli.config import find_pyproject, key_positions, load
+from rngaudit.cli.root import app
 
 REPO = Path(__file__).resolve().parent.parent
 SHARP = REPO / "fixtures" / "collisions" / "sharp_edge.yaml"

@@ -6,8 +6,8 @@ import textwrap
 import flax.linen as nn
 import jax
 import pytest
-
 from flax_oracle import capture, check_against_flax, flax_keys, flax_settings
+
 from rngaudit import derive, parse_spec
 
 

@@ -10,11 +10,11 @@ import os
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_property import specs, transform_specs
 
 from rngaudit import FlaxError, SpecError, load_spec, parse_spec
 from rngaudit.engine.derive import derive
 from rngaudit.output.derive_json import to_json
-from test_property import specs, transform_specs
 
 EXAMPLES = int(os.environ.get("RNGAUDIT_FASTPATH_EXAMPLES", "150"))
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -166,8 +166,9 @@ def test_collisions_on_the_fast_path(text, keys):
     built from the plain path's Derivations (SpecSites, NumPy columns) on random models."""
     import json
 
-    import rngaudit.collision.audit as collisions
-    from rngaudit.collision.audit import SpecSites, TableSites, audit
+    import rngaudit.collision.sites as collisions
+    from rngaudit.collision.audit import audit
+    from rngaudit.collision.spec_sites import SpecSites, TableSites
     from rngaudit.output.collisions_json import to_json as collisions_json
 
     spec = parse_spec(text, "<hypothesis>")

@@ -4,10 +4,9 @@ from __future__ import annotations
 import pathlib
 
 import pytest
+from flax_oracle import check_against_flax
 
 from rngaudit import load_spec
-
-from flax_oracle import check_against_flax
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SPECS = sorted((ROOT / "fixtures").rglob("*.yaml")) + sorted((ROOT / "rngaudit" / "examples").glob("*.yaml"))

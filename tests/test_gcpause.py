@@ -8,10 +8,11 @@ import json
 import pytest
 
 from rngaudit import parse_spec
-from rngaudit.collision.audit import audit, spec_sites
+from rngaudit.collision.audit import audit
+from rngaudit.collision.module_paths import load_module_sites
+from rngaudit.collision.spec_sites import spec_sites
 from rngaudit.engine.table import key_table
 from rngaudit.gcpause import paused
-from rngaudit.collision.module_paths import load_module_sites
 
 SPEC = """
 rngaudit: 1

@@ -4,7 +4,6 @@ output is recorded again with `python3 tests/golden/cases.py --write` (and said 
 from __future__ import annotations
 
 import pytest
-
 from golden.cases import differences, generated, load_manifest, run_all
 
 

@@ -118,9 +118,9 @@ def test_derive_cli_reproduces_guide_keys_in_json():
 # guide for those cells (the guide was run on an older JAX), so these fixtures are checked
 # against what real Flax gives today, running the guide's own code.
 def _guide_jit_and_shard_map():
+    import flax.linen as nn
     import jax
     import jax.numpy as jnp
-    import flax.linen as nn
 
     class Model(nn.Module):
         @nn.compact

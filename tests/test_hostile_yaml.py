@@ -13,7 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from rngaudit.shard.request import SpecTarget, make_request, request_from_json, request_json
+from rngaudit.shard.request import (
+    SpecTarget,
+    make_request,
+    request_from_json,
+    request_json,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 MAX_SECONDS = 15.0  # wall time, interpreter start included, on a busy 2-core machine

@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
 
-from rngaudit.spec import keyexpr  # noqa: E402
 from rngaudit.engine import threefry  # noqa: E402
-from rngaudit.errors import Location, SpecError  # noqa: E402
-from rngaudit.spec.keyexpr import FoldIn, Raw, Seed, Split  # noqa: E402
 from rngaudit.engine.keys import KeyEngine  # noqa: E402
+from rngaudit.errors import Location, SpecError  # noqa: E402
+from rngaudit.spec import keyexpr  # noqa: E402
+from rngaudit.spec.keyexpr import FoldIn, Raw, Seed, Split  # noqa: E402
 from rngaudit.spec.parse import parse_spec  # noqa: E402
 
 IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from rngaudit import load_spec
-from rngaudit.spec.keyexpr import FoldIn, Raw, Split
 from rngaudit.engine.keys import derive_keys, derive_keys_exact
 from rngaudit.engine.replay import replay
+from rngaudit.spec.keyexpr import FoldIn, Raw, Split
 
 REPO = Path(__file__).resolve().parent.parent
 SPECS = sorted([*REPO.glob("fixtures/collisions/*.yaml"), *REPO.glob("fixtures/guide/*.yaml"),

@@ -9,13 +9,13 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import pytest
-
 from flax_oracle import capture, key_words
+
 from rngaudit import produce_hash
 from rngaudit.collision.audit import audit
-from rngaudit.errors import SpecError
-from rngaudit.spec.json_source import parse_json
 from rngaudit.collision.module_paths import ModuleSites, load_module_sites, parse_path
+from rngaudit.errors import InputError
+from rngaudit.spec.json_source import parse_json
 
 REPO = Path(__file__).resolve().parent.parent
 FIX = REPO / "fixtures" / "collisions"
@@ -131,7 +131,7 @@ def test_params_tree_dumped_from_real_flax(tmp_path):
     ("a/b", "not a string", (1, 1)),
 ])
 def test_bad_inputs_say_where(value, message, where):
-    with pytest.raises(SpecError) as e:
+    with pytest.raises(InputError) as e:
         sites_of(value)
     assert message in e.value.message
     assert (e.value.location.line, e.value.location.col) == where

@@ -5,10 +5,10 @@ import os
 from dataclasses import dataclass
 
 import yaml
+from flax_oracle import OracleUnsupported, check_against_flax
 from hypothesis import HealthCheck, event, given, reject, settings
 from hypothesis import strategies as st
 
-from flax_oracle import OracleUnsupported, check_against_flax
 from rngaudit import parse_spec
 
 EXAMPLES = int(os.environ.get("RNGAUDIT_HYPOTHESIS_EXAMPLES", "60"))

@@ -19,16 +19,24 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from rngaudit.shard.arrays import compare
-from rngaudit.shard.devices import partition_for
-from rngaudit.shard.request import (FnTarget, SpecTarget, make_request, parse_fn_target, parse_mesh, parse_shape,
-                                    request_from_json, request_json)
-from rngaudit.shard.runner import child_env
-from rngaudit.shard.worker import run_here
 from rngaudit.cli.root import _console_text, app
 from rngaudit.errors import UsageError, UserCodeError
 from rngaudit.output.text_shard import render_shard
+from rngaudit.shard.arrays import compare
+from rngaudit.shard.devices import partition_for
 from rngaudit.shard.report import from_json, to_json
+from rngaudit.shard.request import (
+    FnTarget,
+    SpecTarget,
+    make_request,
+    parse_fn_target,
+    parse_mesh,
+    parse_shape,
+    request_from_json,
+    request_json,
+)
+from rngaudit.shard.runner import child_env
+from rngaudit.shard.worker import run_here
 
 REPO = Path(__file__).resolve().parent.parent
 SHARD = REPO / "fixtures" / "shard"

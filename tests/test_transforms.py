@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from flax_oracle import check_against_flax, flax_keys, flax_settings
+
 from rngaudit import derive, load_spec, parse_spec
 
 GUIDE = Path(__file__).resolve().parent.parent / "fixtures" / "guide"

@@ -500,8 +500,10 @@ def collisions(
         max_spec_mib=max_spec_mib, max_yaml_nodes=max_yaml_nodes))
 
     def go():
-        from ..collision.audit import DEFAULT_LATENT_MAX_COUNT, audit, spec_sites
+        from ..collision.audit import audit
+        from ..collision.latent import DEFAULT_LATENT_MAX_COUNT
         from ..collision.module_paths import ModuleSites, is_spec
+        from ..collision.spec_sites import spec_sites
         from ..output.collisions_json import to_json
         from ..output.findings import (
             COLLISION_RULES,

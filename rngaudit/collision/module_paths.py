@@ -5,10 +5,11 @@ import hashlib
 import sys
 
 from ..engine.hashing import hash_input
-from ..errors import Location, SpecError
+from ..errors import InputError, Location
 from ..gcpause import paused
 from ..spec.json_source import JsonDoc, load_json
-from .audit import CallSite, RenameTarget, Sites, count_bytes, vectorised
+from .results import CallSite
+from .sites import RenameTarget, Sites, count_bytes, vectorised
 
 STREAM = "params"
 BASE = "rngs['params']"
@@ -63,7 +64,7 @@ class ModuleSites(Sites):
             self.input_kind = "params_tree"
             self._from_tree(value)
         else:
-            raise SpecError(f"expected a list of module paths or a params tree (an object), not {_type(value)}",
+            raise InputError(f"expected a list of module paths or a params tree (an object), not {_type(value)}",
                             Location(doc.file, 1, 1))
         self.doc = JsonDoc(doc.file, doc.text, None)  # locations come from the text; drop the parsed value
 
@@ -88,7 +89,7 @@ class ModuleSites(Sites):
 
     def _from_paths(self, entries: list) -> None:
         if len(entries) > MAX_SITES:
-            raise SpecError(f"more than {MAX_SITES} entries", Location(self.doc.file, 1, 1))
+            raise InputError(f"more than {MAX_SITES} entries", Location(self.doc.file, 1, 1))
         path_ids = self._path_ids
         paths, prefix, first = self.paths, self._prefix, []
         sep = self.separator
@@ -102,7 +103,7 @@ class ModuleSites(Sites):
                 path = tuple(entry)
             else:
                 where = self.doc.locate([(k,)]).get((k,), Location(self.doc.file, 1, 1))
-                raise SpecError(f"entry {k}: a module path is a string \"a/b/c\" or a list of names "
+                raise InputError(f"entry {k}: a module path is a string \"a/b/c\" or a list of names "
                                 f"[\"a\", \"b\", \"c\"], not {_type(entry)}", where)
             pid = path_ids.get(path)
             if pid is None:
@@ -142,7 +143,7 @@ class ModuleSites(Sites):
                     pids.append(pid)
                     counts.append(len(leaves))
             if len(pids) > MAX_SITES:
-                raise SpecError(f"more than {MAX_SITES} params", Location(self.doc.file, 1, 1))
+                raise InputError(f"more than {MAX_SITES} params", Location(self.doc.file, 1, 1))
             stack.extend(reversed(children))
         self._columns(pids, counts)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from .. import __version__
-from ..collision.audit import (
+from ..collision.results import (
     Audit,
     CallSite,
     Collision,

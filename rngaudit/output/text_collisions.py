@@ -9,7 +9,7 @@ from rich.cells import cell_len
 from rich.console import Console
 from rich.text import Text
 
-from ..collision.audit import (
+from ..collision.results import (
     COUNT_MEETS_NAME,
     SHARED_KEY,
     SHARED_SEED,

@@ -13,7 +13,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
-
 from test_property import specs, transform_specs  # noqa: E402
 
 

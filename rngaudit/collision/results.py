@@ -1,0 +1,170 @@
+"""The results of `collisions`: the call sites that share a key, why, and the fixes checked, per input."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ..errors import Location
+
+# The collision classes (issue 4). 1-3 are decided by hashing alone; 4 needs key data.
+CONCATENATION = 1  # identical hash input from different string items
+COUNT_MEETS_NAME = 2  # identical hash input where an integer count meets string bytes
+HASH_WORD = 3  # different hash inputs, identical 32-bit SHA-1 word, same base key
+SHARED_KEY = 4  # identical keys from different base keys, streams or lanes
+
+CATEGORIES = {
+    CONCATENATION: "concatenation",
+    COUNT_MEETS_NAME: "count_meets_name",
+    HASH_WORD: "hash_word",
+}
+SHARED_SEED = "shared_seed"  # class 4, failing: streams (or bases) seeded with the same key
+UNSPLIT_LANES = "unsplit_lanes"  # class 4, information: the lanes of one call share a key (split_rngs false)
+
+
+@dataclass(frozen=True)
+class CallSite:
+    """One key request: where it comes from, what Flax hashes for it, and the key it gets."""
+
+    index: int
+    path: tuple[str, ...]
+    stream_requested: str
+    stream: str
+    count: int
+    lane: tuple[int, ...]
+    base: str
+    kind: str
+    label: str | None
+    hash_items: tuple
+    hash_input: bytes
+    hash_word: int
+    key: tuple[int, ...] | None
+    location: Location
+
+    @property
+    def path_str(self) -> str:
+        return "/".join(self.path) if self.path else "(root)"
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def frozen_record(cls, *values):
+    """cls(*values) for a frozen dataclass of plain fields, without its __setattr__ per field: a large
+    report describes tens of thousands of call sites."""
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    obj = object.__new__(cls)
+    obj.__dict__.update(zip(names, values))
+    return obj
+
+
+@dataclass(frozen=True)
+class HashInput:
+    """The call sites of a finding that hash exactly the same bytes."""
+
+    data: bytes
+    word: int
+    key: tuple[int, ...] | None  # None when key data was not computed (hash-only run)
+    sites: tuple[CallSite, ...]
+
+
+@dataclass(frozen=True)
+class SeparatorCheck:
+    """Whether `fix_rng_separator: true` removes a finding, found by recomputing the keys with it."""
+
+    flag: bool  # the model's fix_rng_separator now
+    removes: bool | None  # None: the flag is on already, or the keys could not be recomputed
+    detail: str
+    keys_in_model: int  # every one of them changes when the flag flips
+
+
+@dataclass(frozen=True)
+class Rename:
+    """An explicit `name:` for one module, verified to remove the finding without creating a new one."""
+
+    path: tuple[str, ...]  # the module's path now
+    new_name: str
+    module_class: str | None
+    explicit: bool  # the module has an explicit name now (else Flax auto-names it)
+    location: Location | None  # where the module is written
+    keys_changed: int  # call sites whose key the rename changes (every stream)
+    note: str = ""  # what else changes, e.g. later auto-named modules that Flax then names differently
+
+    @property
+    def old_name(self) -> str:
+        return self.path[-1]
+
+    @property
+    def path_str(self) -> str:
+        return "/".join(self.path)
+
+
+@dataclass(frozen=True)
+class Collision:
+    """Distinct call sites that end with one identical key."""
+
+    collision_class: int
+    category: str
+    failing: bool
+    inputs: tuple[HashInput, ...]  # grouped by key and hashed bytes, in order of first call
+    separator: SeparatorCheck
+    renames: tuple[Rename, ...]  # () when no rename helps or none could be verified
+    rename_note: str
+
+    @property
+    def sites(self) -> tuple[CallSite, ...]:
+        return tuple(sorted((s for h in self.inputs for s in h.sites), key=lambda s: s.index))
+
+    @property
+    def keys(self) -> tuple[tuple[int, ...] | None, ...]:
+        """The distinct keys the call sites share (one, except for class 4 across several keys)."""
+        return tuple(dict.fromkeys(h.key for h in self.inputs))
+
+
+@dataclass(frozen=True)
+class LatentPartner:
+    """A longer path that collides with a latent finding's path once the counts meet."""
+
+    site: CallSite  # its first call site
+    max_count: int  # the highest count it reaches now
+    counts: tuple[int, int]  # the smallest colliding counts: (short path's, this path's)
+    data: bytes  # the bytes both would hash at those counts
+    separator_counts: tuple[int, int] | None  # the same with fix_rng_separator flipped; None: never
+
+
+@dataclass(frozen=True)
+class LatentCollision:
+    """A module path whose keys would equal those of other paths if it drew more keys."""
+
+    site: CallSite  # the first call site of the short path
+    max_count: int
+    partners: tuple[LatentPartner, ...]
+    separator: SeparatorCheck
+    renames: tuple[Rename, ...]
+    rename_note: str
+
+
+@dataclass(frozen=True)
+class Audit:
+    """Every collision and latent collision of one input (a spec, or a JSON file of module paths)."""
+
+    source: str
+    input_kind: str  # spec | paths | params_tree
+    call_sites: int
+    fix_rng_separator: bool
+    prng_impl: str | None
+    keys_checked: bool  # class 4 needs key data; False for hash-only runs and JSON inputs
+    latent_max_count: int
+    collisions: tuple[Collision, ...]
+    latent: tuple[LatentCollision, ...]
+
+    @property
+    def failing(self) -> int:
+        return sum(1 for c in self.collisions if c.failing)
+
+    @property
+    def info(self) -> int:
+        return sum(1 for c in self.collisions if not c.failing)
+
+
