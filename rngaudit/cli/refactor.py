@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from ..errors import SpecError
+from ..errors import UsageError
 from .root import (
     _CONFIG,
     _EXIT_ZERO,
@@ -62,7 +62,8 @@ def capture(
         ctx, "capture", config, inputs=inputs, rngs=rngs, phase=phase, method=method, fmt=fmt, exit_zero=exit_zero)
 
     def go():
-        from ..refactor.capture import capture_to_json, run_capture
+        from ..refactor.capture import run_capture
+        from ..refactor.keys_file import capture_to_json
 
         cap, spec_text = run_capture(target, list(inputs or ()), rngs, phase.value, method)
         doc = capture_to_json(cap, output if fmt is not Format.json else None)
@@ -98,15 +99,18 @@ def verify(
         max_spec_mib=max_spec_mib, max_yaml_nodes=max_yaml_nodes)
 
     def go():
-        from ..refactor.capture import load_sites, observe
-        from ..refactor.compare import VERIFY_RULES, findings, render_text, to_json
+        from ..output.compare_json import to_json
+        from ..output.findings import VERIFY_RULES, compare_findings
+        from ..output.text_compare import render_text
+        from ..refactor.capture import observe
         from ..refactor.compare import verify as run_verify
+        from ..refactor.keys_file import load_sites
         from ..spec.parse import load_spec
 
         ours = load_sites(spec)
         if against.lower().endswith(".json"):
             if inputs or rngs or method:
-                raise SpecError("--input, --rngs and --method apply to a TARGET, not to a keys file")
+                raise UsageError("--input, --rngs and --method apply to a TARGET, not to a keys file")
             theirs = load_sites(against)
         else:
             seeds = rngs
@@ -115,12 +119,12 @@ def verify(
                 try:
                     seeds = {k: int(src.text) for k, src in s.rngs.items()}
                 except ValueError:
-                    raise SpecError(f"{spec}: its rngs are not all integer seeds; give --rngs STREAM=SEED,... for "
+                    raise UsageError(f"{spec}: its rngs are not all integer seeds; give --rngs STREAM=SEED,... for "
                                     "the TARGET") from None
             theirs, _, _ = observe(against, list(inputs or ()), seeds, ours.phase, method)
         cmp = run_verify(ours, theirs)
         _emit(fmt, output, "verify", json_doc=lambda: to_json(cmp), render=_text(render_text(cmp)),
-              findings=lambda: findings(cmp), rules=VERIFY_RULES)
+              findings=lambda: compare_findings(cmp), rules=VERIFY_RULES)
         _finish(cmp.failing, exit_zero)
 
     _run(go, spec_limits=(max_spec_mib, max_yaml_nodes))
@@ -144,13 +148,15 @@ def diff(
         ctx, "diff", config, fmt=fmt, exit_zero=exit_zero, max_spec_mib=max_spec_mib, max_yaml_nodes=max_yaml_nodes)
 
     def go():
-        from ..refactor.capture import load_sites
-        from ..refactor.compare import DIFF_RULES, findings, render_text, to_json
+        from ..output.compare_json import to_json
+        from ..output.findings import DIFF_RULES, compare_findings
+        from ..output.text_compare import render_text
         from ..refactor.compare import diff as run_diff
+        from ..refactor.keys_file import load_sites
 
         cmp = run_diff(load_sites(old), load_sites(new))
         _emit(fmt, output, "diff", json_doc=lambda: to_json(cmp), render=_text(render_text(cmp)),
-              findings=lambda: findings(cmp), rules=DIFF_RULES)
+              findings=lambda: compare_findings(cmp), rules=DIFF_RULES)
         _finish(cmp.failing, exit_zero)
 
     _run(go, spec_limits=(max_spec_mib, max_yaml_nodes))

@@ -5,9 +5,13 @@ import ast
 import os
 import sys
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from ..errors import Location
+
+if TYPE_CHECKING:
+    from ..refactor.compare import Comparison, Entry
+    from ..refactor.keys_file import Site
 
 ERROR, WARNING, NOTE = "error", "warning", "note"  # SARIF levels; `github` maps them to ::error/::warning/::notice
 
@@ -235,3 +239,83 @@ def report_path(file: str) -> str:
         if not rel.startswith(os.pardir):
             return rel
     return file
+
+
+# ---------------------------------------------------------------- verify and diff
+DIFF_RULES = (
+    Rule("diff/changed", "KeyChanged", "a call site receives a different key than before",
+         "The site (path, stream, count, lane) still exists but its key moved: a new or removed nn.jit fork "
+         "above it, a different split, a different root key or setting. The finding says why and how to fix it."),
+    Rule("diff/new", "NewCallSite", "a call site that did not exist before",
+         "Often one half of a module move (a rename, an inserted auto-named module, a new transform): give the "
+         "module its old name to get the old keys back."),
+    Rule("diff/gone", "GoneCallSite", "a call site that no longer exists",
+         "Often the other half of a module move; the finding names where its keys went."),
+)
+VERIFY_RULES = (
+    Rule("verify/differs", "KeyDiffers", "the spec's key differs from the key Flax hands out",
+         "The spec no longer describes the model: capture it again, or fix the spec statement."),
+    Rule("verify/missing", "MissingInSpec", "Flax hands out a key the spec has no call site for",
+         "Add the statement to the spec (or capture it again)."),
+    Rule("verify/extra", "ExtraInSpec", "the spec replays a key Flax never hands out",
+         "Remove the statement from the spec (or capture it again)."),
+)
+
+
+def _nearest(sites: list[Site], path: tuple):
+    """The located site whose module path shares the longest prefix with `path` (ties: the first)."""
+    best, depth = None, -1
+    for t in sites:
+        if t.location is None:
+            continue
+        n = 0
+        while n < min(len(t.path), len(path)) and t.path[n] == path[n]:
+            n += 1
+        if n > depth:
+            best, depth = t, n
+    return best
+
+
+def _where(cmp: Comparison, e: Entry):
+    """Where a finding points: the NEW file's row for diff, the spec's row for verify; a site that file does
+    not have points at the row of the nearest module there (and says so); a file without rows at 1:1."""
+    cap, site = (cmp.new, e.new) if cmp.kind == "diff" else (cmp.old, e.old)
+    file = cmp.new_name if cmp.kind == "diff" else cmp.old_name
+    if site is not None and site.location is not None:
+        return site.location, ""
+    near = _nearest(cap.sites, e.site.path) if cap is not None else None
+    if near is not None:
+        return near.location, f" [{file} has no such call site; shown at {near.path_str} {near.stream} count {near.count}]"
+    return Location(file, 1, 1), f" [{file} has no line for this call site]"
+
+
+def compare_findings(cmp: Comparison) -> list[Finding]:
+    """Every failing entry as a findings.Finding (for the github and sarif formats), at the spec line of
+    the call site's statement, or the keys file's record."""
+    out = []
+    bad = ("changed", "new", "gone") if cmp.kind == "diff" else ("differs", "missing", "extra")
+    if any(e.status in bad for e in cmp.entries):
+        for cap in (cmp.old, cmp.new):
+            if cap is not None:
+                cap.locate()
+    for e in cmp.entries:
+        if e.status not in bad:
+            continue
+        s = e.site
+        lane = f" lane {list(s.lane)}" if s.lane else ""
+        label = f" ({s.label})" if s.label else ""
+        msg = f"{e.status}: {s.path_str} {s.stream} count {s.count}{lane}{label}"
+        old = list(e.old.key) if e.old is not None and e.old.key is not None else None
+        new = list(e.new.key) if e.new is not None and e.new.key is not None else None
+        if e.status in ("changed", "differs"):
+            msg += f": key {old} -> {new}"
+        if e.why:
+            msg += f": {'; '.join(e.why)}"
+        if e.fix:
+            msg += f". Fix: {e.fix}"
+        where, note = _where(cmp, e)
+        related = ()
+        if cmp.kind == "diff" and e.old is not None and e.old.location is not None and e.new is None:
+            related = ((e.old.location, f"{s.path_str} in {cmp.old_name}"),)
+        out.append(Finding(f"{cmp.kind}/{e.status}", ERROR, msg + note, where, related))
+    return out

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import yaml
 
-from ..errors import SpecError
+from ..errors import UnsupportedError
 
 _CLASS_PREFIX = {"vmap": "Vmap", "scan": "Scan", "jit": "Jit", "remat": "Checkpoint", "fold_rngs": "Fold_rngs",
                  "map_variables": "Map_variables"}
@@ -23,7 +23,7 @@ def _is_flow(x) -> bool:
     return _kind(x) == "LiftNode" and x.kind in _FLOW
 
 
-class _Unsupported(SpecError):
+class _Unsupported(UnsupportedError):
     pass
 
 
@@ -303,12 +303,12 @@ def build_spec(rec, root_cls: str, phase: str, seeds: dict, settings: dict, targ
     # init(...) may first call a wrapper method that does nothing at the root's scope
     roots = [x for x in roots if x.items] or roots
     if not roots:
-        raise SpecError(f"capture of {target}: the model's {phase} called no module method")
+        raise UnsupportedError(f"capture of {target}: the model's {phase} called no module method")
     b = _Builder(rec, phase)
     try:
         model = b.module(roots[0], None)
     except _Unsupported as e:
-        raise SpecError(f"capture of {target}: {e.message}; no spec was written") from None
+        raise UnsupportedError(f"capture of {target}: {e.message}; no spec was written") from None
     model = model["module"] if "module" in model else model
     doc = {
         "rngaudit": 1,

@@ -1,0 +1,151 @@
+"""The keys a run hands out, as call sites (`Site`, `Capture`), from a capture, a keys file (format
+`rngaudit.capture` version 1) or a spec's derivation."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .. import __version__
+from ..errors import InputError
+
+CAPTURE_FORMAT = "rngaudit.capture"
+CAPTURE_FORMAT_VERSION = 1
+
+
+@dataclass
+class Site:
+    """One key a call site received: where (path, stream, count, lane), what asked, and the key data."""
+
+    path: tuple[str, ...]
+    requested: str
+    stream: str
+    count: int
+    lane: tuple[int, ...]
+    key: tuple[int, ...] | None
+    kind: str = "make_rng"
+    label: str | None = None
+    context: tuple[str, ...] = ()  # the transforms around it, outermost first, e.g. ("scan", "jit")
+    location: object = None  # a spec's row: the Location of the statement that draws the key
+
+    @property
+    def ident(self) -> tuple:
+        return (self.path, self.stream, self.count, self.lane)
+
+    @property
+    def path_str(self) -> str:
+        return "/".join(self.path) if self.path else "(root)"
+
+    def as_json(self) -> dict:
+        return {"path": list(self.path), "path_str": self.path_str, "stream_requested": self.requested,
+                "stream": self.stream, "count": self.count, "lane": list(self.lane),
+                "key": list(self.key) if self.key is not None else None, "kind": self.kind, "label": self.label,
+                "context": list(self.context)}
+
+
+@dataclass
+class Capture:
+    """What a capture observed: the settings, the sites and the modules (path, class, how it was named)."""
+
+    target: str
+    phase: str
+    rngs: dict  # stream -> seed
+    settings: dict  # fix_rng_separator, prng_impl, threefry_partitionable
+    sites: list[Site]
+    modules: dict = field(default_factory=dict)  # path tuple -> {"class", "naming", "fields"}
+    versions: dict = field(default_factory=dict)
+    source: object = None  # a keys file's JsonDoc: where each record is, found on request
+
+    def locate(self) -> None:
+        """Give each site of a keys file the line:col of its record (one pass over the file)."""
+        if self.source is None or all(s.location is not None for s in self.sites):
+            return
+        where = self.source.locate([("calls", i) for i in range(len(self.sites))])
+        for i, s in enumerate(self.sites):
+            if s.location is None:
+                s.location = where.get(("calls", i))
+
+
+def spec_sites(spec) -> list[Site]:
+    """derive's keys that exist at run time, as sites."""
+    from ..engine.derive import derive
+
+    report = derive(spec, values=False)
+    out = []
+    for c in report.calls:
+        d = c.derivation
+        if d.discarded:
+            continue
+        out.append(Site(tuple(d.path), d.stream_requested, d.stream, d.count, tuple(d.lane),
+                        tuple(c.key) if c.key is not None else None, d.kind, d.label, _context(d), d.location))
+    return out
+
+
+def _context(d) -> tuple[str, ...]:
+    base = str(d.base)
+    out = []
+    if "key of #" in base:
+        out.append("jit")
+    if "split(" in base:
+        out.append("split")
+    return tuple(out)
+
+
+def capture_to_json(cap: Capture, spec_file: str | None = None) -> dict:
+    return {
+        "format": CAPTURE_FORMAT, "format_version": CAPTURE_FORMAT_VERSION, "rngaudit_version": __version__,
+        "target": cap.target, "phase": cap.phase, "spec": spec_file,
+        "versions": dict(cap.versions),
+        "flax": {"fix_rng_separator": cap.settings["fix_rng_separator"]},
+        "jax": {"prng_impl": cap.settings["prng_impl"],
+                "threefry_partitionable": cap.settings["threefry_partitionable"]},
+        "rngs": {s: cap.rngs[s] for s in sorted(cap.rngs)},
+        "modules": [{"path": list(p), "path_str": "/".join(p) if p else "(root)", **m}
+                    for p, m in cap.modules.items()],  # creation order: diff pairs modules by it
+        "calls": [dict(s.as_json(), index=i) for i, s in enumerate(cap.sites)],
+        "summary": {"calls": len(cap.sites), "modules": len(cap.modules)},
+    }
+
+
+def is_capture_json(doc) -> bool:
+    return isinstance(doc, dict) and doc.get("format") == CAPTURE_FORMAT
+
+
+def capture_from_json(doc: dict, file: str, source=None) -> Capture:
+    """A keys file written by `capture --keys`; every field checked."""
+    if doc.get("format_version") != CAPTURE_FORMAT_VERSION:
+        raise InputError(f"{file}: capture format version {doc.get('format_version')!r} is not supported "
+                        f"(this rngaudit reads version {CAPTURE_FORMAT_VERSION})")
+    try:
+        sites = []
+        for c in doc["calls"]:
+            sites.append(Site(tuple(str(p) for p in c["path"]), str(c["stream_requested"]), str(c["stream"]),
+                              int(c["count"]), tuple(int(i) for i in c["lane"]),
+                              tuple(int(w) for w in c["key"]) if c.get("key") is not None else None,
+                              str(c.get("kind", "make_rng")), c.get("label"), tuple(c.get("context", ()))))
+        modules = {tuple(m["path"]): {"class": m["class"], "naming": m["naming"], "fields": m.get("fields", "")}
+                   for m in doc.get("modules", ())}
+        settings = {"fix_rng_separator": bool(doc["flax"]["fix_rng_separator"]),
+                    "prng_impl": str(doc["jax"]["prng_impl"]),
+                    "threefry_partitionable": bool(doc["jax"]["threefry_partitionable"])}
+        return Capture(str(doc.get("target", file)), str(doc.get("phase", "init")), dict(doc.get("rngs", {})),
+                       settings, sites, modules, dict(doc.get("versions", {})), source)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise InputError(f"{file}: not a valid {CAPTURE_FORMAT} file ({type(e).__name__}: {e}); write it with "
+                        "`rngaudit capture TARGET --keys FILE`") from None
+
+
+def load_sites(path: str) -> Capture:
+    """A spec (derived) or a capture keys file, as sites."""
+    from ..spec.json_source import load_json
+    from ..spec.parse import load_spec
+
+    if path.lower().endswith(".json"):
+        doc = load_json(path)
+        if is_capture_json(doc.value):
+            cap = capture_from_json(doc.value, path, doc)
+            cap.target = path  # reports name (and annotate) the file given
+            return cap
+    spec = load_spec(path)
+    settings = {"fix_rng_separator": spec.fix_rng_separator, "prng_impl": spec.prng_impl,
+                "threefry_partitionable": spec.threefry_partitionable}
+    rngs = {s: src.text for s, src in spec.rngs.items()}
+    return Capture(path, spec.phase, rngs, settings, spec_sites(spec), {})

@@ -1,0 +1,159 @@
+"""capture's TARGET and options: `FILE.py:FACTORY` or `package.module:FACTORY` parsed and the user's module built
+(with its example arguments, or --input ones), and --rngs parsed."""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import re
+import sys
+from dataclasses import dataclass
+
+from ..errors import RngauditError, UsageError, UserCodeError
+
+_DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64", "i32": "int32",
+           "i64": "int64", "u32": "uint32", "i8": "int8", "u8": "uint8", "bool": "bool",
+           "float32": "float32", "float16": "float16", "bfloat16": "bfloat16", "int32": "int32"}
+_IDENT = r"[A-Za-z_]\w*"
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One argument of init/apply: `f32[4,8]` (ones of that shape), positional or `name=`."""
+
+    name: str | None
+    dtype: str
+    shape: tuple[int, ...]
+    text: str
+
+
+@dataclass(frozen=True)
+class Target:
+    text: str
+    file: str | None
+    module: str | None
+    attr: str
+
+
+def parse_target(text: str) -> Target:
+    """`path/to/file.py:make_model` or `package.module:make_model`."""
+    where, colon, attr = text.rpartition(":")
+    usage = "write FILE.py:FACTORY or package.module:FACTORY, e.g. model.py:make_model"
+    if not colon or not where or not re.fullmatch(rf"{_IDENT}(\.{_IDENT})*", attr):
+        raise UsageError(f"TARGET {text!r}: {usage}")
+    if where.endswith(".py") or "/" in where or os.sep in where:
+        if not os.path.isfile(where):
+            raise UserCodeError(f"TARGET {text}: no such file {where!r}")
+        return Target(text, where, None, attr)
+    if not re.fullmatch(rf"{_IDENT}(\.{_IDENT})*", where):
+        raise UsageError(f"TARGET {text!r}: {where!r} is neither a .py file nor a module name; {usage}")
+    return Target(text, None, where, attr)
+
+
+def parse_input(text: str) -> InputSpec:
+    """`f32[4,8]`, `x=f32[4,8]`, `i32[2]`, `f32[]`."""
+    m = re.fullmatch(rf"\s*(?:({_IDENT})\s*=\s*)?(\w+)\[([\d,\s]*)\]\s*", text)
+    if not m or m.group(2) not in _DTYPES:
+        raise UsageError(f"--input {text!r}: write DTYPE[SHAPE], optionally NAME=DTYPE[SHAPE], e.g. f32[4,8] or "
+                        f"x=i32[2,16] (dtypes: f32, f16, bf16, i32, i64, bool)")
+    dims = tuple(int(d) for d in m.group(3).split(",") if d.strip())
+    return InputSpec(m.group(1), _DTYPES[m.group(2)], dims, text)
+
+
+def parse_rngs(text: str | None) -> dict[str, int]:
+    """`params=0,dropout=1` -> {stream: seed}; default {params: 0}."""
+    if text is None:
+        return {"params": 0}
+    out: dict[str, int] = {}
+    for part in text.split(","):
+        name, eq, seed = part.partition("=")
+        name, seed = name.strip(), seed.strip()
+        if not eq or not name or not re.fullmatch(r"-?\d+", seed):
+            raise UsageError(f"--rngs {text!r}: write STREAM=SEED,..., e.g. params=0,dropout=1")
+        if name in out:
+            raise UsageError(f"--rngs {text!r}: stream {name!r} is given twice")
+        out[name] = int(seed)
+        if not -(2**63) <= out[name] < 2**63:
+            raise UsageError(f"--rngs {text!r}: seeds are signed 64-bit integers")
+    return out
+
+
+def load_factory(target: Target):
+    try:
+        if target.file is not None:
+            path = os.path.abspath(target.file)
+            name = "_rngaudit_target_" + re.sub(r"\W", "_", path)
+            spec = importlib.util.spec_from_file_location(name, path)
+            if spec is None or spec.loader is None:
+                raise UserCodeError(f"TARGET {target.text}: cannot import {target.file!r}")
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[name] = mod
+            directory = os.path.dirname(path)
+            sys.path.insert(0, directory)
+            try:
+                spec.loader.exec_module(mod)
+            finally:
+                if sys.path and sys.path[0] == directory:
+                    sys.path.pop(0)
+        else:
+            mod = importlib.import_module(target.module)
+    except RngauditError:
+        raise
+    except SyntaxError as e:
+        raise UserCodeError(f"TARGET {target.text}: cannot import it: SyntaxError at {e.filename}:{e.lineno}: "
+                            f"{e.msg}") from None
+    except BaseException as e:  # noqa: BLE001 - whatever the user's import raises is reported, not leaked
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        raise UserCodeError(f"TARGET {target.text}: cannot import it: {type(e).__name__}: {e}") from None
+    obj = mod
+    for part in target.attr.split("."):
+        if not hasattr(obj, part):
+            found = sorted(n for n in dir(mod) if not n.startswith("_"))[:12]
+            raise UserCodeError(f"TARGET {target.text}: {target.module or target.file} has no {target.attr!r} "
+                                f"(it defines: {', '.join(found) or 'nothing'})")
+        obj = getattr(obj, part)
+    return obj
+
+
+def build_module(target: Target, inputs: list[InputSpec]):
+    """The module and its example arguments: the factory may return a Module, or (module, args) or
+    (module, args, kwargs); --input overrides the example arguments."""
+    import flax.linen as nn
+    import jax.numpy as jnp
+
+    factory = load_factory(target)
+    if isinstance(factory, nn.Module):
+        made = factory
+    elif isinstance(factory, type) and issubclass(factory, nn.Module):
+        try:
+            made = factory()
+        except Exception as e:  # noqa: BLE001
+            raise UserCodeError(f"TARGET {target.text}: {factory.__name__}() without arguments raises "
+                                f"{type(e).__name__}: {e}; point TARGET at a function that builds it") from None
+    elif callable(factory):
+        try:
+            made = factory()
+        except Exception as e:  # noqa: BLE001
+            raise UserCodeError(f"TARGET {target.text}: calling {target.attr}() raises {type(e).__name__}: {e}") from None
+    else:
+        raise UserCodeError(f"TARGET {target.text}: {target.attr} is a {type(factory).__name__}, not a Flax "
+                            "module or a function returning one")
+    args, kwargs = (), {}
+    if isinstance(made, tuple) and made and isinstance(made[0], nn.Module) and len(made) in (2, 3):
+        module, args = made[0], made[1]
+        kwargs = made[2] if len(made) == 3 else {}
+        if not isinstance(args, (tuple, list)):
+            args = (args,)
+        if not isinstance(kwargs, dict):
+            raise UserCodeError(f"TARGET {target.text}: the third value the factory returns must be a dict of "
+                                "keyword arguments")
+    else:
+        module = made
+    if not isinstance(module, nn.Module):
+        raise UserCodeError(f"TARGET {target.text}: {target.attr}() returned a {type(module).__name__}, not a "
+                            "flax.linen Module (return the module, or (module, args))")
+    if inputs:
+        args = tuple(jnp.ones(i.shape, i.dtype) for i in inputs if i.name is None)
+        kwargs = {i.name: jnp.ones(i.shape, i.dtype) for i in inputs if i.name is not None}
+    return module, tuple(args), dict(kwargs)
