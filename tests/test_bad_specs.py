@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rngaudit.cli.root import app
+from rngaudit.cli import app
 
 HERE = Path(__file__).parent
 BAD = HERE / "bad_specs"
@@ -215,7 +215,8 @@ def test_deep_nesting_is_refused_quickly_and_precisely():
 
 def test_nesting_exactly_at_the_limit_loads():
     from rngaudit.errors import SpecError
-    from rngaudit.spec.yaml_source import MAX_DEPTH, load_text
+    from rngaudit.spec.limits import MAX_DEPTH
+    from rngaudit.spec.yaml_source import load_text
 
     def doc(levels):  # a mapping (level 1) holding `levels - 1` nested lists
         return "x: " + "[" * (levels - 1) + "]" * (levels - 1) + "\n"
@@ -227,7 +228,8 @@ def test_nesting_exactly_at_the_limit_loads():
 
 def test_aliases_count_towards_depth_and_size():
     from rngaudit.errors import SpecError
-    from rngaudit.spec.yaml_source import MAX_DEPTH, load_text
+    from rngaudit.spec.limits import MAX_DEPTH
+    from rngaudit.spec.yaml_source import load_text
 
     half = MAX_DEPTH // 2 + 5
     text = ("a: &a " + "[" * half + "]" * half + "\n"

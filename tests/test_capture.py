@@ -9,7 +9,7 @@ import textwrap
 import pytest
 from typer.testing import CliRunner
 
-from rngaudit.cli.root import app
+from rngaudit.cli import app
 
 HEADER = "import flax.linen as nn\nimport jax\nimport jax.numpy as jnp\n"
 

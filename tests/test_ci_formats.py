@@ -14,12 +14,13 @@ import jsonschema
 import pytest
 from typer.testing import CliRunner
 
-from rngaudit.cli.root import Format, app
+from rngaudit.cli import app
+from rngaudit.output.formats import Format
 from rngaudit.errors import Location
 from rngaudit.output.findings import ERROR, NOTE, WARNING, Finding, shard_findings
 from rngaudit.output.github import annotation, render_github
 from rngaudit.output.sarif import to_sarif
-from rngaudit.shard.report import from_json
+from rngaudit.output.shard_json import from_json
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA = json.loads((REPO / "tests" / "data" / "sarif-schema-2.1.0-rtm.4.json").read_text(encoding="utf-8"))

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 import rngaudit
-from rngaudit.cli.root import app
+from rngaudit.cli import app
 from rngaudit.engine.hashing import produce_hash
 
 REPO = Path(__file__).parent.parent
@@ -274,7 +274,7 @@ def test_output_untouched_when_the_run_fails(tmp_path):
 
 
 def test_output_failure_while_writing_leaves_nothing(tmp_path, monkeypatch):
-    import rngaudit.cli.root as cli
+    import rngaudit.cli.writing as cli
 
     def broken_replace(src, dst):
         raise OSError(28, "No space left on device")
@@ -338,7 +338,7 @@ def test_internal_errors_are_one_line_and_exit_2(monkeypatch):
 
 _NO_JAX = textwrap.dedent("""
     import sys
-    from rngaudit.cli.root import main
+    from rngaudit.cli import main
     sys.argv = ["rngaudit", "derive", sys.argv[1], "--no-values", "--format", sys.argv[2],
                 "--output", sys.argv[3]]
     try:

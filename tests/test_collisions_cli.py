@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import rngaudit
-from rngaudit.cli.root import app
+from rngaudit.cli import app
 
 REPO = Path(__file__).resolve().parent.parent
 FIX = REPO / "fixtures" / "collisions"
@@ -193,7 +193,7 @@ def test_usage_errors_exit_2():
 # ---------------------------------------------------------------- a fast, JAX-free start
 _NO_JAX = textwrap.dedent("""
     import sys
-    from rngaudit.cli.root import main
+    from rngaudit.cli import main
     sys.argv = ["rngaudit", "collisions", *sys.argv[1:]]
     try:
         main()

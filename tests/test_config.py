@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rngaudit.cli.config import find_pyproject, key_positions, load
-from rngaudit.cli.root import app
+from rngaudit.cli import app
 
 REPO = Path(__file__).resolve().parent.parent
 SHARP = REPO / "fixtures" / "collisions" / "sharp_edge.yaml"

@@ -16,7 +16,7 @@ import pytest
 from flax import traverse_util
 from typer.testing import CliRunner
 
-from rngaudit.cli.root import app
+from rngaudit.cli import app
 
 HEADER = "import flax.linen as nn\nimport jax\nimport jax.numpy as jnp\n"
 

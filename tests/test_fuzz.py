@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from rngaudit.cli.root import app
+from rngaudit.cli import app
 
 EXAMPLES = int(os.environ.get("RNGAUDIT_FUZZ_EXAMPLES", "40"))
 REPO = Path(__file__).resolve().parent.parent

@@ -116,7 +116,7 @@ def test_the_limit_flags_and_their_configuration_keys(tmp_path, monkeypatch):
     """The limits are options (and pyproject keys): a small limit refuses a spec the default accepts."""
     from typer.testing import CliRunner
 
-    from rngaudit.cli.root import app
+    from rngaudit.cli import app
 
     monkeypatch.chdir(tmp_path)
     spec = tmp_path / "m.yaml"

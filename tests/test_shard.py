@@ -19,12 +19,13 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from rngaudit.cli.root import _console_text, app
+from rngaudit.cli import app
+from rngaudit.output.console import console_text
 from rngaudit.errors import UsageError, UserCodeError
 from rngaudit.output.text_shard import render_shard
 from rngaudit.shard.arrays import compare
 from rngaudit.shard.devices import partition_for
-from rngaudit.shard.report import from_json, to_json
+from rngaudit.output.shard_json import from_json, to_json
 from rngaudit.shard.request import (
     FnTarget,
     SpecTarget,
@@ -208,7 +209,7 @@ def test_allow_replicated_exits_0_with_a_text_report():
 # ---------------------------------------------------------------- 1, 2 devices and a 2-D mesh
 _PARENT_WITHOUT_JAX = textwrap.dedent("""
     import sys
-    from rngaudit.cli.root import main
+    from rngaudit.cli import main
     sys.argv = ["rngaudit", "shard-check", *sys.argv[1:]]
     try:
         main()
@@ -337,7 +338,7 @@ def test_a_wrong_host_key_and_its_draw_are_reported(monkeypatch):
     assert row["path_str"] == "Dense_0" and row["host"][0] ^ 1 == row["device"][0]
     assert c["draws"].status == "fail" and c["draws"].details["mismatches"][0]["path_str"] == "Dense_0"
     assert rep.failing
-    text = _console_text(render_shard, rep, output="report.txt")
+    text = console_text(lambda console: render_shard(rep, console), to_terminal=False)
     assert "FAIL    keys                  1 of 2 keys re-derived on the devices differ" in text
     assert f"#0 Dense_0 params count 1: host {row['host']} device {row['device']}" in text
     assert "#0 Dense_0 params count 1 lecun_normal(shape=[1, 1]" in text
@@ -349,7 +350,7 @@ def test_jit_that_differs_from_eager_fails_in_this_process():
     assert jit.status == "fail"
     assert "larger than rounding" in jit.message
     assert from_json(to_json(rep)) == rep
-    text = _console_text(render_shard, rep, output="report.txt")
+    text = console_text(lambda console: render_shard(rep, console), to_terminal=False)
     assert "FAIL    jit equals eager      under jax.jit with the batch sharded over data=1" in text
     assert "eager    1" in text and "jit      1" in text
 
@@ -465,7 +466,7 @@ def test_child_env_forces_cpu_devices_and_keeps_other_xla_flags():
 
 
 def test_request_round_trips_through_json():
-    from rngaudit.cli.root import _parse_draw
+    from rngaudit.api import parse_draw as _parse_draw
 
     req = make_request(specs=[SpecTarget("a.yaml", "apply", ("D*",), ("params",),
                                                      _parse_draw("uniform:3"))],

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 _IMPORTS = textwrap.dedent("""
     import sys
-    from rngaudit.cli.root import main
+    from rngaudit.cli import main
     sys.argv = ["rngaudit", *sys.argv[1:]]
     try:
         main()
@@ -22,8 +22,8 @@ _IMPORTS = textwrap.dedent("""
         print("exit:", e.code)
     print("loaded:", sorted(m for m in sys.modules
                             if m.split(".")[0] in ("jax", "jaxlib", "flax", "numpy", "yaml")
-                            or m.split(".")[:2] in (["rngaudit", "spec"], ["rngaudit", "engine"],
-                                                    ["rngaudit", "collision"])))
+                            or m in ("rngaudit.spec.parse", "rngaudit.spec.yaml_source", "rngaudit.api")
+                            or m.split(".")[:2] in (["rngaudit", "engine"], ["rngaudit", "collision"])))
 """)
 
 

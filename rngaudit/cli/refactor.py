@@ -1,42 +1,36 @@
-"""The refactor-safety commands (capture, verify, diff), registered on the app of cli.py."""
-from __future__ import annotations
-
-import json
+"""The refactor-safety commands: `capture` (a live Flax model -> a spec and its keys), `verify` (a spec against a
+model or a capture) and `diff` (two versions, call site by call site)."""
+# (no `from __future__ import annotations`: see cli/derive.py)
+from dataclasses import dataclass
 from typing import Optional
 
 import typer
 
-from ..errors import UsageError
-from .root import (
-    _CONFIG,
-    _EXIT_ZERO,
-    _MAX_SPEC_MIB,
-    _MAX_YAML_NODES,
-    Format,
-    Phase,
-    _configured,
-    _emit,
-    _finish,
-    _run,
-    _write_output,
-    app,
-)
+from .boundary import finish, run, spec_limits
+from .defaults import configured
+from .options import CONFIG, EXIT_ZERO, MAX_SPEC_MIB, MAX_YAML_NODES, Format, Phase
+from .writing import emit, write_output
 
 _INPUT_HELP = ("An argument of init/apply as DTYPE[SHAPE] (ones), positional, or NAME=DTYPE[SHAPE]; repeatable. "
                "Default: the example arguments the factory returns.")
 _RNGS_HELP = "The keys init/apply receives, STREAM=SEED,... (default params=0)."
 
 
-def _dumps(doc: dict) -> str:
-    return json.dumps(doc, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
-
-
 def _text(text: str):
-    """A renderer for _emit that writes already-formatted text unchanged."""
+    """A text renderer that writes already-formatted text unchanged."""
     return lambda console: console.file.write(text)
 
 
-@app.command()
+@dataclass(frozen=True)
+class CaptureOptions:
+    inputs: Optional[list[str]]
+    rngs: Optional[str]
+    phase: Phase
+    method: Optional[str]
+    fmt: Format
+    exit_zero: bool
+
+
 def capture(
     ctx: typer.Context,
     target: str = typer.Argument(..., metavar="TARGET",
@@ -54,27 +48,38 @@ def capture(
                                "replays, or exits 2)."),
     output: Optional[str] = typer.Option(None, "--output", "-o",
                                          help="Write the spec (or, with --format json, the keys) here."),
-    exit_zero: bool = _EXIT_ZERO,
-    config: Optional[str] = _CONFIG,
+    exit_zero: bool = EXIT_ZERO,
+    config: Optional[str] = CONFIG,
 ) -> None:
     """Run a live Flax model, record every key it hands out, and write a spec derive replays bit-exactly."""
-    inputs, rngs, phase, method, fmt, exit_zero = _configured(
-        ctx, "capture", config, inputs=inputs, rngs=rngs, phase=phase, method=method, fmt=fmt, exit_zero=exit_zero)
+    given = CaptureOptions(inputs, rngs, phase, method, fmt, exit_zero)
 
-    def go():
-        from ..refactor.capture import run_capture
+    def go() -> None:
+        from .. import api
+        from ..output.formats import dumps
         from ..refactor.keys_file import capture_to_json
 
-        cap, spec_text = run_capture(target, list(inputs or ()), rngs, phase.value, method)
-        doc = capture_to_json(cap, output if fmt is not Format.json else None)
+        o = configured(ctx, "capture", config, given)
+        report = api.capture(target, inputs=o.inputs or (), rngs=o.rngs, phase=o.phase.value, method=o.method)
+        doc = capture_to_json(report.capture, output if o.fmt is not Format.json else None)
         if keys is not None:
-            _write_output(_dumps(doc), keys)
-        _write_output(_dumps(doc) if fmt is Format.json else spec_text, output)
+            write_output(dumps(doc), keys)
+        write_output(dumps(doc) if o.fmt is Format.json else report.spec, output)
 
-    _run(go)
+    run(go)
 
 
-@app.command()
+@dataclass(frozen=True)
+class VerifyOptions:
+    inputs: Optional[list[str]]
+    rngs: Optional[str]
+    method: Optional[str]
+    fmt: Format
+    exit_zero: bool
+    max_spec_mib: Optional[int]
+    max_yaml_nodes: Optional[int]
+
+
 def verify(
     ctx: typer.Context,
     spec: str = typer.Argument(..., metavar="SPEC", help="The model spec (YAML) to check."),
@@ -88,49 +93,39 @@ def verify(
     fmt: Format = typer.Option(Format.text, "--format", "-f", help="Output format."),
     output: Optional[str] = typer.Option(None, "--output", "-o",
                                          help="Write the report here (only if the run succeeds)."),
-    exit_zero: bool = _EXIT_ZERO,
-    max_spec_mib: Optional[int] = _MAX_SPEC_MIB,
-    max_yaml_nodes: Optional[int] = _MAX_YAML_NODES,
-    config: Optional[str] = _CONFIG,
+    exit_zero: bool = EXIT_ZERO,
+    max_spec_mib: Optional[int] = MAX_SPEC_MIB,
+    max_yaml_nodes: Optional[int] = MAX_YAML_NODES,
+    config: Optional[str] = CONFIG,
 ) -> None:
     """Check a spec against a live model (or a capture): every key that differs, is missing or is extra."""
-    inputs, rngs, method, fmt, exit_zero, max_spec_mib, max_yaml_nodes = _configured(
-        ctx, "verify", config, inputs=inputs, rngs=rngs, method=method, fmt=fmt, exit_zero=exit_zero,
-        max_spec_mib=max_spec_mib, max_yaml_nodes=max_yaml_nodes)
+    given = VerifyOptions(inputs, rngs, method, fmt, exit_zero, max_spec_mib, max_yaml_nodes)
 
-    def go():
+    def go() -> None:
+        from .. import api
         from ..output.compare_json import to_json
         from ..output.findings import VERIFY_RULES, compare_findings
+        from ..output.formats import Report
         from ..output.text_compare import render_text
-        from ..refactor.capture import observe
-        from ..refactor.compare import verify as run_verify
-        from ..refactor.keys_file import load_sites
-        from ..spec.parse import load_spec
 
-        ours = load_sites(spec)
-        if against.lower().endswith(".json"):
-            if inputs or rngs or method:
-                raise UsageError("--input, --rngs and --method apply to a TARGET, not to a keys file")
-            theirs = load_sites(against)
-        else:
-            seeds = rngs
-            if seeds is None:
-                s = load_spec(spec)
-                try:
-                    seeds = {k: int(src.text) for k, src in s.rngs.items()}
-                except ValueError:
-                    raise UsageError(f"{spec}: its rngs are not all integer seeds; give --rngs STREAM=SEED,... for "
-                                    "the TARGET") from None
-            theirs, _, _ = observe(against, list(inputs or ()), seeds, ours.phase, method)
-        cmp = run_verify(ours, theirs)
-        _emit(fmt, output, "verify", json_doc=lambda: to_json(cmp), render=_text(render_text(cmp)),
-              findings=lambda: compare_findings(cmp), rules=VERIFY_RULES)
-        _finish(cmp.failing, exit_zero)
+        o = configured(ctx, "verify", config, given)
+        with spec_limits(o.max_spec_mib, o.max_yaml_nodes):
+            cmp = api.verify(spec, against, inputs=o.inputs or (), rngs=o.rngs, method=o.method)
+        emit(o.fmt, output, Report("verify", lambda: to_json(cmp), _text(render_text(cmp)),
+                                   lambda: compare_findings(cmp), VERIFY_RULES))
+        finish(cmp.failing, o.exit_zero)
 
-    _run(go, spec_limits=(max_spec_mib, max_yaml_nodes))
+    run(go)
 
 
-@app.command()
+@dataclass(frozen=True)
+class DiffOptions:
+    fmt: Format
+    exit_zero: bool
+    max_spec_mib: Optional[int]
+    max_yaml_nodes: Optional[int]
+
+
 def diff(
     ctx: typer.Context,
     old: str = typer.Argument(..., metavar="OLD", help="The old version: a spec (YAML) or a keys file (JSON)."),
@@ -138,25 +133,26 @@ def diff(
     fmt: Format = typer.Option(Format.text, "--format", "-f", help="Output format."),
     output: Optional[str] = typer.Option(None, "--output", "-o",
                                          help="Write the report here (only if the run succeeds)."),
-    exit_zero: bool = _EXIT_ZERO,
-    max_spec_mib: Optional[int] = _MAX_SPEC_MIB,
-    max_yaml_nodes: Optional[int] = _MAX_YAML_NODES,
-    config: Optional[str] = _CONFIG,
+    exit_zero: bool = EXIT_ZERO,
+    max_spec_mib: Optional[int] = MAX_SPEC_MIB,
+    max_yaml_nodes: Optional[int] = MAX_YAML_NODES,
+    config: Optional[str] = CONFIG,
 ) -> None:
     """Which call sites keep their keys, which change, which are new or gone, and why; exit 1 on any change."""
-    fmt, exit_zero, max_spec_mib, max_yaml_nodes = _configured(
-        ctx, "diff", config, fmt=fmt, exit_zero=exit_zero, max_spec_mib=max_spec_mib, max_yaml_nodes=max_yaml_nodes)
+    given = DiffOptions(fmt, exit_zero, max_spec_mib, max_yaml_nodes)
 
-    def go():
+    def go() -> None:
+        from .. import api
         from ..output.compare_json import to_json
         from ..output.findings import DIFF_RULES, compare_findings
+        from ..output.formats import Report
         from ..output.text_compare import render_text
-        from ..refactor.compare import diff as run_diff
-        from ..refactor.keys_file import load_sites
 
-        cmp = run_diff(load_sites(old), load_sites(new))
-        _emit(fmt, output, "diff", json_doc=lambda: to_json(cmp), render=_text(render_text(cmp)),
-              findings=lambda: compare_findings(cmp), rules=DIFF_RULES)
-        _finish(cmp.failing, exit_zero)
+        o = configured(ctx, "diff", config, given)
+        with spec_limits(o.max_spec_mib, o.max_yaml_nodes):
+            cmp = api.diff(old, new)
+        emit(o.fmt, output, Report("diff", lambda: to_json(cmp), _text(render_text(cmp)),
+                                   lambda: compare_findings(cmp), DIFF_RULES))
+        finish(cmp.failing, o.exit_zero)
 
-    _run(go, spec_limits=(max_spec_mib, max_yaml_nodes))
+    run(go)

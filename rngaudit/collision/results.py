@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import Location
@@ -19,6 +20,9 @@ CATEGORIES = {
 }
 SHARED_SEED = "shared_seed"  # class 4, failing: streams (or bases) seeded with the same key
 UNSPLIT_LANES = "unsplit_lanes"  # class 4, information: the lanes of one call share a key (split_rngs false)
+# The kinds of finding `--fail-on` names; by default the failing ones make the command exit 1.
+FAILING_CATEGORIES = ("concatenation", "count_meets_name", "hash_word", "shared_seed")
+FINDING_CATEGORIES = FAILING_CATEGORIES + ("unsplit_lanes", "latent")
 
 
 @dataclass(frozen=True)
@@ -168,3 +172,23 @@ class Audit:
         return sum(1 for c in self.collisions if not c.failing)
 
 
+def fail_categories(strict: bool, fail_on: Sequence[str] | None) -> frozenset[str]:
+    """The categories that make `collisions` fail: `fail_on` if given, else the failing classes (all with
+    `strict`)."""
+    if strict:
+        return frozenset(FINDING_CATEGORIES)
+    return frozenset(FAILING_CATEGORIES if fail_on is None else fail_on)
+
+
+@dataclass(frozen=True)
+class CollisionsReport:
+    """The audits of every input of one `collisions` run, and the categories that make it fail."""
+
+    audits: tuple[Audit, ...]
+    fail_on: frozenset[str] = frozenset(FAILING_CATEGORIES)
+
+    @property
+    def failing(self) -> bool:
+        """Whether a finding of a category in `fail_on` was found (the command then exits 1)."""
+        return any(c.category in self.fail_on for a in self.audits for c in a.collisions) or (
+            "latent" in self.fail_on and any(a.latent for a in self.audits))

@@ -5,11 +5,12 @@ import ast
 import os
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from ..errors import Location
 
 if TYPE_CHECKING:
+    from ..collision.results import CollisionsReport
     from ..refactor.compare import Comparison, Entry
     from ..refactor.keys_file import Site
 
@@ -65,9 +66,6 @@ def derive_findings(report, strict: bool) -> list[Finding]:
 
 
 # ---------------------------------------------------------------- collisions
-FAILING_CATEGORIES = ("concatenation", "count_meets_name", "hash_word", "shared_seed")
-CATEGORIES = FAILING_CATEGORIES + ("unsplit_lanes", "latent")
-
 COLLISION_RULES = (
     Rule("collisions/concatenation", "Concatenation",
          "two call sites get the same key: their path names concatenate to the same hashed bytes",
@@ -97,14 +95,6 @@ _CATEGORY_RULE = {"concatenation": "collisions/concatenation", "count_meets_name
                   "unsplit_lanes": "collisions/unsplit-lanes", "latent": "collisions/latent"}
 
 
-def fail_categories(strict: bool, fail_on: Sequence[str] | None) -> frozenset[str]:
-    """The categories that make `collisions` exit 1: --fail-on if given, else the failing classes (all with
-    --strict)."""
-    if strict:
-        return frozenset(CATEGORIES)
-    return frozenset(FAILING_CATEGORIES if fail_on is None else fail_on)
-
-
 def _site_text(s) -> str:
     lane = f" lane {list(s.lane)}" if s.lane else ""
     return f"{s.path_str} ({s.stream}, count {s.count}{lane}) at {s.location}"
@@ -122,10 +112,11 @@ def _fix_text(separator, renames, rename_note: str) -> str:
     return ". Fix: " + ". ".join(parts) if parts else ""
 
 
-def collision_findings(audits, failing: frozenset[str]) -> list[Finding]:
+def collision_findings(report: CollisionsReport) -> list[Finding]:
     """One finding per collision and per latent collision, at its first call site; the others are related."""
     out = []
-    for a in audits:
+    failing = report.fail_on
+    for a in report.audits:
         for c in a.collisions:
             sites = c.sites
             level = ERROR if c.category in failing else (WARNING if c.failing else NOTE)
@@ -145,11 +136,6 @@ def collision_findings(audits, failing: frozenset[str]) -> list[Finding]:
             out.append(Finding("collisions/latent", level, msg, lt.site.location,
                                tuple((p.site.location, p.site.path_str) for p in lt.partners)))
     return out
-
-
-def collisions_failing(audits, failing: frozenset[str]) -> bool:
-    return any(c.category in failing for a in audits for c in a.collisions) or (
-        "latent" in failing and any(a.latent for a in audits))
 
 
 # ---------------------------------------------------------------- shard-check

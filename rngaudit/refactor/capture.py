@@ -2,10 +2,20 @@
 derive replays bit-exactly (checked before it is handed out)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..errors import FlaxUnavailableError, InternalError, RngauditError, UnsupportedError, UsageError, UserCodeError
 from .keys_file import Capture, Site, spec_sites
 from .specgen import build_spec
 from .target import InputSpec, Target, build_module, parse_input, parse_rngs, parse_target
+
+
+@dataclass(frozen=True)
+class CaptureReport:
+    """What `capture` observed (every key Flax handed out) and the spec that replays it (YAML text)."""
+
+    capture: Capture
+    spec: str
 
 
 def run_capture(target_text: str, inputs: list[str] = (), rngs: str | None = None, phase: str = "init",

@@ -144,8 +144,12 @@ def load_sites(path: str) -> Capture:
             cap = capture_from_json(doc.value, path, doc)
             cap.target = path  # reports name (and annotate) the file given
             return cap
-    spec = load_spec(path)
+    return spec_capture(path, load_spec(path))
+
+
+def spec_capture(name: str, spec) -> Capture:
+    """A spec's derived keys as a Capture named `name`."""
     settings = {"fix_rng_separator": spec.fix_rng_separator, "prng_impl": spec.prng_impl,
                 "threefry_partitionable": spec.threefry_partitionable}
     rngs = {s: src.text for s, src in spec.rngs.items()}
-    return Capture(path, spec.phase, rngs, settings, spec_sites(spec), {})
+    return Capture(name, spec.phase, rngs, settings, spec_sites(spec), {})

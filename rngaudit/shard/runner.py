@@ -11,7 +11,8 @@ import tempfile
 
 from .. import errors
 from ..errors import DeviceError, InternalError, RngauditError
-from .report import ShardReport, from_json
+from ..output.shard_json import from_json
+from .report import ShardReport
 from .request import ShardRequest, request_json
 
 _WORKER = "rngaudit.shard.worker"

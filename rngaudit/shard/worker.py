@@ -21,7 +21,7 @@ from .request import ShardRequest
 
 def _result(request_path: str) -> dict:
     from ..errors import RngauditError
-    from .report import to_json
+    from ..output.shard_json import to_json
     from .request import request_from_json
 
     try:
@@ -42,7 +42,7 @@ def _result(request_path: str) -> dict:
 
 def run_here(r: ShardRequest) -> ShardReport:
     """Run every check of `r` in this process, on its devices (what the device process does)."""
-    from ..spec.yaml_source import limits
+    from ..spec.limits import limits
     from .devices import environment, make_mesh, pick_devices
     from .fn_checks import check_fn
     from .spec_checks import check_spec

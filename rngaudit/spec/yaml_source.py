@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import yaml
 
 from ..errors import Location, SpecError
+from .limits import MAX_DEPTH, current_limits
 
 # Only the YAML core schema is allowed; anything else (!!python/object, !!binary,
 # timestamps, sets, custom tags) is refused rather than constructed.
@@ -20,41 +19,6 @@ _BOOL = "tag:yaml.org,2002:bool"
 _NULL = "tag:yaml.org,2002:null"
 _MAP = "tag:yaml.org,2002:map"
 _SEQ = "tag:yaml.org,2002:seq"
-
-# Pure-Python YAML parses about 25,000 nodes (or 3 MB of plain text) a second and holds ~1 KB per node, so
-# these defaults refuse junk within a few seconds and a few hundred MB; a real spec is far smaller (a
-# model's size is in `repeat:`, not in the text). --max-spec-mib and --max-yaml-nodes raise them.
-MAX_BYTES = 4 * 1024 * 1024
-MAX_NODES = 100_000  # YAML nodes after alias expansion
-MAX_DEPTH = 200  # nesting levels, aliases included (fixed: deeper nesting would exhaust the stack)
-
-
-@dataclass(frozen=True)
-class Limits:
-    """How much YAML a spec may hold; the commands' --max-spec-mib and --max-yaml-nodes raise them for a
-    legitimately large spec."""
-
-    max_bytes: int = MAX_BYTES
-    max_nodes: int = MAX_NODES
-
-
-_LIMITS: ContextVar[Limits] = ContextVar("rngaudit_yaml_limits", default=Limits())
-
-
-def current_limits() -> Limits:
-    return _LIMITS.get()
-
-
-@contextmanager
-def limits(max_bytes: int | None = None, max_nodes: int | None = None) -> Iterator[Limits]:
-    """Load specs under other limits inside the block (None keeps the default)."""
-    chosen = Limits(MAX_BYTES if max_bytes is None else max_bytes, MAX_NODES if max_nodes is None else max_nodes)
-    token = _LIMITS.set(chosen)
-    try:
-        yield chosen
-    finally:
-        _LIMITS.reset(token)
-
 
 def _too_many_nodes(max_nodes: int) -> str:
     return (f"the spec expands to more than {max_nodes} YAML nodes (an alias bomb?); write it without repeating "

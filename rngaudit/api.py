@@ -1,0 +1,259 @@
+"""The Python API: every command as a function that returns its report, for use in a project's own tests.
+
+    import rngaudit
+
+    report = rngaudit.collisions("model.rngaudit.yaml")
+    assert not report.failing, rngaudit.findings(report)
+
+Inputs are a path (`str` or `pathlib.Path`) or an already-loaded Spec (`rngaudit.load_spec`,
+`rngaudit.parse_spec`). Problems raise `rngaudit.RngauditError` subclasses with the message the command
+prints; the commands themselves (rngaudit.cli) call these functions."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from .errors import Location, UsageError
+
+if TYPE_CHECKING:
+    from .collision.results import Audit, CollisionsReport
+    from .engine.derive import DeriveReport
+    from .refactor.capture import CaptureReport
+    from .refactor.compare import Comparison
+    from .refactor.keys_file import Capture
+    from .shard.report import ShardReport
+    from .spec.tree import Draw, Spec
+
+
+
+def load(spec: str | os.PathLike[str] | Spec, phase: str | None = None) -> Spec:
+    """A spec from a path (or as it is), with its phase replaced by `phase` if given."""
+    from .spec.parse import load_spec
+    from .spec.tree import PHASES, Spec
+
+    s = spec if isinstance(spec, Spec) else load_spec(os.fspath(spec))
+    if phase is not None:
+        if phase not in PHASES:
+            raise UsageError(f"phase {phase!r}: use init or apply")
+        if phase != s.phase:
+            s = dataclasses.replace(s, phase=phase, mutable=phase == "init")
+    return s
+
+
+def parse_draw(text: str) -> Draw:
+    """`normal:2,2` (KIND:SHAPE, as --draw takes it) -> a Draw."""
+    from .spec.draws import parse_draw as parse_draw_node
+    from .spec.yaml_source import YNode
+
+    loc = Location("--draw", 1, 1)
+    kind, _, shape = text.partition(":")
+    try:
+        dims = [int(s) for s in shape.split(",") if s.strip()] if shape.strip() else []
+    except ValueError:
+        raise UsageError(f"--draw {text!r}: the shape must be integers, e.g. normal:2,2", loc) from None
+    node = YNode({kind: YNode([YNode(d, loc) for d in dims], loc)}, loc, {kind: loc})
+    return parse_draw_node(node, "--draw")
+
+
+def _draw(draw: str | Draw | None) -> tuple[Draw | None, str]:
+    if draw is None or not isinstance(draw, str):
+        return draw, draw.describe() if draw is not None else ""
+    return parse_draw(draw), draw
+
+
+def _check_draw_budget(spec: Spec, default_draw: Draw, text: str) -> None:
+    """A draw for every key: refused up front when that is too many values."""
+    import math
+
+    from .spec.budget import MAX_DRAWN_VALUES, budget
+
+    keys, drawn, _ = budget(spec.model)
+    total = drawn + keys * math.prod(default_draw.shape)
+    if total > MAX_DRAWN_VALUES:
+        raise UsageError(f"--draw {text!r} draws up to {total} values over up to {keys} keys; rngaudit draws "
+                         f"at most {MAX_DRAWN_VALUES}: draw a smaller shape, or use --no-values",
+                         Location("--draw", 1, 1))
+
+
+# ---------------------------------------------------------------- derive
+def derive(spec: str | os.PathLike[str] | Spec, *, phase: str | None = None, values: bool = True,
+           draw: str | Draw | None = None, streams: Sequence[str] = (), paths: Sequence[str] = (),
+           limit: int | None = None, engine: str = "fast") -> DeriveReport:
+    """Every key the spec's model receives (`report.calls`), and the values of its draws. `draw` (e.g.
+    "normal:2,2") is drawn from every key without a `draw:`; `streams`, `paths` (globs) and `limit` select
+    call sites before any key is computed; `engine` "plain" is the reference path (no filters)."""
+    from .engine.derive import derive as run_derive
+
+    s = load(spec, phase)
+    default_draw, text = _draw(draw)
+    if default_draw is not None and values:
+        _check_draw_budget(s, default_draw, text)
+    if engine not in ("fast", "plain"):
+        raise UsageError(f"--engine {engine!r}: use fast or plain", Location("--engine", 1, 1))
+    if engine == "plain" and (streams or paths or limit is not None):
+        raise UsageError("--stream, --path and --limit need --engine fast", Location("--engine", 1, 1))
+    return run_derive(s, values=values, default_draw=default_draw, engine=engine, streams=tuple(streams),
+                      paths=tuple(paths), limit=limit)
+
+
+# ---------------------------------------------------------------- collisions
+def audit_input(source: str | os.PathLike[str] | Spec, *, phase: str | None = None, keys: bool = True,
+                fix_rng_separator: bool | None = None, latent_max_count: int | None = None) -> Audit:
+    """The audit of one input: a spec (YAML, or JSON holding a spec), or a JSON file of module paths or of a
+    params tree."""
+    from .collision.audit import audit
+    from .collision.latent import DEFAULT_LATENT_MAX_COUNT
+    from .collision.module_paths import ModuleSites, is_spec
+    from .collision.spec_sites import spec_sites
+    from .spec.json_source import load_json
+    from .spec.tree import Spec
+
+    bound = DEFAULT_LATENT_MAX_COUNT if latent_max_count is None else latent_max_count
+    path = None if isinstance(source, Spec) else os.fspath(source)
+    doc = load_json(path) if path is not None and path.lower().endswith(".json") else None
+    if doc is not None and not is_spec(doc.value):
+        return audit(ModuleSites(doc, bool(fix_rng_separator)), bound)
+    s = load(source, phase)
+    if fix_rng_separator is not None:
+        s = dataclasses.replace(s, fix_rng_separator=fix_rng_separator)
+    return audit(spec_sites(s, keys=keys), bound)
+
+
+def collisions(*inputs: str | os.PathLike[str] | Spec, phase: str | None = None, keys: bool = True,
+               fix_rng_separator: bool | None = None, latent_max_count: int | None = None, strict: bool = False,
+               fail_on: Iterable[str] | None = None,
+               advance: Callable[[int], None] | None = None) -> CollisionsReport:
+    """Call sites that receive identical keys in each input, why, and the fixes checked. `report.failing`
+    says whether a finding of a failing category was found (`fail_on`; `strict`: every category).
+    `advance(1)` is called after each input."""
+    from .collision.results import FINDING_CATEGORIES, CollisionsReport, fail_categories
+
+    wanted = None if fail_on is None else list(fail_on)
+    for c in wanted or ():
+        if c not in FINDING_CATEGORIES:
+            raise UsageError(f"fail_on {c!r}: use one of {', '.join(FINDING_CATEGORIES)}")
+    audits = []
+    for source in inputs:
+        audits.append(audit_input(source, phase=phase, keys=keys, fix_rng_separator=fix_rng_separator,
+                                  latent_max_count=latent_max_count))
+        if advance is not None:
+            advance(1)
+    return CollisionsReport(tuple(audits), fail_categories(strict, wanted))
+
+
+# ---------------------------------------------------------------- shard-check
+def shard_check(specs: Sequence[str | os.PathLike[str] | Spec] = (), *, fns: Sequence[str] = (),
+                devices: int | None = None, platform: str | None = None, mesh: str | None = None,
+                paths: Sequence[str] = (), streams: Sequence[str] = (), phase: str | None = None,
+                draw: str | Draw | None = None, shape: str | None = None, input: str | None = None,
+                seed: int | None = None, key: str | None = None, allow_replicated: bool = False,
+                atol: float | None = None, timeout: float | None = None) -> ShardReport:
+    """Keys and draws of `specs` re-derived on many devices, and `fns` ("FILE.py:NAME", (key, x) -> y) run
+    eagerly, under jax.jit and under shard_map, in a fresh process with the devices asked for. A Spec given
+    as an object must have been loaded from its file (the device process loads it again)."""
+    from .shard.request import SpecTarget, make_request, parse_fn_target
+    from .shard.runner import run
+    from .spec.tree import Spec
+    from .spec.limits import current_limits
+
+    if not specs:
+        given = [o for o, v in (("--path", paths), ("--stream", streams), ("--phase", phase), ("--draw", draw)) if v]
+        if given:
+            raise UsageError(f"{given[0]} applies to a SPEC, and no SPEC is given")
+    targets = [parse_fn_target(f) for f in fns]
+    default_draw, text = _draw(draw)
+    spec_targets = []
+    for p in specs:
+        if isinstance(p, Spec) and not os.path.isfile(p.file):
+            raise UsageError(f"shard_check needs spec files (the device process loads them); {p.file!r} is not one")
+        s = load(p, phase)
+        if default_draw is not None:
+            _check_draw_budget(s, default_draw, text)
+        file = s.file if isinstance(p, Spec) else os.fspath(p)
+        spec_targets.append(SpecTarget(file, phase, tuple(paths), tuple(streams), default_draw))
+    request = make_request(specs=spec_targets, fns=targets, devices=devices, platform=platform, mesh=mesh,
+                           shape=shape, fill=input, seed=seed, key=key, allow_replicated=allow_replicated,
+                           atol=atol, timeout=timeout)
+    limits = current_limits()
+    return run(dataclasses.replace(request, spec_limits=(limits.max_bytes, limits.max_nodes)))
+
+
+# ---------------------------------------------------------------- capture, verify, diff
+def capture(target: str, *, inputs: Sequence[str] = (), rngs: str | dict[str, int] | None = None,
+            phase: str = "init", method: str | None = None) -> CaptureReport:
+    """Run a live Flax model (`FILE.py:FACTORY` or `package.module:FACTORY`), record every key it hands out
+    (`report.capture`) and a spec that derive replays bit-exactly (`report.spec`, YAML text)."""
+    from .refactor.capture import CaptureReport, run_capture
+
+    cap, spec_text = run_capture(target, list(inputs), rngs, phase, method)
+    return CaptureReport(cap, spec_text)
+
+
+def _sites(source: str | os.PathLike[str] | Spec | Capture) -> Capture:
+    from .refactor.keys_file import Capture, load_sites, spec_capture
+    from .spec.tree import Spec
+
+    if isinstance(source, Capture):
+        return source
+    if isinstance(source, Spec):
+        return spec_capture(source.file, source)
+    return load_sites(os.fspath(source))
+
+
+def verify(spec: str | os.PathLike[str] | Spec, against: str | os.PathLike[str] | Capture, *,
+           inputs: Sequence[str] = (), rngs: str | dict[str, int] | None = None,
+           method: str | None = None) -> Comparison:
+    """The spec's keys against a live model (`FILE.py:FACTORY`, run in real Flax with `rngs`, by default the
+    spec's integer seeds) or against a capture (a keys file, or a Capture): every key that differs, is
+    missing or is extra (`report.failing`)."""
+    from .refactor.capture import observe
+    from .refactor.compare import verify as compare
+
+    ours = _sites(spec)
+    if not isinstance(against, str) and not isinstance(against, os.PathLike):
+        theirs = against
+    elif os.fspath(against).lower().endswith(".json"):
+        if inputs or rngs or method:
+            raise UsageError("--input, --rngs and --method apply to a TARGET, not to a keys file")
+        theirs = _sites(against)
+    else:
+        seeds = rngs
+        if seeds is None:
+            s = load(spec)
+            try:
+                seeds = {k: int(src.text) for k, src in s.rngs.items()}
+            except ValueError:
+                raise UsageError(f"{s.file}: its rngs are not all integer seeds; give --rngs STREAM=SEED,... for "
+                                 "the TARGET") from None
+        theirs, _, _ = observe(os.fspath(against), list(inputs), seeds, ours.phase, method)
+    return compare(ours, theirs)
+
+
+def diff(old: str | os.PathLike[str] | Spec | Capture, new: str | os.PathLike[str] | Spec | Capture) -> Comparison:
+    """Which call sites keep, change, gain or lose their keys from `old` to `new` (specs, keys files or
+    captures), and why (`report.failing`: any change)."""
+    from .refactor.compare import diff as compare
+
+    return compare(_sites(old), _sites(new))
+
+
+def findings(report) -> list:
+    """A report's findings (rngaudit.output.findings.Finding: rule, level, message, location), as the
+    `github` and `sarif` formats show them; `derive`'s are those of --strict."""
+    from .collision.results import CollisionsReport
+    from .engine.derive import DeriveReport
+    from .output import findings as f
+    from .refactor.compare import Comparison
+    from .shard.report import ShardReport
+
+    if isinstance(report, DeriveReport):
+        return f.derive_findings(report, strict=True)
+    if isinstance(report, CollisionsReport):
+        return f.collision_findings(report)
+    if isinstance(report, ShardReport):
+        return f.shard_findings(report)
+    if isinstance(report, Comparison):
+        return f.compare_findings(report)
+    raise TypeError(f"not an rngaudit report: {type(report).__name__}")

@@ -1,0 +1,58 @@
+"""The one error boundary of every command: rngaudit's errors print one `error:` line and exit with their
+exit code (2: bad usage or input; 3: a bug in rngaudit), a bug of ours is said as one, and nothing leaks a
+traceback (RNGAUDIT_DEBUG=1 shows it)."""
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
+import typer
+
+from ..errors import EXIT_ERROR, EXIT_FINDINGS, EXIT_INTERNAL, RngauditError
+
+
+def one_line(text: str) -> str:
+    """Error output is one line, whatever names or values a message quotes."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
+def spec_limits(max_spec_mib: int | None, max_yaml_nodes: int | None) -> AbstractContextManager:
+    """Specs load under --max-spec-mib and --max-yaml-nodes inside the block (None: the default)."""
+    from ..spec.limits import limits
+
+    return limits(None if max_spec_mib is None else max_spec_mib * 1024 * 1024, max_yaml_nodes)
+
+
+def run(fn: Callable[[], None]) -> None:
+    """Run a command's body: its errors end the command here, each as one line."""
+    try:
+        fn()
+    except typer.Exit:
+        raise
+    except RngauditError as e:
+        sys.stderr.write(f"error: {one_line(str(e))}\n")
+        raise typer.Exit(e.exit_code) from None
+    except KeyboardInterrupt:
+        sys.stderr.write("error: interrupted\n")
+        raise typer.Exit(EXIT_ERROR) from None
+    except RecursionError:
+        sys.stderr.write("error: the spec nests too deeply to replay\n")
+        raise typer.Exit(EXIT_ERROR) from None
+    except MemoryError:
+        sys.stderr.write("error: out of memory; the spec asks for too many keys or values\n")
+        raise typer.Exit(EXIT_ERROR) from None
+    except Exception as e:  # a bug of ours: say so, briefly, with its own exit code
+        if os.environ.get("RNGAUDIT_DEBUG"):
+            traceback.print_exc()
+        sys.stderr.write(f"error: internal error ({type(e).__name__}: {one_line(str(e))}); "
+                         "please report it with the spec (RNGAUDIT_DEBUG=1 shows details)\n")
+        raise typer.Exit(EXIT_INTERNAL) from None
+
+
+def finish(failing: bool, exit_zero: bool) -> None:
+    """Exit 1 on findings, unless --exit-zero (the report is written already)."""
+    if failing and not exit_zero:
+        raise typer.Exit(EXIT_FINDINGS)

@@ -1,0 +1,39 @@
+"""The options and choices the commands share: formats, phases, finding categories, --exit-zero, --config and
+the spec limits (whose --help states the defaults the loader uses)."""
+from __future__ import annotations
+
+import enum
+
+import typer
+
+from ..output.formats import DeriveFormat, Format
+from ..spec.limits import MAX_BYTES, MAX_NODES
+
+__all__ = ["CONFIG", "EXIT_ZERO", "MAX_SPEC_MIB", "MAX_YAML_NODES", "Category", "DeriveFormat", "Format", "Phase"]
+
+
+class Phase(str, enum.Enum):
+    init = "init"
+    apply = "apply"
+
+
+class Category(str, enum.Enum):
+    """Kinds of `collisions` findings, as `--fail-on` names them (rngaudit.collision.results.FINDING_CATEGORIES)."""
+
+    concatenation = "concatenation"
+    count_meets_name = "count_meets_name"
+    hash_word = "hash_word"
+    shared_seed = "shared_seed"
+    unsplit_lanes = "unsplit_lanes"
+    latent = "latent"
+
+
+EXIT_ZERO = typer.Option(False, "--exit-zero/--no-exit-zero", help="Report findings but exit 0 (errors still exit 2).")
+CONFIG = typer.Option(None, "--config", metavar="FILE",
+                      help="Read [tool.rngaudit] defaults from FILE instead of the pyproject.toml found from the "
+                      "current directory.")
+MAX_SPEC_MIB = typer.Option(None, "--max-spec-mib", min=1, metavar="MIB",
+                            help=f"Accept spec files up to this many MiB (default {MAX_BYTES // (1024 * 1024)}).")
+MAX_YAML_NODES = typer.Option(None, "--max-yaml-nodes", min=1, metavar="N",
+                              help=f"Accept specs of up to N YAML nodes, aliases expanded (default {MAX_NODES}).")
+OUTPUT_HELP = "Write the report here (only if the run succeeds)."

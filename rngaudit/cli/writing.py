@@ -1,0 +1,72 @@
+"""Writing a command's report: to stdout, or atomically to --output only once the run has succeeded (no empty
+or partial file, ever), in the format asked for."""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from collections.abc import Iterable
+
+from ..errors import OutputError
+from ..output.formats import Report, formatter
+
+
+def write_output(text: str, output: str | None) -> None:
+    """Print the report, or write it to `output` only now that the run has succeeded."""
+    write_stream((text,), output)
+
+
+def write_stream(chunks: Iterable[str], output: str | None) -> None:
+    """Write the report's chunks as they are made (flat memory): to stdout, or to a temporary file
+    beside `output` that replaces it only once every chunk is written (no partial file, ever)."""
+    if output is None or output == "-":
+        try:
+            for text in chunks:
+                sys.stdout.write(text)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            # the reader stopped (`... | head`): that is its choice, not an error of ours; stop
+            # writing, and keep Python's own flush at exit from failing again
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        return
+    target = os.path.realpath(output)  # a symlink's file is replaced, not the link
+    if os.path.isdir(target):
+        raise OutputError(f"--output {output}: is a directory")
+    if os.path.exists(target) and not os.path.isfile(target):
+        # a device, a FIFO, a terminal (/dev/null, /dev/stdout, a named pipe): write into it, never
+        # replace it
+        try:
+            with open(target, "w", encoding="utf-8") as f:
+                for text in chunks:
+                    f.write(text)
+        except OSError as e:
+            raise OutputError(f"--output {output}: cannot write ({e.strerror or e})") from None
+        return
+    directory = os.path.dirname(target)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".rngaudit-", dir=directory)
+    except OSError as e:
+        raise OutputError(f"--output {output}: cannot write there ({e.strerror or e})") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for text in chunks:
+                f.write(text)
+        # mkstemp creates 0600; give the report the permissions any new file gets here
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, target)
+    except BaseException as e:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        if isinstance(e, OSError):
+            raise OutputError(f"--output {output}: cannot write ({e.strerror or e})") from None
+        raise
+
+
+def emit(fmt: str, output: str | None, report: Report) -> None:
+    """Render `report` in `fmt` (a Format value) and write it, now that the run has succeeded."""
+    to_terminal = output is None and sys.stdout.isatty()
+    write_output(formatter(fmt, to_terminal).render(report), output)

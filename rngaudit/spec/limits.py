@@ -1,0 +1,42 @@
+"""How much YAML a spec may hold (bytes, nodes after alias expansion, nesting), and the limits in force while
+specs load. Stdlib only: the command line states the defaults in --help without loading the spec machinery."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+# Pure-Python YAML parses about 25,000 nodes (or 3 MB of plain text) a second and holds ~1 KB per node, so
+# these defaults refuse junk within a few seconds and a few hundred MB; a real spec is far smaller (a
+# model's size is in `repeat:`, not in the text). --max-spec-mib and --max-yaml-nodes raise them.
+MAX_BYTES = 4 * 1024 * 1024
+MAX_NODES = 100_000  # YAML nodes after alias expansion
+MAX_DEPTH = 200  # nesting levels, aliases included (fixed: deeper nesting would exhaust the stack)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How much YAML a spec may hold; the commands' --max-spec-mib and --max-yaml-nodes raise them for a
+    legitimately large spec."""
+
+    max_bytes: int = MAX_BYTES
+    max_nodes: int = MAX_NODES
+
+
+_LIMITS: ContextVar[Limits] = ContextVar("rngaudit_yaml_limits", default=Limits())
+
+
+def current_limits() -> Limits:
+    return _LIMITS.get()
+
+
+@contextmanager
+def limits(max_bytes: int | None = None, max_nodes: int | None = None) -> Iterator[Limits]:
+    """Load specs under other limits inside the block (None keeps the default)."""
+    chosen = Limits(MAX_BYTES if max_bytes is None else max_bytes, MAX_NODES if max_nodes is None else max_nodes)
+    token = _LIMITS.set(chosen)
+    try:
+        yield chosen
+    finally:
+        _LIMITS.reset(token)
