@@ -323,7 +323,8 @@ def test_usage_errors_exit_2():
     assert r.returncode == 2 and "No such option" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_internal_errors_are_one_line_and_exit_2(monkeypatch):
+def test_internal_errors_are_one_line_and_exit_3(monkeypatch):
+    """A bug of rngaudit's is told apart from bad input: its own exit code, and a request to report it."""
     import rngaudit.engine.derive as report
 
     def boom(*a, **k):
@@ -331,8 +332,9 @@ def test_internal_errors_are_one_line_and_exit_2(monkeypatch):
 
     monkeypatch.setattr(report, "derive", boom)
     r = invoke("derive", GUIDE)
-    assert r.exit_code == 2 and r.stdout == ""
+    assert r.exit_code == 3 and r.stdout == ""
     assert r.stderr.startswith("error: internal error (RuntimeError: unexpected\\nstate)")
+    assert "please report it" in r.stderr
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
 
 
