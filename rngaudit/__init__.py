@@ -1,4 +1,17 @@
-"""rngaudit: replay, check and diff the PRNG keys Flax hands every make_rng call."""
+"""rngaudit: replay, check and diff the PRNG keys Flax hands every make_rng call.
+
+The Python API (rngaudit.api) is every command as a function returning its report:
+
+    import rngaudit
+
+    report = rngaudit.derive("model.yaml")              # DeriveReport: report.calls, each with .key
+    report = rngaudit.collisions("a.yaml", "b.json")    # CollisionsReport: report.failing, report.audits
+    report = rngaudit.shard_check(["model.yaml"], devices=8)
+    report = rngaudit.capture("model.py:make")          # CaptureReport: report.spec, report.capture
+    report = rngaudit.verify("model.yaml", against="keys.json")
+    report = rngaudit.diff("old.yaml", "new.yaml")      # Comparison: report.failing, report.entries
+    rngaudit.findings(report)                           # what --format github/sarif would annotate
+"""
 from __future__ import annotations
 
 __version__ = "0.1.0"
@@ -6,10 +19,17 @@ __version__ = "0.1.0"
 # The public API loads on first use (PEP 562): `rngaudit --help`, and commands that need no spec, start
 # without the spec parser, the replay and what they import.
 _API = {
-    "FlaxError": "errors", "Location": "errors", "RngauditError": "errors", "SpecError": "errors",
+    "derive": "api", "collisions": "api", "shard_check": "api", "capture": "api", "verify": "api", "diff": "api",
+    "findings": "api",
+    "Location": "errors", "RngauditError": "errors", "InputError": "errors", "SpecError": "errors",
+    "FlaxError": "errors", "UsageError": "errors", "OutputError": "errors", "ConfigError": "errors",
+    "UserCodeError": "errors", "DeviceError": "errors", "FlaxUnavailableError": "errors",
+    "UnsupportedError": "errors", "InternalError": "errors",
+    "DeriveReport": "engine.derive", "CollisionsReport": "collision.results", "ShardReport": "shard.report",
+    "CaptureReport": "refactor.capture", "Comparison": "refactor.compare",
     "hash_input": "engine.hashing", "hash_word": "engine.hashing", "produce_hash": "engine.hashing",
     "Derivation": "engine.records", "replay": "engine.replay",
-    "load_spec": "spec.parse", "parse_spec": "spec.parse",
+    "Spec": "spec.tree", "load_spec": "spec.parse", "parse_spec": "spec.parse",
 }
 
 
@@ -28,17 +48,4 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_API))
 
 
-def derive(spec, values: bool = True):
-    """Replay `spec` (a Spec, or a path to a spec file) and return a DeriveReport with keys."""
-    from .engine.derive import derive as _derive
-    from .spec.parse import load_spec
-
-    if isinstance(spec, str):
-        spec = load_spec(spec)
-    return _derive(spec, values=values)
-
-
-__all__ = [
-    "Derivation", "FlaxError", "Location", "RngauditError", "SpecError", "__version__", "derive",
-    "hash_input", "hash_word", "load_spec", "parse_spec", "produce_hash", "replay",
-]
+__all__ = sorted(set(_API) | {"__version__"})
