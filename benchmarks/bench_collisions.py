@@ -25,6 +25,7 @@ process's max RSS.
 
     python3 benchmarks/bench_collisions.py [--sites 1000000] [--modules 10000] [--skip spec,command,shapes,tree,paths]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -83,8 +84,10 @@ def peak_mib(fn) -> float:
 
 def report(name: str, n: int, stages: list[tuple[str, float]], floor: float, peak: tuple[str, float], a) -> None:
     total = sum(t for _, t in stages)
-    print(f"\n[{name}] {n:,} call sites: {a.failing} failing findings "
-          f"({sum(1 for c in a.collisions if c.collision_class == 3)} class 3), {len(a.latent)} latent")
+    print(
+        f"\n[{name}] {n:,} call sites: {a.failing} failing findings "
+        f"({sum(1 for c in a.collisions if c.collision_class == 3)} class 3), {len(a.latent)} latent"
+    )
     for stage, t in stages:
         print(f"  {stage:<34} {t:8.3f} s")
     print(f"  {'total':<34} {total:8.3f} s  ({n / total:,.0f} call sites/s)")
@@ -115,8 +118,14 @@ def bench_spec(text: str, name: str = "spec", peak: bool = True) -> float:
     floor = sha1_floor(inputs)
     del inputs
     traced = ("replay + audit", peak_mib(lambda: audit(spec_sites(spec))) if peak else float("nan"))
-    report(name, sites.n, [("call sites: replay, hashes, keys", best[0]), ("audit (group, classify, fixes)", best[1])],
-           floor, traced, a)
+    report(
+        name,
+        sites.n,
+        [("call sites: replay, hashes, keys", best[0]), ("audit (group, classify, fixes)", best[1])],
+        floor,
+        traced,
+        a,
+    )
     return floor
 
 
@@ -133,8 +142,11 @@ def bench_command(modules: int, per_module: int, floor: float) -> None:
             best = float("inf")
             for _ in range(3):
                 t = time.perf_counter()
-                r = subprocess.run([sys.executable, "-m", "rngaudit", "collisions", path, "--format", fmt, "-o", out],
-                                   capture_output=True, text=True)
+                r = subprocess.run(
+                    [sys.executable, "-m", "rngaudit", "collisions", path, "--format", fmt, "-o", out],
+                    capture_output=True,
+                    text=True,
+                )
                 best = min(best, time.perf_counter() - t)
                 if r.returncode not in (0, 1):
                     raise SystemExit(f"rngaudit collisions failed ({r.returncode}): {r.stderr}")
@@ -156,8 +168,14 @@ def bench_json(name: str, value, inputs: list[bytes]) -> None:
         t_audit = time.perf_counter() - t
         floor = sha1_floor(inputs)
         peak = ("read + audit", peak_mib(lambda: audit(load_module_sites(path))))
-    report(name, sites.n, [("read JSON + call sites + hashes", t_load), ("audit (group, classify, fixes)", t_audit)],
-           floor, peak, a)
+    report(
+        name,
+        sites.n,
+        [("read JSON + call sites + hashes", t_load), ("audit (group, classify, fixes)", t_audit)],
+        floor,
+        peak,
+        a,
+    )
 
 
 def main() -> None:

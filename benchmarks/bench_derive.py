@@ -11,6 +11,7 @@ Prints the times and the ratios side by side; --check exits 1 when a target is m
 
     python3 benchmarks/bench_derive.py [--sites 1000000] [--jax-sample 3000] [--no-plain] [--check]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -111,8 +112,10 @@ def bench(name: str, text: str, args, jax, jnp) -> list[str]:
     t_sha = best_of(sha_floor)
     t_plain = None
     if args.plain:
+
         def plain():
             derive_keys(spec, replay(spec), engine)
+
         t_plain = best_of(plain, runs=1)
 
     roots = {"params": jax.random.key(0), "dropout": jax.random.key(1)}
@@ -148,8 +151,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sites", type=int, default=1_000_000)
     ap.add_argument("--jax-sample", type=int, default=3000)
-    ap.add_argument("--plain", action=argparse.BooleanOptionalAction, default=True,
-                    help="also time the plain (reference) path")
+    ap.add_argument(
+        "--plain", action=argparse.BooleanOptionalAction, default=True, help="also time the plain (reference) path"
+    )
     ap.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
     args = ap.parse_args()
 

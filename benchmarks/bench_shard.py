@@ -10,6 +10,7 @@ not the JAX import, which is timed apart), `warm` the best of three more with ev
 
     python3 benchmarks/bench_shard.py [--runs 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,8 +49,11 @@ def direct() -> dict:
     mesh = jax.sharding.Mesh(np.asarray(jax.devices()), ("data",))
     batch, replicated = NamedSharding(mesh, P("data")), NamedSharding(mesh, P())
     jit_forward = jax.jit(forward, in_shardings=(replicated, batch), out_shardings=batch)
-    split_forward = jax.jit(jax.shard_map(lambda kb, xb: forward(kb[0], xb), mesh=mesh, in_specs=(P("data"), P("data")),
-                                          out_specs=P("data")))
+    split_forward = jax.jit(
+        jax.shard_map(
+            lambda kb, xb: forward(kb[0], xb), mesh=mesh, in_specs=(P("data"), P("data")), out_specs=P("data")
+        )
+    )
     one_forward = jax.jit(jax.shard_map(forward, mesh=mesh, in_specs=(P(), P("data")), out_specs=P("data")))
     key, x = mod.apply_rng, jnp.ones((DEVICES, 1))
 
@@ -81,10 +85,27 @@ def main() -> None:
         print(json.dumps(direct()))
         return
 
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES}", JAX_PLATFORMS="cpu",
-               JAX_NUM_CPU_DEVICES=str(DEVICES))
-    command = [sys.executable, "-m", "rngaudit", "shard-check", "--devices", str(DEVICES), "--key",
-               "split(key(0))[1]", "--fn", GUIDE_FN, "--allow-replicated", "--format", "json"]
+    env = dict(
+        os.environ,
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES}",
+        JAX_PLATFORMS="cpu",
+        JAX_NUM_CPU_DEVICES=str(DEVICES),
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "rngaudit",
+        "shard-check",
+        "--devices",
+        str(DEVICES),
+        "--key",
+        "split(key(0))[1]",
+        "--fn",
+        GUIDE_FN,
+        "--allow-replicated",
+        "--format",
+        "json",
+    ]
     walls, baselines = [], []
     for _ in range(args.runs):
         t = time.perf_counter()
@@ -101,10 +122,13 @@ def main() -> None:
     cold = statistics.median(b["cold"] for b in baselines)
     warm = statistics.median(b["warm"] for b in baselines)
     imp = statistics.median(b["import_jax"] for b in baselines)
-    print(f"rngaudit shard-check, guide example, {DEVICES} forced CPU devices, {os.cpu_count()} cores, "
-          f"median of {args.runs} runs")
-    print(f"  command wall time (fresh process)          {wall:7.2f} s   (runs: "
-          f"{', '.join(f'{w:.2f}' for w in walls)})")
+    print(
+        f"rngaudit shard-check, guide example, {DEVICES} forced CPU devices, {os.cpu_count()} cores, "
+        f"median of {args.runs} runs"
+    )
+    print(
+        f"  command wall time (fresh process)          {wall:7.2f} s   (runs: {', '.join(f'{w:.2f}' for w in walls)})"
+    )
     print(f"  direct in-process, cold (+ compiles)       {cold:7.2f} s   ratio {wall / cold:5.1f}x")
     print(f"  direct in-process, warm (compiled)         {warm * 1e3:7.1f} ms  ratio {wall / warm:5.0f}x")
     print(f"  JAX import with {DEVICES} devices (not in cold)   {imp:7.2f} s")

@@ -18,6 +18,7 @@ checkout's modules are compiled on every start (site-packages keep their install
 With --check the exit status is 1 when a target is missed, else 0. Targets are judged on best-of ratios:
 on a shared machine the best run is the one least disturbed by other work (medians are shown too).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,8 +59,9 @@ def commands() -> list[tuple[str, list[str], float | None]]:
 def run_once(argv: list[str], env: dict) -> tuple[float, float]:
     """(wall seconds, CPU seconds) of one run."""
     t = time.perf_counter()
-    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     _, status, usage = os.wait4(proc.pid, 0)
     elapsed = time.perf_counter() - t
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -82,8 +84,10 @@ def measure(cmds, runs: int, env: dict) -> list[list[tuple[float, float]]]:
 def report(cmds, times: list[list[tuple[float, float]]], args) -> list[str]:
     """Print the table; return the labels of the commands that miss their target."""
     bytecode = "compiled on every start (--uncached)" if args.uncached else "cached"
-    print(f"machine: {os.cpu_count()} cores, Python {sys.version.split()[0]}, {args.runs} runs each, "
-          f"interleaved; bytecode {bytecode}; command: {' '.join(rngaudit_command())}")
+    print(
+        f"machine: {os.cpu_count()} cores, Python {sys.version.split()[0]}, {args.runs} runs each, "
+        f"interleaved; bytecode {bytecode}; command: {' '.join(rngaudit_command())}"
+    )
     base = [w for w, _ in times[0]]
     base_best, base_median, base_cpu = min(base), statistics.median(base), min(c for _, c in times[0])
     print(f"{'command':<56} {'best s':>7} {'median s':>8} {'best x':>7} {'median x':>8} {'cpu x':>6}  target")
@@ -98,16 +102,21 @@ def report(cmds, times: list[list[tuple[float, float]]], args) -> list[str]:
             verdict = f"<= {target:g}x " + ("ok" if rb <= target else "MISSED")
             if rb > target:
                 missed.append(label)
-        print(f"{label:<56} {best:7.3f} {median:8.3f} {rb:7.2f} {median / base_median:8.2f} {cpu / base_cpu:6.2f}"
-              f"  {verdict}")
+        print(
+            f"{label:<56} {best:7.3f} {median:8.3f} {rb:7.2f} {median / base_median:8.2f} {cpu / base_cpu:6.2f}"
+            f"  {verdict}"
+        )
     return missed
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=15, help="runs of each command (default 15)")
-    ap.add_argument("--uncached", action="store_true",
-                    help="compile the checkout's modules on every start (PYTHONDONTWRITEBYTECODE=1)")
+    ap.add_argument(
+        "--uncached",
+        action="store_true",
+        help="compile the checkout's modules on every start (PYTHONDONTWRITEBYTECODE=1)",
+    )
     ap.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
     args = ap.parse_args()
     cmds = commands()

@@ -12,6 +12,7 @@ The Python API (rngaudit.api) is every command as a function returning its repor
     report = rngaudit.diff("old.yaml", "new.yaml")      # Comparison: report.failing, report.entries
     rngaudit.findings(report)                           # what --format github/sarif would annotate
 """
+
 from __future__ import annotations
 
 __version__ = "0.1.0"
@@ -19,17 +20,39 @@ __version__ = "0.1.0"
 # The public API loads on first use (PEP 562): `rngaudit --help`, and commands that need no spec, start
 # without the spec parser, the replay and what they import.
 _API = {
-    "derive": "api", "collisions": "api", "shard_check": "api", "capture": "api", "verify": "api", "diff": "api",
+    "derive": "api",
+    "collisions": "api",
+    "shard_check": "api",
+    "capture": "api",
+    "verify": "api",
+    "diff": "api",
     "findings": "api",
-    "Location": "errors", "RngauditError": "errors", "InputError": "errors", "SpecError": "errors",
-    "FlaxError": "errors", "UsageError": "errors", "OutputError": "errors", "ConfigError": "errors",
-    "UserCodeError": "errors", "DeviceError": "errors", "FlaxUnavailableError": "errors",
-    "UnsupportedError": "errors", "InternalError": "errors",
-    "DeriveReport": "engine.derive", "CollisionsReport": "collision.results", "ShardReport": "shard.report",
-    "CaptureReport": "refactor.capture", "Comparison": "refactor.compare",
-    "hash_input": "engine.hashing", "hash_word": "engine.hashing", "produce_hash": "engine.hashing",
-    "Derivation": "engine.records", "replay": "engine.replay",
-    "Spec": "spec.tree", "load_spec": "spec.parse", "parse_spec": "spec.parse",
+    "Location": "errors",
+    "RngauditError": "errors",
+    "InputError": "errors",
+    "SpecError": "errors",
+    "FlaxError": "errors",
+    "UsageError": "errors",
+    "OutputError": "errors",
+    "ConfigError": "errors",
+    "UserCodeError": "errors",
+    "DeviceError": "errors",
+    "FlaxUnavailableError": "errors",
+    "UnsupportedError": "errors",
+    "InternalError": "errors",
+    "DeriveReport": "engine.derive",
+    "CollisionsReport": "collision.results",
+    "ShardReport": "shard.report",
+    "CaptureReport": "refactor.capture",
+    "Comparison": "refactor.compare",
+    "hash_input": "engine.hashing",
+    "hash_word": "engine.hashing",
+    "produce_hash": "engine.hashing",
+    "Derivation": "engine.records",
+    "replay": "engine.replay",
+    "Spec": "spec.tree",
+    "load_spec": "spec.parse",
+    "parse_spec": "spec.parse",
 }
 
 
@@ -48,4 +71,39 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_API))
 
 
-__all__ = sorted(set(_API) | {"__version__"})
+__all__ = [
+    "CaptureReport",
+    "CollisionsReport",
+    "Comparison",
+    "ConfigError",
+    "Derivation",
+    "DeriveReport",
+    "DeviceError",
+    "FlaxError",
+    "FlaxUnavailableError",
+    "InputError",
+    "InternalError",
+    "Location",
+    "OutputError",
+    "RngauditError",
+    "ShardReport",
+    "Spec",
+    "SpecError",
+    "UnsupportedError",
+    "UsageError",
+    "UserCodeError",
+    "__version__",
+    "capture",
+    "collisions",
+    "derive",
+    "diff",
+    "findings",
+    "hash_input",
+    "hash_word",
+    "load_spec",
+    "parse_spec",
+    "produce_hash",
+    "replay",
+    "shard_check",
+    "verify",
+]

@@ -1,4 +1,5 @@
 """`python -m rngaudit` runs the command line."""
+
 from .cli import main
 
 main()

@@ -8,6 +8,7 @@
 Inputs are a path (`str` or `pathlib.Path`) or an already-loaded Spec (`rngaudit.load_spec`,
 `rngaudit.parse_spec`). Problems raise `rngaudit.RngauditError` subclasses with the message the command
 prints; the commands themselves (rngaudit.cli) call these functions."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,7 +26,6 @@ if TYPE_CHECKING:
     from .refactor.keys_file import Capture
     from .shard.report import ShardReport
     from .spec.tree import Draw, Spec
-
 
 
 def load(spec: str | os.PathLike[str] | Spec, phase: str | None = None) -> Spec:
@@ -72,15 +72,25 @@ def _check_draw_budget(spec: Spec, default_draw: Draw, text: str) -> None:
     keys, drawn, _ = budget(spec.model)
     total = drawn + keys * math.prod(default_draw.shape)
     if total > MAX_DRAWN_VALUES:
-        raise UsageError(f"--draw {text!r} draws up to {total} values over up to {keys} keys; rngaudit draws "
-                         f"at most {MAX_DRAWN_VALUES}: draw a smaller shape, or use --no-values",
-                         Location("--draw", 1, 1))
+        raise UsageError(
+            f"--draw {text!r} draws up to {total} values over up to {keys} keys; rngaudit draws "
+            f"at most {MAX_DRAWN_VALUES}: draw a smaller shape, or use --no-values",
+            Location("--draw", 1, 1),
+        )
 
 
 # ---------------------------------------------------------------- derive
-def derive(spec: str | os.PathLike[str] | Spec, *, phase: str | None = None, values: bool = True,
-           draw: str | Draw | None = None, streams: Sequence[str] = (), paths: Sequence[str] = (),
-           limit: int | None = None, engine: str = "fast") -> DeriveReport:
+def derive(
+    spec: str | os.PathLike[str] | Spec,
+    *,
+    phase: str | None = None,
+    values: bool = True,
+    draw: str | Draw | None = None,
+    streams: Sequence[str] = (),
+    paths: Sequence[str] = (),
+    limit: int | None = None,
+    engine: str = "fast",
+) -> DeriveReport:
     """Every key the spec's model receives (`report.calls`), and the values of its draws. `draw` (e.g.
     "normal:2,2") is drawn from every key without a `draw:`; `streams`, `paths` (globs) and `limit` select
     call sites before any key is computed; `engine` "plain" is the reference path (no filters)."""
@@ -94,13 +104,26 @@ def derive(spec: str | os.PathLike[str] | Spec, *, phase: str | None = None, val
         raise UsageError(f"--engine {engine!r}: use fast or plain", Location("--engine", 1, 1))
     if engine == "plain" and (streams or paths or limit is not None):
         raise UsageError("--stream, --path and --limit need --engine fast", Location("--engine", 1, 1))
-    return run_derive(s, values=values, default_draw=default_draw, engine=engine, streams=tuple(streams),
-                      paths=tuple(paths), limit=limit)
+    return run_derive(
+        s,
+        values=values,
+        default_draw=default_draw,
+        engine=engine,
+        streams=tuple(streams),
+        paths=tuple(paths),
+        limit=limit,
+    )
 
 
 # ---------------------------------------------------------------- collisions
-def audit_input(source: str | os.PathLike[str] | Spec, *, phase: str | None = None, keys: bool = True,
-                fix_rng_separator: bool | None = None, latent_max_count: int | None = None) -> Audit:
+def audit_input(
+    source: str | os.PathLike[str] | Spec,
+    *,
+    phase: str | None = None,
+    keys: bool = True,
+    fix_rng_separator: bool | None = None,
+    latent_max_count: int | None = None,
+) -> Audit:
     """The audit of one input: a spec (YAML, or JSON holding a spec), or a JSON file of module paths or of a
     params tree."""
     from .collision.audit import audit
@@ -121,10 +144,16 @@ def audit_input(source: str | os.PathLike[str] | Spec, *, phase: str | None = No
     return audit(spec_sites(s, keys=keys), bound)
 
 
-def collisions(*inputs: str | os.PathLike[str] | Spec, phase: str | None = None, keys: bool = True,
-               fix_rng_separator: bool | None = None, latent_max_count: int | None = None, strict: bool = False,
-               fail_on: Iterable[str] | None = None,
-               advance: Callable[[int], None] | None = None) -> CollisionsReport:
+def collisions(
+    *inputs: str | os.PathLike[str] | Spec,
+    phase: str | None = None,
+    keys: bool = True,
+    fix_rng_separator: bool | None = None,
+    latent_max_count: int | None = None,
+    strict: bool = False,
+    fail_on: Iterable[str] | None = None,
+    advance: Callable[[int], None] | None = None,
+) -> CollisionsReport:
     """Call sites that receive identical keys in each input, why, and the fixes checked. `report.failing`
     says whether a finding of a failing category was found (`fail_on`; `strict`: every category).
     `advance(1)` is called after each input."""
@@ -136,27 +165,43 @@ def collisions(*inputs: str | os.PathLike[str] | Spec, phase: str | None = None,
             raise UsageError(f"fail_on {c!r}: use one of {', '.join(FINDING_CATEGORIES)}")
     audits = []
     for source in inputs:
-        audits.append(audit_input(source, phase=phase, keys=keys, fix_rng_separator=fix_rng_separator,
-                                  latent_max_count=latent_max_count))
+        audits.append(
+            audit_input(
+                source, phase=phase, keys=keys, fix_rng_separator=fix_rng_separator, latent_max_count=latent_max_count
+            )
+        )
         if advance is not None:
             advance(1)
     return CollisionsReport(tuple(audits), fail_categories(strict, wanted))
 
 
 # ---------------------------------------------------------------- shard-check
-def shard_check(specs: Sequence[str | os.PathLike[str] | Spec] = (), *, fns: Sequence[str] = (),
-                devices: int | None = None, platform: str | None = None, mesh: str | None = None,
-                paths: Sequence[str] = (), streams: Sequence[str] = (), phase: str | None = None,
-                draw: str | Draw | None = None, shape: str | None = None, input: str | None = None,
-                seed: int | None = None, key: str | None = None, allow_replicated: bool = False,
-                atol: float | None = None, timeout: float | None = None) -> ShardReport:
+def shard_check(
+    specs: Sequence[str | os.PathLike[str] | Spec] = (),
+    *,
+    fns: Sequence[str] = (),
+    devices: int | None = None,
+    platform: str | None = None,
+    mesh: str | None = None,
+    paths: Sequence[str] = (),
+    streams: Sequence[str] = (),
+    phase: str | None = None,
+    draw: str | Draw | None = None,
+    shape: str | None = None,
+    input: str | None = None,
+    seed: int | None = None,
+    key: str | None = None,
+    allow_replicated: bool = False,
+    atol: float | None = None,
+    timeout: float | None = None,
+) -> ShardReport:
     """Keys and draws of `specs` re-derived on many devices, and `fns` ("FILE.py:NAME", (key, x) -> y) run
     eagerly, under jax.jit and under shard_map, in a fresh process with the devices asked for. A Spec given
     as an object must have been loaded from its file (the device process loads it again)."""
     from .shard.request import SpecTarget, make_request, parse_fn_target
     from .shard.runner import run
-    from .spec.tree import Spec
     from .spec.limits import current_limits
+    from .spec.tree import Spec
 
     if not specs:
         given = [o for o, v in (("--path", paths), ("--stream", streams), ("--phase", phase), ("--draw", draw)) if v]
@@ -173,16 +218,33 @@ def shard_check(specs: Sequence[str | os.PathLike[str] | Spec] = (), *, fns: Seq
             _check_draw_budget(s, default_draw, text)
         file = s.file if isinstance(p, Spec) else os.fspath(p)
         spec_targets.append(SpecTarget(file, phase, tuple(paths), tuple(streams), default_draw))
-    request = make_request(specs=spec_targets, fns=targets, devices=devices, platform=platform, mesh=mesh,
-                           shape=shape, fill=input, seed=seed, key=key, allow_replicated=allow_replicated,
-                           atol=atol, timeout=timeout)
+    request = make_request(
+        specs=spec_targets,
+        fns=targets,
+        devices=devices,
+        platform=platform,
+        mesh=mesh,
+        shape=shape,
+        fill=input,
+        seed=seed,
+        key=key,
+        allow_replicated=allow_replicated,
+        atol=atol,
+        timeout=timeout,
+    )
     limits = current_limits()
     return run(dataclasses.replace(request, spec_limits=(limits.max_bytes, limits.max_nodes)))
 
 
 # ---------------------------------------------------------------- capture, verify, diff
-def capture(target: str, *, inputs: Sequence[str] = (), rngs: str | dict[str, int] | None = None,
-            phase: str = "init", method: str | None = None) -> CaptureReport:
+def capture(
+    target: str,
+    *,
+    inputs: Sequence[str] = (),
+    rngs: str | dict[str, int] | None = None,
+    phase: str = "init",
+    method: str | None = None,
+) -> CaptureReport:
     """Run a live Flax model (`FILE.py:FACTORY` or `package.module:FACTORY`), record every key it hands out
     (`report.capture`) and a spec that derive replays bit-exactly (`report.spec`, YAML text)."""
     from .refactor.capture import CaptureReport, run_capture
@@ -202,9 +264,14 @@ def _sites(source: str | os.PathLike[str] | Spec | Capture) -> Capture:
     return load_sites(os.fspath(source))
 
 
-def verify(spec: str | os.PathLike[str] | Spec, against: str | os.PathLike[str] | Capture, *,
-           inputs: Sequence[str] = (), rngs: str | dict[str, int] | None = None,
-           method: str | None = None) -> Comparison:
+def verify(
+    spec: str | os.PathLike[str] | Spec,
+    against: str | os.PathLike[str] | Capture,
+    *,
+    inputs: Sequence[str] = (),
+    rngs: str | dict[str, int] | None = None,
+    method: str | None = None,
+) -> Comparison:
     """The spec's keys against a live model (`FILE.py:FACTORY`, run in real Flax with `rngs`, by default the
     spec's integer seeds) or against a capture (a keys file, or a Capture): every key that differs, is
     missing or is extra (`report.failing`)."""
@@ -225,8 +292,9 @@ def verify(spec: str | os.PathLike[str] | Spec, against: str | os.PathLike[str] 
             try:
                 seeds = {k: int(src.text) for k, src in s.rngs.items()}
             except ValueError:
-                raise UsageError(f"{s.file}: its rngs are not all integer seeds; give --rngs STREAM=SEED,... for "
-                                 "the TARGET") from None
+                raise UsageError(
+                    f"{s.file}: its rngs are not all integer seeds; give --rngs STREAM=SEED,... for the TARGET"
+                ) from None
         theirs, _, _ = observe(os.fspath(against), list(inputs), seeds, ours.phase, method)
     return compare(ours, theirs)
 

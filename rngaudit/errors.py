@@ -1,4 +1,5 @@
 """Where a problem is, and the one exception family every command catches: one class per cause."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -12,11 +12,13 @@ dropped, so memory stays as it was; only cycles wait for the collector's next ru
 Nested pauses are free; the collector is turned back on only by the outermost one, and only if it
 was on before.
 """
+
 from __future__ import annotations
 
 import functools
 import gc
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 F = TypeVar("F", bound=Callable)
 

@@ -8,6 +8,7 @@ Hypothesis runs reproducibly by default: `derandomize` draws the same examples o
 Hypothesis version, so a CI run fails only when the code (or Hypothesis) changed, never because it happened
 upon an example. Long sweeps explore: RNGAUDIT_HYPOTHESIS_RANDOM=1 draws new examples each run (and keeps the
 ones that failed in .hypothesis/ to try first next time)."""
+
 from __future__ import annotations
 
 import os

@@ -46,6 +46,7 @@ that really runs, with the data that really flows, so:
 Each record: path, requested, stream, count, lane (outermost first), key (key data words),
 discarded=False, and, where the spec draws values, value (and label for params).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -104,11 +105,12 @@ def _drawn_value(draw: Draw | None, keys) -> jnp.ndarray:
 # Flax's default initializer of a layer param, written as the draw that reproduces it.
 _DEFAULT_INIT = {
     "kernel": ("lecun_normal", {"in_axis": -2, "out_axis": -1}),
-    "embedding": ("variance_scaling", {"scale": 1.0, "mode": "fan_in", "distribution": "normal",
-                                       "in_axis": -2, "out_axis": 0}),
+    "embedding": (
+        "variance_scaling",
+        {"scale": 1.0, "mode": "fan_in", "distribution": "normal", "in_axis": -2, "out_axis": 0},
+    ),
 }
-_INIT_KWARG = {"kernel": "kernel_init", "bias": "bias_init", "embedding": "embedding_init",
-               "scale": "scale_init"}
+_INIT_KWARG = {"kernel": "kernel_init", "bias": "bias_init", "embedding": "embedding_init", "scale": "scale_init"}
 _MHA = ("MultiHeadDotProductAttention", "MultiHeadAttention", "SelfAttention")
 
 
@@ -120,8 +122,11 @@ class OracleUnsupported(Exception):
 @contextlib.contextmanager
 def flax_settings(spec: Spec):
     """Sets the separator flag, the threefry mode and the PRNG impl from the spec; restores them."""
-    saved = (flax.config.flax_fix_rng_separator, jax.config.jax_threefry_partitionable,
-             jax.config.jax_default_prng_impl)
+    saved = (
+        flax.config.flax_fix_rng_separator,
+        jax.config.jax_threefry_partitionable,
+        jax.config.jax_default_prng_impl,
+    )
     flax.config.update("flax_fix_rng_separator", spec.fix_rng_separator)
     jax.config.update("jax_threefry_partitionable", spec.threefry_partitionable)
     jax.config.update("jax_default_prng_impl", spec.prng_impl)
@@ -151,16 +156,20 @@ def capture():
     def recording_make_rng(scope, name="params"):
         used = name if scope.has_rng(name) else "params"
         key = make_rng(scope, name)
-        records.append({"path": tuple(scope.path), "requested": name, "stream": used,
-                        "key": key_words(key)})
+        records.append({"path": tuple(scope.path), "requested": name, "stream": used, "key": key_words(key)})
         return key
 
     def recording_param(scope, name, init_fn, *args, **kwargs):
         def init(key, *a, **kw):
             value = init_fn(key, *a, **kw)
             last = records[-1] if records else None
-            if (_concrete(key) and _concrete(value) and last is not None
-                    and last["path"] == tuple(scope.path) and last["key"] == key_words(key)):
+            if (
+                _concrete(key)
+                and _concrete(value)
+                and last is not None
+                and last["path"] == tuple(scope.path)
+                and last["key"] == key_words(key)
+            ):
                 last["label"] = name
                 last.setdefault("value", np.asarray(value))
             return value
@@ -288,8 +297,17 @@ class _Capture:
     def make_rng(self, scope, name, key) -> _Event:
         used = name if name in scope.rngs else "params"
         init_col = self.init_cols[-1] if self.init_cols else None
-        ev = _Event(self.next_seq(), tuple(scope.path), name, used, int(scope.rng_counters[used]),
-                    tuple(self.frames), init_col, bool(self.fork_stack), branch=tuple(self.branches))
+        ev = _Event(
+            self.next_seq(),
+            tuple(scope.path),
+            name,
+            used,
+            int(scope.rng_counters[used]),
+            tuple(self.frames),
+            init_col,
+            bool(self.fork_stack),
+            branch=tuple(self.branches),
+        )
         if self.fork_stack:
             self.fork_stack[-1].append(ev)
         self.events[ev.seq] = ev
@@ -327,8 +345,11 @@ class _Capture:
         ev.emitted = True
         frames = ev.frames
         j = max((i for i, f in enumerate(frames) if isinstance(f, _JitFrame)), default=-1)
-        lanes = [f.index() for f in frames[j + 1:]
-                 if isinstance(f, _LANES) and not (isinstance(f, _ScanFrame) and f.constancy)]
+        lanes = [
+            f.index()
+            for f in frames[j + 1 :]
+            if isinstance(f, _LANES) and not (isinstance(f, _ScanFrame) and f.constancy)
+        ]
         # (only non-empty arguments: an empty numpy constant passed to a callback inside lax.cond
         # makes XLA fail with "Invalid sharding" on jax 0.10.2)
         args = [jax.random.key_data(payload) if kind == "key" else payload]
@@ -369,8 +390,9 @@ class _Capture:
                 g["value"] = data
         forks: dict = {}
         out: dict = {}
-        for (seq, lanes, fork), g in sorted(groups.items(), key=lambda kv: (
-                self.events[kv[0][0]].jit_depth, kv[0][0], kv[0][1])):
+        for (seq, lanes, fork), g in sorted(
+            groups.items(), key=lambda kv: (self.events[kv[0][0]].jit_depth, kv[0][0], kv[0][1])
+        ):
             ev = self.events[seq]
             if "key" not in g:
                 continue  # a concrete value made from a key that never exists (scan's first trace)
@@ -378,18 +400,28 @@ class _Capture:
             if jit is None:
                 places = [((), ev.path, lanes)]
             else:
-                cands = [f for f in forks.get((ev.stream, fork), ())
-                         if f["event"].jit_depth == ev.jit_depth - 1]
+                cands = [f for f in forks.get((ev.stream, fork), ()) if f["event"].jit_depth == ev.jit_depth - 1]
                 if not cands:
-                    raise OracleUnsupported(f"a key inside nn.jit/fold_rngs at {ev.path} could not be "
-                                            "attributed to the fork it derives from")
-                assert ev.path[:len(jit.path)] == jit.path, (ev.path, jit.path)
-                rel = ev.path[len(jit.path):]
+                    raise OracleUnsupported(
+                        f"a key inside nn.jit/fold_rngs at {ev.path} could not be "
+                        "attributed to the fork it derives from"
+                    )
+                assert ev.path[: len(jit.path)] == jit.path, (ev.path, jit.path)
+                rel = ev.path[len(jit.path) :]
                 places = [(f["call"], f["path"] + rel, f["lane"] + lanes) for f in cands]
             for prefix, path, lane in places:
                 order = prefix + (seq,) + lane
-                rec = {"path": path, "requested": ev.requested, "stream": ev.stream, "count": ev.count,
-                       "lane": lane, "key": g["key"], "order": order, "event": ev, "branch": ev.branch}
+                rec = {
+                    "path": path,
+                    "requested": ev.requested,
+                    "stream": ev.stream,
+                    "count": ev.count,
+                    "lane": lane,
+                    "key": g["key"],
+                    "order": order,
+                    "event": ev,
+                    "branch": ev.branch,
+                }
                 if "value" in g:
                     rec["value"] = g["value"]
                 if ev.label is not None:
@@ -412,10 +444,18 @@ def _bind(fn, args, kwargs) -> dict:
 def _hooks(cap: _Capture):
     """Observe Flax: every wrapper calls the original (see the module docstring)."""
     orig = {
-        "make_rng": Scope.make_rng, "param": Scope.param, "variable": Scope.variable,
-        "vmap": lift.vmap, "scan": lift.scan, "jit": lift.jit, "fold_rngs": lift.fold_rngs,
-        "map_variables": lift.map_variables, "axes_scan": axes_scan.scan,
-        "fork_rngs": linen_transforms.fork_rngs, "cond": lift.cond, "switch": lift.switch,
+        "make_rng": Scope.make_rng,
+        "param": Scope.param,
+        "variable": Scope.variable,
+        "vmap": lift.vmap,
+        "scan": lift.scan,
+        "jit": lift.jit,
+        "fold_rngs": lift.fold_rngs,
+        "map_variables": lift.map_variables,
+        "axes_scan": axes_scan.scan,
+        "fork_rngs": linen_transforms.fork_rngs,
+        "cond": lift.cond,
+        "switch": lift.switch,
         "while_loop": lift.while_loop,
     }
 
@@ -473,8 +513,16 @@ def _hooks(cap: _Capture):
 
         return call
 
-    def axes_scan_fn(fn, in_axes, out_axes, length=None, reverse=False, unroll=1, _split_transpose=False,
-                     check_constancy_invariants=True):
+    def axes_scan_fn(
+        fn,
+        in_axes,
+        out_axes,
+        length=None,
+        reverse=False,
+        unroll=1,
+        _split_transpose=False,
+        check_constancy_invariants=True,
+    ):
         if length is None:
             raise OracleUnsupported("nn.scan without an explicit length")
         broadcast = cap.pending_scan[-1] if cap.pending_scan else False
@@ -486,9 +534,16 @@ def _hooks(cap: _Capture):
             with cap.frame(_ScanFrame(step, constancy, broadcast)):
                 return fn(broadcast_in, carry, *xs)
 
-        inner = orig["axes_scan"](body, (0,) + tuple(in_axes), out_axes, length=length, reverse=reverse,
-                                  unroll=unroll, _split_transpose=_split_transpose,
-                                  check_constancy_invariants=check_constancy_invariants)
+        inner = orig["axes_scan"](
+            body,
+            (0,) + tuple(in_axes),
+            out_axes,
+            length=length,
+            reverse=reverse,
+            unroll=unroll,
+            _split_transpose=_split_transpose,
+            check_constancy_invariants=check_constancy_invariants,
+        )
 
         def run(broadcast_in, init, *args):
             traces[0] = 0
@@ -594,7 +649,7 @@ def _hooks(cap: _Capture):
         cap.pending_forks = forks
         try:
             yield
-        except BaseException as e:  # noqa: BLE001 - re-raised unless the original swallows it
+        except BaseException as e:
             if not cm.__exit__(type(e), e, e.__traceback__):
                 raise
         else:
@@ -650,8 +705,9 @@ def draw_fn(draw: Draw):
     if kind == "truncated_normal":
         return lambda k: jax.random.truncated_normal(k, p["lower"], p["upper"], shape, dtype)
     if kind == "variance_scaling":
-        init = jax.nn.initializers.variance_scaling(p["scale"], p["mode"], p["distribution"],
-                                                     in_axis=p["in_axis"], out_axis=p["out_axis"])
+        init = jax.nn.initializers.variance_scaling(
+            p["scale"], p["mode"], p["distribution"], in_axis=p["in_axis"], out_axis=p["out_axis"]
+        )
     else:
         init = getattr(jax.nn.initializers, kind)(in_axis=p["in_axis"], out_axis=p["out_axis"])
     return lambda k: init(k, shape, dtype)
@@ -659,8 +715,7 @@ def draw_fn(draw: Draw):
 
 def _is_flax_default(param: str, draw: Draw) -> bool:
     want = _DEFAULT_INIT.get(param)
-    return (want is not None and draw.kind == want[0] and dict(draw.params) == want[1]
-            and draw.dtype == "float32")
+    return want is not None and draw.kind == want[0] and dict(draw.params) == want[1] and draw.dtype == "float32"
 
 
 # ---------------------------------------------------------------- lifted transforms of a ModuleDef
@@ -668,8 +723,15 @@ def _is_flax_default(param: str, draw: Draw) -> bool:
 # (VmapJitBlock), `lifts` the class transforms (outermost first) followed by the module's own
 # method decorators, and nn.remat_scan expanded to its scans (one Lift per level and remat between
 # them, all with the remat_scan statement's location). The oracle rebuilds the Flax calls from that.
-_PREFIX = {"vmap": "Vmap", "scan": "Scan", "jit": "Jit", "remat": "Checkpoint", "fold_rngs": "Fold_rngs",
-           "map_variables": "Map_variables", "remat_scan": "Remat_scan"}
+_PREFIX = {
+    "vmap": "Vmap",
+    "scan": "Scan",
+    "jit": "Jit",
+    "remat": "Checkpoint",
+    "fold_rngs": "Fold_rngs",
+    "map_variables": "Map_variables",
+    "remat_scan": "Remat_scan",
+}
 
 
 @dataclass(frozen=True)
@@ -725,7 +787,7 @@ def _split(mod: ModuleDef, mode: str) -> tuple[list[_Group], int, str]:
                 for i, p in enumerate(choice):
                     if p == "Remat_scan" and gs[i].kind == "scan":
                         gs[i] = _Group("remat_scan", dict(gs[i].options, lengths=(gs[i].options["length"],)))
-                best = (gs, k, mod.cls[len(prefix):])
+                best = (gs, k, mod.cls[len(prefix) :])
                 break
     if best is None:
         if mode == "class":
@@ -758,17 +820,33 @@ def _apply_transform(g: _Group, target, req: str):
     split = {_flax_filter(k) if k is not True else True: v for k, v in o.get("split_rngs", ())}
     axes = {_flax_filter(k) if k is not True else True: v for k, v in o.get("variable_axes", ())}
     if g.kind == "vmap":
-        return nn.vmap(target, variable_axes=axes, split_rngs=split, in_axes=None,
-                       out_axes=0 if req == "any" else None, axis_size=o["axis_size"])
+        return nn.vmap(
+            target,
+            variable_axes=axes,
+            split_rngs=split,
+            in_axes=None,
+            out_axes=0 if req == "any" else None,
+            axis_size=o["axis_size"],
+        )
     if g.kind == "scan":
-        return nn.scan(target, variable_axes=axes, split_rngs=split,
-                       variable_broadcast=_flax_filter(o.get("variable_broadcast", False)),
-                       variable_carry=_flax_filter(o.get("variable_carry", False)), length=o["length"],
-                       check_constancy_invariants=o.get("check_constancy_invariants", True))
+        return nn.scan(
+            target,
+            variable_axes=axes,
+            split_rngs=split,
+            variable_broadcast=_flax_filter(o.get("variable_broadcast", False)),
+            variable_carry=_flax_filter(o.get("variable_carry", False)),
+            length=o["length"],
+            check_constancy_invariants=o.get("check_constancy_invariants", True),
+        )
     if g.kind == "remat_scan":
-        return nn.remat_scan(target, lengths=tuple(o["lengths"]), variable_axes=axes, split_rngs=split,
-                             variable_broadcast=_flax_filter(o.get("variable_broadcast", False)),
-                             variable_carry=_flax_filter(o.get("variable_carry", False)))
+        return nn.remat_scan(
+            target,
+            lengths=tuple(o["lengths"]),
+            variable_axes=axes,
+            split_rngs=split,
+            variable_broadcast=_flax_filter(o.get("variable_broadcast", False)),
+            variable_carry=_flax_filter(o.get("variable_carry", False)),
+        )
     rngs = _flax_filter(o.get("rngs", True))
     if g.kind == "jit":
         return nn.jit(target, rngs=rngs)
@@ -777,9 +855,14 @@ def _apply_transform(g: _Group, target, req: str):
     if g.kind == "fold_rngs":
         return nn.fold_rngs(target, rngs=rngs)
     if g.kind == "map_variables":
-        return nn.map_variables(target, mapped_collections=_flax_filter(o.get("mapped_collections", True)),
-                                init=o.get("init", False), mutable=o.get("mutable", False), rngs=rngs,
-                                variables=_flax_filter(o.get("variables", True)))
+        return nn.map_variables(
+            target,
+            mapped_collections=_flax_filter(o.get("mapped_collections", True)),
+            init=o.get("init", False),
+            mutable=o.get("mutable", False),
+            rngs=rngs,
+            variables=_flax_filter(o.get("variables", True)),
+        )
     raise OracleUnsupported(f"transform {g.kind}")
 
 
@@ -828,7 +911,7 @@ class _Builder:
             if any(g.kind == "vmap" and r != "any" for g, r in zip(groups, reqs)):
                 raise OracleUnsupported(f"{mod.layer} under nn.vmap inside a scan body")
         else:
-            basedef = dataclasses_replace(mod, cls=base, lifts=mod.lifts[sum(g.n_lifts for g in groups[:k]):])
+            basedef = dataclasses_replace(mod, cls=base, lifts=mod.lifts[sum(g.n_lifts for g in groups[:k]) :])
             target, lkw = self._class(basedef, req, groups[k:], reqs[k:]), {}
         for g, r in reversed(list(zip(groups[:k], reqs[:k]))):
             target = _apply_transform(g, target, r)
@@ -845,6 +928,7 @@ class _Builder:
 
     def _make_class(self, mod: ModuleDef, req: str, decorators: list, reqs: list) -> type:
         builder = self
+
         def setup(m):
             object.__setattr__(m, "_oracle_setup_children", {})
             builder.run(m, mod.setup, m.__dict__["_oracle_setup_children"])
@@ -882,8 +966,12 @@ class _Builder:
                     local[child.name] = (child, mod)
                     self.invoke(child, mod)
             elif isinstance(item, Define):
-                child = self._attribute(m, item.module.name, lambda: self.construct(item.module, None),
-                                        lambda: self.construct(item.module, item.module.name))
+                child = self._attribute(
+                    m,
+                    item.module.name,
+                    lambda: self.construct(item.module, None),
+                    lambda: self.construct(item.module, item.module.name),
+                )
                 local[child.name] = (child, item.module)
             elif isinstance(item, Call):
                 child, mod = local.get(item.name) or m.__dict__.get("_oracle_setup_children", {})[item.name]
@@ -938,6 +1026,7 @@ class _Builder:
             finally:
                 self.cap.flush(pending, item.collection if created else None)
         else:
+
             def init():
                 return _drawn_value(item.draw, [self.rng(m, s, item.draw) for s in item.streams])
 
@@ -946,8 +1035,9 @@ class _Builder:
     @staticmethod
     def _attribute(m, name: str, unnamed, named):
         """self.<name> = Module() in setup; an explicit name= where `name` cannot be an attribute."""
-        plain = (name.isidentifier() and not name.startswith("_") and not hasattr(type(m), name)
-                 and name not in m.__dict__)
+        plain = (
+            name.isidentifier() and not name.startswith("_") and not hasattr(type(m), name) and name not in m.__dict__
+        )
         if not plain:
             return named()
         setattr(m, name, unnamed())
@@ -958,9 +1048,11 @@ class _Builder:
             _check_chainable(layer)
         if item.in_setup:
             seq = self._attribute(
-                m, item.name,
+                m,
+                item.name,
                 lambda: nn.Sequential([self.construct(l, None) for l in item.layers]),
-                lambda: nn.Sequential([self.construct(l, None) for l in item.layers], name=item.name))
+                lambda: nn.Sequential([self.construct(l, None) for l in item.layers], name=item.name),
+            )
             local[seq.name] = (seq, None)
             return
         layers = []
@@ -1038,6 +1130,7 @@ class _Builder:
 
 def dataclasses_replace(obj, **kw):
     import dataclasses
+
     return dataclasses.replace(obj, **kw)
 
 
@@ -1112,11 +1205,18 @@ def _layer_call(mod: ModuleDef, kw: dict):
     if kind == "InstanceNorm":
         return nn.InstanceNorm, dict(use_scale=o["use_scale"], use_bias=o["use_bias"], **kw)
     if kind == "Dropout":
-        return nn.Dropout, dict(rate=o["rate"], deterministic=o["deterministic"],
-                                rng_collection=o["rng_collection"], **kw)
+        return nn.Dropout, dict(
+            rate=o["rate"], deterministic=o["deterministic"], rng_collection=o["rng_collection"], **kw
+        )
     if kind in _MHA:
-        return getattr(nn, kind), dict(num_heads=2, use_bias=o["use_bias"], normalize_qk=o["normalize_qk"],
-                                       dropout_rate=o["dropout_rate"], deterministic=o["deterministic"], **kw)
+        return getattr(nn, kind), dict(
+            num_heads=2,
+            use_bias=o["use_bias"],
+            normalize_qk=o["normalize_qk"],
+            dropout_rate=o["dropout_rate"],
+            deterministic=o["deterministic"],
+            **kw,
+        )
     raise OracleUnsupported(f"layer {kind}")
 
 
@@ -1233,18 +1333,24 @@ def derive_rows(report) -> list[tuple]:
 
 def _first_difference(ours: list, theirs: list) -> str:
     from collections import Counter
+
     a, b = Counter(ours), Counter(theirs)
     if a == b:
         head = "the same keys (as a multiset), in a different order; "
     else:
         only_ours, only_theirs = list((a - b).elements()), list((b - a).elements())
-        head = (f"{len(only_ours)} rows only in rngaudit (first: {only_ours[:1]}), {len(only_theirs)} only "
-                f"in flax (first: {only_theirs[:1]}); ")
+        head = (
+            f"{len(only_ours)} rows only in rngaudit (first: {only_ours[:1]}), {len(only_theirs)} only "
+            f"in flax (first: {only_theirs[:1]}); "
+        )
     for i, (x, y) in enumerate(zip(ours, theirs)):
         if x != y:
             return head + f"row {i}: rngaudit {x} != flax {y}  [{', '.join(ROW)}]"
-    return head + f"rngaudit has {len(ours)} rows, flax {len(theirs)}; first extra: " + repr(
-        (ours if len(ours) > len(theirs) else theirs)[min(len(ours), len(theirs))])
+    return (
+        head
+        + f"rngaudit has {len(ours)} rows, flax {len(theirs)}; first extra: "
+        + repr((ours if len(ours) > len(theirs) else theirs)[min(len(ours), len(theirs))])
+    )
 
 
 def check_against_flax(spec: Spec, raw_keys: bool = False) -> Agreement:
@@ -1270,8 +1376,9 @@ def check_against_flax(spec: Spec, raw_keys: bool = False) -> Agreement:
         theirs_error = e
     if ours_error is not None or theirs_error is not None:
         assert theirs_error is not None, f"rngaudit predicts an error Flax does not raise: {ours_error}"
-        assert ours_error is not None, (f"Flax raises {type(theirs_error).__name__}: {theirs_error}; "
-                                        "rngaudit derived keys")
+        assert ours_error is not None, (
+            f"Flax raises {type(theirs_error).__name__}: {theirs_error}; rngaudit derived keys"
+        )
         name = type(theirs_error).__name__
         assert ours_error.flax_error == name, f"rngaudit: {ours_error}; flax: {name}: {theirs_error}"
         # JAX's own errors (cond/scan structure, vmap out_axes) go on over several lines that name
@@ -1279,7 +1386,8 @@ def check_against_flax(spec: Spec, raw_keys: bool = False) -> Agreement:
         core = str(theirs_error).split(FLAX_DOCS)[0].rstrip(".").split("\n")[0].rstrip(":")
         core = re.sub(r" \(axis_name=_rngaudit_lane_\d+\)", "", core)
         assert ours_error.message.startswith(f"Flax raises {name}: {core}"), (
-            f"rngaudit: {ours_error.message!r}; flax: {core!r}")
+            f"rngaudit: {ours_error.message!r}; flax: {core!r}"
+        )
         return Agreement(error=name)
     ours = derive_rows(report)
     theirs = flax_rows(records)
@@ -1294,9 +1402,14 @@ def check_against_flax(spec: Spec, raw_keys: bool = False) -> Agreement:
         assert "value" in r, f"call {i}: rngaudit drew {c.draw.describe()}, the oracle has no value"
         v = r["value"]
         assert c.values.dtype == v.dtype and c.values.shape == v.shape, (
-            f"call {i}: rngaudit {c.values.dtype}{c.values.shape} != flax {v.dtype}{v.shape}")
+            f"call {i}: rngaudit {c.values.dtype}{c.values.shape} != flax {v.dtype}{v.shape}"
+        )
         assert np.array_equal(c.values, v), f"call {i}: values differ:\n{c.values}\n{v}"
         values += 1
-    return Agreement(len(ours), values, sum(1 for c in live if c.derivation.fallback),
-                     discarded=len(report.calls) - len(live),
-                     lanes=sum(1 for c in live if getattr(c.derivation, "lane", ())))
+    return Agreement(
+        len(ours),
+        values,
+        sum(1 for c in live if c.derivation.fallback),
+        discarded=len(report.calls) - len(live),
+        lanes=sum(1 for c in live if getattr(c.derivation, "lane", ())),
+    )

@@ -1,6 +1,7 @@
 """The Python API (rngaudit.derive, collisions, shard_check, capture, verify, diff, findings): each takes a path
 (str or pathlib.Path) or an already-loaded spec, returns the report the command renders, and raises the
 command's errors as exceptions."""
+
 from __future__ import annotations
 
 import json
@@ -34,7 +35,7 @@ def test_derive_takes_a_path_or_a_spec_and_returns_what_the_command_prints(given
     assert isinstance(report, rngaudit.DeriveReport)
     _, doc = cli_json("derive", GUIDE)
     assert derive_json(report) == doc
-    assert [c.key for c in report.calls][0] == tuple(doc["calls"][0]["key"])
+    assert next(c.key for c in report.calls) == tuple(doc["calls"][0]["key"])
 
 
 def test_derive_options_are_the_commands():
@@ -82,16 +83,19 @@ def test_shard_check_runs_on_forced_devices():
     assert rngaudit.findings(report) == []
 
 
-@pytest.mark.parametrize("call, error", [
-    (lambda: rngaudit.derive(REPO / "tests" / "bad_specs" / "unknown_top_key.yaml"), "SpecError"),
-    (lambda: rngaudit.derive(GUIDE, draw="normal:2,x"), "UsageError"),
-    (lambda: rngaudit.derive(GUIDE, phase="train"), "UsageError"),
-    (lambda: rngaudit.collisions(REPO / "fixtures" / "collisions" / "bad.json"), "InputError"),
-    (lambda: rngaudit.shard_check([], paths=["x"]), "UsageError"),
-    (lambda: rngaudit.shard_check([rngaudit.parse_spec("rngaudit: 1\nmodel: {class: M}\n")]), "UsageError"),
-    (lambda: rngaudit.capture("nowhere.py:make"), "UserCodeError"),
-    (lambda: rngaudit.findings(object()), "TypeError"),
-])
+@pytest.mark.parametrize(
+    "call, error",
+    [
+        (lambda: rngaudit.derive(REPO / "tests" / "bad_specs" / "unknown_top_key.yaml"), "SpecError"),
+        (lambda: rngaudit.derive(GUIDE, draw="normal:2,x"), "UsageError"),
+        (lambda: rngaudit.derive(GUIDE, phase="train"), "UsageError"),
+        (lambda: rngaudit.collisions(REPO / "fixtures" / "collisions" / "bad.json"), "InputError"),
+        (lambda: rngaudit.shard_check([], paths=["x"]), "UsageError"),
+        (lambda: rngaudit.shard_check([rngaudit.parse_spec("rngaudit: 1\nmodel: {class: M}\n")]), "UsageError"),
+        (lambda: rngaudit.capture("nowhere.py:make"), "UserCodeError"),
+        (lambda: rngaudit.findings(object()), "TypeError"),
+    ],
+)
 def test_errors_are_raised_with_the_class_of_their_cause(call, error):
     with pytest.raises(Exception) as e:
         call()

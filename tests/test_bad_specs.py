@@ -8,6 +8,7 @@ Every file runs in-process through the typer app with `--output`; a representati
 `python -m rngaudit derive FILE`, in subprocesses. RNGAUDIT_TEST_ALL_SUBPROCESS=1 runs every
 file as a subprocess too (about 0.35 s of CPU each).
 """
+
 from __future__ import annotations
 
 import os
@@ -65,12 +66,32 @@ CASES = _cases()
 
 # Run as real subprocesses by default: one or more of each kind of problem.
 SUBPROCESS_HANDFUL = {
-    "yaml_unclosed_quote", "yaml_control_character", "yaml_several_documents", "yaml_only_comments",
-    "yaml_tab_indent", "top_is_a_list", "missing_rngaudit", "non_utf8", "bom", "crlf_line_endings",
-    "alias_bomb", "nesting_10000_deep", "recursive_alias", "tag_python_object", "timestamp_value",
-    "merge_key", "duplicate_key_top", "unknown_key_make_rng", "keyexpr_seed_out_of_int64",
-    "raw_key_wrong_width", "invalid_rng_stream", "name_in_use_module", "call_unknown_child",
-    "dropout_missing_deterministic", "repeat_multiplied_out", "draw_huge_shape",
+    "yaml_unclosed_quote",
+    "yaml_control_character",
+    "yaml_several_documents",
+    "yaml_only_comments",
+    "yaml_tab_indent",
+    "top_is_a_list",
+    "missing_rngaudit",
+    "non_utf8",
+    "bom",
+    "crlf_line_endings",
+    "alias_bomb",
+    "nesting_10000_deep",
+    "recursive_alias",
+    "tag_python_object",
+    "timestamp_value",
+    "merge_key",
+    "duplicate_key_top",
+    "unknown_key_make_rng",
+    "keyexpr_seed_out_of_int64",
+    "raw_key_wrong_width",
+    "invalid_rng_stream",
+    "name_in_use_module",
+    "call_unknown_child",
+    "dropout_missing_deterministic",
+    "repeat_multiplied_out",
+    "draw_huge_shape",
 }
 if os.environ.get("RNGAUDIT_TEST_ALL_SUBPROCESS"):
     SUBPROCESS_CASES = CASES
@@ -105,7 +126,7 @@ def check_refusal(case: Case, rc: int, stdout: str, stderr: str) -> None:
     line = stderr[:-1]
     prefix = f"error: {case.path}:{case.line}:{case.col}: "
     assert line.startswith(prefix), f"{case.name}: expected {prefix!r}..., got {line!r}"
-    assert case.message in line[len(prefix):], f"{case.name}: {case.message!r} not in {line!r}"
+    assert case.message in line[len(prefix) :], f"{case.name}: {case.message!r} not in {line!r}"
 
 
 def test_enough_bad_specs():
@@ -128,8 +149,16 @@ def _run_cli(args: list[str]) -> Ran:
     env = dict(os.environ, NO_COLOR="1", PYTHONIOENCODING="utf-8")
     env.pop("RNGAUDIT_DEBUG", None)
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "rngaudit", *args], cwd=REPO, env=env,
-                       capture_output=True, text=True, encoding="utf-8", errors="replace", timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "rngaudit", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        errors="replace",
+        timeout=120,
+    )
     return Ran(p.returncode, p.stdout, p.stderr, time.monotonic() - t0)
 
 
@@ -232,8 +261,7 @@ def test_aliases_count_towards_depth_and_size():
     from rngaudit.spec.yaml_source import load_text
 
     half = MAX_DEPTH // 2 + 5
-    text = ("a: &a " + "[" * half + "]" * half + "\n"
-            "b: " + "[" * half + "*a" + "]" * half + "\n")
+    text = "a: &a " + "[" * half + "]" * half + "\nb: " + "[" * half + "*a" + "]" * half + "\n"
     with pytest.raises(SpecError, match=r"alias \*a makes the spec nest deeper") as ei:
         load_text(text, "alias.yaml")
     assert (ei.value.location.line, ei.value.location.col) == (2, 4 + half)
@@ -252,15 +280,19 @@ def test_key_budget_allows_exactly_the_limit_and_resolves_calls():
     from rngaudit.spec.parse import parse_spec
 
     assert MAX_KEYS == 10_000_000
-    at_limit = _spec("    - module:\n        class: B\n        repeat: 1000\n"
-                     "        body: [{make_rng: {stream: params, repeat: 10000}}]\n")
+    at_limit = _spec(
+        "    - module:\n        class: B\n        repeat: 1000\n"
+        "        body: [{make_rng: {stream: params, repeat: 10000}}]\n"
+    )
     assert budget(parse_spec(at_limit).model)[0] == 10_000_000
     # `call:` costs what the named child costs, not what the biggest child costs
-    calls = _spec("    - module: {class: A, name: a, body: [{make_rng: {stream: params, repeat: 1000}}]}\n"
-                  "    - module: {class: Big, name: big, body: [{make_rng: {stream: params, repeat: 9800000}}]}\n"
-                  "    - Dense\n"
-                  "    - call: {name: a, repeat: 99}\n"
-                  "    - call: {name: Dense_0, repeat: 1000}\n")
+    calls = _spec(
+        "    - module: {class: A, name: a, body: [{make_rng: {stream: params, repeat: 1000}}]}\n"
+        "    - module: {class: Big, name: big, body: [{make_rng: {stream: params, repeat: 9800000}}]}\n"
+        "    - Dense\n"
+        "    - call: {name: a, repeat: 99}\n"
+        "    - call: {name: Dense_0, repeat: 1000}\n"
+    )
     spec = parse_spec(calls)
     assert budget(spec.model)[0] == 1000 + 9_800_000 + 2 + 99 * 1000 + 1000 * 2
     with pytest.raises(SpecError, match="module M asks for up to 10002002 keys") as ei:
@@ -269,13 +301,18 @@ def test_key_budget_allows_exactly_the_limit_and_resolves_calls():
     assert (ei.value.location.line, ei.value.location.col) == (4, 3)
 
 
-@pytest.mark.parametrize("body", [
-    "    - Dense: {repeat: 3}\n    - call: Dense_2\n    - make_rng: {stream: params, repeat: 4}\n",
-    "    - Sequential: {layers: [Dense, {Dense: {use_bias: false}}]}\n    - call: Sequential_0\n",
-    "    - module:\n        class: B\n        name: b\n        setup: [{Dense: {name: d}}]\n"
-    "        body: [{call: d}, {call: d}, {param: w}]\n    - call: {name: b, repeat: 2}\n",
-    "    - variable: {collection: c, name: v, make_rng: [params, params], eager: true}\n",
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        "    - Dense: {repeat: 3}\n    - call: Dense_2\n    - make_rng: {stream: params, repeat: 4}\n",
+        "    - Sequential: {layers: [Dense, {Dense: {use_bias: false}}]}\n    - call: Sequential_0\n",
+        (
+            "    - module:\n        class: B\n        name: b\n        setup: [{Dense: {name: d}}]\n"
+            "        body: [{call: d}, {call: d}, {param: w}]\n    - call: {name: b, repeat: 2}\n"
+        ),
+        "    - variable: {collection: c, name: v, make_rng: [params, params], eager: true}\n",
+    ],
+)
 def test_key_budget_is_an_upper_bound_of_the_replay(body):
     from rngaudit.engine.replay import replay
     from rngaudit.spec.budget import budget
@@ -300,15 +337,78 @@ def test_budget_refusal_is_quick():
 
 
 # ---------------------------------------------------------------- fuzz: only our errors, ever
-_FUZZ_TOKENS = ["{", "}", "[", "]", ":", ",", "- ", " ", "\n", "  ", "&a ", "*a", "!!", "!x ", "'", '"',
-                "#", "? ", "|", ">", "%", "@", "`", "0", "-1", "true", "null", "~", "key(", "split(",
-                ")", "Dense", "Dropout", "make_rng", "repeat", "call", "module", "class", "body",
-                "setup", "name", "Sequential", "layers", "param", "variable", "when", "apply", "\t",
-                "\x00", "é", "1e9", "0x10", ".inf", "<<", "2024-01-01", "---\n", "..."]
+_FUZZ_TOKENS = [
+    "{",
+    "}",
+    "[",
+    "]",
+    ":",
+    ",",
+    "- ",
+    " ",
+    "\n",
+    "  ",
+    "&a ",
+    "*a",
+    "!!",
+    "!x ",
+    "'",
+    '"',
+    "#",
+    "? ",
+    "|",
+    ">",
+    "%",
+    "@",
+    "`",
+    "0",
+    "-1",
+    "true",
+    "null",
+    "~",
+    "key(",
+    "split(",
+    ")",
+    "Dense",
+    "Dropout",
+    "make_rng",
+    "repeat",
+    "call",
+    "module",
+    "class",
+    "body",
+    "setup",
+    "name",
+    "Sequential",
+    "layers",
+    "param",
+    "variable",
+    "when",
+    "apply",
+    "\t",
+    "\x00",
+    "é",
+    "1e9",
+    "0x10",
+    ".inf",
+    "<<",
+    "2024-01-01",
+    "---\n",
+    "...",
+]
 _FUZZ_CORPUS = [(REPO / "rngaudit" / "examples" / "guide.yaml").read_text(encoding="utf-8")] + [
-    (BAD / f"{c.name}.yaml").read_text(encoding="utf-8") for c in CASES
-    if c.name in ("unknown_key_layer", "call_unknown_child", "raw_key_wrong_width_rbg",
-                  "unnamed_sequential_in_setup", "param_missing_in_apply", "merge_key")]
+    (BAD / f"{c.name}.yaml").read_text(encoding="utf-8")
+    for c in CASES
+    if c.name
+    in (
+        "unknown_key_layer",
+        "call_unknown_child",
+        "raw_key_wrong_width_rbg",
+        "unnamed_sequential_in_setup",
+        "param_missing_in_apply",
+        "merge_key",
+    )
+]
 
 
 def test_mutated_specs_fail_only_with_our_errors():
@@ -319,11 +419,14 @@ def test_mutated_specs_fail_only_with_our_errors():
     from rngaudit.errors import RngauditError
     from rngaudit.spec.parse import parse_spec
 
-    edit = st.tuples(st.sampled_from(["insert", "delete", "copy"]), st.integers(0, 10_000),
-                     st.integers(0, 10_000), st.sampled_from(_FUZZ_TOKENS))
+    edit = st.tuples(
+        st.sampled_from(["insert", "delete", "copy"]),
+        st.integers(0, 10_000),
+        st.integers(0, 10_000),
+        st.sampled_from(_FUZZ_TOKENS),
+    )
 
-    @settings(max_examples=150, deadline=None, database=None,
-              suppress_health_check=[HealthCheck.too_slow])
+    @settings(max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
     @given(st.sampled_from(_FUZZ_CORPUS), st.lists(edit, min_size=1, max_size=4))
     def check(text, edits):
         for op, i, j, tok in edits:
@@ -331,10 +434,10 @@ def test_mutated_specs_fail_only_with_our_errors():
             if op == "insert":
                 text = text[:i] + tok + text[i:]
             elif op == "delete":
-                text = text[:i] + text[i + 1 + j % 5:]
+                text = text[:i] + text[i + 1 + j % 5 :]
             else:
                 j %= len(text) + 1
-                text = text[:i] + text[j:j + 20] + text[i:]
+                text = text[:i] + text[j : j + 20] + text[i:]
         try:
             derive(parse_spec(text, "fuzz.yaml"), values=False)
         except RngauditError as e:
@@ -345,10 +448,13 @@ def test_mutated_specs_fail_only_with_our_errors():
 
 
 # ---------------------------------------------------------------- every command refuses them the same way
-@pytest.mark.parametrize("command", [
-    pytest.param(["collisions", "--no-keys", "-f", "sarif"], id="collisions"),
-    pytest.param(["shard-check", "--devices", "1"], id="shard-check", marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        pytest.param(["collisions", "--no-keys", "-f", "sarif"], id="collisions"),
+        pytest.param(["shard-check", "--devices", "1"], id="shard-check", marks=pytest.mark.slow),
+    ],
+)
 def test_bad_specs_through_every_command(command, monkeypatch):
     """collisions and shard-check load specs with the same loader: same line, column and message. shard-check
     refuses a malformed spec before it starts a device process; a model Flax would reject is found by the

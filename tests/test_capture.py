@@ -1,5 +1,6 @@
 """`rngaudit capture` and `verify`: real Flax models written to tmp_path, captured through the CLI; the
 captured spec, run through derive, must reproduce every key Flax handed out."""
+
 from __future__ import annotations
 
 import json
@@ -115,8 +116,11 @@ def capture(tmp_path, target, *opts, stem="cap"):
 def derived_keys(spec) -> dict:
     r = invoke("derive", spec, "--format", "json", "--no-values")
     assert r.exit_code == 0, r.output
-    return {(tuple(c["path"]), c["stream"], c["count"], tuple(c["lane"])): c["key"]
-            for c in json.loads(r.output)["calls"] if not c["discarded"]}
+    return {
+        (tuple(c["path"]), c["stream"], c["count"], tuple(c["lane"])): c["key"]
+        for c in json.loads(r.output)["calls"]
+        if not c["discarded"]
+    }
 
 
 def captured_keys(doc) -> dict:
@@ -128,8 +132,10 @@ def assert_replays(spec, doc):
     assert theirs and ours == theirs
 
 
-@pytest.mark.parametrize("factory, rngs, n", [
-    ("model", "params=0,other=1", 6), ("submodules", "rng_stream=0", 6), ("batch_dense", "params=0", 6)])
+@pytest.mark.parametrize(
+    "factory, rngs, n",
+    [("model", "params=0,other=1", 6), ("submodules", "rng_stream=0", 6), ("batch_dense", "params=0", 6)],
+)
 def test_guide_models_replay_bit_exactly(tmp_path, factory, rngs, n):
     f = write(tmp_path, "guide_models.py", GUIDE)
     spec, doc = capture(tmp_path, f"{f}:{factory}", "--rngs", rngs)
@@ -175,7 +181,7 @@ def test_input_option_and_stdout_spec(tmp_path):
 
 def test_verify_against_target_and_keys(tmp_path):
     f = write(tmp_path, "ensemble.py", ENSEMBLE)
-    spec, doc = capture(tmp_path, f"{f}:make", "--rngs", "params=0,dropout=1")
+    spec, _doc = capture(tmp_path, f"{f}:make", "--rngs", "params=0,dropout=1")
     r = invoke("verify", spec, "--against", f"{f}:make")
     assert r.exit_code == 0, r.output
     assert "15 same, 0 differ, 0 missing, 0 extra" in r.output
@@ -196,23 +202,33 @@ BAD = {
     "syntax_error": ("def make(:\n", "make", "SyntaxError"),
     "not_a_module": ("def make():\n  return 42\n", "make", "not a flax.linen Module"),
     "no_factory": (HEADER, "make", "has no 'make'"),
-    "init_raises": (HEADER + textwrap.dedent("""
+    "init_raises": (
+        HEADER
+        + textwrap.dedent("""
         class Bad(nn.Module):
           @nn.compact
           def __call__(self, x):
             raise ValueError('boom in init')
         def make():
           return Bad(), (jnp.ones((1,)),)
-        """), "make", "Bad.init raises ValueError: boom in init"),
+        """),
+        "make",
+        "Bad.init raises ValueError: boom in init",
+    ),
     "factory_raises": ("def make():\n  raise RuntimeError('no model today')\n", "make", "RuntimeError: no model today"),
-    "missing_rng": (HEADER + textwrap.dedent("""
+    "missing_rng": (
+        HEADER
+        + textwrap.dedent("""
         class Noisy(nn.Module):
           @nn.compact
           def __call__(self):
             return self.make_rng('noise')
         def make():
           return Noisy()
-        """), "make", "InvalidRngError"),
+        """),
+        "make",
+        "InvalidRngError",
+    ),
 }
 
 
@@ -229,13 +245,16 @@ def test_bad_targets_exit_2_without_traceback(tmp_path, case):
     assert not out.exists()
 
 
-@pytest.mark.parametrize("args, message", [
-    (["nofile.py:make"], "no such file"),
-    (["model.py"], "write FILE.py:FACTORY"),
-    (["{f}:make", "--input", "f32(2)"], "write DTYPE[SHAPE]"),
-    (["{f}:make", "--rngs", "params"], "write STREAM=SEED"),
-    (["{f}:make", "--method", "nope"], "has no method 'nope'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["nofile.py:make"], "no such file"),
+        (["model.py"], "write FILE.py:FACTORY"),
+        (["{f}:make", "--input", "f32(2)"], "write DTYPE[SHAPE]"),
+        (["{f}:make", "--rngs", "params"], "write STREAM=SEED"),
+        (["{f}:make", "--method", "nope"], "has no method 'nope'"),
+    ],
+)
 def test_bad_options_exit_2(tmp_path, args, message):
     f = write(tmp_path, "ensemble.py", ENSEMBLE)
     r = invoke("capture", *[a.format(f=f) for a in args])
@@ -255,10 +274,32 @@ def _flax_functions() -> dict:
     from flax.core import axes_scan, lift
     from flax.core.scope import Scope
 
-    places = [(Scope, "make_rng"), (Scope, "param"), (Scope, "variable"), (nn.Module, "__post_init__"),
-              (axes_scan, "scan"), (linen_transforms, "fork_rngs")]
-    places += [(lift, name) for name in ("vmap", "scan", "jit", "fold_rngs", "checkpoint", "remat", "map_variables",
-                                         "cond", "switch", "while_loop", "vjp", "jvp", "custom_vjp")]
+    places = [
+        (Scope, "make_rng"),
+        (Scope, "param"),
+        (Scope, "variable"),
+        (nn.Module, "__post_init__"),
+        (axes_scan, "scan"),
+        (linen_transforms, "fork_rngs"),
+    ]
+    places += [
+        (lift, name)
+        for name in (
+            "vmap",
+            "scan",
+            "jit",
+            "fold_rngs",
+            "checkpoint",
+            "remat",
+            "map_variables",
+            "cond",
+            "switch",
+            "while_loop",
+            "vjp",
+            "jvp",
+            "custom_vjp",
+        )
+    ]
     return {f"{getattr(owner, '__name__', owner)}.{attr}": getattr(owner, attr) for owner, attr in places}
 
 
@@ -282,7 +323,9 @@ def test_a_class_transform_made_during_a_capture_still_works_after_it(tmp_path):
 
     from rngaudit.refactor.capture import observe
 
-    f = write(tmp_path, "ensemble.py", ENSEMBLE + "\nSTACK = {}\ndef kept():\n  STACK['m'] = make()\n  return STACK['m']\n")
+    f = write(
+        tmp_path, "ensemble.py", ENSEMBLE + "\nSTACK = {}\ndef kept():\n  STACK['m'] = make()\n  return STACK['m']\n"
+    )
     observe(f"{f}:kept", rngs="params=0,dropout=1")
     import os
     import re
@@ -313,7 +356,11 @@ def test_errors_have_the_class_of_their_cause(tmp_path, monkeypatch):
 
 
 def test_unsupported_transform_is_refused(tmp_path):
-    f = write(tmp_path, "vjp.py", HEADER + textwrap.dedent("""
+    f = write(
+        tmp_path,
+        "vjp.py",
+        HEADER
+        + textwrap.dedent("""
         class C(nn.Module):
           @nn.compact
           def __call__(self, x):
@@ -321,7 +368,8 @@ def test_unsupported_transform_is_refused(tmp_path):
             return y
         def make():
           return C(), (jnp.ones((1,)),)
-        """))
+        """),
+    )
     out = tmp_path / "out.yaml"
     r = invoke("capture", f"{f}:make", "-o", out)
     assert r.exit_code == 2 and "does not describe nn.vjp" in r.stderr and "Traceback" not in r.stderr

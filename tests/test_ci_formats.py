@@ -1,6 +1,7 @@
 """Every command in every `--format`, `--output`, `--exit-zero` and the exit-code table (0 clean, 1 findings,
 2 usage or input error), through the real command line. SARIF is validated against the SARIF 2.1.0 schema
 (tests/data, vendored: no network at test time)."""
+
 from __future__ import annotations
 
 import json
@@ -15,9 +16,9 @@ import pytest
 from typer.testing import CliRunner
 
 from rngaudit.cli import app
-from rngaudit.output.formats import Format
 from rngaudit.errors import Location
 from rngaudit.output.findings import ERROR, NOTE, WARNING, Finding, shard_findings
+from rngaudit.output.formats import Format
 from rngaudit.output.github import annotation, render_github
 from rngaudit.output.sarif import to_sarif
 from rngaudit.output.shard_json import from_json
@@ -60,8 +61,9 @@ def sarif_places(doc: dict) -> list[tuple[str, str, int, int]]:
     out = []
     for res in doc["runs"][0]["results"]:
         loc = res["locations"][0]["physicalLocation"]
-        out.append((res["ruleId"], loc["artifactLocation"]["uri"], loc["region"]["startLine"],
-                    loc["region"]["startColumn"]))
+        out.append(
+            (res["ruleId"], loc["artifactLocation"]["uri"], loc["region"]["startLine"], loc["region"]["startColumn"])
+        )
     return out
 
 
@@ -108,8 +110,10 @@ def test_every_format(run, fmt, tmp_path):
     elif fmt is Format.github:
         got = annotations(r.stdout)
         assert [(f, ln, c) for _, f, ln, c, _, _ in got] == [(f, ln, c) for _, f, ln, c in expected]
-        assert all(kind == "error" and title == f"rngaudit {rule}"
-                   for (kind, _, _, _, title, _), (rule, *_) in zip(got, expected))
+        assert all(
+            kind == "error" and title == f"rngaudit {rule}"
+            for (kind, _, _, _, title, _), (rule, *_) in zip(got, expected)
+        )
         assert r.stdout == "" or r.stdout.endswith("\n")
     else:
         doc = valid_sarif(r.stdout)
@@ -198,8 +202,15 @@ def _run(*args: str, env_extra=None) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONIOENCODING="utf-8")
     env.pop("RNGAUDIT_DEBUG", None)
     env.update(env_extra or {})
-    return subprocess.run([sys.executable, "-m", "rngaudit", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, encoding="utf-8", timeout=240)
+    return subprocess.run(
+        [sys.executable, "-m", "rngaudit", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=240,
+    )
 
 
 def test_shard_check_exit_codes_and_ci_formats(tmp_path):
@@ -212,14 +223,21 @@ def test_shard_check_exit_codes_and_ci_formats(tmp_path):
     assert r.stdout == ""
     doc = valid_sarif(out.read_text(encoding="utf-8"))
     places = sarif_places(doc)
-    def_line = next(n for n, line in enumerate((REPO / "fixtures/shard/guide_forward.py").read_text().splitlines(), 1)
-                    if line.startswith("def forward("))
+    def_line = next(
+        n
+        for n, line in enumerate((REPO / "fixtures/shard/guide_forward.py").read_text().splitlines(), 1)
+        if line.startswith("def forward(")
+    )
     assert places == [("shard-check/shard_map_replicated_key", "fixtures/shard/guide_forward.py", def_line, 1)]
     r = _run("shard-check", "--devices", "2", "--fn", GUIDE_FN, "-f", "github", "--exit-zero")
     assert r.returncode == 0, r.stderr
     ((kind, file, line, _, title, message),) = annotations(r.stdout)
-    assert (kind, file, line, title) == ("error", "fixtures/shard/guide_forward.py", def_line,
-                                         "rngaudit shard-check/shard_map_replicated_key")
+    assert (kind, file, line, title) == (
+        "error",
+        "fixtures/shard/guide_forward.py",
+        def_line,
+        "rngaudit shard-check/shard_map_replicated_key",
+    )
     assert "same randomness on every device" in message
     r = _run("shard-check", "--devices", "2", "--fn", GUIDE_FN, "-f", "github", "--allow-replicated")
     assert r.returncode == 0, r.stderr
@@ -228,20 +246,41 @@ def test_shard_check_exit_codes_and_ci_formats(tmp_path):
 
 def test_shard_findings_point_at_the_first_mismatched_key():
     """A spec check that fails points at the spec line of its first differing key (or the file's top)."""
-    check = {"id": "keys", "title": "keys", "status": "fail", "message": "1 of 2 keys differ",
-             "details": {"mismatches": [{"index": 0, "path_str": "Dense_0",
-                                         "location": {"file": "m.yaml", "line": 7, "col": 9}}]}}
+    check = {
+        "id": "keys",
+        "title": "keys",
+        "status": "fail",
+        "message": "1 of 2 keys differ",
+        "details": {
+            "mismatches": [{"index": 0, "path_str": "Dense_0", "location": {"file": "m.yaml", "line": 7, "col": 9}}]
+        },
+    }
     passing = dict(check, id="root_keys", status="pass", details={})
     draws = dict(check, id="draws", details={"mismatches": []})
-    doc = {"environment": {k: None for k in ("jax", "jaxlib", "flax", "python", "jax_default_prng_impl",
-                                             "jax_threefry_partitionable", "jax_enable_x64", "XLA_FLAGS",
-                                             "JAX_PLATFORMS")},
-           "devices": {"platform": "cpu", "kind": "cpu", "ids": [0, 1], "forced": True},
-           "mesh": {"axis_names": ["data"], "axis_sizes": [2], "device_ids": [0, 1]},
-           "targets": [{"kind": "spec", "name": "m.yaml", "info": {}, "checks": [passing, check, draws]}]}
+    doc = {
+        "environment": {
+            k: None
+            for k in (
+                "jax",
+                "jaxlib",
+                "flax",
+                "python",
+                "jax_default_prng_impl",
+                "jax_threefry_partitionable",
+                "jax_enable_x64",
+                "XLA_FLAGS",
+                "JAX_PLATFORMS",
+            )
+        },
+        "devices": {"platform": "cpu", "kind": "cpu", "ids": [0, 1], "forced": True},
+        "mesh": {"axis_names": ["data"], "axis_sizes": [2], "device_ids": [0, 1]},
+        "targets": [{"kind": "spec", "name": "m.yaml", "info": {}, "checks": [passing, check, draws]}],
+    }
     found = shard_findings(from_json(doc))
     assert [(f.rule, f.level, f.location) for f in found] == [
-        ("shard-check/keys", ERROR, Location("m.yaml", 7, 9)), ("shard-check/draws", ERROR, Location("m.yaml", 1, 1))]
+        ("shard-check/keys", ERROR, Location("m.yaml", 7, 9)),
+        ("shard-check/draws", ERROR, Location("m.yaml", 1, 1)),
+    ]
     valid_sarif(json.dumps(to_sarif("shard-check", found, ())))
 
 
@@ -301,8 +340,13 @@ def _on_a_terminal(env_extra: dict) -> str:
     master, slave = pty.openpty()
     env = dict(os.environ, COLUMNS="200", TERM="xterm-256color", **env_extra)
     env.pop("NO_COLOR", None) if "NO_COLOR" not in env_extra else None
-    p = subprocess.Popen([sys.executable, "-m", "rngaudit", "derive", FALLBACK, "--no-values"], cwd=REPO, env=env,
-                         stdout=slave, stderr=subprocess.PIPE)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "rngaudit", "derive", FALLBACK, "--no-values"],
+        cwd=REPO,
+        env=env,
+        stdout=slave,
+        stderr=subprocess.PIPE,
+    )
     os.close(slave)
     chunks = []
     while True:

@@ -1,4 +1,5 @@
 """`rngaudit derive`: formats, options, exit codes and file output, in-process and as a real command."""
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,15 @@ def run_cli(*args: str, cwd=REPO, env_extra=None) -> subprocess.CompletedProcess
     env = dict(os.environ, NO_COLOR="1", PYTHONIOENCODING="utf-8")
     env.pop("RNGAUDIT_DEBUG", None)
     env.update(env_extra or {})
-    return subprocess.run([sys.executable, "-m", "rngaudit", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, encoding="utf-8", timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "rngaudit", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=120,
+    )
 
 
 def write(tmp_path: Path, name: str, text: str) -> str:
@@ -50,7 +58,10 @@ def write(tmp_path: Path, name: str, text: str) -> str:
 @pytest.fixture
 def fallback_spec(tmp_path) -> str:
     """A make_rng('dropout') with only `params` passed: Flax falls back to params (a note)."""
-    return write(tmp_path, "fallback.yaml", """
+    return write(
+        tmp_path,
+        "fallback.yaml",
+        """
         rngaudit: 1
         rngs: {params: 0}
         model:
@@ -58,12 +69,16 @@ def fallback_spec(tmp_path) -> str:
           body:
             - make_rng: dropout
             - make_rng: params
-        """)
+        """,
+    )
 
 
 @pytest.fixture
 def clean_spec(tmp_path) -> str:
-    return write(tmp_path, "clean.yaml", """
+    return write(
+        tmp_path,
+        "clean.yaml",
+        """
         rngaudit: 1
         rngs: {params: 0, dropout: 1}
         model:
@@ -71,7 +86,8 @@ def clean_spec(tmp_path) -> str:
           body:
             - make_rng: dropout
             - make_rng: params
-        """)
+        """,
+    )
 
 
 # ---------------------------------------------------------------- derive on the guide
@@ -116,6 +132,7 @@ def test_guide_json_shape_and_keys():
     # keys are what jax.random gives for fold_in(rngs[stream], hash word)
     jax = pytest.importorskip("jax")
     import numpy as np
+
     for c in calls:
         root = jax.random.key(0 if c["stream"] == "params" else 1)
         want = np.asarray(jax.random.key_data(jax.random.fold_in(root, np.uint32(c["hash_word"])))).tolist()
@@ -159,6 +176,7 @@ def test_draw_default(clean_spec):
         assert len(c["values"]["data"]) == 2
     jax = pytest.importorskip("jax")
     import numpy as np
+
     k = jax.random.wrap_key_data(np.asarray(calls[0]["key"], np.uint32))
     assert np.allclose(np.asarray(jax.random.normal(k, (2,))), calls[0]["values"]["data"], rtol=0, atol=0)
     # without --draw there are no values, and --no-values wins over --draw
@@ -172,12 +190,15 @@ def test_draw_spec_draws_win_over_default():
     assert {c["values"]["kind"] for c in doc["calls"]} == {"normal"}
 
 
-@pytest.mark.parametrize("bad, message", [
-    ("bogus:2", "--draw:1:1: unknown distribution 'bogus'"),
-    ("normal:2,x", "--draw 'normal:2,x': the shape must be integers"),
-    ("normal:-1", "a shape dimension must be between 0"),
-    ("randint:2", "randint draw needs `minval`"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ("bogus:2", "--draw:1:1: unknown distribution 'bogus'"),
+        ("normal:2,x", "--draw 'normal:2,x': the shape must be integers"),
+        ("normal:-1", "a shape dimension must be between 0"),
+        ("randint:2", "randint draw needs `minval`"),
+    ],
+)
 def test_bad_draw_is_a_usage_error(clean_spec, bad, message, tmp_path):
     out = tmp_path / "out.json"
     r = invoke("derive", clean_spec, "--draw", bad, "-o", str(out))
@@ -204,7 +225,10 @@ def test_phase_override(tmp_path):
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["phase"] == "apply" and doc["calls"] == []
-    spec = write(tmp_path, "apply.yaml", """
+    spec = write(
+        tmp_path,
+        "apply.yaml",
+        """
         rngaudit: 1
         phase: apply
         rngs: {params: 0, dropout: 1}
@@ -213,7 +237,8 @@ def test_phase_override(tmp_path):
           body:
             - param: w
             - Dropout: {rate: 0.5, deterministic: false}
-        """)
+        """,
+    )
     apply = json.loads(invoke("derive", spec, "-f", "json").stdout)
     assert [(c["stream"], c["kind"]) for c in apply["calls"]] == [("dropout", "dropout")]
     init = json.loads(invoke("derive", spec, "-f", "json", "--phase", "init").stdout)
@@ -356,8 +381,9 @@ _NO_JAX = textwrap.dedent("""
 @pytest.mark.parametrize("fmt", ["json", "text"])
 def test_no_values_does_not_import_jax(tmp_path, fmt):
     out = tmp_path / f"out.{fmt}"
-    r = subprocess.run([sys.executable, "-c", _NO_JAX, GUIDE, fmt, str(out)], cwd=REPO,
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", _NO_JAX, GUIDE, fmt, str(out)], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "imported: []" in r.stdout
     assert out.exists() and out.stat().st_size > 0

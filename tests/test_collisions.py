@@ -1,4 +1,5 @@
 """rngaudit.collisions: every class of collision is found and explained, and real Flax confirms each one."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -48,7 +49,7 @@ def apply_renames(text: str, renames) -> str:
     lines = text.split("\n")
     for r in sorted(renames, key=lambda r: (r.location.line, r.location.col), reverse=True):
         line = lines[r.location.line - 1]
-        head, seg = line[:r.location.col - 1], line[r.location.col - 1:]
+        head, seg = line[: r.location.col - 1], line[r.location.col - 1 :]
         new = json.dumps(r.new_name)
         if r.explicit:
             seg = re.sub(r'name: (?:"(?:[^"\\]|\\.)*"|[^,}\s]+)', lambda m: f"name: {new}", seg, count=1)
@@ -64,11 +65,11 @@ def test_guide_sharp_edge_is_reported_and_flax_hands_out_one_key():
     spec = load_spec(str(GUIDE / "sharp_edge.yaml"))
     a = audit_spec(spec)
     assert a.failing == 1 and a.latent == ()
-    c, = a.collisions
+    (c,) = a.collisions
     assert (c.collision_class, c.category, c.failing) == (1, "concatenation", True)
     assert calls(c) == [(("ab", "cdef"), "rng", 1), (("abc", "def"), "rng", 1)]
     assert [str(s.location) for s in c.sites] == [f"{spec.file}:16:23", f"{spec.file}:24:23"]
-    h, = c.inputs
+    (h,) = c.inputs
     assert h.data == b"abcdef\x01" and h.word == produce_hash(("ab", "cdef", 1))
     # real Flax: Node(name='ab', leaf_name='cdef') and Node(name='abc', leaf_name='def') get one key
     flax = keys_by_call(spec)
@@ -80,7 +81,7 @@ def test_guide_sharp_edge_is_reported_and_flax_hands_out_one_key():
     assert flax[(("ab", "cdef"), "rng", 1)] != flax[(("abc", "def"), "rng", 1)]
     assert audit_spec(with_flag).collisions == ()
     # the rename is of one module on one side, with its location in the spec
-    r, = c.renames
+    (r,) = c.renames
     assert (r.path, r.new_name, r.explicit, r.keys_changed) == (("abc", "def"), "def_1", True, 1)
     assert str(r.location) == f"{spec.file}:22:15"
 
@@ -90,7 +91,7 @@ def test_produce_hash_family_is_one_finding_group():
     assert {produce_hash(items) for items in family} == {947574064}
     spec = fixture("abc_family.yaml")
     a = audit_spec(spec)
-    c, = a.collisions
+    (c,) = a.collisions
     assert c.collision_class == 1 and len(c.inputs) == 1
     assert sorted(s.hash_items for s in c.sites) == sorted(family)
     assert c.inputs[0].word == 947574064 and c.inputs[0].data == b"ABC\x01"
@@ -112,7 +113,7 @@ def test_class_2_count_meets_name_confirmed_by_flax(layer_run):
     spec, flax = layer_run
     a = audit_spec(spec)
     assert a.latent == ()
-    c, = a.collisions
+    (c,) = a.collisions
     assert (c.collision_class, c.category) == (COUNT_MEETS_NAME, "count_meets_name")
     assert calls(c) == [(("layer",), "params", 0x3101), (("layer1",), "params", 1)]
     assert c.inputs[0].data == b"layer1\x01"
@@ -124,9 +125,9 @@ def test_class_2_count_meets_name_confirmed_by_flax(layer_run):
 def test_latent_pair_reports_the_smallest_counts_and_flax_confirms_them(layer_run):
     a = audit_spec(fixture("latent.yaml"))
     assert a.collisions == ()
-    lt, = a.latent
+    (lt,) = a.latent
     assert lt.site.path == ("layer",) and lt.max_count == 3
-    p, = lt.partners
+    (p,) = lt.partners
     assert p.site.path == ("layer1",) and p.max_count == 1
     assert p.counts == (12545, 1) and p.data == b"layer1\x01"
     assert p.separator_counts is None and lt.separator.removes is True
@@ -156,7 +157,7 @@ def test_class_3_word_collision_found_by_search_and_confirmed_by_flax():
     assert hash_input((first, 1), False) != hash_input((second, 1), False)
     spec = fixture("hash_word.yaml")
     a = audit_spec(spec)
-    c, = a.collisions
+    (c,) = a.collisions
     assert (c.collision_class, c.category, c.failing) == (3, "hash_word", True)
     assert [h.data for h in c.inputs] == [b"m17956\x01", b"m114932\x01"]
     assert {h.word for h in c.inputs} == {word}
@@ -169,10 +170,9 @@ def test_class_3_word_collision_found_by_search_and_confirmed_by_flax():
 def test_class_4_shared_seed_fails_and_the_separator_does_not_help():
     spec = fixture("shared_seed.yaml")
     a = audit_spec(spec)
-    c, = a.collisions
+    (c,) = a.collisions
     assert (c.collision_class, c.category, c.failing) == (4, SHARED_SEED, True)
-    assert calls(c) == [((), "noise", 1), (("Block_0",), "noise", 1), (("Block_0",), "dropout", 1),
-                        ((), "dropout", 1)]
+    assert calls(c) == [((), "noise", 1), (("Block_0",), "noise", 1), (("Block_0",), "dropout", 1), ((), "dropout", 1)]
     assert len(c.keys) == 2 and c.renames == ()
     flax = keys_by_call(spec)
     for path in ((), ("Block_0",)):
@@ -186,13 +186,14 @@ def test_class_4_shared_seed_fails_and_the_separator_does_not_help():
 
 def test_guide_two_streams_with_one_seed_is_one_finding():
     a = audit_spec(load_spec(str(GUIDE / "two_streams_same_seed.yaml")))
-    c, = a.collisions
+    (c,) = a.collisions
     assert c.category == SHARED_SEED and len(c.keys) == 3 and len(c.sites) == 6
     assert audit_spec(load_spec(str(GUIDE / "two_streams.yaml"))).collisions == ()
 
 
-Laned = dataclasses.make_dataclass("Laned", [("lane", tuple, dataclasses.field(default=()))],
-                                   bases=(Derivation,), frozen=True)
+Laned = dataclasses.make_dataclass(
+    "Laned", [("lane", tuple, dataclasses.field(default=()))], bases=(Derivation,), frozen=True
+)
 
 
 def lanes(rows, n: int, base=None) -> list:
@@ -211,37 +212,40 @@ def lanes(rows, n: int, base=None) -> list:
 def test_unsplit_lanes_are_information_and_a_shared_seed_between_lanes_fails():
     # The lifted-transform replay will give Derivations a `lane` and other bases: collisions reads
     # them through getattr(d, "lane", ()) and groups by d.base, so rows carrying lanes work today.
-    spec = parse_spec(textwrap.dedent("""
+    spec = parse_spec(
+        textwrap.dedent("""
         rngaudit: 1
         rngs: {dropout: 1, noise: 1}
         model:
           class: Model
           body:
             - module: {class: Body, body: [{make_rng: dropout}, {make_rng: dropout}]}
-        """))
+        """)
+    )
     rows = replay(spec)
     a = audit(SpecSites(spec, rows=lanes(rows, 3)))
-    c, = a.collisions
+    (c,) = a.collisions
     assert (c.collision_class, c.category, c.failing) == (4, UNSPLIT_LANES, False)
     assert a.failing == 0 and a.info == 1
     assert sorted((s.lane, s.count) for s in c.sites) == [((k,), n) for k in range(3) for n in (1, 2)]
     # lane 1 drawing from another stream seeded with the same key: a shared seed, failing
     from rngaudit.engine.refs import RootKey
+
     a = audit(SpecSites(spec, rows=lanes(rows, 2, base=RootKey("noise"))))
-    c, = a.collisions
+    (c,) = a.collisions
     assert (c.category, c.failing) == (SHARED_SEED, True)
 
 
 # ---------------------------------------------------------------- the separator, checked
 def test_separator_survivor_collides_with_and_without_the_flag_in_flax():
     spec = fixture("separator_survivor.yaml")
-    c, = audit_spec(spec).collisions
+    (c,) = audit_spec(spec).collisions
     assert calls(c) == [(("a\x00", "b"), "params", 1), (("a", "\x00b"), "params", 1)]
     assert c.separator.removes is False
     for flag in (False, True):
         flax = keys_by_call(dataclasses.replace(spec, fix_rng_separator=flag))
         assert flax[(("a\x00", "b"), "params", 1)] == flax[(("a", "\x00b"), "params", 1)]
-    on, = audit_spec(dataclasses.replace(spec, fix_rng_separator=True)).collisions
+    (on,) = audit_spec(dataclasses.replace(spec, fix_rng_separator=True)).collisions
     assert on.separator.flag is True and on.separator.removes is None
 
 
@@ -258,7 +262,7 @@ def test_the_separator_can_create_a_collision_with_a_nul_name():
         """)
     off, on = (parse_spec(text.replace("FLAG", flag)) for flag in ("false", "true"))
     assert audit_spec(off).collisions == ()
-    c, = audit_spec(on).collisions
+    (c,) = audit_spec(on).collisions
     assert c.inputs[0].data == b"\x00a\x00b\x00\x01"
     flax_off, flax_on = keys_by_call(off), keys_by_call(on)
     assert flax_off[(("a\x00b",), "params", 1)] != flax_off[(("a", "b"), "params", 1)]
@@ -266,8 +270,17 @@ def test_the_separator_can_create_a_collision_with_a_nul_name():
 
 
 # ---------------------------------------------------------------- renames, verified
-@pytest.mark.parametrize("name", ["sharp_edge.yaml", "abc_family.yaml", "hash_word.yaml",
-                                  "separator_survivor.yaml", "latent.yaml", "shared_seed.yaml"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "sharp_edge.yaml",
+        "abc_family.yaml",
+        "hash_word.yaml",
+        "separator_survivor.yaml",
+        "latent.yaml",
+        "shared_seed.yaml",
+    ],
+)
 def test_suggested_renames_remove_the_finding_and_create_none(tmp_path, name):
     text = (FIX / name).read_text(encoding="utf-8")
     a = audit_spec(fixture(name))
@@ -290,15 +303,16 @@ def test_suggested_renames_remove_the_finding_and_create_none(tmp_path, name):
 def test_renaming_an_auto_named_module_adds_a_name(tmp_path):
     # eleven auto-named modules D_0 ... D_10: D_1 at count 0x3001 would hash b'D_10\x01' like D_10 at 1
     text = "rngaudit: 1\nrngs: {params: 0}\nmodel:\n  class: Model\n  body:\n" + "".join(
-        "    - module: {class: D, body: [make_rng]}\n" for _ in range(11))
+        "    - module: {class: D, body: [make_rng]}\n" for _ in range(11)
+    )
     path = tmp_path / "auto.yaml"
     path.write_text(text, encoding="utf-8")
     a = audit_spec(load_spec(str(path)))
     assert a.collisions == ()
-    lt, = a.latent
+    (lt,) = a.latent
     assert lt.site.path == ("D_1",) and [(p.site.path, p.counts) for p in lt.partners] == [(("D_10",), (0x3001, 1))]
     # naming D_1 would shift the auto-names of D_2 ... D_10; naming the last one shifts nothing
-    r, = lt.renames
+    (r,) = lt.renames
     assert (r.path, r.new_name, r.explicit, r.module_class, r.note) == (("D_10",), "D_10_1", False, "D", "")
     assert (r.location.line, r.location.col) == (16, 15) and r.keys_changed == 1
     path.write_text(apply_renames(text, [r]), encoding="utf-8")
@@ -325,9 +339,9 @@ def test_a_rename_that_shifts_auto_names_is_checked_on_the_renamed_model(tmp_pat
     # Xlayers_0 explicitly makes Flax name the next Xlayers module Xlayers_0: harmless when it draws
     # from another stream, the same collision again when it draws params.
     spec = parse_spec(SHIFT.replace("STREAM", "dropout"), "shift.yaml")
-    c, = audit_spec(spec).collisions
+    (c,) = audit_spec(spec).collisions
     assert calls(c) == [(("X", "layers_0"), "params", 1), (("Xlayers_0",), "params", 1)]
-    r, = c.renames
+    (r,) = c.renames
     assert (r.path, r.new_name, r.explicit) == (("Xlayers_0",), "Xlayers_0_1", False)
     assert r.note == "Flax's auto-naming then also renames 1 later module: Xlayers_1 -> Xlayers_0"
     assert r.keys_changed == 2
@@ -336,11 +350,14 @@ def test_a_rename_that_shifts_auto_names_is_checked_on_the_renamed_model(tmp_pat
     spec = load_spec(str(renamed))
     assert audit_spec(spec).collisions == ()
     flax = keys_by_call(spec)
-    assert set(flax) == {(("X", "layers_0"), "params", 1), (("Xlayers_0_1",), "params", 1),
-                         (("Xlayers_0",), "dropout", 1)}
+    assert set(flax) == {
+        (("X", "layers_0"), "params", 1),
+        (("Xlayers_0_1",), "params", 1),
+        (("Xlayers_0",), "dropout", 1),
+    }
     assert len({tuple(k) for k in flax.values()}) == 3
     # drawing params, the shifted module would collide again: no rename is claimed
-    c, = audit_spec(parse_spec(SHIFT.replace("STREAM", "params"), "shift.yaml")).collisions
+    (c,) = audit_spec(parse_spec(SHIFT.replace("STREAM", "params"), "shift.yaml")).collisions
     assert c.renames == () and c.rename_note.startswith("no verified rename was found")
 
 
@@ -369,8 +386,10 @@ def test_smallest_counts_collide_and_are_smallest(prefix, rest, sep):
 NAMES = st.text(alphabet="ab1\x00\x01\x02", max_size=3)
 
 
-@given(st.lists(st.tuples(st.lists(NAMES, max_size=3).map(tuple), st.integers(1, 3)), min_size=1, max_size=6),
-       st.booleans())
+@given(
+    st.lists(st.tuples(st.lists(NAMES, max_size=3).map(tuple), st.integers(1, 3)), min_size=1, max_size=6),
+    st.booleans(),
+)
 @settings(max_examples=150, deadline=None)
 def test_findings_equal_brute_force(modules, sep):
     """Random paths drawing a few keys each: the groups found are exactly the groups of equal hash
@@ -400,9 +419,16 @@ def test_findings_equal_brute_force(modules, sep):
         for (p, c1), (q, c2) in itertools.permutations(group, 2):
             if p != q:
                 want.add((p, q))
-    met = {(p, q) for p, q in want if any(
-        (p, c1) in g and (q, c2) in g for g in meets.values() for c1 in range(1, reach[p] + 1)
-        for c2 in range(1, reach[q] + 1))}
+    met = {
+        (p, q)
+        for p, q in want
+        if any(
+            (p, c1) in g and (q, c2) in g
+            for g in meets.values()
+            for c1 in range(1, reach[p] + 1)
+            for c2 in range(1, reach[q] + 1)
+        )
+    }
     latent = {frozenset(pq) for pq in want - met - {(q, p) for p, q in met}}
     got_latent = {frozenset((lt.site.path, pt.site.path)) for lt in a.latent for pt in lt.partners}
     assert got_latent == latent
@@ -413,8 +439,9 @@ def test_count_bytes_are_flax_encoding():
     assert count_bytes(0x3101, True) == b"\x00" + encode_item(0x3101)
 
 
-@pytest.mark.parametrize("name", ["sharp_edge.yaml", "abc_family.yaml", "hash_word.yaml", "latent.yaml",
-                                  "separator_survivor.yaml"])
+@pytest.mark.parametrize(
+    "name", ["sharp_edge.yaml", "abc_family.yaml", "hash_word.yaml", "latent.yaml", "separator_survivor.yaml"]
+)
 def test_large_specs_check_renames_without_replaying_and_agree(monkeypatch, name):
     """Above REPLAY_LIMIT keys a rename is checked on the hashes alone (exact for explicitly named
     modules); on these fixtures both ways choose the same renames."""
@@ -431,7 +458,7 @@ def test_large_specs_do_not_rename_auto_named_modules(monkeypatch):
     import rngaudit.collision.spec_sites as collisions
 
     monkeypatch.setattr(collisions, "REPLAY_LIMIT", 0)
-    c, = audit_spec(parse_spec(SHIFT.replace("STREAM", "dropout"), "shift.yaml")).collisions
+    (c,) = audit_spec(parse_spec(SHIFT.replace("STREAM", "dropout"), "shift.yaml")).collisions
     assert c.renames == ()
 
 
@@ -457,7 +484,7 @@ VMAP = textwrap.dedent("""
 def test_vmap_lanes_without_split_share_keys_as_information():
     spec = parse_spec(VMAP.replace("SPLIT", "false"), "vmap.yaml")
     a = audit_spec(spec)
-    c, = a.collisions
+    (c,) = a.collisions
     assert (c.collision_class, c.category, c.failing) == (4, UNSPLIT_LANES, False)
     assert a.failing == 0 and a.info == 1
     assert sorted((s.lane, s.count) for s in c.sites) == [((k,), n) for k in range(3) for n in (1, 2)]
@@ -492,7 +519,7 @@ JIT = textwrap.dedent("""
 def test_collision_below_a_jit_fork(tmp_path):
     # inside nn.jit keys fold into the fork key with paths relative to the jitted module
     spec = parse_spec(JIT.replace("FLAG", "false"), "jit.yaml")
-    c, = audit_spec(spec).collisions
+    (c,) = audit_spec(spec).collisions
     assert calls(c) == [(("JitJ_0", "ab", "cdef"), "params", 1), (("JitJ_0", "abc", "def"), "params", 1)]
     assert [s.hash_items for s in c.sites] == [("ab", "cdef", 1), ("abc", "def", 1)]
     assert {s.base for s in c.sites} == {"key of #0"}
@@ -503,7 +530,7 @@ def test_collision_below_a_jit_fork(tmp_path):
     on = parse_spec(JIT.replace("FLAG", "true"), "jit.yaml")
     flax = flax_by_lane(on)
     assert flax[(("JitJ_0", "ab", "cdef"), "params", 1, ())] != flax[(("JitJ_0", "abc", "def"), "params", 1, ())]
-    r, = c.renames
+    (r,) = c.renames
     assert (r.path, r.new_name) == (("JitJ_0", "abc", "def"), "def_1")
     path = tmp_path / "jit.yaml"
     path.write_text(apply_renames(JIT.replace("FLAG", "false"), [r]), encoding="utf-8")
@@ -511,7 +538,8 @@ def test_collision_below_a_jit_fork(tmp_path):
 
 
 def test_keys_flax_discards_are_not_call_sites():
-    spec = parse_spec(textwrap.dedent("""
+    spec = parse_spec(
+        textwrap.dedent("""
         rngaudit: 1
         rngs: {params: 0, dropout: 1}
         model:
@@ -522,7 +550,9 @@ def test_keys_flax_discards_are_not_call_sites():
                 length: 2
                 split_rngs: {params: true, dropout: true}
                 variable_axes: {params: 0}
-        """), "scan.yaml")
+        """),
+        "scan.yaml",
+    )
     rows = replay(spec)
     live = [d for d in rows if not d.discarded]
     assert len(live) < len(rows)
@@ -536,14 +566,18 @@ def test_latent_pair_the_separator_keeps():
     # ('x',) and ('x', '\x01'): without the flag x's count 0x0101 meets count 1; with it, \0x's count
     # 0x010001 spells \0x\0\x01\0\x01, which ('x', '\x01') hashes at count 1
     doc = parse_json(json.dumps(["x", ["x", "\x01"]]), "p.json")
-    lt, = audit(ModuleSites(doc)).latent
-    p, = lt.partners
-    assert (lt.site.path, p.site.path, p.counts, p.separator_counts) == (("x",), ("x", "\x01"), (0x0101, 1),
-                                                                          (0x010001, 1))
+    (lt,) = audit(ModuleSites(doc)).latent
+    (p,) = lt.partners
+    assert (lt.site.path, p.site.path, p.counts, p.separator_counts) == (
+        ("x",),
+        ("x", "\x01"),
+        (0x0101, 1),
+        (0x010001, 1),
+    )
     assert lt.separator.removes is False
     assert hash_input(("x", 0x0101), False) == hash_input(("x", "\x01", 1), False)
     assert hash_input(("x", 0x010001), True) == hash_input(("x", "\x01", 1), True)
     # with the flag on, that pair is beyond the default bound; a larger bound reports it
     assert audit(ModuleSites(doc, separator=True)).latent == ()
-    lt, = audit(ModuleSites(doc, separator=True), latent_max_count=0x010001).latent
+    (lt,) = audit(ModuleSites(doc, separator=True), latent_max_count=0x010001).latent
     assert lt.partners[0].counts == (0x010001, 1) and lt.partners[0].separator_counts == (0x0101, 1)

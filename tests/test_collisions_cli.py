@@ -1,4 +1,5 @@
 """`rngaudit collisions`: text and JSON reports, exit codes, file output, errors, and a JAX-free start."""
+
 from __future__ import annotations
 
 import json
@@ -32,16 +33,32 @@ def invoke(*args: str):
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, NO_COLOR="1", PYTHONIOENCODING="utf-8")
     env.pop("RNGAUDIT_DEBUG", None)
-    return subprocess.run([sys.executable, "-m", "rngaudit", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, encoding="utf-8", timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "rngaudit", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=120,
+    )
 
 
 # ---------------------------------------------------------------- exit codes
-@pytest.mark.parametrize("name, code", [
-    ("clean.yaml", 0), ("sharp_edge.yaml", 1), ("abc_family.yaml", 1), ("hash_word.yaml", 1),
-    ("shared_seed.yaml", 1), ("separator_survivor.yaml", 1), ("latent.yaml", 0),
-    ("paths.json", 1), ("params_tree.json", 1),
-])
+@pytest.mark.parametrize(
+    "name, code",
+    [
+        ("clean.yaml", 0),
+        ("sharp_edge.yaml", 1),
+        ("abc_family.yaml", 1),
+        ("hash_word.yaml", 1),
+        ("shared_seed.yaml", 1),
+        ("separator_survivor.yaml", 1),
+        ("latent.yaml", 0),
+        ("paths.json", 1),
+        ("params_tree.json", 1),
+    ],
+)
 def test_exit_codes(name, code):
     r = invoke(fx(name))
     assert r.exit_code == code, r.stdout + r.stderr
@@ -103,23 +120,32 @@ def test_json_format():
     assert doc["rngaudit_version"] == rngaudit.__version__
     assert doc["summary"] == {"inputs": 2, "failing": 2, "info": 0, "latent": 1}
     spec, paths = doc["inputs"]
-    assert (spec["input"], spec["call_sites"], spec["keys_checked"], spec["prng_impl"]) == ("spec", 2, True,
-                                                                                             "threefry2x32")
-    c, = spec["collisions"]
+    assert (spec["input"], spec["call_sites"], spec["keys_checked"], spec["prng_impl"]) == (
+        "spec",
+        2,
+        True,
+        "threefry2x32",
+    )
+    (c,) = spec["collisions"]
     assert (c["class"], c["category"], c["failing"]) == (1, "concatenation", True)
-    h, = c["inputs"]
+    (h,) = c["inputs"]
     assert h["hash_input_hex"] == "61626364656601" and h["hash_word"] == 2040429404
     assert h["key"] == [2583384977, 2116611972]
     site = h["sites"][1]
     assert site["path"] == ["abc", "def"] and site["hash_items"] == ["abc", "def", 1]
     assert site["location"] == {"file": fx("sharp_edge.yaml"), "line": 9, "col": 89}
-    assert c["separator"] == {"flag": False, "removes": True, "changes_every_key": True, "keys_in_model": 2,
-                              "detail": "with it every call site of this finding gets its own key"}
-    r, = c["renames"]
+    assert c["separator"] == {
+        "flag": False,
+        "removes": True,
+        "changes_every_key": True,
+        "keys_in_model": 2,
+        "detail": "with it every call site of this finding gets its own key",
+    }
+    (r,) = c["renames"]
     assert (r["path"], r["old_name"], r["new_name"], r["keys_changed"]) == (["abc", "def"], "def", "def_1", 1)
     assert (paths["input"], paths["keys_checked"], paths["prng_impl"]) == ("paths", False, None)
     assert paths["collisions"][0]["inputs"][0]["key"] is None
-    lt, = paths["latent"]
+    (lt,) = paths["latent"]
     assert lt["site"]["path"] == ["layer"] and lt["partners"][0]["counts"] == [12545, 1]
     assert lt["partners"][0]["hash_input_hex"] == b"layer1\x01".hex()
     # sorted and deterministic
@@ -165,13 +191,16 @@ def test_output_is_written_only_after_success(tmp_path):
 
 
 # ---------------------------------------------------------------- bad input: exit 2, one line
-@pytest.mark.parametrize("name, text, message", [
-    ("bad.json", None, "bad.json:3:47: invalid JSON: Expecting property name enclosed in double quotes"),
-    ("entry.json", '[\n  "a/b",\n  {"path": "c"}\n]\n', "entry.json:3:3: entry 1: a module path is a string"),
-    ("dup.json", '{"a": {"w": [1]},\n "a": {}}\n', "dup.json:2:2: duplicate key 'a'"),
-    ("spec.yaml", "rngaudit: 1\nmodel: {class: M, bdy: []}\n", "spec.yaml:2:19: unknown key 'bdy'"),
-    ("missing.yaml", None, "missing.yaml:1:1: no such file"),
-])
+@pytest.mark.parametrize(
+    "name, text, message",
+    [
+        ("bad.json", None, "bad.json:3:47: invalid JSON: Expecting property name enclosed in double quotes"),
+        ("entry.json", '[\n  "a/b",\n  {"path": "c"}\n]\n', "entry.json:3:3: entry 1: a module path is a string"),
+        ("dup.json", '{"a": {"w": [1]},\n "a": {}}\n', "dup.json:2:2: duplicate key 'a'"),
+        ("spec.yaml", "rngaudit: 1\nmodel: {class: M, bdy: []}\n", "spec.yaml:2:19: unknown key 'bdy'"),
+        ("missing.yaml", None, "missing.yaml:1:1: no such file"),
+    ],
+)
 def test_bad_input_is_one_error_line(tmp_path, name, text, message):
     path = fx(name) if text is None and name == "bad.json" else str(tmp_path / name)
     if text is not None:
@@ -217,19 +246,21 @@ def run_no_jax(tmp_path, args: list[str]) -> str:
     if args[0] == "UNSAFE_RBG":
         (tmp_path / "u.yaml").write_text(UNSAFE_RBG)
         args = [str(tmp_path / "u.yaml"), *args[1:]]
-    r = subprocess.run([sys.executable, "-c", _NO_JAX, *args], cwd=REPO, capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run([sys.executable, "-c", _NO_JAX, *args], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert "imported: []" in r.stdout, r.stdout + r.stderr
     return r.stdout
 
 
-@pytest.mark.parametrize("args", [
-    [fx("sharp_edge.yaml")],
-    [fx("shared_seed.yaml"), fx("latent.yaml"), "--format", "json"],
-    [fx("paths.json"), fx("params_tree.json")],
-    [str(GUIDE / "jit_init.yaml"), str(GUIDE / "vmap_model_other_unsplit.yaml"), str(GUIDE / "sharp_edge.yaml")],
-    ["UNSAFE_RBG", "--no-keys"],  # unsafe_rbg keys need JAX; hash-only does not
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        [fx("sharp_edge.yaml")],
+        [fx("shared_seed.yaml"), fx("latent.yaml"), "--format", "json"],
+        [fx("paths.json"), fx("params_tree.json")],
+        [str(GUIDE / "jit_init.yaml"), str(GUIDE / "vmap_model_other_unsplit.yaml"), str(GUIDE / "sharp_edge.yaml")],
+        ["UNSAFE_RBG", "--no-keys"],  # unsafe_rbg keys need JAX; hash-only does not
+    ],
+)
 def test_collisions_never_imports_jax_nor_numpy_for_small_inputs(tmp_path, args):
     """Small inputs (fewer than collisions.SMALL_SITES call sites) run on Python lists and ints: the
     command starts without NumPy, let alone JAX."""
@@ -266,14 +297,17 @@ def test_a_spec_written_as_json_is_a_spec(tmp_path):
 
 
 # ---------------------------------------------------------------- the text tables
-CELLS = st.text(alphabet=st.sampled_from(["a", "Z", "_", "/", " ", "é", "日", "本", "🙂", "\x07", "\x1b", "(", "'", "\u0301"]),
-                max_size=8)
+CELLS = st.text(
+    alphabet=st.sampled_from(["a", "Z", "_", "/", " ", "é", "日", "本", "🙂", "\x07", "\x1b", "(", "'", "\u0301"]),
+    max_size=8,
+)
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.integers(1, 6).flatmap(lambda n: st.lists(st.lists(CELLS, min_size=n, max_size=n), min_size=1,
-                                                     max_size=5)),
-       st.sampled_from([(False, 400), (True, 400), (True, 30), (False, 12)]))
+@given(
+    st.integers(1, 6).flatmap(lambda n: st.lists(st.lists(CELLS, min_size=n, max_size=n), min_size=1, max_size=5)),
+    st.sampled_from([(False, 400), (True, 400), (True, 30), (False, 12)]),
+)
 def test_rows_print_as_the_rich_table_does(rows, console_kind):
     """render_collisions prints its tables without rich.table's measuring (thousands of tables in the
     report of a large model): the characters are those of the rich Table it replaces, on a plain file

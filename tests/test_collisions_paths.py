@@ -1,6 +1,7 @@
 """rngaudit.collisions keeps an input's columns in Python lists with keys on Python ints (small inputs: no
 NumPy to import) or in NumPy arrays (large inputs). Both paths must give the same report, to the byte, on
 every fixture, on the inputs of tests/test_collisions.py, and on random inputs."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,8 +28,14 @@ from rngaudit.output.collisions_json import to_json
 from rngaudit.spec.json_source import load_json, parse_json
 
 REPO = Path(__file__).resolve().parent.parent
-SPECS = sorted([*REPO.glob("fixtures/collisions/*.yaml"), *REPO.glob("fixtures/guide/*.yaml"),
-                *REPO.glob("fixtures/shard/*.yaml"), *REPO.glob("rngaudit/examples/*.yaml")])
+SPECS = sorted(
+    [
+        *REPO.glob("fixtures/collisions/*.yaml"),
+        *REPO.glob("fixtures/guide/*.yaml"),
+        *REPO.glob("fixtures/shard/*.yaml"),
+        *REPO.glob("rngaudit/examples/*.yaml"),
+    ]
+)
 JSONS = [REPO / "fixtures" / "collisions" / name for name in ("paths.json", "params_tree.json")]
 LISTS, ARRAYS = 10**12, 0  # SMALL_SITES that puts every input on one path
 
@@ -58,8 +65,9 @@ def check_spec(spec, monkeypatch, rows=None) -> None:
     """Lists, arrays, and arrays from derive's fast path (TableSites): one report."""
     for _, s, opts in spec_variants(spec):
         monkeypatch.setattr(collision_spec_sites, "REPLAY_LIMIT", opts.get("replay_limit", 20_000))
-        text = assert_same(lambda: SpecSites(s, keys=opts.get("keys", True), rows=rows if s is spec else None),
-                           monkeypatch)
+        text = assert_same(
+            lambda: SpecSites(s, keys=opts.get("keys", True), rows=rows if s is spec else None), monkeypatch
+        )
         if rows is None:
             assert report(lambda: TableSites(s, keys=opts.get("keys", True)), ARRAYS, monkeypatch) == text
 
@@ -78,18 +86,27 @@ def test_fixture_json(path, separator, monkeypatch):
         assert '"collisions": []' not in text
 
 
-@pytest.mark.parametrize("text", [
-    SHIFT.replace("STREAM", "dropout"), SHIFT.replace("STREAM", "params"),
-    VMAP.replace("SPLIT", "false"), VMAP.replace("SPLIT", "true"),
-    JIT.replace("FLAG", "false"), JIT.replace("FLAG", "true"),
-], ids=["shift-dropout", "shift-params", "vmap-unsplit", "vmap-split", "jit", "jit-separator"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        SHIFT.replace("STREAM", "dropout"),
+        SHIFT.replace("STREAM", "params"),
+        VMAP.replace("SPLIT", "false"),
+        VMAP.replace("SPLIT", "true"),
+        JIT.replace("FLAG", "false"),
+        JIT.replace("FLAG", "true"),
+    ],
+    ids=["shift-dropout", "shift-params", "vmap-unsplit", "vmap-split", "jit", "jit-separator"],
+)
 def test_collisions_test_specs(text, monkeypatch):
     check_spec(parse_spec(text, "t.yaml"), monkeypatch)
 
 
 @pytest.mark.parametrize("flag", ["false", "true"])
 def test_nul_name_spec(flag, monkeypatch):
-    check_spec(parse_spec(textwrap.dedent(f"""
+    check_spec(
+        parse_spec(
+            textwrap.dedent(f"""
         rngaudit: 1
         flax: {{fix_rng_separator: {flag}}}
         rngs: {{params: 0}}
@@ -98,18 +115,24 @@ def test_nul_name_spec(flag, monkeypatch):
           body:
             - module: {{class: M, name: "a\\0b", body: [make_rng]}}
             - module: {{class: M, name: a, body: [{{module: {{class: M, name: b, body: [make_rng]}}}}]}}
-        """), "nul.yaml"), monkeypatch)
+        """),
+            "nul.yaml",
+        ),
+        monkeypatch,
+    )
 
 
 def test_lanes_rows(monkeypatch):
-    spec = parse_spec(textwrap.dedent("""
+    spec = parse_spec(
+        textwrap.dedent("""
         rngaudit: 1
         rngs: {dropout: 1, noise: 1}
         model:
           class: Model
           body:
             - module: {class: Body, body: [{make_rng: dropout}, {make_rng: dropout}]}
-        """))
+        """)
+    )
     rows = replay(spec)
     for laned, category in ((lanes(rows, 3), "unsplit_lanes"), (lanes(rows, 2, base=RootKey("noise")), "shared_seed")):
         assert f'"{category}"' in assert_same(lambda: SpecSites(spec, rows=laned), monkeypatch)
@@ -118,13 +141,16 @@ def test_lanes_rows(monkeypatch):
 
 def test_unsafe_rbg_keys_from_jax_in_lists(monkeypatch):
     pytest.importorskip("jax")
-    spec = parse_spec(textwrap.dedent("""
+    spec = parse_spec(
+        textwrap.dedent("""
         rngaudit: 1
         jax: {prng_impl: unsafe_rbg}
         rngs: {params: 0}
         model: {class: M, body: [{module: {class: N, name: ab, body: [{module: {class: L, name: cdef, body: [make_rng]}}]}},
                                  {module: {class: N, name: abc, body: [{module: {class: L, name: def, body: [make_rng]}}]}}]}
-        """), "u.yaml")
+        """),
+        "u.yaml",
+    )
     assert '"class": 1' in assert_same(lambda: SpecSites(spec), monkeypatch)
     check_spec(spec, monkeypatch)  # and TableSites, whose unsafe_rbg keys are computed row by row
 
@@ -140,10 +166,18 @@ model:
 
 
 @pytest.mark.parametrize("impl", ["threefry2x32", "rbg"])
-@pytest.mark.parametrize("text, shared", [
-    (VMAP.replace("SPLIT", "false"), True), (VMAP.replace("SPLIT", "true"), False), (JIT.replace("FLAG", "false"), True),
-    (JIT.replace("FLAG", "true"), False), (SHIFT.replace("STREAM", "dropout"), True), (SHARED_SEED, True),
-], ids=["vmap-unsplit", "vmap-split", "jit", "jit-separator", "shift", "shared-seed"])
+@pytest.mark.parametrize(
+    "text, shared",
+    [
+        (VMAP.replace("SPLIT", "false"), True),
+        (VMAP.replace("SPLIT", "true"), False),
+        (JIT.replace("FLAG", "false"), True),
+        (JIT.replace("FLAG", "true"), False),
+        (SHIFT.replace("STREAM", "dropout"), True),
+        (SHARED_SEED, True),
+    ],
+    ids=["vmap-unsplit", "vmap-split", "jit", "jit-separator", "shift", "shared-seed"],
+)
 def test_table_idents_group_sites_as_their_keys_do(text, shared, impl):
     """TableSites compares threefry2x32/rbg keys as (base key value, hash word), computing keys for
     reported sites only: its idents must group the sites exactly as the keys themselves do, and the
@@ -164,8 +198,11 @@ def test_table_idents_group_sites_as_their_keys_do(text, shared, impl):
 NAMES = st.text(alphabet="ab1\x00\x01\x02", max_size=3)
 
 
-@given(st.lists(st.tuples(st.lists(NAMES, max_size=3).map(tuple), st.integers(1, 3)), min_size=1, max_size=8),
-       st.booleans(), st.sampled_from([0, 600, DEFAULT_LATENT_MAX_COUNT]))
+@given(
+    st.lists(st.tuples(st.lists(NAMES, max_size=3).map(tuple), st.integers(1, 3)), min_size=1, max_size=8),
+    st.booleans(),
+    st.sampled_from([0, 600, DEFAULT_LATENT_MAX_COUNT]),
+)
 @settings(max_examples=150, deadline=None)
 def test_random_module_paths(modules, separator, bound):
     """Random paths drawing a few keys each (collisions, latent pairs and renames of every kind)."""
@@ -175,20 +212,29 @@ def test_random_module_paths(modules, separator, bound):
         assert_same(lambda: ModuleSites(parse_json(doc, "m.json"), separator), mp, latent_max_count=bound)
 
 
-@given(st.lists(st.sampled_from(["ab", "cdef", "abc", "def", "A", "B", "AB", "layer", "layer1", "x", "x\x01"]),
-                min_size=1, max_size=5),
-       st.integers(1, 3), st.booleans())
+@given(
+    st.lists(
+        st.sampled_from(["ab", "cdef", "abc", "def", "A", "B", "AB", "layer", "layer1", "x", "x\x01"]),
+        min_size=1,
+        max_size=5,
+    ),
+    st.integers(1, 3),
+    st.booleans(),
+)
 @settings(max_examples=40, deadline=None)
 def test_random_specs(names, repeat, separator):
     """Random nestings of modules whose names concatenate alike, each making `repeat` make_rng calls."""
-    def module(k: int) -> str:
-        body = "[{make_rng: {stream: params, repeat: %d}}]" % repeat
-        if k + 1 < len(names):
-            body = "[{make_rng: {stream: params, repeat: %d}}, %s]" % (repeat, module(k + 1))
-        return "{module: {class: M, name: %s, body: %s}}" % (json.dumps(names[k]), body)
 
-    text = (f"rngaudit: 1\nflax: {{fix_rng_separator: {str(separator).lower()}}}\nrngs: {{params: 0}}\n"
-            f"model: {{class: Model, body: [{module(0)}, {module(len(names) // 2)}]}}\n")
+    def module(k: int) -> str:
+        body = f"[{{make_rng: {{stream: params, repeat: {repeat}}}}}]"
+        if k + 1 < len(names):
+            body = f"[{{make_rng: {{stream: params, repeat: {repeat}}}}}, {module(k + 1)}]"
+        return f"{{module: {{class: M, name: {json.dumps(names[k])}, body: {body}}}}}"
+
+    text = (
+        f"rngaudit: 1\nflax: {{fix_rng_separator: {str(separator).lower()}}}\nrngs: {{params: 0}}\n"
+        f"model: {{class: Model, body: [{module(0)}, {module(len(names) // 2)}]}}\n"
+    )
     spec = parse_spec(text, "r.yaml")
     try:
         replay(spec)
@@ -203,7 +249,8 @@ def test_a_rename_that_would_meet_other_keys_by_chance_is_not_tried():
     about 250,000**2 / 2**32 (14) of them meet another key, so no rename of it can be verified, and
     every try would re-derive all its keys (40 tries per finding made this spec take minutes). Such a
     module is not tried; the note says why, and smaller modules' renames are still found."""
-    spec = parse_spec(textwrap.dedent("""
+    spec = parse_spec(
+        textwrap.dedent("""
         rngaudit: 1
         rngs: {params: 0}
         model:
@@ -212,7 +259,9 @@ def test_a_rename_that_would_meet_other_keys_by_chance_is_not_tried():
             - module: {class: F, name: filler, body: [{make_rng: {repeat: 250000}}]}
             - module: {class: N, name: ab, body: [{module: {class: L, name: cdef, body: [make_rng]}}]}
             - module: {class: N, name: abc, body: [{module: {class: L, name: def, body: [make_rng]}}]}
-        """), "big.yaml")
+        """),
+        "big.yaml",
+    )
     a = audit(spec_sites(spec))
     big = [c for c in a.collisions if any(s.path == ("filler",) for s in c.sites)]
     assert big, "expected class-3 collisions among the filler's 250,000 keys"

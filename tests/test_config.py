@@ -1,5 +1,6 @@
 """`[tool.rngaudit]` in pyproject.toml: defaults per command, flags win, and every mistake is an input error
 at the file's line and column (exit 2, nothing on stdout)."""
+
 from __future__ import annotations
 
 import json
@@ -9,8 +10,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rngaudit.cli.config import find_pyproject, key_positions, load
 from rngaudit.cli import app
+from rngaudit.cli.config import find_pyproject, key_positions, load
 
 REPO = Path(__file__).resolve().parent.parent
 SHARP = REPO / "fixtures" / "collisions" / "sharp_edge.yaml"
@@ -70,7 +71,8 @@ def test_common_and_command_defaults_apply(project):
 
 
 def test_section_wins_over_common_and_flags_win_over_both(project):
-    project("""
+    project(
+        """
         [tool.rngaudit]
         exit-zero = true
         [tool.rngaudit.derive]
@@ -78,7 +80,8 @@ def test_section_wins_over_common_and_flags_win_over_both(project):
         exit-zero = false
         format = "json"
         no-values = true
-        """.replace("no-values = true\n", "values = false\n"))
+        """.replace("no-values = true\n", "values = false\n")
+    )
     r = invoke("derive", "fallback.yaml")
     assert r.exit_code == 1  # strict from [tool.rngaudit.derive]; its exit-zero = false wins over the common one
     assert json.loads(r.stdout)["summary"]["fallbacks"] == 2
@@ -111,28 +114,49 @@ def test_shard_check_defaults_reach_the_request(project):
     assert r.exit_code == 2 and "3 rows do not divide over 2 devices" in r.stderr
 
 
-@pytest.mark.parametrize("toml,where,parts", [
-    ("[tool.rngaudit]\nformat = \"github\"\nstirct = true\n", "pyproject.toml:3:1",
-     ["[tool.rngaudit]: unknown key 'stirct'; did you mean 'strict'?"]),
-    ("[tool.rngaudit.collisions]\n  latent-max-cont = 3\n", "pyproject.toml:2:3",
-     ["[tool.rngaudit.collisions]: unknown key 'latent-max-cont'; did you mean 'latent-max-count'?"]),
-    ("[tool.rngaudit.collisions]\ndevices = 4\n", "pyproject.toml:2:1",
-     ["[tool.rngaudit.collisions]: unknown key 'devices'"]),
-    ("[tool.rngaudit.colisions]\nstrict = true\n", "pyproject.toml:1:1",
-     ["no command is called 'colisions'; did you mean 'collisions'?"]),
-    ("[tool.rngaudit]\noutput = \"report.txt\"\n", "pyproject.toml:2:1", ["unknown key 'output'"]),
-    ("[tool.rngaudit]\nstrict = \"yes\"\n", "pyproject.toml:2:1",
-     ["[tool.rngaudit] strict: must be a boolean (true or false), not str 'yes'"]),
-    ("[tool.rngaudit.collisions]\nlatent-max-count = -1\n", "pyproject.toml:2:1", ["-1 is not in the range"]),
-    ("[tool.rngaudit.collisions]\nlatent-max-count = 1.5\n", "pyproject.toml:2:1", ["must be an integer"]),
-    ("[tool.rngaudit]\nformat = \"xml\"\n", "pyproject.toml:2:1", ["'xml' is not one of"]),
-    ("[tool.rngaudit.collisions]\nfail-on = \"hash_word\"\n", "pyproject.toml:2:1", ["must be a list of strings"]),
-    ("[tool.rngaudit.collisions]\nfail-on = [\"hash\"]\n", "pyproject.toml:2:1", ["'hash' is not one of"]),
-    ("[tool.rngaudit]\nformat = \"github\n", "pyproject.toml:2:17", ["invalid TOML"]),
-    ("[tool]\nrngaudit = 3\n", "pyproject.toml:2:1", ["[tool.rngaudit] must be a table"]),
-    ("[tool.rngaudit]\ncollisions.stirct = true\n", "pyproject.toml:2:1",
-     ["[tool.rngaudit.collisions]: unknown key 'stirct'"]),
-])
+@pytest.mark.parametrize(
+    "toml,where,parts",
+    [
+        (
+            '[tool.rngaudit]\nformat = "github"\nstirct = true\n',
+            "pyproject.toml:3:1",
+            ["[tool.rngaudit]: unknown key 'stirct'; did you mean 'strict'?"],
+        ),
+        (
+            "[tool.rngaudit.collisions]\n  latent-max-cont = 3\n",
+            "pyproject.toml:2:3",
+            ["[tool.rngaudit.collisions]: unknown key 'latent-max-cont'; did you mean 'latent-max-count'?"],
+        ),
+        (
+            "[tool.rngaudit.collisions]\ndevices = 4\n",
+            "pyproject.toml:2:1",
+            ["[tool.rngaudit.collisions]: unknown key 'devices'"],
+        ),
+        (
+            "[tool.rngaudit.colisions]\nstrict = true\n",
+            "pyproject.toml:1:1",
+            ["no command is called 'colisions'; did you mean 'collisions'?"],
+        ),
+        ('[tool.rngaudit]\noutput = "report.txt"\n', "pyproject.toml:2:1", ["unknown key 'output'"]),
+        (
+            '[tool.rngaudit]\nstrict = "yes"\n',
+            "pyproject.toml:2:1",
+            ["[tool.rngaudit] strict: must be a boolean (true or false), not str 'yes'"],
+        ),
+        ("[tool.rngaudit.collisions]\nlatent-max-count = -1\n", "pyproject.toml:2:1", ["-1 is not in the range"]),
+        ("[tool.rngaudit.collisions]\nlatent-max-count = 1.5\n", "pyproject.toml:2:1", ["must be an integer"]),
+        ('[tool.rngaudit]\nformat = "xml"\n', "pyproject.toml:2:1", ["'xml' is not one of"]),
+        ('[tool.rngaudit.collisions]\nfail-on = "hash_word"\n', "pyproject.toml:2:1", ["must be a list of strings"]),
+        ('[tool.rngaudit.collisions]\nfail-on = ["hash"]\n', "pyproject.toml:2:1", ["'hash' is not one of"]),
+        ('[tool.rngaudit]\nformat = "github\n', "pyproject.toml:2:17", ["invalid TOML"]),
+        ("[tool]\nrngaudit = 3\n", "pyproject.toml:2:1", ["[tool.rngaudit] must be a table"]),
+        (
+            "[tool.rngaudit]\ncollisions.stirct = true\n",
+            "pyproject.toml:2:1",
+            ["[tool.rngaudit.collisions]: unknown key 'stirct'"],
+        ),
+    ],
+)
 def test_bad_configuration_is_an_input_error_at_its_line(project, toml, where, parts, tmp_path):
     project(toml)
     out = tmp_path / "report.txt"
@@ -149,12 +173,12 @@ def test_an_unknown_key_fails_every_command(project):
 
 
 def test_non_utf8_configuration(project):
-    (project.root / "pyproject.toml").write_bytes(b"[tool.rngaudit]\nformat = \"\xff\"\n")
+    (project.root / "pyproject.toml").write_bytes(b'[tool.rngaudit]\nformat = "\xff"\n')
     refused(invoke("derive", "fallback.yaml"), "pyproject.toml:2:11", "not UTF-8")
 
 
 def test_explicit_config_file_and_discovery(project):
-    project("[tool.rngaudit]\nformat = \"json\"\n")
+    project('[tool.rngaudit]\nformat = "json"\n')
     sub = project.root / "models" / "deep"
     sub.mkdir(parents=True)
     assert find_pyproject(str(sub)) == str(project.root / "pyproject.toml")
@@ -162,7 +186,7 @@ def test_explicit_config_file_and_discovery(project):
     (project.root / "inner").mkdir()
     (project.root / "inner" / ".git").mkdir()
     assert find_pyproject(str(project.root / "inner")) is None
-    other = project("[tool.rngaudit]\nformat = \"github\"\n", name="ci.toml")
+    other = project('[tool.rngaudit]\nformat = "github"\n', name="ci.toml")
     r = invoke("collisions", "sharp.yaml", "--config", str(other))
     assert r.stdout.startswith("::error ")
     refused(invoke("collisions", "sharp.yaml", "--config", "missing.toml"), "missing.toml:1:1", "no such file")

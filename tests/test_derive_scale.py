@@ -1,6 +1,7 @@
 """derive at scale, through the CLI: --format jsonl (streamed), --stream/--path/--limit (before any key
 is computed), the hidden --engine switch, and their errors. The fast path itself is checked against
 the plain one in test_fastpath.py."""
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,9 @@ def test_jsonl_is_the_json_report_a_record_a_line(tmp_path):
 def test_filters_pick_call_sites_before_keys(tmp_path):
     spec = write(tmp_path, "big.yaml", BIG)
     full = json.loads(invoke("derive", spec, "--format", "json").stdout)["calls"]
-    got = json.loads(invoke("derive", spec, "--format", "json", "--stream", "dropout", "--path", "Block_1*",
-                            "--limit", "5").stdout)
+    got = json.loads(
+        invoke("derive", spec, "--format", "json", "--stream", "dropout", "--path", "Block_1*", "--limit", "5").stdout
+    )
     want = [c for c in full if c["stream"] == "dropout" and c["path_str"].startswith("Block_1")][:5]
     assert got["calls"] == want and len(want) == 5
     assert got["summary"]["selected_from"] == len(full)
@@ -68,8 +70,11 @@ def test_jsonl_to_a_file_is_written_whole(tmp_path):
 def test_bad_filter_options_exit_2_and_write_nothing(tmp_path):
     spec = write(tmp_path, "big.yaml", BIG)
     out = tmp_path / "o.jsonl"
-    for args, msg in [(("--limit", "-1"), "--limit"), (("--engine", "turbo"), "--engine"),
-                      (("--engine", "plain", "--limit", "3"), "need --engine fast")]:
+    for args, msg in [
+        (("--limit", "-1"), "--limit"),
+        (("--engine", "turbo"), "--engine"),
+        (("--engine", "plain", "--limit", "3"), "need --engine fast"),
+    ]:
         r = run_cli("derive", spec, "--format", "jsonl", "-o", str(out), *args)
         assert r.returncode == 2, (args, r.stderr)
         assert msg in r.stderr and "Traceback" not in r.stderr and r.stdout == ""
@@ -79,11 +84,15 @@ def test_bad_filter_options_exit_2_and_write_nothing(tmp_path):
 def test_a_million_keys_are_within_the_budget(tmp_path):
     """The spec budget lets a model of 1,000,000 call sites through (the fast path is seconds);
     only the header and a --limit of them are written here."""
-    spec = write(tmp_path, "m.yaml", """
+    spec = write(
+        tmp_path,
+        "m.yaml",
+        """
         rngaudit: 1
         rngs: {params: 0}
         model: {class: M, body: [{module: {class: B, repeat: 1000, body: [{make_rng: {repeat: 1000}}]}}]}
-        """)
+        """,
+    )
     recs = lines(invoke("derive", spec, "--format", "jsonl", "--limit", "2", "--path", "B_999").stdout)
     assert [r["count"] for r in recs[1:-1]] == [1, 2]
     assert recs[-1]["selected_from"] == 1_000_000

@@ -1,6 +1,7 @@
 """`rngaudit diff`: a refactor suite. Both versions are captured from real Flax; the params real Flax
 initialises (compared value by value) decide which param call sites changed, and diff must report
 exactly those, with the reason and the fix."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -32,7 +33,10 @@ BLOCK = textwrap.dedent("""
       return Model(), (jnp.ones((1, 4)),)
 """)
 
-BASE = HEADER + BLOCK + textwrap.dedent("""
+BASE = (
+    HEADER
+    + BLOCK
+    + textwrap.dedent("""
     class Model(nn.Module):
       @nn.compact
       def __call__(self, x):
@@ -40,12 +44,17 @@ BASE = HEADER + BLOCK + textwrap.dedent("""
         x = Block()(x)
         return nn.Dense(4)(x)
 """)
+)
 
 VARIANTS = {
     "rename": BASE.replace("Block()(x)", "Block(name='encoder')(x)"),
-    "insert": BASE.replace("    x = nn.Dense(4)(x)\n    x = Block()(x)",
-                           "    x = nn.Dense(4, use_bias=False)(x)\n    x = nn.Dense(4)(x)\n    x = Block()(x)"),
-    "compact_to_setup": HEADER + BLOCK + textwrap.dedent("""
+    "insert": BASE.replace(
+        "    x = nn.Dense(4)(x)\n    x = Block()(x)",
+        "    x = nn.Dense(4, use_bias=False)(x)\n    x = nn.Dense(4)(x)\n    x = Block()(x)",
+    ),
+    "compact_to_setup": HEADER
+    + BLOCK
+    + textwrap.dedent("""
         class Model(nn.Module):
           def setup(self):
             self.inp = nn.Dense(4)
@@ -59,7 +68,10 @@ VARIANTS = {
     "remat": BASE.replace("Block()(x)", "nn.remat(Block)()(x)"),
 }
 
-ENSEMBLE = HEADER + BLOCK + textwrap.dedent("""
+ENSEMBLE = (
+    HEADER
+    + BLOCK
+    + textwrap.dedent("""
     class Model(nn.Module):
       @nn.compact
       def __call__(self, x):
@@ -67,6 +79,7 @@ ENSEMBLE = HEADER + BLOCK + textwrap.dedent("""
                     in_axes=None, out_axes=0, axis_size=3)
         return E()(x)
 """)
+)
 
 RNGS = "params=0,dropout=1"
 
@@ -106,8 +119,11 @@ def run_diff(tmp_path, old_keys, new_keys):
 
 
 def param_sites(doc) -> set:
-    return {tuple(s["path"]) + (s["label"],) for s in doc["sites"]
-            if s["status"] in ("changed", "new", "gone") and s["kind"] == "param"}
+    return {
+        tuple(s["path"]) + (s["label"],)
+        for s in doc["sites"]
+        if s["status"] in ("changed", "new", "gone") and s["kind"] == "param"
+    }
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +145,7 @@ EXPECT = {
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_refactor_diff_matches_flax(tmp_path, base, variant):
     assert VARIANTS[variant] != BASE
-    old_f, old_keys, old_params = base
+    _old_f, old_keys, old_params = base
     new_f, new_keys = capture(tmp_path, variant, VARIANTS[variant])
     code, doc = run_diff(tmp_path, old_keys, new_keys)
     expected = flax_changed(old_params, flax_params(new_f))
@@ -231,8 +247,10 @@ def sarif(text: str) -> list[tuple]:
 def spec_rows(spec) -> dict:
     """(path_str, stream, count, lane) -> (line, col) of the statement, as derive reports it."""
     r = invoke("derive", spec, "--format", "json", "--no-values")
-    return {(c["path_str"], c["stream"], c["count"], tuple(c["lane"])): (c["location"]["line"], c["location"]["col"])
-            for c in json.loads(r.stdout)["calls"]}
+    return {
+        (c["path_str"], c["stream"], c["count"], tuple(c["lane"])): (c["location"]["line"], c["location"]["col"])
+        for c in json.loads(r.stdout)["calls"]
+    }
 
 
 def test_diff_of_specs_annotates_the_new_specs_lines(tmp_path, base):
@@ -270,7 +288,7 @@ def test_diff_of_keys_files_annotates_each_record(tmp_path, base):
     for _, file, line, col, title, message in annotations(r.stdout):
         assert file == str(new_keys) and lines[line - 1][col - 1] == "{"
         if title == "rngaudit diff/new":  # the record of this very call site
-            rec = json.loads("\n".join(lines[line - 1:]).split("\n    }")[0].rstrip(",") + "}")
+            rec = json.loads("\n".join(lines[line - 1 :]).split("\n    }")[0].rstrip(",") + "}")
             assert rec in records and message.startswith(f"new: {rec['path_str']} {rec['stream']} count {rec['count']}")
 
 
@@ -288,8 +306,11 @@ def test_verify_ci_formats_and_exit_codes(tmp_path, base):
     assert r.exit_code == 1
     got = annotations(r.stdout)
     assert got and {file for _, file, *_ in got} == {str(spec)}
-    assert {title for *_, title, _ in got} <= {"rngaudit verify/differs", "rngaudit verify/missing",
-                                               "rngaudit verify/extra"}
+    assert {title for *_, title, _ in got} <= {
+        "rngaudit verify/differs",
+        "rngaudit verify/missing",
+        "rngaudit verify/extra",
+    }
     assert all((line, col) in rows.values() for _, _, line, col, _, _ in got)
     places = sarif(invoke("verify", spec, "--against", other, "-f", "sarif").stdout)
     assert [(ln, c) for _, ln, c in places] == [(ln, c) for _, _, ln, c, _, _ in got]
@@ -299,8 +320,11 @@ def test_verify_ci_formats_and_exit_codes(tmp_path, base):
 @pytest.mark.parametrize("command", ["verify", "diff", "capture"])
 def test_bad_input_exits_2_in_every_format(tmp_path, command):
     missing = tmp_path / "missing.yaml"
-    args = {"verify": [missing, "--against", missing.with_suffix(".json")], "diff": [missing, missing],
-            "capture": [f"{tmp_path / 'nope.py'}:make"]}[command]
+    args = {
+        "verify": [missing, "--against", missing.with_suffix(".json")],
+        "diff": [missing, missing],
+        "capture": [f"{tmp_path / 'nope.py'}:make"],
+    }[command]
     for fmt in ("text", "json", "github", "sarif"):
         r = invoke(command, *args, "--format", fmt, "--exit-zero")
         assert r.exit_code == 2 and r.stdout == "" and r.stderr.startswith("error: ") and "Traceback" not in r.stderr
@@ -324,6 +348,6 @@ def test_config_defaults_for_diff_and_verify(tmp_path, base):
     cfg.write_text('[tool.rngaudit.verify]\nagainst = "x.json"\n')
     r = invoke("verify", old_keys.with_suffix(".yaml"), "--against", old_keys, "--config", cfg)
     assert r.exit_code == 2 and "takes --against only on the command line" in r.stderr
-    cfg.write_text('[tool.rngaudit.diff]\nexit-zeros = true\n')
+    cfg.write_text("[tool.rngaudit.diff]\nexit-zeros = true\n")
     r = invoke("diff", old_keys, new_keys, "--config", cfg)
     assert r.exit_code == 2 and "unknown key 'exit-zeros'" in r.stderr and "did you mean 'exit-zero'" in r.stderr

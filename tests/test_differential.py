@@ -1,4 +1,5 @@
 """rngaudit against real Flax, one construct at a time: same keys, same values, same errors."""
+
 from __future__ import annotations
 
 import textwrap
@@ -97,14 +98,17 @@ def test_fallback_to_params_shares_the_params_counter():
     assert len(keys_by_path(text)[((), "params")]) == 3
 
 
-@pytest.mark.parametrize("rngs,body", [
-    ("{params: 0}", "[{make_rng: noise}]"),                       # falls back: no error
-    ("{dropout: 0}", "[{make_rng: noise}]"),                      # root: 'None needs PRNG'
-    ("{dropout: 0}", "[{module: {class: Sub, name: sub, body: [{make_rng: noise}]}}]"),
-    ("{}", "[{Dense: {features: 2}}]"),                           # init without a params key
-    ("{noise: 1}", "[{make_rng: noise}, {param: w}]"),
-    ("{noise: 1}", "[{module: {class: Sub, name: '', body: [{make_rng: x}]}}]"),
-])
+@pytest.mark.parametrize(
+    "rngs,body",
+    [
+        ("{params: 0}", "[{make_rng: noise}]"),  # falls back: no error
+        ("{dropout: 0}", "[{make_rng: noise}]"),  # root: 'None needs PRNG'
+        ("{dropout: 0}", "[{module: {class: Sub, name: sub, body: [{make_rng: noise}]}}]"),
+        ("{}", "[{Dense: {features: 2}}]"),  # init without a params key
+        ("{noise: 1}", "[{make_rng: noise}, {param: w}]"),
+        ("{noise: 1}", "[{module: {class: Sub, name: '', body: [{make_rng: x}]}}]"),
+    ],
+)
 def test_invalid_rng_error_when_neither_stream_nor_params(rngs, body):
     a = agree(f"""
         rngaudit: 1
@@ -147,15 +151,18 @@ def test_explicit_names_do_not_advance_the_cursor():
     assert [p for p, _ in keys_by_path(text)] == [("first",), ("A_0",), ("A_5",), ("A_1",)]
 
 
-@pytest.mark.parametrize("body", [
-    "[{module: {class: NP, name: NP_0}}, {module: {class: NP}}]",      # explicit, then auto
-    "[{module: {class: A, name: x}}, {module: {class: B, name: x}}]",  # duplicate explicit
-    "[{param: w}, {module: {class: A, name: w}}]",                     # param, then submodule
-    "[{module: {class: A, name: w}}, {param: w}]",                     # submodule, then param
-    "[{param: w}, {param: w}]",
-    "[{variable: {collection: state, name: w}}, {module: {class: A, name: w}}]",
-    "[{make_rng: params}, {Dense: {features: 2}}, {Dense: {name: Dense_0}}]",
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        "[{module: {class: NP, name: NP_0}}, {module: {class: NP}}]",  # explicit, then auto
+        "[{module: {class: A, name: x}}, {module: {class: B, name: x}}]",  # duplicate explicit
+        "[{param: w}, {module: {class: A, name: w}}]",  # param, then submodule
+        "[{module: {class: A, name: w}}, {param: w}]",  # submodule, then param
+        "[{param: w}, {param: w}]",
+        "[{variable: {collection: state, name: w}}, {module: {class: A, name: w}}]",
+        "[{make_rng: params}, {Dense: {features: 2}}, {Dense: {name: Dense_0}}]",
+    ],
+)
 def test_name_clash_raises_name_in_use_error(body):
     a = agree(f"""
         rngaudit: 1
@@ -294,8 +301,7 @@ def test_sequential_in_setup_names_layers_under_it():
             - call: {name: seq, repeat: 2}
         """
     agree(text)
-    assert {p for p, _ in keys_by_path(text)} == {("seq", "layers_0"), ("seq", "layers_1"),
-                                                   ("seq", "layers_2")}
+    assert {p for p, _ in keys_by_path(text)} == {("seq", "layers_0"), ("seq", "layers_1"), ("seq", "layers_2")}
 
 
 # ---------------------------------------------------------------- repeated calls
@@ -339,13 +345,14 @@ def test_compact_module_called_twice():
 
 
 # ---------------------------------------------------------------- R7: self.param in init and apply
-@pytest.mark.parametrize("phase,mutable", [("init", None), ("apply", None), ("apply", "[params]"),
-                                           ("apply", "true"), ("apply", "[state]")])
+@pytest.mark.parametrize(
+    "phase,mutable", [("init", None), ("apply", None), ("apply", "[params]"), ("apply", "true"), ("apply", "[state]")]
+)
 def test_param_in_init_and_apply(phase, mutable):
     a = agree(f"""
         rngaudit: 1
         phase: {phase}
-        {'' if mutable is None else 'mutable: ' + mutable}
+        {"" if mutable is None else "mutable: " + mutable}
         rngs: {{params: 0, dropout: 1}}
         model:
           class: Model
@@ -364,14 +371,19 @@ def test_param_in_init_and_apply(phase, mutable):
         assert a.error == "ScopeParamNotFoundError"
 
 
-@pytest.mark.parametrize("body,error", [
-    ("[{param: {name: w, when: apply}}]", "ScopeCollectionNotFound"),  # init makes no params at all
-    ("[{variable: {collection: state, name: v, when: apply}}]", "ScopeCollectionNotFound"),
-    ("[{variable: {collection: state, name: v}}, {variable: {collection: state, name: u, when: apply}}]",
-     "ScopeVariableNotFoundError"),
-    ("[{BatchNorm: {when: apply}}]", "ScopeCollectionNotFound"),  # batch_stats come before params
-    ("[{Dense: {features: 2}}, {BatchNorm: {when: apply}}]", "ScopeCollectionNotFound"),
-])
+@pytest.mark.parametrize(
+    "body,error",
+    [
+        ("[{param: {name: w, when: apply}}]", "ScopeCollectionNotFound"),  # init makes no params at all
+        ("[{variable: {collection: state, name: v, when: apply}}]", "ScopeCollectionNotFound"),
+        (
+            "[{variable: {collection: state, name: v}}, {variable: {collection: state, name: u, when: apply}}]",
+            "ScopeVariableNotFoundError",
+        ),
+        ("[{BatchNorm: {when: apply}}]", "ScopeCollectionNotFound"),  # batch_stats come before params
+        ("[{Dense: {features: 2}}, {BatchNorm: {when: apply}}]", "ScopeCollectionNotFound"),
+    ],
+)
 @pytest.mark.parametrize("mutable", ["false", "[params]"])
 def test_missing_variables_in_apply(body, error, mutable):
     a = agree(f"""
@@ -408,9 +420,14 @@ def test_param_named_like_a_child_finds_the_child_subtree_in_apply(mutable):
 
 
 @pytest.mark.parametrize("mutable", ["false", "true"])
-@pytest.mark.parametrize("child", ["{Dense: {name: b, when: apply}}",
-                                   "{module: {class: S, name: b, when: apply, body: [make_rng, param: w]}}",
-                                   "{module: {class: S, name: b, when: apply, body: [make_rng]}}"])
+@pytest.mark.parametrize(
+    "child",
+    [
+        "{Dense: {name: b, when: apply}}",
+        "{module: {class: S, name: b, when: apply, body: [make_rng, param: w]}}",
+        "{module: {class: S, name: b, when: apply, body: [make_rng]}}",
+    ],
+)
 def test_module_named_like_a_variable_init_made(mutable, child):
     """In apply, a child whose name is a variable of init reads that array as its collection."""
     a = agree(f"""
@@ -431,7 +448,7 @@ def test_variable_rng_in_init_fn_vs_eager(phase, mutable):
     a = agree(f"""
         rngaudit: 1
         phase: {phase}
-        {'' if mutable is None else 'mutable: ' + mutable}
+        {"" if mutable is None else "mutable: " + mutable}
         rngs: {{params: 0, other: 1}}
         model:
           class: Model
@@ -451,30 +468,63 @@ def test_variable_rng_in_init_fn_vs_eager(phase, mutable):
 
 # ---------------------------------------------------------------- R9: standard layers
 LAYER_CASES = [
-    "Dense: {}", "Dense: {use_bias: false}", "DenseGeneral: {}", "DenseGeneral: {use_bias: false}",
-    "Einsum: {}", "Einsum: {use_bias: false}", "Conv: {}", "Conv: {use_bias: false}",
-    "ConvTranspose: {}", "ConvTranspose: {use_bias: false}", "ConvLocal: {}", "ConvLocal: {use_bias: false}",
-    "Embed: {}", "LayerNorm: {}", "LayerNorm: {use_scale: false}", "LayerNorm: {use_bias: false}",
-    "LayerNorm: {use_scale: false, use_bias: false}", "RMSNorm: {}", "RMSNorm: {use_scale: false}",
-    "BatchNorm: {}", "BatchNorm: {use_scale: false}", "BatchNorm: {use_bias: false}",
-    "GroupNorm: {}", "GroupNorm: {use_scale: false}", "InstanceNorm: {}", "InstanceNorm: {use_bias: false}",
-    "Dropout: {rate: 0.0, deterministic: false}", "Dropout: {rate: 0.5, deterministic: false}",
-    "Dropout: {rate: 1.0, deterministic: false}", "Dropout: {rate: 0.5, deterministic: true}",
+    "Dense: {}",
+    "Dense: {use_bias: false}",
+    "DenseGeneral: {}",
+    "DenseGeneral: {use_bias: false}",
+    "Einsum: {}",
+    "Einsum: {use_bias: false}",
+    "Conv: {}",
+    "Conv: {use_bias: false}",
+    "ConvTranspose: {}",
+    "ConvTranspose: {use_bias: false}",
+    "ConvLocal: {}",
+    "ConvLocal: {use_bias: false}",
+    "Embed: {}",
+    "LayerNorm: {}",
+    "LayerNorm: {use_scale: false}",
+    "LayerNorm: {use_bias: false}",
+    "LayerNorm: {use_scale: false, use_bias: false}",
+    "RMSNorm: {}",
+    "RMSNorm: {use_scale: false}",
+    "BatchNorm: {}",
+    "BatchNorm: {use_scale: false}",
+    "BatchNorm: {use_bias: false}",
+    "GroupNorm: {}",
+    "GroupNorm: {use_scale: false}",
+    "InstanceNorm: {}",
+    "InstanceNorm: {use_bias: false}",
+    "Dropout: {rate: 0.0, deterministic: false}",
+    "Dropout: {rate: 0.5, deterministic: false}",
+    "Dropout: {rate: 1.0, deterministic: false}",
+    "Dropout: {rate: 0.5, deterministic: true}",
     "Dropout: {rate: 0.5, deterministic: false, rng: true}",
     "Dropout: {rate: 0.5, deterministic: false, rng_collection: noise}",
     "Dropout: {rate: 0.5, deterministic: false, rng_collection: absent}",
 ]
-_ATTN_OPTS = ["{}", "{use_bias: false}", "{normalize_qk: true}",
-              "{dropout_rate: 0.1, deterministic: false}", "{dropout_rate: 0.1, deterministic: true}",
-              "{dropout_rate: 0.1, deterministic: false, dropout_rng: true}",
-              "{dropout_rate: 0.5, deterministic: false, normalize_qk: true, use_bias: false}"]
-LAYER_CASES += [f"{cls}: {o}" for cls in ("MultiHeadDotProductAttention", "MultiHeadAttention",
-                                            "SelfAttention") for o in _ATTN_OPTS]
+_ATTN_OPTS = [
+    "{}",
+    "{use_bias: false}",
+    "{normalize_qk: true}",
+    "{dropout_rate: 0.1, deterministic: false}",
+    "{dropout_rate: 0.1, deterministic: true}",
+    "{dropout_rate: 0.1, deterministic: false, dropout_rng: true}",
+    "{dropout_rate: 0.5, deterministic: false, normalize_qk: true, use_bias: false}",
+]
+LAYER_CASES += [
+    f"{cls}: {o}" for cls in ("MultiHeadDotProductAttention", "MultiHeadAttention", "SelfAttention") for o in _ATTN_OPTS
+]
 
 
 @pytest.mark.parametrize("layer", LAYER_CASES)
-@pytest.mark.parametrize("phase,rngs", [("init", "{params: 0}"), ("init", "{params: 0, dropout: 1, noise: 2}"),
-                                        ("apply", "{params: 0, dropout: 1, noise: 2}")])
+@pytest.mark.parametrize(
+    "phase,rngs",
+    [
+        ("init", "{params: 0}"),
+        ("init", "{params: 0, dropout: 1, noise: 2}"),
+        ("apply", "{params: 0, dropout: 1, noise: 2}"),
+    ],
+)
 def test_standard_layer(layer, phase, rngs):
     text = f"""
         rngaudit: 1
@@ -559,18 +609,34 @@ def test_typed_and_raw_keys_give_the_same_key_data(raw_keys, impl):
     assert agree(text, raw_keys=raw_keys).keys == 5
 
 
-@pytest.mark.parametrize("expr", ["0", "-7", "4294967296", "'key(3)'", "'split(key(3), 7)[6]'",
-                                  "'fold_in(key(3), 0)'", "'fold_in(fold_in(key(0), 1), 2)'",
-                                  "'split(split(key(9), 3)[0], 2)[1]'", "[0, 42]", "'[1, 2]'",
-                                  "'split([1, 2], 3)[2]'", "'jr.fold_in(jr.PRNGKey(5), 0x10)'"])
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "0",
+        "-7",
+        "4294967296",
+        "'key(3)'",
+        "'split(key(3), 7)[6]'",
+        "'fold_in(key(3), 0)'",
+        "'fold_in(fold_in(key(0), 1), 2)'",
+        "'split(split(key(9), 3)[0], 2)[1]'",
+        "[0, 42]",
+        "'[1, 2]'",
+        "'split([1, 2], 3)[2]'",
+        "'jr.fold_in(jr.PRNGKey(5), 0x10)'",
+    ],
+)
 @pytest.mark.parametrize("partitionable", [True, False])
 def test_key_expressions(expr, partitionable):
-    assert agree(f"""
+    assert (
+        agree(f"""
         rngaudit: 1
         jax: {{threefry_partitionable: {str(partitionable).lower()}}}
         rngs: {{params: {expr}}}
         model: {{class: M, body: [make_rng, {{module: {{class: S, body: [make_rng]}}}}]}}
-        """).keys == 2
+        """).keys
+        == 2
+    )
 
 
 # ---------------------------------------------------------------- names and counts
@@ -612,8 +678,7 @@ def test_counts_of_256_and_more():
 
 
 # ---------------------------------------------------------------- drawn values
-@pytest.mark.parametrize("impl,partitionable", [("threefry2x32", True), ("threefry2x32", False),
-                                                ("rbg", True)])
+@pytest.mark.parametrize("impl,partitionable", [("threefry2x32", True), ("threefry2x32", False), ("rbg", True)])
 def test_drawn_values_equal_flax_initializers(impl, partitionable):
     a = agree(f"""
         rngaudit: 1

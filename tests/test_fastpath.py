@@ -1,6 +1,7 @@
 """derive's fast path (rngaudit.fast: blocks, columns, vectorised Threefry) against the plain path
 (one Derivation per call, per-base fold_in): the same rows, keys, values and errors, on every fixture
 and on the random models of the derive property tests (with and without lifted transforms)."""
+
 from __future__ import annotations
 
 import fnmatch
@@ -18,8 +19,10 @@ from rngaudit.output.derive_json import to_json
 
 EXAMPLES = int(os.environ.get("RNGAUDIT_FASTPATH_EXAMPLES", "150"))
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FIXTURES = sorted(glob.glob(os.path.join(ROOT, "fixtures", "**", "*.yaml"), recursive=True)
-                  + glob.glob(os.path.join(ROOT, "rngaudit", "examples", "*.yaml")))
+FIXTURES = sorted(
+    glob.glob(os.path.join(ROOT, "fixtures", "**", "*.yaml"), recursive=True)
+    + glob.glob(os.path.join(ROOT, "rngaudit", "examples", "*.yaml"))
+)
 
 
 def outcome(spec, engine: str, **kw):
@@ -82,12 +85,16 @@ def test_filters_select_the_plain_rows(text, data):
         return
     calls = full["calls"]
     streams = data.draw(st.lists(st.sampled_from(sorted({c["stream"] for c in calls} | {"nope"})), max_size=2))
-    paths = data.draw(st.lists(st.sampled_from(sorted({c["path_str"] for c in calls})
-                                                    + ["*", "*_0*", "(root)", "x*"]), max_size=2))
+    paths = data.draw(
+        st.lists(st.sampled_from(sorted({c["path_str"] for c in calls}) + ["*", "*_0*", "(root)", "x*"]), max_size=2)
+    )
     limit = data.draw(st.one_of(st.none(), st.integers(0, len(calls) + 1)))
-    want = [c for c in calls
-            if (not streams or c["stream"] in streams or c["stream_requested"] in streams)
-            and (not paths or any(fnmatch.fnmatchcase(c["path_str"], g) for g in paths))]
+    want = [
+        c
+        for c in calls
+        if (not streams or c["stream"] in streams or c["stream_requested"] in streams)
+        and (not paths or any(fnmatch.fnmatchcase(c["path_str"], g) for g in paths))
+    ]
     if limit is not None:
         want = want[:limit]
     got = to_json(derive(spec, values=False, engine="fast", streams=streams, paths=paths, limit=limit))
@@ -96,12 +103,15 @@ def test_filters_select_the_plain_rows(text, data):
 
 def test_repeat_crosses_the_one_byte_count_boundary():
     """Counts 255, 256 and 65536 change the length of the count's bytes: one block spans them."""
-    spec = parse_spec("""
+    spec = parse_spec(
+        """
 rngaudit: 1
 rngs: {params: 0, dropout: 1}
 flax: {fix_rng_separator: true}
 model: {class: M, body: [{make_rng: {stream: dropout, repeat: 70000}}, {module: {class: B, repeat: 3, body: [make_rng]}}]}
-""", "t.yaml")
+""",
+        "t.yaml",
+    )
     out = assert_same(spec, values=False)
     assert [c["count"] for c in out["calls"][254:257]] == [255, 256, 257]
     assert len(out["calls"]) == 70003
@@ -150,8 +160,9 @@ def test_jsonl_of_random_models(text):
 
 
 def test_jsonl_streams_large_outputs_in_chunks():
-    spec = parse_spec("rngaudit: 1\nrngs: {params: 0}\nmodel: {class: M, body: [{make_rng: {repeat: 10000}}]}\n",
-                      "t.yaml")
+    spec = parse_spec(
+        "rngaudit: 1\nrngs: {params: 0}\nmodel: {class: M, body: [{make_rng: {repeat: 10000}}]}\n", "t.yaml"
+    )
     from rngaudit.output.derive_json import jsonl_lines
 
     chunks = list(jsonl_lines(derive(spec, values=False)))
@@ -267,8 +278,11 @@ def test_counts_beyond_the_encoding_cache():
     old = hashing.ENC_CACHE
     hashing.ENC_CACHE = 300
     try:
-        spec = parse_spec("rngaudit: 1\nrngs: {params: 0}\nflax: {fix_rng_separator: true}\n"
-                          "model: {class: M, body: [{make_rng: {repeat: 1000}}, make_rng]}\n", "t.yaml")
+        spec = parse_spec(
+            "rngaudit: 1\nrngs: {params: 0}\nflax: {fix_rng_separator: true}\n"
+            "model: {class: M, body: [{make_rng: {repeat: 1000}}, make_rng]}\n",
+            "t.yaml",
+        )
         out = assert_same(spec, values=False)
     finally:
         hashing.ENC_CACHE = old

@@ -1,4 +1,5 @@
 """Every bundled spec and fixture gives exactly the keys (and drawn values) real Flax hands out."""
+
 from __future__ import annotations
 
 import pathlib

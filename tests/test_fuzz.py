@@ -4,6 +4,7 @@
 Runs in-process through the typer app (the same code path as the console script, stdout and stderr
 captured apart). RNGAUDIT_FUZZ_EXAMPLES=2000 python3 -m pytest tests/test_fuzz.py runs a long sweep.
 """
+
 from __future__ import annotations
 
 import math
@@ -19,9 +20,12 @@ from rngaudit.cli import app
 
 EXAMPLES = int(os.environ.get("RNGAUDIT_FUZZ_EXAMPLES", "40"))
 REPO = Path(__file__).resolve().parent.parent
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                       HealthCheck.function_scoped_fixture])
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+)
 
 # every command, and how it reads a file without doing slow work: no drawn values, and shard-check
 # refused at --devices 0 after it has loaded and checked the spec (so no device process starts)
@@ -33,25 +37,98 @@ COMMANDS = [
     ["shard-check", "--devices", "0"],
 ]
 
-WORDS = ["rngaudit", "model", "class", "body", "setup", "rngs", "params", "dropout", "make_rng", "param",
-         "variable", "module", "call", "name", "repeat", "stream", "label", "draw", "normal", "shape", "Dense",
-         "Dropout", "rate", "deterministic", "Sequential", "layers", "vmap", "scan", "jit", "axis_size",
-         "length", "split_rngs", "variable_axes", "phase", "apply", "init", "flax", "jax", "prng_impl",
-         "fix_rng_separator", "when", "collection", "eager", "features", "use_bias", "transforms", "cond",
-         "true_fun", "false_fun", "while_loop", "iterations", "M", "Block", "a", "ab", "abc"]
+WORDS = [
+    "rngaudit",
+    "model",
+    "class",
+    "body",
+    "setup",
+    "rngs",
+    "params",
+    "dropout",
+    "make_rng",
+    "param",
+    "variable",
+    "module",
+    "call",
+    "name",
+    "repeat",
+    "stream",
+    "label",
+    "draw",
+    "normal",
+    "shape",
+    "Dense",
+    "Dropout",
+    "rate",
+    "deterministic",
+    "Sequential",
+    "layers",
+    "vmap",
+    "scan",
+    "jit",
+    "axis_size",
+    "length",
+    "split_rngs",
+    "variable_axes",
+    "phase",
+    "apply",
+    "init",
+    "flax",
+    "jax",
+    "prng_impl",
+    "fix_rng_separator",
+    "when",
+    "collection",
+    "eager",
+    "features",
+    "use_bias",
+    "transforms",
+    "cond",
+    "true_fun",
+    "false_fun",
+    "while_loop",
+    "iterations",
+    "M",
+    "Block",
+    "a",
+    "ab",
+    "abc",
+]
 scalars = st.one_of(
-    st.sampled_from(WORDS), st.integers(-3, 5), st.integers(-2**70, 2**70), st.booleans(), st.none(),
-    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8),
-    st.sampled_from(["key(0)", "split(key(0), 3)[2]", "fold_in(key(1), 7)", "[0, 1]", "split(key(0))[9]",
-                     "normal:2,2", "threefry2x32", "rbg", "unsafe_rbg", "Dense_0", "a/b", ""]))
+    st.sampled_from(WORDS),
+    st.integers(-3, 5),
+    st.integers(-(2**70), 2**70),
+    st.booleans(),
+    st.none(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8),
+    st.sampled_from(
+        [
+            "key(0)",
+            "split(key(0), 3)[2]",
+            "fold_in(key(1), 7)",
+            "[0, 1]",
+            "split(key(0))[9]",
+            "normal:2,2",
+            "threefry2x32",
+            "rbg",
+            "unsafe_rbg",
+            "Dense_0",
+            "a/b",
+            "",
+        ]
+    ),
+)
 values = st.recursive(
     scalars,
-    lambda inner: st.one_of(st.lists(inner, max_size=4),
-                            st.dictionaries(st.sampled_from(WORDS), inner, max_size=4)),
-    max_leaves=30)
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.sampled_from(WORDS), inner, max_size=4)),
+    max_leaves=30,
+)
 documents = st.fixed_dictionaries(
     {"rngaudit": st.one_of(st.just(1), scalars), "model": values},
-    optional={"rngs": values, "phase": values, "flax": values, "jax": values, "mutable": values})
+    optional={"rngs": values, "phase": values, "flax": values, "jax": values, "mutable": values},
+)
 
 
 def _dump(doc) -> str:
@@ -63,6 +140,7 @@ def _dump(doc) -> str:
         if isinstance(v, list):
             return [fix(x) for x in v]
         return v
+
     return yaml.safe_dump(fix(doc), default_flow_style=None, allow_unicode=True)
 
 
@@ -95,10 +173,15 @@ def test_fuzz_random_bytes(tmp_path_factory):
     guide = (REPO / "rngaudit" / "examples" / "guide.yaml").read_bytes()
 
     @FUZZ
-    @given(st.one_of(st.binary(max_size=400),
-                     st.tuples(st.integers(0, len(guide)), st.binary(min_size=1, max_size=12)).map(
-                         lambda t: guide[:t[0]] + t[1] + guide[t[0]:])),
-           st.sampled_from(["spec.yaml", "paths.json"]))
+    @given(
+        st.one_of(
+            st.binary(max_size=400),
+            st.tuples(st.integers(0, len(guide)), st.binary(min_size=1, max_size=12)).map(
+                lambda t: guide[: t[0]] + t[1] + guide[t[0] :]
+            ),
+        ),
+        st.sampled_from(["spec.yaml", "paths.json"]),
+    )
     def check(data, name):
         path = folder / name
         path.write_bytes(data)
@@ -112,10 +195,11 @@ def test_fuzz_random_json_module_paths(tmp_path_factory):
     import json
 
     folder = tmp_path_factory.mktemp("fuzz_json")
-    tree = st.recursive(st.one_of(st.integers(), st.text(max_size=6), st.none(), st.lists(st.integers(0, 4))),
-                        lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                st.dictionaries(st.text(max_size=4), inner, max_size=4)),
-                        max_leaves=20)
+    tree = st.recursive(
+        st.one_of(st.integers(), st.text(max_size=6), st.none(), st.lists(st.integers(0, 4))),
+        lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=4), inner, max_size=4)),
+        max_leaves=20,
+    )
 
     @FUZZ
     @given(tree)

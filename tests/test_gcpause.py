@@ -1,5 +1,6 @@
 """The cyclic collector is paused over the large allocating steps (replay, call sites, audit, JSON read),
 and its state is always restored."""
+
 from __future__ import annotations
 
 import gc

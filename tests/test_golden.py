@@ -1,6 +1,7 @@
 """Every command's output on the golden corpus (tests/golden) is byte for byte what it was when the corpus was
 recorded, before the redesign of issue 14: exit code, stdout and stderr of each case. A deliberate change of
 output is recorded again with `python3 tests/golden/cases.py --write` (and said in the commit)."""
+
 from __future__ import annotations
 
 import pytest

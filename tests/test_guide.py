@@ -1,4 +1,5 @@
 """Every number the Flax RNG guide prints that comes from a key, reproduced by `derive` on fixtures/guide."""
+
 from __future__ import annotations
 
 import json
@@ -105,8 +106,12 @@ def test_sharp_edge_same_key_and_value_then_fixed_by_separator():
 
 
 def test_derive_cli_reproduces_guide_keys_in_json():
-    out = subprocess.run([sys.executable, "-m", "rngaudit", "derive", str(GUIDE / "make_rng_key0.yaml"),
-                          "--format", "json"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "rngaudit", "derive", str(GUIDE / "make_rng_key0.yaml"), "--format", "json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     doc = json.loads(out.stdout)
     assert [c["key"] for c in doc["calls"]] == KEY0
     assert [c["hash_items"] for c in doc["calls"]] == [[1], [2], [3]]
@@ -135,8 +140,7 @@ def _guide_jit_and_shard_map():
     clean = np.asarray(module.apply(variables, x, False, rngs={"params": apply_rng}))
     noisy = np.asarray(module.apply(variables, x, True, rngs={"params": apply_rng}))
     dev_keys = jax.random.split(apply_rng, 8)
-    per_device = [np.asarray(module.apply(variables, x[:1], True, rngs={"params": dev_keys[i]}))
-                  for i in range(8)]
+    per_device = [np.asarray(module.apply(variables, x[:1], True, rngs={"params": dev_keys[i]})) for i in range(8)]
     kernel = np.asarray(variables["params"]["Dense_0"]["kernel"])
     return kernel, clean, noisy, per_device
 

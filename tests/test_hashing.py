@@ -1,4 +1,5 @@
 """Flax's byte encoding of (path..., count) and the SHA-1 word it folds into the key."""
+
 from __future__ import annotations
 
 import hashlib
@@ -55,8 +56,18 @@ def test_separator_form():
 # ---------------------------------------------------------------- encodings
 @pytest.mark.parametrize(
     "count, encoded",
-    [(0, b""), (1, b"\x01"), (127, b"\x7f"), (128, b"\x80"), (255, b"\xff"), (256, b"\x01\x00"),
-     (257, b"\x01\x01"), (65535, b"\xff\xff"), (65536, b"\x01\x00\x00"), (2**32, b"\x01\x00\x00\x00\x00")],
+    [
+        (0, b""),
+        (1, b"\x01"),
+        (127, b"\x7f"),
+        (128, b"\x80"),
+        (255, b"\xff"),
+        (256, b"\x01\x00"),
+        (257, b"\x01\x01"),
+        (65535, b"\xff\xff"),
+        (65536, b"\x01\x00\x00"),
+        (2**32, b"\x01\x00\x00\x00\x00"),
+    ],
 )
 def test_count_encoding(count, encoded):
     assert encode_item(count) == encoded
@@ -73,7 +84,7 @@ def test_counts_255_and_256_hash_differently_and_as_the_guide_does():
 
 def test_strings_are_utf8():
     assert encode_item("é") == b"\xc3\xa9"
-    assert encode_item("層") == "層".encode("utf-8")
+    assert encode_item("層") == "層".encode()
     assert encode_item("") == b""
 
 

@@ -3,6 +3,7 @@
 Each run is measured in a fresh process that starts the command as its only child, so
 `resource.getrusage(RUSAGE_CHILDREN)` is that command's own peak memory (and its CPU time).
 """
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,14 @@ print(json.dumps({"rc": p.returncode, "stdout": p.stdout, "stderr": p.stderr, "w
 def measured(*args: str, cwd=REPO) -> dict:
     env = dict(os.environ, NO_COLOR="1", PYTHONIOENCODING="utf-8")
     env.pop("RNGAUDIT_DEBUG", None)
-    out = subprocess.run([sys.executable, "-c", _MEASURE, sys.executable, "-m", "rngaudit", *args], cwd=cwd,
-                         env=env, capture_output=True, text=True, timeout=180)
+    out = subprocess.run(
+        [sys.executable, "-c", _MEASURE, sys.executable, "-m", "rngaudit", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     return json.loads(out.stdout)
 
 
@@ -65,19 +72,25 @@ def _billion_laughs() -> bytes:
 HEAD = b"rngaudit: 1\nmodel: {class: M}\n"
 CASES = {  # name -> (bytes, the message's essential part)
     "billion_laughs": (_billion_laughs(), "YAML nodes (an alias bomb?)"),
-    "nesting_10000_deep": (b"rngaudit: 1\nmodel: " + b"[" * 10_000 + b"]" * 10_000 + b"\n",
-                           "YAML nested deeper than 200 levels"),
-    "nesting_10000_deep_mappings": (b"rngaudit: 1\nmodel: " + b"{a: " * 10_000 + b"1" + b"}" * 10_000 + b"\n",
-                                    "YAML nested deeper than 200 levels"),
+    "nesting_10000_deep": (
+        b"rngaudit: 1\nmodel: " + b"[" * 10_000 + b"]" * 10_000 + b"\n",
+        "YAML nested deeper than 200 levels",
+    ),
+    "nesting_10000_deep_mappings": (
+        b"rngaudit: 1\nmodel: " + b"{a: " * 10_000 + b"1" + b"}" * 10_000 + b"\n",
+        "YAML nested deeper than 200 levels",
+    ),
     "junk_100_mb": (None, "the file is larger than 4 MiB; a spec this large needs --max-spec-mib"),
-    "junk_just_under_the_size_limit": (HEAD + b"junk: " + b"x" * (4 * 1024 * 1024 - 64) + b"\n",
-                                       "unknown key 'junk'"),
-    "many_nodes": (HEAD + b"".join(b"k%d: [1, 2]\n" % i for i in range(200_000))[: 4 * 1024 * 1024 - 64],
-                   "YAML nodes"),
-    "python_object_apply": (b"rngaudit: 1\nmodel: !!python/object/apply:os.system ['touch PWNED']\n",
-                            "YAML tag !!python/object/apply:os.system is not allowed"),
-    "python_object": (b"rngaudit: 1\nmodel: !!python/object:collections.OrderedDict {}\n",
-                      "YAML tag !!python/object:collections.OrderedDict is not allowed"),
+    "junk_just_under_the_size_limit": (HEAD + b"junk: " + b"x" * (4 * 1024 * 1024 - 64) + b"\n", "unknown key 'junk'"),
+    "many_nodes": (HEAD + b"".join(b"k%d: [1, 2]\n" % i for i in range(200_000))[: 4 * 1024 * 1024 - 64], "YAML nodes"),
+    "python_object_apply": (
+        b"rngaudit: 1\nmodel: !!python/object/apply:os.system ['touch PWNED']\n",
+        "YAML tag !!python/object/apply:os.system is not allowed",
+    ),
+    "python_object": (
+        b"rngaudit: 1\nmodel: !!python/object:collections.OrderedDict {}\n",
+        "YAML tag !!python/object:collections.OrderedDict is not allowed",
+    ),
     "python_name": (b"rngaudit: !!python/name:os.system\nmodel: {class: M}\n", "YAML tag !!python/name:os.system"),
     "binary_tag": (b"rngaudit: 1\nmodel: !!binary aGVsbG8=\n", "YAML tag !!binary is not allowed"),
     "set_tag": (b"rngaudit: 1\nmodel: !!set {a, b}\n", "YAML tag !!set is not allowed"),
@@ -94,8 +107,7 @@ def test_hostile_yaml_is_refused_quickly_in_bounded_memory(name, command, tmp_pa
     if data is None:
         with open(spec, "wb") as f:  # 100 MB of junk, written without holding it in memory here
             block = os.urandom(1 << 20)
-            for _ in range(100):
-                f.write(block)
+            f.writelines(block for _ in range(100))
     else:
         spec.write_bytes(data)
     args = ["derive", "--no-values"] if command == "derive" else ["collisions", "--no-keys"]
@@ -107,8 +119,9 @@ def test_hostile_yaml_is_refused_quickly_in_bounded_memory(name, command, tmp_pa
 # ---------------------------------------------------------------- a legitimately large spec still loads
 def _large_spec(modules: int) -> str:
     lines = ["rngaudit: 1", "rngs: {params: 0}", "model:", "  class: M", "  body:"]
-    lines += [f"    - module: {{class: B, name: b{i}, body: [{{make_rng: params}}, {{param: w}}]}}"
-              for i in range(modules)]
+    lines += [
+        f"    - module: {{class: B, name: b{i}, body: [{{make_rng: params}}, {{param: w}}]}}" for i in range(modules)
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -121,7 +134,7 @@ def test_the_limit_flags_and_their_configuration_keys(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     spec = tmp_path / "m.yaml"
     spec.write_text(_large_spec(20))  # 20 modules: about 250 YAML nodes, 1.3 KB
-    run = lambda *a: CliRunner().invoke(app, [*a], catch_exceptions=False)  # noqa: E731
+    run = lambda *a: CliRunner().invoke(app, [*a], catch_exceptions=False)
     assert run("derive", str(spec), "--no-values").exit_code == 0
     r = run("derive", str(spec), "--no-values", "--max-yaml-nodes", "100")
     assert r.exit_code == 2 and "more than 100 YAML nodes" in r.stderr and "--max-yaml-nodes" in r.stderr

@@ -1,4 +1,5 @@
 """rngaudit.jsonsrc: strict JSON reading, and the line:col of any entry."""
+
 from __future__ import annotations
 
 import json
@@ -10,10 +11,12 @@ from hypothesis import strategies as st
 from rngaudit.errors import InputError
 from rngaudit.spec.json_source import load_json, parse_json
 
-SCALARS = st.one_of(st.integers(-10**6, 10**6), st.text(max_size=4), st.booleans(), st.none())
-VALUES = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                       st.dictionaries(st.text(max_size=4), inner, max_size=4)),
-                      max_leaves=20)
+SCALARS = st.one_of(st.integers(-(10**6), 10**6), st.text(max_size=4), st.booleans(), st.none())
+VALUES = st.recursive(
+    SCALARS,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=4), inner, max_size=4)),
+    max_leaves=20,
+)
 
 
 def pointers(value, prefix=()):
@@ -29,7 +32,7 @@ def pointers(value, prefix=()):
 
 def offset(text: str, line: int, col: int) -> int:
     lines = text.split("\n")
-    return sum(len(x) + 1 for x in lines[:line - 1]) + col - 1
+    return sum(len(x) + 1 for x in lines[: line - 1]) + col - 1
 
 
 @given(VALUES, st.sampled_from([None, 0, 2]), st.booleans())
@@ -43,7 +46,7 @@ def test_every_entry_is_located_at_its_key_or_value(value, indent, ascii_only):
     assert set(where) == set(wanted)
     for p, loc in where.items():
         assert loc.file == "v.json"
-        at = text[offset(text, loc.line, loc.col):]
+        at = text[offset(text, loc.line, loc.col) :]
         if isinstance(p[-1], str):  # an object member: the location is its key
             assert at.startswith(json.dumps(p[-1], ensure_ascii=ascii_only))
         else:  # a list element: the location is the value
@@ -56,14 +59,17 @@ def test_locate_finds_a_subset_and_ignores_missing_pointers():
     assert {p: (l.line, l.col) for p, l in where.items()} == {("a", 1, "b"): (1, 13)}
 
 
-@pytest.mark.parametrize("text, message, where", [
-    ('{"a": [1, 2,]}', "invalid JSON: Expecting value", (1, 13)),
-    ('{\n  "a": 1\n  "b": 2\n}', "invalid JSON: Expecting ',' delimiter", (3, 3)),
-    ('[1] [2]', "invalid JSON: Extra data", (1, 5)),
-    ('', "the file is empty", (1, 1)),
-    ('{"a": {"x": 1, "x": 2}}', "duplicate key 'x'", (1, 16)),
-    ('{"a": 1,\n "b": [{"a": 1}],\n "a": 2}', "duplicate key 'a'", (3, 2)),
-])
+@pytest.mark.parametrize(
+    "text, message, where",
+    [
+        ('{"a": [1, 2,]}', "invalid JSON: Expecting value", (1, 13)),
+        ('{\n  "a": 1\n  "b": 2\n}', "invalid JSON: Expecting ',' delimiter", (3, 3)),
+        ("[1] [2]", "invalid JSON: Extra data", (1, 5)),
+        ("", "the file is empty", (1, 1)),
+        ('{"a": {"x": 1, "x": 2}}', "duplicate key 'x'", (1, 16)),
+        ('{"a": 1,\n "b": [{"a": 1}],\n "a": 2}', "duplicate key 'a'", (3, 2)),
+    ],
+)
 def test_errors_carry_line_and_column(text, message, where):
     with pytest.raises(InputError) as e:
         parse_json(text, "bad.json")
@@ -89,15 +95,23 @@ def test_file_errors(tmp_path):
 
 
 JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(alphabet=st.sampled_from(['a', '"', '\\', '[', ']', '{', '}', ',', ':', ' ', 'é', '\n'])),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(alphabet=st.sampled_from(["a", '"', "\\", "[", "]", "{", "}", ",", ":", " ", "é", "\n"])),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=3), inner, max_size=4),
-    max_leaves=12)
+    max_leaves=12,
+)
 
 
 @settings(max_examples=300, deadline=None)
-@given(JSON_VALUES, st.sampled_from([None, 0, 2]), st.sampled_from([None, (",", ":"), (" , ", " : ")]),
-       st.sampled_from(["", " ", ",1]", "\n}"]))
+@given(
+    JSON_VALUES,
+    st.sampled_from([None, 0, 2]),
+    st.sampled_from([None, (",", ":"), (" , ", " : ")]),
+    st.sampled_from(["", " ", ",1]", "\n}"]),
+)
 def test_skip_ends_where_the_value_does(value, indent, separators, after):
     """jsonsrc skips a flat value (a params tree's module) with a regex instead of decoding it: the end
     it finds is raw_decode's on any JSON value, however written, deeper ones included."""
@@ -109,8 +123,9 @@ def test_skip_ends_where_the_value_does(value, indent, separators, after):
     assert _skip(text, 0) == json.JSONDecoder().raw_decode(text, 0)[1]
 
 
-@given(st.lists(VALUES, min_size=60, max_size=400), st.sets(st.integers(0, 450), max_size=8),
-       st.sampled_from([None, 0, 2]))
+@given(
+    st.lists(VALUES, min_size=60, max_size=400), st.sets(st.integers(0, 450), max_size=8), st.sampled_from([None, 0, 2])
+)
 @settings(max_examples=60, deadline=None)
 def test_long_lists_are_located_in_jumps(entries, wanted_indices, indent):
     """The walk over a long list (a million module paths) jumps over runs of elements it does not
@@ -121,8 +136,11 @@ def test_long_lists_are_located_in_jumps(entries, wanted_indices, indent):
     value = [entries, {"x": entries}]
     text = json.dumps(value, indent=indent)
     # entries (and what is below them) at the wanted indices of both copies; indices past the end too
-    wanted = [p for p, _ in pointers(value) if (p[0] == 0 and p[1:2] and p[1] in wanted_indices)
-              or (p[0] == 1 and p[2:3] and p[2] in wanted_indices)]
+    wanted = [
+        p
+        for p, _ in pointers(value)
+        if (p[0] == 0 and p[1:2] and p[1] in wanted_indices) or (p[0] == 1 and p[2:3] and p[2] in wanted_indices)
+    ]
     wanted += [(0, i) for i in wanted_indices] + [(1, "x", i) for i in wanted_indices]
     jumped = parse_json(text, "v.json").locate(wanted)
     with pytest.MonkeyPatch.context() as mp:
@@ -132,11 +150,14 @@ def test_long_lists_are_located_in_jumps(entries, wanted_indices, indent):
     assert set(jumped) == set(wanted) & set(dict(pointers(value)))
 
 
-NAMES = st.text(alphabet=st.sampled_from(['a', 'b', '"', '\\', '[', ']', ',', ' ', '/', 'é']), max_size=6)
+NAMES = st.text(alphabet=st.sampled_from(["a", "b", '"', "\\", "[", "]", ",", " ", "/", "é"]), max_size=6)
 
 
-@given(st.lists(NAMES | st.lists(NAMES, max_size=3), min_size=64, max_size=200), st.sampled_from([None, 0, 2]),
-       st.sampled_from([None, (",", ":"), (" , ", " : ")]))
+@given(
+    st.lists(NAMES | st.lists(NAMES, max_size=3), min_size=64, max_size=200),
+    st.sampled_from([None, 0, 2]),
+    st.sampled_from([None, (",", ":"), (" , ", " : ")]),
+)
 @example(['a",[],'] + [","] * 100, None, None)  # without the guard: `"a\"` read as a string, out of step
 @settings(max_examples=150, deadline=None)
 def test_the_plain_string_jump_agrees_with_the_exact_one(entries, indent, separators):

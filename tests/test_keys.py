@@ -4,6 +4,7 @@ rngaudit.threefry recomputes Threefry-2x32 in NumPy; rngaudit.keys.KeyEngine see
 splits raw key data for threefry2x32 and rbg without JAX (unsafe_rbg through JAX); rngaudit.keyexpr
 parses the key expressions a spec writes. Every result here is checked against jax.random itself.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -14,12 +15,12 @@ from hypothesis import strategies as st
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
 
-from rngaudit.engine import threefry  # noqa: E402
-from rngaudit.engine.keys import KeyEngine  # noqa: E402
-from rngaudit.errors import Location, SpecError  # noqa: E402
-from rngaudit.spec import keyexpr  # noqa: E402
-from rngaudit.spec.keyexpr import FoldIn, Raw, Seed, Split  # noqa: E402
-from rngaudit.spec.parse import parse_spec  # noqa: E402
+from rngaudit.engine import threefry
+from rngaudit.engine.keys import KeyEngine
+from rngaudit.errors import Location, SpecError
+from rngaudit.spec import keyexpr
+from rngaudit.spec.keyexpr import FoldIn, Raw, Seed, Split
+from rngaudit.spec.parse import parse_spec
 
 IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 WIDTH = {"threefry2x32": 2, "rbg": 4, "unsafe_rbg": 4}
@@ -83,8 +84,7 @@ def test_engine_fold_in_matches_jax(impl, data):
     engine = KeyEngine(impl, True)
     got = engine.fold_in_many(key, np.asarray(words, np.uint32))
     k = wrap(key, impl)
-    assert [tuple(int(x) for x in r) for r in got] == [data_of(jax.random.fold_in(k, np.uint32(w)))
-                                                       for w in words]
+    assert [tuple(int(x) for x in r) for r in got] == [data_of(jax.random.fold_in(k, np.uint32(w))) for w in words]
     assert engine.eval(FoldIn(Raw(key), words[0])) == data_of(jax.random.fold_in(k, np.uint32(words[0])))
 
 
@@ -141,8 +141,22 @@ def test_unsafe_rbg_split_matches_jax(partitionable, key, n):
 
 
 # ---------------------------------------------------------------- seeding
-SEED_EDGES = [0, 1, -1, 2**31 - 1, 2**31, -(2**31), -(2**31) - 1, 2**32 - 1, 2**32, 2**32 + 5,
-              2**62, INT64_MAX, INT64_MIN, INT64_MIN + 1]
+SEED_EDGES = [
+    0,
+    1,
+    -1,
+    2**31 - 1,
+    2**31,
+    -(2**31),
+    -(2**31) - 1,
+    2**32 - 1,
+    2**32,
+    2**32 + 5,
+    2**62,
+    INT64_MAX,
+    INT64_MIN,
+    INT64_MIN + 1,
+]
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -195,7 +209,8 @@ def _trees(impl: str):
 
     def extend(children):
         split = st.integers(1, 6).flatmap(
-            lambda n: st.tuples(children, st.just(n), st.integers(0, n - 1)).map(lambda t: Split(*t)))
+            lambda n: st.tuples(children, st.just(n), st.integers(0, n - 1)).map(lambda t: Split(*t))
+        )
         fold = st.tuples(children, u32).map(lambda t: FoldIn(*t))
         return st.one_of(split, fold)
 
@@ -272,23 +287,26 @@ def test_garbage_never_crashes_the_parser(text):
         assert "\n" not in str(e)
 
 
-@pytest.mark.parametrize("text, col, message", [
-    ("splt(key(0))[0]", 1, "unknown function 'splt' (did you mean 'split'?)"),
-    ("split(key(0), 3)", 17, "split gives 3 keys; pick one with [i]"),
-    ("split(key(0), 3)[3]", 18, "index out of range"),
-    ("split(key(0), 3)[-4]", 18, "index out of range"),
-    ("split(key(0), 0)[0]", 15, "split count must be in [1, 2147483647]"),
-    ("fold_in(key(0), 4294967296)", 17, "fold_in data must be in [0, 2**32)"),
-    ("fold_in(key(0), -1)", 17, "fold_in data must be in [0, 2**32)"),
-    ("key(0) junk", 8, "unexpected 'junk' after the expression"),
-    ("key(007)", 5, "'007' has a leading zero"),
-    ("key(1_000)", 5, "'1_000' is not a number"),
-    ("key(0", 6, "expected ')', found the end"),
-    ("[1, 4294967296]", 5, "raw key data must be unsigned 32-bit integers"),
-    ("key(1.5)", 6, "unexpected character '.'"),
-    ("", 1, "empty expression"),
-    ("fold_in(" * 101 + "key(0)" + ", 1)" * 101, 801, "nests deeper than 100 calls"),
-])
+@pytest.mark.parametrize(
+    "text, col, message",
+    [
+        ("splt(key(0))[0]", 1, "unknown function 'splt' (did you mean 'split'?)"),
+        ("split(key(0), 3)", 17, "split gives 3 keys; pick one with [i]"),
+        ("split(key(0), 3)[3]", 18, "index out of range"),
+        ("split(key(0), 3)[-4]", 18, "index out of range"),
+        ("split(key(0), 0)[0]", 15, "split count must be in [1, 2147483647]"),
+        ("fold_in(key(0), 4294967296)", 17, "fold_in data must be in [0, 2**32)"),
+        ("fold_in(key(0), -1)", 17, "fold_in data must be in [0, 2**32)"),
+        ("key(0) junk", 8, "unexpected 'junk' after the expression"),
+        ("key(007)", 5, "'007' has a leading zero"),
+        ("key(1_000)", 5, "'1_000' is not a number"),
+        ("key(0", 6, "expected ')', found the end"),
+        ("[1, 4294967296]", 5, "raw key data must be unsigned 32-bit integers"),
+        ("key(1.5)", 6, "unexpected character '.'"),
+        ("", 1, "empty expression"),
+        ("fold_in(" * 101 + "key(0)" + ", 1)" * 101, 801, "nests deeper than 100 calls"),
+    ],
+)
 def test_bad_expressions_point_at_the_problem(text, col, message):
     with pytest.raises(SpecError) as ei:
         keyexpr.parse(text, Location("s.yaml", 4, 1), quoted=False)
@@ -320,8 +338,9 @@ def test_raw_key_width_is_checked_per_impl(impl):
     with pytest.raises(SpecError, match=f"raw key data has {other} words but the PRNG impl needs {WIDTH[impl]}"):
         parse_spec(f"rngaudit: 1\njax: {{prng_impl: {impl}}}\nrngs: {{params: [{words}]}}\nmodel: {{class: M}}\n")
     words = ", ".join(["1"] * WIDTH[impl])
-    spec = parse_spec(f"rngaudit: 1\njax: {{prng_impl: {impl}}}\nrngs: {{params: 'fold_in([{words}], 3)'}}\n"
-                      "model: {class: M}\n")
+    spec = parse_spec(
+        f"rngaudit: 1\njax: {{prng_impl: {impl}}}\nrngs: {{params: 'fold_in([{words}], 3)'}}\nmodel: {{class: M}}\n"
+    )
     assert spec.rngs["params"].expr == FoldIn(Raw((1,) * WIDTH[impl]), 3)
 
 
@@ -338,7 +357,8 @@ def test_spec_roots_match_jax(seed, n, data):
     spec = parse_spec(
         f"rngaudit: 1\njax: {{prng_impl: {impl}, threefry_partitionable: {str(part).lower()}}}\n"
         f"rngs:\n  params: {seed}\n  dropout: 'fold_in(split(key({seed}), {n})[{i}], {w})'\n"
-        "model: {class: M}\n")
+        "model: {class: M}\n"
+    )
     roots = root_keys(spec)
     with jax.threefry_partitionable(part):
         k = jax.random.key(seed, impl=impl)

@@ -1,5 +1,6 @@
 """derive_keys_exact (Python ints) derives exactly the keys derive_keys does (NumPy Threefry, checked against JAX there),
 for every fixture spec, for threefry2x32 and rbg, with and without jax_threefry_partitionable."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,8 +14,14 @@ from rngaudit.engine.replay import replay
 from rngaudit.spec.keyexpr import FoldIn, Raw, Split
 
 REPO = Path(__file__).resolve().parent.parent
-SPECS = sorted([*REPO.glob("fixtures/collisions/*.yaml"), *REPO.glob("fixtures/guide/*.yaml"),
-                *REPO.glob("fixtures/shard/*.yaml"), *REPO.glob("rngaudit/examples/*.yaml")])
+SPECS = sorted(
+    [
+        *REPO.glob("fixtures/collisions/*.yaml"),
+        *REPO.glob("fixtures/guide/*.yaml"),
+        *REPO.glob("fixtures/shard/*.yaml"),
+        *REPO.glob("rngaudit/examples/*.yaml"),
+    ]
+)
 
 
 def _raw(expr) -> bool:

@@ -1,4 +1,5 @@
 """rngaudit.modpaths: JSON module paths and params trees audited like specs, checked against real Flax."""
+
 from __future__ import annotations
 
 import json
@@ -35,14 +36,18 @@ def test_parse_path():
 def test_path_list_fixture():
     a = audit(load_module_sites(str(FIX / "paths.json")))
     assert (a.input_kind, a.call_sites, a.keys_checked) == ("paths", 10, False)
-    c, = a.collisions
+    (c,) = a.collisions
     assert c.collision_class == 1 and c.inputs[0].word == 947574064
-    assert [(s.path, s.count) for s in c.sites] == [(("A", "B", "C"), 1), (("AB", "C"), 1), (("A", "BC"), 1),
-                                                    (("ABC",), 1)]
+    assert [(s.path, s.count) for s in c.sites] == [
+        (("A", "B", "C"), 1),
+        (("AB", "C"), 1),
+        (("A", "BC"), 1),
+        (("ABC",), 1),
+    ]
     # each call site is the list entry, at its line:col
     assert [str(s.location) for s in c.sites] == [f"{FIX / 'paths.json'}:{n}:3" for n in (2, 3, 4, 5)]
     assert len(c.renames) == 3 and all(r.location is not None for r in c.renames)
-    lt, = a.latent
+    (lt,) = a.latent
     assert (lt.site.path, lt.max_count) == (("layer",), 3)
     assert [(p.site.path, p.counts) for p in lt.partners] == [(("layer1",), (0x3101, 1))]
 
@@ -67,16 +72,20 @@ def test_params_tree_sites_point_at_their_keys():
     path = FIX / "params_tree.json"
     a = audit(load_module_sites(str(path)))
     first, second = a.collisions
-    assert [(s.path, s.count, s.label) for s in first.sites] == [(("ab", "cdef"), 1, "kernel"),
-                                                                 (("abc", "def"), 1, "kernel")]
-    assert [(s.path, s.count, s.label) for s in second.sites] == [(("ab", "cdef"), 2, "bias"),
-                                                                  (("abc", "def"), 2, "bias")]
+    assert [(s.path, s.count, s.label) for s in first.sites] == [
+        (("ab", "cdef"), 1, "kernel"),
+        (("abc", "def"), 1, "kernel"),
+    ]
+    assert [(s.path, s.count, s.label) for s in second.sites] == [
+        (("ab", "cdef"), 2, "bias"),
+        (("abc", "def"), 2, "bias"),
+    ]
     lines = path.read_text().split("\n")
     for c in (first, second):
         for s in c.sites:
-            assert lines[s.location.line - 1][s.location.col - 1:].startswith(json.dumps(s.label))
-    r, = first.renames
-    assert lines[r.location.line - 1][r.location.col - 1:].startswith(json.dumps(r.old_name))
+            assert lines[s.location.line - 1][s.location.col - 1 :].startswith(json.dumps(s.label))
+    (r,) = first.renames
+    assert lines[r.location.line - 1][r.location.col - 1 :].startswith(json.dumps(r.old_name))
 
 
 class Leaf(nn.Module):
@@ -112,7 +121,9 @@ def test_params_tree_dumped_from_real_flax(tmp_path):
     a = audit(load_module_sites(str(dump)))
     assert a.call_sites == len(records) == 6
     assert [[(s.path, s.count) for s in c.sites] for c in a.collisions] == [
-        [(("ab", "cdef"), 1), (("abc", "def"), 1)], [(("ab", "cdef"), 2), (("abc", "def"), 2)]]
+        [(("ab", "cdef"), 1), (("abc", "def"), 1)],
+        [(("ab", "cdef"), 2), (("abc", "def"), 2)],
+    ]
     by_label = {(r["path"], r["label"]): r["key"] for r in records}
     # Flax: kernel (count 1) and bias (count 2) of the two leaves get the same keys
     assert by_label[(("ab", "cdef"), "kernel")] == by_label[(("abc", "def"), "kernel")]
@@ -124,12 +135,15 @@ def test_params_tree_dumped_from_real_flax(tmp_path):
     assert keys == {by_label[(("ab", "cdef"), "kernel")], by_label[(("ab", "cdef"), "bias")]}
 
 
-@pytest.mark.parametrize("value, message, where", [
-    (["a", 3], "entry 1: a module path is a string", (1, 7)),
-    (["a", ["b", 1]], "entry 1: a module path is a string", (1, 7)),
-    (3, "expected a list of module paths or a params tree (an object), not a number", (1, 1)),
-    ("a/b", "not a string", (1, 1)),
-])
+@pytest.mark.parametrize(
+    "value, message, where",
+    [
+        (["a", 3], "entry 1: a module path is a string", (1, 7)),
+        (["a", ["b", 1]], "entry 1: a module path is a string", (1, 7)),
+        (3, "expected a list of module paths or a params tree (an object), not a number", (1, 1)),
+        ("a/b", "not a string", (1, 1)),
+    ],
+)
 def test_bad_inputs_say_where(value, message, where):
     with pytest.raises(InputError) as e:
         sites_of(value)
@@ -162,17 +176,23 @@ def test_json_renames_remove_the_findings(tmp_path, name):
 
     def renamed(path: tuple) -> tuple:
         for r in renames:  # deepest first: a parent's rename still matches the original names above
-            if path[:len(r.path)] == r.path:
-                path = r.path[:-1] + (r.new_name,) + path[len(r.path):]
+            if path[: len(r.path)] == r.path:
+                path = r.path[:-1] + (r.new_name,) + path[len(r.path) :]
         return path
 
     value = json.loads((FIX / name).read_text())
     if isinstance(value, list):
         value = [list(renamed(parse_path(e) if isinstance(e, str) else tuple(e))) for e in value]
     else:
+
         def tree(node, path):
-            return {(renamed(path + (k,))[-1] if isinstance(v, dict) else k): (tree(v, path + (k,))
-                    if isinstance(v, dict) else v) for k, v in node.items()}
+            return {
+                (renamed(path + (k,))[-1] if isinstance(v, dict) else k): (
+                    tree(v, path + (k,)) if isinstance(v, dict) else v
+                )
+                for k, v in node.items()
+            }
+
         value = {"params": tree(value["params"], ())}
     after = audit(sites_of(value))
     assert after.collisions == () and after.latent == ()

@@ -1,4 +1,5 @@
 """Random module trees, written as spec YAML, replayed by rngaudit and built in real Flax: no difference."""
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,18 @@ NAMES = ("a", "b_1", "0", "12", "", "é", "漢字", "x y", "_", "__x", "Block_0"
 PARAMS = ("w", "b", "0", "", "kernel", "ü", "Block_0", "a")
 COLLECTIONS = ("state", "cache", "params", "batch_stats")
 MUTABLE = (None, False, True, ["params"], ["state"], ["params", "state", "batch_stats", "cache"])
-SEQ_LAYERS = ("Dense", "DenseGeneral", "Conv", "LayerNorm", "RMSNorm", "BatchNorm", "GroupNorm",
-              "Dropout", "MultiHeadDotProductAttention", "SelfAttention")
+SEQ_LAYERS = (
+    "Dense",
+    "DenseGeneral",
+    "Conv",
+    "LayerNorm",
+    "RMSNorm",
+    "BatchNorm",
+    "GroupNorm",
+    "Dropout",
+    "MultiHeadDotProductAttention",
+    "SelfAttention",
+)
 LAYERS = SEQ_LAYERS + ("Embed", "Einsum", "ConvTranspose", "ConvLocal", "InstanceNorm", "MultiHeadAttention")
 WIDTH = {"threefry2x32": 2, "rbg": 4, "unsafe_rbg": 4}
 # Names: the edge cases above, or short strings of letters, digits, '_', ' ', '/' and unicode.
@@ -65,7 +76,7 @@ def _name(draw, in_setup: bool, chainable: bool) -> dict:
 @st.composite
 def layer_options(draw, kind: str, chainable: bool) -> dict:
     o: dict = {}
-    flag = lambda: draw(st.booleans())  # noqa: E731
+    flag = lambda: draw(st.booleans())
     if kind in ("Dense", "DenseGeneral", "Einsum", "Conv", "ConvTranspose", "ConvLocal"):
         o["use_bias"] = flag()
     elif kind in ("LayerNorm", "BatchNorm", "GroupNorm", "InstanceNorm"):
@@ -104,12 +115,12 @@ class _Names:
             else:
                 self.known.append(name)
 
-    def fork(self) -> "_Names":
+    def fork(self) -> _Names:
         other = _Names(self.known)
         other.cursor = dict(self.cursor)
         return other
 
-    def adopt(self, other: "_Names") -> None:
+    def adopt(self, other: _Names) -> None:
         self.known, self.cursor = other.known, other.cursor
 
 
@@ -215,8 +226,11 @@ def items(draw, depth: int, in_setup: bool, made: _Names, min_size: int, max_siz
             out.append(draw(sequential_item(depth, made, in_setup)))
         else:
             target = draw(st.sampled_from(made.known))
-            out.append({"call": target} if maybe(draw, 0.6) else
-                       {"call": {"name": target, "repeat": draw(st.integers(1, 2)), **_when(draw)}})
+            out.append(
+                {"call": target}
+                if maybe(draw, 0.6)
+                else {"call": {"name": target, "repeat": draw(st.integers(1, 2)), **_when(draw)}}
+            )
     return out
 
 
@@ -251,16 +265,23 @@ def specs(draw) -> str:
     return yaml.safe_dump(doc, allow_unicode=True, sort_keys=False)
 
 
-@settings(max_examples=EXAMPLES, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 @given(specs(), st.booleans())
 def test_random_models_match_flax(text, raw_keys):
     """raw_keys: Flax gets jax.random.PRNGKey / raw uint32 data instead of typed keys (R18)."""
     agreement = check_against_flax(parse_spec(text, "<hypothesis>"), raw_keys=raw_keys)
-    size = next(label for bound, label in ((0, "0"), (4, "1-4"), (19, "5-19"), (99, "20-99"))
-                if agreement.keys <= bound) if agreement.keys < 100 else "100+"
-    event(f"flax raises {agreement.error}" if agreement.error else
-          f"keys: {size}" + (", with fallback" if agreement.fallbacks else ""))
+    size = (
+        next(label for bound, label in ((0, "0"), (4, "1-4"), (19, "5-19"), (99, "20-99")) if agreement.keys <= bound)
+        if agreement.keys < 100
+        else "100+"
+    )
+    event(
+        f"flax raises {agreement.error}"
+        if agreement.error
+        else f"keys: {size}" + (", with fallback" if agreement.fallbacks else "")
+    )
 
 
 # ---------------------------------------------------------------- lifted transforms
@@ -279,13 +300,22 @@ def test_random_models_match_flax(text, raw_keys):
 TRANSFORM_EXAMPLES = int(os.environ.get("RNGAUDIT_HYPOTHESIS_TRANSFORM_EXAMPLES", "12"))
 AVOID_KNOWN = os.environ.get("RNGAUDIT_HYPOTHESIS_AVOID_KNOWN", "1") != "0"
 LAST_EXAMPLE = os.environ.get("RNGAUDIT_HYPOTHESIS_LAST_EXAMPLE")  # a file: each example is written there first
-PREFIX = {"vmap": "Vmap", "scan": "Scan", "jit": "Jit", "remat": "Checkpoint", "checkpoint": "Checkpoint",
-          "fold_rngs": "Fold_rngs", "map_variables": "Map_variables", "remat_scan": "Remat_scan"}
+PREFIX = {
+    "vmap": "Vmap",
+    "scan": "Scan",
+    "jit": "Jit",
+    "remat": "Checkpoint",
+    "checkpoint": "Checkpoint",
+    "fold_rngs": "Fold_rngs",
+    "map_variables": "Map_variables",
+    "remat_scan": "Remat_scan",
+}
 FLOW_CLASSES = ("Br", "Br2")  # classes made only inside cond/while branches
 # known: Embed makes its param in setup(), which nn.jit runs after its fork, outside an inner vmap that
 # then maps the param's axis 0: a shape error (num_embeddings vs axis_size) rngaudit cannot see
 T_LAYERS = ("Dense", "LayerNorm", "Dropout", "Conv", "BatchNorm", "MultiHeadDotProductAttention") + (
-    () if AVOID_KNOWN else ("Embed",))
+    () if AVOID_KNOWN else ("Embed",)
+)
 CARRY_LAYERS = ("Dense", "LayerNorm", "Dropout")  # keep the carry's shape
 COLS = ("params", "state", "cache", "batch_stats")
 
@@ -336,8 +366,11 @@ def _axes(draw, ctx: _Ctx) -> dict:
 def lift_options(draw, kind: str, streams, ctx: _Ctx) -> dict:
     o: dict = {}
     if kind == "vmap":
-        o.update(axis_size=draw(st.integers(1, 3)), split_rngs=_split_rngs(draw, streams, ctx),
-                 variable_axes=_axes(draw, ctx))
+        o.update(
+            axis_size=draw(st.integers(1, 3)),
+            split_rngs=_split_rngs(draw, streams, ctx),
+            variable_axes=_axes(draw, ctx),
+        )
     elif kind == "scan":
         o.update(length=draw(st.integers(1, 3)), split_rngs=_split_rngs(draw, streams, ctx))
         axes = {c: 0 for c in _axes(draw, ctx)}
@@ -395,8 +428,9 @@ def transform_item(draw, depth: int, made: _Names, streams, ctx: _Ctx, top: bool
         req = _next_req(kind, req)
     kinds = [k for k, _ in chain]
     forked = next((i for i, k in enumerate(kinds) if k in ("jit", "fold_rngs")), None)
-    nosetup = AVOID_KNOWN and forked is not None and any(k in ("vmap", "scan", "remat_scan")
-                                                         for k in kinds[forked + 1:])
+    nosetup = (
+        AVOID_KNOWN and forked is not None and any(k in ("vmap", "scan", "remat_scan") for k in kinds[forked + 1 :])
+    )
     inner = _Ctx(ctx.tdepth + len(chain), ctx.apply, nosetup)
     if req != "scanbody" and not vmapped and maybe(draw, 0.35):
         layer = draw(st.sampled_from(T_LAYERS if req == "any" else CARRY_LAYERS))
@@ -407,7 +441,7 @@ def transform_item(draw, depth: int, made: _Names, streams, ctx: _Ctx, top: bool
         base = target["class"]
     for kind, opts in reversed(chain):
         target = {kind: {"module": target, **opts}}
-    (kind, body), = target.items()
+    ((kind, body),) = target.items()
     cls = "".join(PREFIX[k] for k, _ in chain) + base
     if top:
         if maybe(draw, 0.2):
@@ -451,8 +485,15 @@ def flow_items(draw, depth: int, streams, ctx: _Ctx, in_while: bool = False):
         elif kind == "variable":
             out.append(draw(variable_item()))
         elif kind == "dropout":
-            out.append({"Dropout": {"rate": 0.5, "deterministic": False,
-                                    **({"rng_collection": draw(st.sampled_from(streams))} if maybe(draw, 0.3) else {})}})
+            out.append(
+                {
+                    "Dropout": {
+                        "rate": 0.5,
+                        "deterministic": False,
+                        **({"rng_collection": draw(st.sampled_from(streams))} if maybe(draw, 0.3) else {}),
+                    }
+                }
+            )
         elif kind in ("module", "jit"):
             cls = draw(st.sampled_from(FLOW_CLASSES))
             mod = {"class": cls, "body": draw(flow_items(depth - 1, streams, ctx, in_while))}
@@ -473,8 +514,11 @@ def flow_items(draw, depth: int, streams, ctx: _Ctx, in_while: bool = False):
 def flow_item(draw, depth: int, streams, ctx: _Ctx):
     kind = draw(st.sampled_from(("while_loop", "cond", "switch")))
     if kind == "while_loop":
-        item = {"cond": draw(flow_items(depth, streams, ctx, True)), "body": draw(flow_items(depth, streams, ctx, True)),
-                "iterations": draw(st.integers(0, 3))}
+        item = {
+            "cond": draw(flow_items(depth, streams, ctx, True)),
+            "body": draw(flow_items(depth, streams, ctx, True)),
+            "iterations": draw(st.integers(0, 3)),
+        }
         if maybe(draw, 0.8):
             item["split_rngs"] = _split_rngs(draw, streams, ctx)
     elif kind == "cond":
@@ -516,8 +560,11 @@ def titems(draw, depth: int, in_setup: bool, made: _Names, min_size: int, max_si
             item = draw(transform_item(depth, made, streams, ctx))
         else:
             target = draw(st.sampled_from(made.known))
-            item = {"call": target} if maybe(draw, 0.6) else {
-                "call": {"name": target, "repeat": draw(st.integers(1, 2)), **_when(draw)}}
+            item = (
+                {"call": target}
+                if maybe(draw, 0.6)
+                else {"call": {"name": target, "repeat": draw(st.integers(1, 2)), **_when(draw)}}
+            )
         out.append(item)
     return out
 
@@ -536,8 +583,7 @@ def tmodule_def(draw, depth: int, streams, ctx: _Ctx, req: str = "any"):
     if maybe(draw, 0.25) and not (AVOID_KNOWN and ("transforms" in mod or ctx.nosetup)):
         setup = draw(items(max(depth, 0), True, setup_names, 1, 2))
         mod["setup"] = setup
-    mod["body"] = draw(titems(max(depth, 0), False, _Names(setup_names.known), 1 if depth >= 2 else 0, 4,
-                              streams, c))
+    mod["body"] = draw(titems(max(depth, 0), False, _Names(setup_names.known), 1 if depth >= 2 else 0, 4, streams, c))
     return mod
 
 
@@ -568,8 +614,11 @@ def transform_specs(draw) -> str:
     return yaml.safe_dump(doc, allow_unicode=True, sort_keys=False)
 
 
-@settings(max_examples=TRANSFORM_EXAMPLES, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
+@settings(
+    max_examples=TRANSFORM_EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+)
 @given(transform_specs(), st.booleans())
 def test_random_transformed_models_match_flax(text, raw_keys):
     if LAST_EXAMPLE:  # for a crash of the process (XLA): the example it was running
@@ -582,7 +631,14 @@ def test_random_transformed_models_match_flax(text, raw_keys):
         # is rejected, not passed
         event(f"oracle cannot build: {e}")
         reject()
-    event(f"flax raises {agreement.error}" if agreement.error else
-          "lanes" if agreement.lanes else "keys" if agreement.keys else "no keys")
+    event(
+        f"flax raises {agreement.error}"
+        if agreement.error
+        else "lanes"
+        if agreement.lanes
+        else "keys"
+        if agreement.keys
+        else "no keys"
+    )
     if agreement.discarded:
         event("with discarded traces")

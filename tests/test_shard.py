@@ -4,6 +4,7 @@ JAX fixes its device count when it starts, so every forced-device run here is th
 process (which starts its own device process); one run checks several functions or specs at once. The
 guide's values are recomputed in this process with the fixture's own code (one device), as the oracle.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -20,12 +21,12 @@ import pytest
 from typer.testing import CliRunner
 
 from rngaudit.cli import app
-from rngaudit.output.console import console_text
 from rngaudit.errors import UsageError, UserCodeError
+from rngaudit.output.console import console_text
+from rngaudit.output.shard_json import from_json, to_json
 from rngaudit.output.text_shard import render_shard
 from rngaudit.shard.arrays import compare
 from rngaudit.shard.devices import partition_for
-from rngaudit.output.shard_json import from_json, to_json
 from rngaudit.shard.request import (
     FnTarget,
     SpecTarget,
@@ -51,8 +52,15 @@ APPLY_RNG = "split(key(0))[1]"  # the guide's apply_rng: init_rng, apply_rng = j
 def run_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     env = dict(os.environ, NO_COLOR="1", PYTHONIOENCODING="utf-8")
     env.pop("RNGAUDIT_DEBUG", None)
-    return subprocess.run([sys.executable, "-m", "rngaudit", "shard-check", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, encoding="utf-8", timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "rngaudit", "shard-check", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=timeout,
+    )
 
 
 def run_json(*args: str) -> tuple[int, dict]:
@@ -97,8 +105,9 @@ def guide_oracle():
     apply_rng = mod.apply_rng
     return {
         "unjitted": np.asarray(mod.forward(apply_rng, jnp.ones((8, 1)))).ravel(),
-        "per_device": [float(np.asarray(mod.forward(k, jnp.ones((1, 1))))[0, 0])
-                       for k in jax.random.split(apply_rng, 8)],
+        "per_device": [
+            float(np.asarray(mod.forward(k, jnp.ones((1, 1))))[0, 0]) for k in jax.random.split(apply_rng, 8)
+        ],
         "one_key": float(np.asarray(mod.forward(apply_rng, jnp.ones((1, 1))))[0, 0]),
     }
 
@@ -108,9 +117,24 @@ def guide_oracle():
 def eight(tmp_path_factory):
     """One run on 8 forced CPU devices: the guide's forward and three flawed or correct step functions."""
     out = tmp_path_factory.mktemp("eight") / "report.json"
-    r = run_cli("--devices", "8", "--key", APPLY_RNG, "--fn", GUIDE_FN, "--fn", f"{STEPS}:fold_constant",
-                "--fn", f"{STEPS}:fold_device_index", "--fn", f"{STEPS}:ignores_key", "--format", "json",
-                "--output", str(out))
+    r = run_cli(
+        "--devices",
+        "8",
+        "--key",
+        APPLY_RNG,
+        "--fn",
+        GUIDE_FN,
+        "--fn",
+        f"{STEPS}:fold_constant",
+        "--fn",
+        f"{STEPS}:fold_device_index",
+        "--fn",
+        f"{STEPS}:ignores_key",
+        "--format",
+        "json",
+        "--output",
+        str(out),
+    )
     return r, out
 
 
@@ -130,6 +154,7 @@ def test_guide_example_8_devices_is_a_finding_written_to_output(eight):
     import flax
     import jax
     import jaxlib
+
     assert (env["jax"], env["jaxlib"], env["flax"]) == (jax.__version__, jaxlib.__version__, flax.__version__)
     assert doc["summary"]["failing"] is True
 
@@ -222,8 +247,13 @@ _PARENT_WITHOUT_JAX = textwrap.dedent("""
 
 def test_one_device_and_the_command_never_imports_jax(tmp_path):
     out = tmp_path / "one.json"
-    r = subprocess.run([sys.executable, "-c", _PARENT_WITHOUT_JAX, "--devices", "1", "--fn", GUIDE_FN,
-                        "-f", "json", "-o", str(out)], cwd=REPO, capture_output=True, text=True, timeout=240)
+    r = subprocess.run(
+        [sys.executable, "-c", _PARENT_WITHOUT_JAX, "--devices", "1", "--fn", GUIDE_FN, "-f", "json", "-o", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert r.stderr.strip().splitlines()[-1] == "exit 0 imported []", r.stderr
     doc = json.loads(out.read_text())
     assert doc["devices"]["count"] == 1 and doc["mesh"]["axis_sizes"] == [1]
@@ -234,8 +264,9 @@ def test_one_device_and_the_command_never_imports_jax(tmp_path):
 
 
 def test_two_devices_correct_per_device_keys_exit_0():
-    code, doc = run_json("--devices", "2", "--fn", f"{STEPS}:fold_device_index", "--shape", "4,3",
-                         "--input", "normal", "--seed", "7")
+    code, doc = run_json(
+        "--devices", "2", "--fn", f"{STEPS}:fold_device_index", "--shape", "4,3", "--input", "normal", "--seed", "7"
+    )
     assert code == 0
     t = target(doc, f"{STEPS}:fold_device_index")
     assert t["info"]["x"] == {"shape": [4, 3], "dtype": "float32", "fill": "normal", "seed": 7}
@@ -248,11 +279,24 @@ def test_two_devices_correct_per_device_keys_exit_0():
 
 def test_2d_mesh_data_4_model_2():
     both_axes = "fixtures.shard.step_functions:fold_both_axes"  # a module name, imported from the current directory
-    code, doc = run_json("--devices", "8", "--mesh", "data=4,model=2", "--fn", GUIDE_FN,
-                         "--fn", f"{STEPS}:fold_model_axis", "--fn", both_axes)
+    code, doc = run_json(
+        "--devices",
+        "8",
+        "--mesh",
+        "data=4,model=2",
+        "--fn",
+        GUIDE_FN,
+        "--fn",
+        f"{STEPS}:fold_model_axis",
+        "--fn",
+        both_axes,
+    )
     assert code == 1
-    assert doc["mesh"] == {"axis_names": ["data", "model"], "axis_sizes": [4, 2],
-                           "device_ids": [[0, 1], [2, 3], [4, 5], [6, 7]]}
+    assert doc["mesh"] == {
+        "axis_names": ["data", "model"],
+        "axis_sizes": [4, 2],
+        "device_ids": [[0, 1], [2, 3], [4, 5], [6, 7]],
+    }
     guide = checks(target(doc, GUIDE_FN))
     assert target(doc, GUIDE_FN)["info"]["batch_partition"] == "P(('data', 'model'))"
     assert guide["jit_equals_eager"]["status"] == "pass" and guide["jit_equals_eager"]["details"]["output_blocks"] == 8
@@ -303,8 +347,17 @@ def test_every_guide_spec_on_4_devices():
 
 
 def test_path_stream_and_draw_choose_what_is_checked():
-    code, doc = run_json("--devices", "2", "fixtures/guide/training_loop_init.yaml", "--path", "SubModule_0*",
-                         "--stream", "params", "--draw", "uniform:6")
+    code, doc = run_json(
+        "--devices",
+        "2",
+        "fixtures/guide/training_loop_init.yaml",
+        "--path",
+        "SubModule_0*",
+        "--stream",
+        "params",
+        "--draw",
+        "uniform:6",
+    )
     assert code == 0
     t = doc["targets"][0]
     assert t["info"]["paths"] == ["SubModule_0*"] and t["info"]["streams"] == ["params"]
@@ -356,33 +409,40 @@ def test_jit_that_differs_from_eager_fails_in_this_process():
 
 
 # ---------------------------------------------------------------- bad input: exit 2, one line, no hang
-@pytest.mark.parametrize("args, message", [
-    (["--devices", "0", "--fn", GUIDE_FN], "--devices 0: ask for 1 to 1024 CPU devices"),
-    (["--devices", "-3", "--fn", GUIDE_FN], "--devices -3: ask for 1 to 1024 CPU devices"),
-    (["--devices", "100000", "--fn", GUIDE_FN], "--devices 100000: ask for 1 to 1024 CPU devices"),
-    (["--devices", "8", "--mesh", "data=4,model=4", "--fn", GUIDE_FN],
-     "--mesh data=4,model=4: the sizes multiply to 16, but --devices asks for 8"),
-    (["--mesh", "data:4", "--fn", GUIDE_FN], "write axis sizes as NAME=SIZE"),
-    (["--mesh", "data=2,data=2", "--fn", GUIDE_FN], "axis 'data' is named twice"),
-    (["--mesh", "data=0", "--fn", GUIDE_FN], "sizes are at least 1"),
-    (["--platform", "quantum", "--fn", GUIDE_FN], "--platform 'quantum': use one of cpu, gpu, tpu"),
-    (["--platform", "gpu", "--devices", "8", "--fn", GUIDE_FN], "--devices makes CPU devices"),
-    (["--fn", "fixtures/shard/missing.py:forward"], "no such file 'fixtures/shard/missing.py'"),
-    (["--fn", "forward"], "write FILE.py:FUNCTION or package.module:FUNCTION"),
-    (["--fn", "a-b:forward"], "is neither a .py file nor a module name"),
-    (["--fn", GUIDE_FN, "--devices", "4", "--shape", "6,1"], "6 rows do not divide over 4 devices"),
-    (["--fn", GUIDE_FN, "--shape", "8,x"], "write the shape of x as comma-separated sizes"),
-    (["--fn", GUIDE_FN, "--input", "zeros"], "--input 'zeros': use ones or normal"),
-    (["--fn", GUIDE_FN, "--key", "splt(key(0))"],
-     "--key:1:2: bad key expression 'splt(key(0))': unknown function 'splt'"),
-    (["--fn", GUIDE_FN, "--timeout", "0"], "--timeout 0.0: give a positive number of seconds"),
-    (["--fn", GUIDE_FN, "--atol", "-1"], "--atol -1.0: give a finite tolerance"),
-    ([], "give a SPEC to check its keys and draws, or --fn"),
-    (["--path", "Dense_*", "--fn", GUIDE_FN], "--path applies to a SPEC, and no SPEC is given"),
-    (["fixtures/guide/jit_init.yaml", "--allow-replicated"], "--allow-replicated applies to --fn"),
-    (["fixtures/guide/no_such.yaml"], "fixtures/guide/no_such.yaml"),
-    (["fixtures/guide/jit_init.yaml", "--draw", "gamma:2"], "unknown distribution 'gamma'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--devices", "0", "--fn", GUIDE_FN], "--devices 0: ask for 1 to 1024 CPU devices"),
+        (["--devices", "-3", "--fn", GUIDE_FN], "--devices -3: ask for 1 to 1024 CPU devices"),
+        (["--devices", "100000", "--fn", GUIDE_FN], "--devices 100000: ask for 1 to 1024 CPU devices"),
+        (
+            ["--devices", "8", "--mesh", "data=4,model=4", "--fn", GUIDE_FN],
+            "--mesh data=4,model=4: the sizes multiply to 16, but --devices asks for 8",
+        ),
+        (["--mesh", "data:4", "--fn", GUIDE_FN], "write axis sizes as NAME=SIZE"),
+        (["--mesh", "data=2,data=2", "--fn", GUIDE_FN], "axis 'data' is named twice"),
+        (["--mesh", "data=0", "--fn", GUIDE_FN], "sizes are at least 1"),
+        (["--platform", "quantum", "--fn", GUIDE_FN], "--platform 'quantum': use one of cpu, gpu, tpu"),
+        (["--platform", "gpu", "--devices", "8", "--fn", GUIDE_FN], "--devices makes CPU devices"),
+        (["--fn", "fixtures/shard/missing.py:forward"], "no such file 'fixtures/shard/missing.py'"),
+        (["--fn", "forward"], "write FILE.py:FUNCTION or package.module:FUNCTION"),
+        (["--fn", "a-b:forward"], "is neither a .py file nor a module name"),
+        (["--fn", GUIDE_FN, "--devices", "4", "--shape", "6,1"], "6 rows do not divide over 4 devices"),
+        (["--fn", GUIDE_FN, "--shape", "8,x"], "write the shape of x as comma-separated sizes"),
+        (["--fn", GUIDE_FN, "--input", "zeros"], "--input 'zeros': use ones or normal"),
+        (
+            ["--fn", GUIDE_FN, "--key", "splt(key(0))"],
+            "--key:1:2: bad key expression 'splt(key(0))': unknown function 'splt'",
+        ),
+        (["--fn", GUIDE_FN, "--timeout", "0"], "--timeout 0.0: give a positive number of seconds"),
+        (["--fn", GUIDE_FN, "--atol", "-1"], "--atol -1.0: give a finite tolerance"),
+        ([], "give a SPEC to check its keys and draws, or --fn"),
+        (["--path", "Dense_*", "--fn", GUIDE_FN], "--path applies to a SPEC, and no SPEC is given"),
+        (["fixtures/guide/jit_init.yaml", "--allow-replicated"], "--allow-replicated applies to --fn"),
+        (["fixtures/guide/no_such.yaml"], "fixtures/guide/no_such.yaml"),
+        (["fixtures/guide/jit_init.yaml", "--draw", "gamma:2"], "unknown distribution 'gamma'"),
+    ],
+)
 def test_bad_options_exit_2_before_any_device_process(args, message, monkeypatch):
     monkeypatch.setattr(subprocess, "Popen", None)  # no child may start for these
     r = CliRunner().invoke(app, ["shard-check", *args], catch_exceptions=False)
@@ -392,21 +452,36 @@ def test_bad_options_exit_2_before_any_device_process(args, message, monkeypatch
     assert message in r.stderr, r.stderr
 
 
-@pytest.mark.parametrize("args, parts", [
-    (["--fn", "no_such_module_xyz:forward"], ["no module named 'no_such_module_xyz'"]),
-    (["--fn", f"{BAD}:nothing_here"], ["has no 'nothing_here'", "functions there: one_argument, raises"]),
-    (["--fn", f"{BAD}:not_a_function"], ["not_a_function is a int, not a function"]),
-    (["--fn", f"{BAD}:one_argument"], ["one_argument(key) cannot be called as one_argument(key, x)"]),
-    (["--fn", f"{BAD}:raises"], ["raised ZeroDivisionError when run eagerly on one device"]),
-    (["--fn", f"{BAD}:scalar_output"],
-     ["returned shape (); shard-check needs outputs whose first axis is the batch, as x's (1)"]),
-    (["--fn", "fixtures/shard/syntax_error.py:forward"], ["importing fixtures/shard/syntax_error.py raised "
-                                                         "SyntaxError"]),
-    (["--fn", GUIDE_FN, "--mesh", "data=3"], ["--mesh data=3: the sizes multiply to 3, but 1 cpu device(s)"]),
-    (["fixtures/guide/jit_init.yaml", "--path", "Nope*"], ["--path 'Nope*' select none of its 2 keys"]),
-    (["--fn", f"{STEPS}:fold_model_axis"], ["raised NameError under shard_map with split keys over the mesh axes "
-                                            "data: Found an unbound axis name: model", "give --mesh"]),
-])
+@pytest.mark.parametrize(
+    "args, parts",
+    [
+        (["--fn", "no_such_module_xyz:forward"], ["no module named 'no_such_module_xyz'"]),
+        (["--fn", f"{BAD}:nothing_here"], ["has no 'nothing_here'", "functions there: one_argument, raises"]),
+        (["--fn", f"{BAD}:not_a_function"], ["not_a_function is a int, not a function"]),
+        (["--fn", f"{BAD}:one_argument"], ["one_argument(key) cannot be called as one_argument(key, x)"]),
+        (["--fn", f"{BAD}:raises"], ["raised ZeroDivisionError when run eagerly on one device"]),
+        (
+            ["--fn", f"{BAD}:scalar_output"],
+            ["returned shape (); shard-check needs outputs whose first axis is the batch, as x's (1)"],
+        ),
+        (
+            ["--fn", "fixtures/shard/syntax_error.py:forward"],
+            [("importing fixtures/shard/syntax_error.py raised SyntaxError")],
+        ),
+        (["--fn", GUIDE_FN, "--mesh", "data=3"], ["--mesh data=3: the sizes multiply to 3, but 1 cpu device(s)"]),
+        (["fixtures/guide/jit_init.yaml", "--path", "Nope*"], ["--path 'Nope*' select none of its 2 keys"]),
+        (
+            ["--fn", f"{STEPS}:fold_model_axis"],
+            [
+                (
+                    "raised NameError under shard_map with split keys over the mesh axes "
+                    "data: Found an unbound axis name: model"
+                ),
+                "give --mesh",
+            ],
+        ),
+    ],
+)
 def test_bad_functions_and_meshes_found_by_the_device_process_exit_2(args, parts):
     one_line_error(run_cli(*args, "--platform", "cpu"), *parts)
 
@@ -422,8 +497,10 @@ def test_a_missing_platform_exits_2():
 
     missing = [p for p in ("gpu", "tpu") if not present(p)]
     assert missing, "this machine has both GPUs and TPUs"
-    one_line_error(run_cli("--platform", missing[0], "--fn", GUIDE_FN),
-                   f"--platform {missing[0]}: no {missing[0]} devices can be had here")
+    one_line_error(
+        run_cli("--platform", missing[0], "--fn", GUIDE_FN),
+        f"--platform {missing[0]}: no {missing[0]} devices can be had here",
+    )
 
 
 def test_a_run_past_the_timeout_is_stopped():
@@ -437,10 +514,8 @@ def test_a_run_past_the_timeout_is_stopped():
 def test_parse_mesh_shape_and_fn_target():
     assert parse_mesh("data=4, model=2") == (("data", 4), ("model", 2))
     assert parse_shape("8,1") == (8, 1)
-    assert parse_fn_target(GUIDE_FN) == FnTarget(GUIDE_FN, "fixtures/shard/guide_forward.py", None,
-                                                 "forward")
-    assert parse_fn_target("pkg.mod:Model.step") == FnTarget("pkg.mod:Model.step", None, "pkg.mod",
-                                                                         "Model.step")
+    assert parse_fn_target(GUIDE_FN) == FnTarget(GUIDE_FN, "fixtures/shard/guide_forward.py", None, "forward")
+    assert parse_fn_target("pkg.mod:Model.step") == FnTarget("pkg.mod:Model.step", None, "pkg.mod", "Model.step")
     with pytest.raises(UsageError):
         parse_shape("0,1")
     with pytest.raises(UserCodeError):
@@ -457,8 +532,9 @@ def test_partition_for_puts_each_axis_on_the_first_dimension_it_divides():
 
 def test_child_env_forces_cpu_devices_and_keeps_other_xla_flags():
     req = make_request(fns=[parse_fn_target(GUIDE_FN)], devices=4)
-    env = child_env(req, {"XLA_FLAGS": "--xla_cpu_foo=1 --xla_force_host_platform_device_count=2",
-                                "JAX_PLATFORMS": "cuda"})
+    env = child_env(
+        req, {"XLA_FLAGS": "--xla_cpu_foo=1 --xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cuda"}
+    )
     assert env["XLA_FLAGS"] == "--xla_cpu_foo=1 --xla_force_host_platform_device_count=4"
     assert env["JAX_NUM_CPU_DEVICES"] == "4" and env["JAX_PLATFORMS"] == "cpu"
     real = child_env(make_request(fns=[parse_fn_target(GUIDE_FN)]), {"XLA_FLAGS": "--x=1"})
@@ -468,10 +544,16 @@ def test_child_env_forces_cpu_devices_and_keeps_other_xla_flags():
 def test_request_round_trips_through_json():
     from rngaudit.api import parse_draw as _parse_draw
 
-    req = make_request(specs=[SpecTarget("a.yaml", "apply", ("D*",), ("params",),
-                                                     _parse_draw("uniform:3"))],
-                             fns=[parse_fn_target("pkg.mod:f")], mesh="data=2,model=2", shape="4,2",
-                             fill="normal", key="fold_in(key(3), 7)", atol=1e-6, timeout=9)
+    req = make_request(
+        specs=[SpecTarget("a.yaml", "apply", ("D*",), ("params",), _parse_draw("uniform:3"))],
+        fns=[parse_fn_target("pkg.mod:f")],
+        mesh="data=2,model=2",
+        shape="4,2",
+        fill="normal",
+        key="fold_in(key(3), 7)",
+        atol=1e-6,
+        timeout=9,
+    )
     assert request_from_json(json.loads(json.dumps(request_json(req)))) == req
 
 
@@ -479,9 +561,7 @@ def test_compare_is_bit_for_bit_and_counts_ulps():
     a = np.array([1.0, -2.0, 0.0], np.float32)
     b = a.copy()
     b[1] = np.nextafter(b[1], np.float32(0))
-    assert compare(a, b) == {"mismatched": 1, "max_abs_diff": pytest.approx(1.192e-7, rel=1e-3),
-                                    "max_ulp": 1}
+    assert compare(a, b) == {"mismatched": 1, "max_abs_diff": pytest.approx(1.192e-7, rel=1e-3), "max_ulp": 1}
     assert compare(a, b, atol=1e-6)["mismatched"] == 0
     assert compare(np.array([0.0], np.float32), np.array([-0.0], np.float32))["mismatched"] == 1
-    assert compare(np.array([True]), np.array([False])) == {"mismatched": 1, "max_abs_diff": None,
-                                                                   "max_ulp": None}
+    assert compare(np.array([True]), np.array([False])) == {"mismatched": 1, "max_abs_diff": None, "max_ulp": None}

@@ -1,6 +1,7 @@
 """What starting rngaudit imports: `--help` and `--version` load neither JAX nor NumPy nor the spec machinery,
 and the package's public API loads on first use yet behaves as an eager one. (Start-up time itself is
 measured by benchmarks/bench_startup.py, not here.)"""
+
 from __future__ import annotations
 
 import subprocess
@@ -29,8 +30,7 @@ _IMPORTS = textwrap.dedent("""
 
 @pytest.mark.parametrize("args", [["--help"], ["--version"], ["collisions", "--help"], ["derive", "--help"]])
 def test_help_and_version_load_no_jax_numpy_or_spec_machinery(args):
-    r = subprocess.run([sys.executable, "-c", _IMPORTS, *args], cwd=REPO, capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run([sys.executable, "-c", _IMPORTS, *args], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert "exit: 0" in r.stdout and "loaded: []" in r.stdout, r.stdout + r.stderr
 
 

@@ -3,6 +3,7 @@
 The int functions (threefry2x32_int, fold_in_int, split_one) let small inputs start without NumPy; the
 NumPy functions vectorise large ones. Both must give JAX's bits for every key and count.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -47,8 +48,9 @@ def test_split_one_equals_numpy_split(partitionable, key, n):
         want = np.stack([y0, y1], axis=-1).tolist()
     else:
         # _threefry_split_original: threefry_2x32(key, iota(2n)).reshape(n, 2)
-        y0, y1 = threefry.threefry2x32(key[0], key[1], np.arange(n, dtype=np.uint32),
-                                       np.arange(n, 2 * n, dtype=np.uint32))
+        y0, y1 = threefry.threefry2x32(
+            key[0], key[1], np.arange(n, dtype=np.uint32), np.arange(n, 2 * n, dtype=np.uint32)
+        )
         want = np.concatenate([y0, y1]).reshape(n, 2).tolist()
     assert [list(threefry.split_one(key, n, i, partitionable)) for i in range(n)] == want
 

@@ -2,6 +2,7 @@
 lane by lane and step by step (tests/flax_oracle.py says how they are captured), against derive's
 rows that are not marked discarded. Nothing here is a hard-coded key: every expectation is either
 "the same as real Flax" or a relation between keys real Flax handed out."""
+
 from __future__ import annotations
 
 import textwrap
@@ -100,25 +101,30 @@ def test_vmap_nested_and_split_all(split):
         assert lanes_differ(keys) and set(keys) == {(i, j) for i in range(2) for j in range(3)}
 
 
-@pytest.mark.parametrize("transform,with_params", [
-    ("vmap: {module: {class: B, body: [{make_rng: dropout}]}, axis_size: 2, split_rngs: {params: true}}",
-     "fallback"),
-    ("scan: {module: {class: B, body: [{make_rng: dropout}]}, length: 2}", "InvalidRngError"),  # split_rngs {}
-    ("jit: {module: {class: B, body: [{make_rng: dropout}]}, rngs: [noise]}", "InvalidRngError"),
-    ("jit: {module: {class: B, body: [{make_rng: dropout}]}, rngs: [params, noise]}", "fallback"),
-    ("while_loop: {cond: [], body: [{make_rng: dropout}], iterations: 2}", "InvalidRngError"),
-    ("cond: {true_fun: [{make_rng: dropout}], false_fun: [], rngs: none}", "InvalidRngError"),
-    ("switch: {branches: [[], [{make_rng: dropout}]], rngs: [params]}", "fallback"),
-    ("remat: {module: {class: B, body: [{make_rng: dropout}]}, rngs: params}", "fallback"),
-    ("map_variables: {module: {class: B, body: [{make_rng: dropout}]}, rngs: [noise]}", "InvalidRngError"),
-])
+@pytest.mark.parametrize(
+    "transform,with_params",
+    [
+        (
+            "vmap: {module: {class: B, body: [{make_rng: dropout}]}, axis_size: 2, split_rngs: {params: true}}",
+            "fallback",
+        ),
+        ("scan: {module: {class: B, body: [{make_rng: dropout}]}, length: 2}", "InvalidRngError"),  # split_rngs {}
+        ("jit: {module: {class: B, body: [{make_rng: dropout}]}, rngs: [noise]}", "InvalidRngError"),
+        ("jit: {module: {class: B, body: [{make_rng: dropout}]}, rngs: [params, noise]}", "fallback"),
+        ("while_loop: {cond: [], body: [{make_rng: dropout}], iterations: 2}", "InvalidRngError"),
+        ("cond: {true_fun: [{make_rng: dropout}], false_fun: [], rngs: none}", "InvalidRngError"),
+        ("switch: {branches: [[], [{make_rng: dropout}]], rngs: [params]}", "fallback"),
+        ("remat: {module: {class: B, body: [{make_rng: dropout}]}, rngs: params}", "fallback"),
+        ("map_variables: {module: {class: B, body: [{make_rng: dropout}]}, rngs: [noise]}", "InvalidRngError"),
+    ],
+)
 @pytest.mark.parametrize("params", [False, True])
 def test_a_hidden_stream_falls_back_to_params_or_fails(transform, with_params, params):
     """A stream the transform's filter hides is invisible inside: Flax falls back to `params` when
     params passes the filter too, and raises InvalidRngError otherwise."""
     a = agree(f"""
         rngaudit: 1
-        rngs: {{dropout: 1, noise: 2{', params: 0' if params else ''}}}
+        rngs: {{dropout: 1, noise: 2{", params: 0" if params else ""}}}
         model: {{class: M, body: [{{{transform}}}]}}
         """)
     if params and with_params == "fallback":
@@ -128,8 +134,10 @@ def test_a_hidden_stream_falls_back_to_params_or_fails(transform, with_params, p
 
 
 # ---------------------------------------------------------------- nn.scan (R12)
-@pytest.mark.parametrize("variables,check", [("variable_axes: {params: 0}", True), ("variable_axes: {params: 0}", False),
-                                             ("variable_broadcast: params", True)])
+@pytest.mark.parametrize(
+    "variables,check",
+    [("variable_axes: {params: 0}", True), ("variable_axes: {params: 0}", False), ("variable_broadcast: params", True)],
+)
 @pytest.mark.parametrize("phase", ["init", "apply"])
 def test_scan_traces_and_variables(variables, check, phase):
     text = f"""
@@ -144,7 +152,7 @@ def test_scan_traces_and_variables(variables, check, phase):
                   class: S
                   body: [{{make_rng: dropout}}, param: w, make_rng, {{module: {{class: L, body: [make_rng]}}}}]
                 length: 3
-                split_rngs: {{params: {str('broadcast' not in variables).lower()}, dropout: true}}
+                split_rngs: {{params: {str("broadcast" not in variables).lower()}, dropout: true}}
                 {variables}
                 check_constancy_invariants: {str(check).lower()}
             - call: ScanS_0
@@ -184,8 +192,10 @@ def test_scan_keeps_broadcast_variables_made_in_the_first_trace():
     a = agree(text)
     assert a.values == 2
     kept = [r for r in flax_rows(text) if r["lane"] == ()]
-    assert [(r["path"], r["stream"], r["count"]) for r in kept] == [(("ScanS_0",), "params", 1),
-                                                                     (("ScanS_0",), "params", 2)]
+    assert [(r["path"], r["stream"], r["count"]) for r in kept] == [
+        (("ScanS_0",), "params", 1),
+        (("ScanS_0",), "params", 2),
+    ]
 
 
 def test_scan_in_scan_and_vmap_in_scan():
@@ -242,8 +252,8 @@ def test_jit_and_fold_rngs_fork_on_every_call(kind, phase):
     assert a.keys == 3 * 5 + 1
     calls = by_call(flax_rows(text))
     # the fork is a make_rng at the module's own scope; the module's own keys continue its counter
-    assert set(c for p, s, c in calls if p == (f"{prefix}J_1",) and s == "params") == {1, 2, 3, 4}
-    assert set(c for p, s, c in calls if p == (f"{prefix}J_1", "L_0")) == {1, 2}
+    assert {c for p, s, c in calls if p == (f"{prefix}J_1",) and s == "params"} == {1, 2, 3, 4}
+    assert {c for p, s, c in calls if p == (f"{prefix}J_1", "L_0")} == {1, 2}
 
 
 def test_jit_rngs_filter_forks_every_stream_but_hides_the_others():
@@ -339,7 +349,7 @@ def test_cond_and_switch_trace_every_branch():
     assert a.keys == 10 and a.fallbacks == 2
     counts = [c for p, s, c in by_call(flax_rows(text)) if p == () and s == "dropout"]
     assert counts == [1, 2, 3, 4, 5]  # 1, true branch 2, false branch 3 and 4, after the cond 5
-    assert set(c for p, s, c in by_call(flax_rows(text)) if p == ("D_0",)) == {1, 2}
+    assert {c for p, s, c in by_call(flax_rows(text)) if p == ("D_0",)} == {1, 2}
 
 
 # ---------------------------------------------------------------- nn.map_variables (R17)
@@ -350,7 +360,7 @@ def test_map_variables_runs_twice_with_init_and_a_mutable_collection(init, phase
     text = f"""
         rngaudit: 1
         phase: {phase}
-        {'' if mutable is None else 'mutable: ' + mutable}
+        {"" if mutable is None else "mutable: " + mutable}
         rngs: {{params: 0, dropout: 1}}
         model:
           class: M
@@ -523,12 +533,19 @@ def test_transformed_modules_in_setup_and_in_sequential():
 
 
 # ---------------------------------------------------------------- key implementations, values
-@pytest.mark.parametrize("impl,partitionable,raw", [
-    ("threefry2x32", True, False), ("threefry2x32", False, False), ("threefry2x32", False, True),
-    ("rbg", True, False), ("rbg", False, True),
-])
+@pytest.mark.parametrize(
+    "impl,partitionable,raw",
+    [
+        ("threefry2x32", True, False),
+        ("threefry2x32", False, False),
+        ("threefry2x32", False, True),
+        ("rbg", True, False),
+        ("rbg", False, True),
+    ],
+)
 def test_split_follows_the_impl_and_threefry_partitionable(impl, partitionable, raw):
-    a = agree(f"""
+    a = agree(
+        f"""
         rngaudit: 1
         jax: {{prng_impl: {impl}, threefry_partitionable: {str(partitionable).lower()}}}
         rngs: {{params: 0, dropout: "split(key(3), 5)[4]"}}
@@ -542,7 +559,9 @@ def test_split_follows_the_impl_and_threefry_partitionable(impl, partitionable, 
             - scan: {{module: {{class: S, body: [make_rng, {{make_rng: {{stream: dropout, draw: {{normal: [3]}}}}}}]}}, length: 3, split_rngs: all}}
             - jit: {{module: {{class: J, body: [make_rng]}}}}
             - while_loop: {{cond: [], body: [make_rng], iterations: 2, split_rngs: all}}
-        """, raw_keys=raw)
+        """,
+        raw_keys=raw,
+    )
     assert a.values == 3 and a.lanes == 12 + 6 + 2
 
 
@@ -579,8 +598,9 @@ def _guide_model():
         @nn.compact
         def __call__(self, x):
             x = nn.Dense(2)(x)
-            kernel = self.variable("other_collection", "kernel",
-                                   lambda: jax.random.normal(self.make_rng("other"), x.shape))
+            kernel = self.variable(
+                "other_collection", "kernel", lambda: jax.random.normal(self.make_rng("other"), x.shape)
+            )
             return x + kernel.value
 
     return Model
@@ -600,32 +620,41 @@ def _guide_block():
 X3 = jnp.ones((3, 2))
 GUIDE_CELLS = {  # fixture -> the guide's code, run in real Flax: its variables
     "vmap_shared_params.yaml": lambda: nn.vmap(
-        nn.Dense, in_axes=0, out_axes=0, variable_axes={"params": None},
-        split_rngs={"params": False})(2).init(jax.random.key(0), X3),
+        nn.Dense, in_axes=0, out_axes=0, variable_axes={"params": None}, split_rngs={"params": False}
+    )(2).init(jax.random.key(0), X3),
     "vmap_params_axis0_unsplit.yaml": lambda: nn.vmap(
-        nn.Dense, in_axes=0, out_axes=0, variable_axes={"params": 0},
-        split_rngs={"params": False})(2).init(jax.random.key(0), X3),
+        nn.Dense, in_axes=0, out_axes=0, variable_axes={"params": 0}, split_rngs={"params": False}
+    )(2).init(jax.random.key(0), X3),
     "vmap_params_split.yaml": lambda: nn.vmap(
-        nn.Dense, in_axes=0, out_axes=0, variable_axes={"params": 0},
-        split_rngs={"params": True})(2).init(jax.random.key(0), X3),
+        nn.Dense, in_axes=0, out_axes=0, variable_axes={"params": 0}, split_rngs={"params": True}
+    )(2).init(jax.random.key(0), X3),
     "vmap_model_split_other.yaml": lambda: nn.vmap(
-        _guide_model(), in_axes=0, out_axes=0, variable_axes={"params": 0, "other_collection": 0},
-        split_rngs={"params": True, "other": True})().init(
-        {"params": jax.random.key(0), "other": jax.random.key(1)}, X3),
+        _guide_model(),
+        in_axes=0,
+        out_axes=0,
+        variable_axes={"params": 0, "other_collection": 0},
+        split_rngs={"params": True, "other": True},
+    )().init({"params": jax.random.key(0), "other": jax.random.key(1)}, X3),
     "vmap_model_other_unsplit.yaml": lambda: nn.vmap(
-        _guide_model(), in_axes=0, out_axes=0, variable_axes={"params": 0, "other_collection": 0},
-        split_rngs={"params": True, "other": False})().init(
-        {"params": jax.random.key(0), "other": jax.random.key(1)}, X3),
+        _guide_model(),
+        in_axes=0,
+        out_axes=0,
+        variable_axes={"params": 0, "other_collection": 0},
+        split_rngs={"params": True, "other": False},
+    )().init({"params": jax.random.key(0), "other": jax.random.key(1)}, X3),
     "vmap_model_other_broadcast.yaml": lambda: nn.vmap(
-        _guide_model(), in_axes=0, out_axes=0, variable_axes={"params": 0, "other_collection": None},
-        split_rngs={"params": True, "other": False})().init(
-        {"params": jax.random.key(0), "other": jax.random.key(1)}, X3),
+        _guide_model(),
+        in_axes=0,
+        out_axes=0,
+        variable_axes={"params": 0, "other_collection": None},
+        split_rngs={"params": True, "other": False},
+    )().init({"params": jax.random.key(0), "other": jax.random.key(1)}, X3),
     "scan_split.yaml": lambda: nn.scan(
-        _guide_block(), variable_axes={"params": 0}, variable_broadcast=False,
-        split_rngs={"params": True}, length=3)().init(jax.random.key(0), X3, None),
+        _guide_block(), variable_axes={"params": 0}, variable_broadcast=False, split_rngs={"params": True}, length=3
+    )().init(jax.random.key(0), X3, None),
     "scan_unsplit.yaml": lambda: nn.scan(
-        _guide_block(), variable_axes={"params": 0}, variable_broadcast=False,
-        split_rngs={"params": False}, length=3)().init(jax.random.key(0), X3, None),
+        _guide_block(), variable_axes={"params": 0}, variable_broadcast=False, split_rngs={"params": False}, length=3
+    )().init(jax.random.key(0), X3, None),
 }
 
 
@@ -698,12 +727,15 @@ def test_variable_carry_cannot_be_created_in_the_scan_body():
     assert a.error == "TypeError"
 
 
-@pytest.mark.parametrize("body,error", [
-    # a broadcast param drawn from a split stream: its initial value depends on the step
-    ("[{param: {name: w, draw: {normal: [2]}}}]", "ValueError"),
-    # the same with an initializer that ignores its key: Flax runs, and the key never exists
-    ("[param: w]", None),
-])
+@pytest.mark.parametrize(
+    "body,error",
+    [
+        # a broadcast param drawn from a split stream: its initial value depends on the step
+        ("[{param: {name: w, draw: {normal: [2]}}}]", "ValueError"),
+        # the same with an initializer that ignores its key: Flax runs, and the key never exists
+        ("[param: w]", None),
+    ],
+)
 def test_scan_broadcast_variable_from_a_split_stream(body, error):
     a = agree(f"""
         rngaudit: 1
@@ -753,10 +785,13 @@ def test_eager_variable_key_that_initialises_a_broadcast_variable_is_kept():
         """)
 
 
-@pytest.mark.parametrize("body", [
-    "[{while_loop: {cond: [], body: [param: w], iterations: 2}}]",
-    "[{map_variables: {module: {class: A, body: [{param: {name: late, when: apply}}]}, init: true}}, make_rng]",
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        "[{while_loop: {cond: [], body: [param: w], iterations: 2}}]",
+        "[{map_variables: {module: {class: A, body: [{param: {name: late, when: apply}}]}, init: true}}, make_rng]",
+    ],
+)
 def test_flax_errors_inside_transforms_name_the_transformed_scope(body):
     """Inside a lifted transform Flax names the scope by its debug path: "/while_loop()",
     "/map_variables(Map_variablesA_0)"."""
@@ -851,9 +886,11 @@ def test_map_variables_init_in_apply_sees_only_the_mutable_collections(form, mut
     """apply(..., mutable=[...]) with map_variables(init=True): its first run sees only the mutable
     collections, and Flax raises ScopeCollectionNotFound for `w` (params) or `s` (state)."""
     body = "[param: w, {variable: {collection: state, name: s}}, make_rng]"
-    model = (f"{{class: M, body: [{{map_variables: {{module: {{class: B, body: {body}}}, init: true}}}}]}}"
-             if form == "class" else
-             f"{{class: B, transforms: [{{map_variables: {{init: true}}}}], body: {body}}}")
+    model = (
+        f"{{class: M, body: [{{map_variables: {{module: {{class: B, body: {body}}}, init: true}}}}]}}"
+        if form == "class"
+        else f"{{class: B, transforms: [{{map_variables: {{init: true}}}}], body: {body}}}"
+    )
     a = agree(f"""
         rngaudit: 1
         phase: apply
@@ -881,16 +918,23 @@ def test_setup_that_calls_a_child_of_a_transformed_module(phase):
     assert a.error == "InvalidRngError"
 
 
-@pytest.mark.parametrize("model", [
-    "{class: M, body: [{vmap: {module: {class: B, body: [param: w, {make_rng: dropout}]}, axis_size: 2, "
-    "split_rngs: {dropout: true}, variable_axes: {all: 0}}}]}",
-    "{vmap: {module: {Dense: {features: 4}}, axis_size: 2, split_rngs: none, variable_axes: {all: 0}}}",
-    "{class: M, body: [{switch: {branches: [[], [param: w]], rngs: none, when: init}}]}",
-    "{class: B, transforms: [{scan: {length: 1, split_rngs: {}}}], body: [{Dense: {name: a, when: init}}, make_rng]}",
-    # init fails with another error: a broadcast param (Embed's, made in setup) from a split stream
-    "{class: M, body: [{scan: {module: {class: S, body: [{Embed: {}}]}, length: 2, split_rngs: {params: true}, "
-    "variable_broadcast: params}}]}",
-])
+@pytest.mark.parametrize(
+    "model",
+    [
+        (
+            "{class: M, body: [{vmap: {module: {class: B, body: [param: w, {make_rng: dropout}]}, axis_size: 2, "
+            "split_rngs: {dropout: true}, variable_axes: {all: 0}}}]}"
+        ),
+        "{vmap: {module: {Dense: {features: 4}}, axis_size: 2, split_rngs: none, variable_axes: {all: 0}}}",
+        "{class: M, body: [{switch: {branches: [[], [param: w]], rngs: none, when: init}}]}",
+        "{class: B, transforms: [{scan: {length: 1, split_rngs: {}}}], body: [{Dense: {name: a, when: init}}, make_rng]}",
+        # init fails with another error: a broadcast param (Embed's, made in setup) from a split stream
+        (
+            "{class: M, body: [{scan: {module: {class: S, body: [{Embed: {}}]}, length: 2, split_rngs: {params: true}, "
+            "variable_broadcast: params}}]}"
+        ),
+    ],
+)
 def test_apply_needs_an_init_that_runs(model):
     """phase: apply means the variables init of the same model made; when a transform hides params
     from a param inside it, that init fails in Flax (InvalidRngError, at the first such param), so
@@ -905,7 +949,7 @@ def test_apply_needs_an_init_that_runs(model):
 
 
 def test_scan_without_constancy_check_has_no_broadcast_dependency_error():
-    """"broadcasted variable has a data dependency on the scan body" comes from the constancy-check
+    """ "broadcasted variable has a data dependency on the scan body" comes from the constancy-check
     trace: with check_constancy_invariants false Flax does not raise (and drops the variable)."""
     a = agree("""
         rngaudit: 1
@@ -1000,12 +1044,15 @@ def test_apply_sees_the_broadcast_error_of_a_param_under_a_jit_fork():
     assert a.error == "ValueError"
 
 
-@pytest.mark.parametrize("mapped,body", [
-    ("[state]", "[param: w, make_rng]"),  # params not mapped: created as usual
-    ("[state]", "[{variable: {collection: state, name: s}}]"),  # a mapped collection is read-only
-    ("params", "[param: w]"),
-    ("[state, cache]", "[{Dense: {use_bias: false}}]"),
-])
+@pytest.mark.parametrize(
+    "mapped,body",
+    [
+        ("[state]", "[param: w, make_rng]"),  # params not mapped: created as usual
+        ("[state]", "[{variable: {collection: state, name: s}}]"),  # a mapped collection is read-only
+        ("params", "[param: w]"),
+        ("[state, cache]", "[{Dense: {use_bias: false}}]"),
+    ],
+)
 def test_map_variables_freezes_only_the_mapped_collections(mapped, body):
     """Without init or mutable, nn.map_variables makes only `mapped_collections` read-only inside."""
     agree(f"""
@@ -1031,10 +1078,13 @@ def test_map_variables_first_run_keeps_only_the_mapped_collections(mapped):
 
 
 @pytest.mark.parametrize("order", ["{params: 0, dropout: 0}", "{dropout: 0, params: 0}"])
-@pytest.mark.parametrize("flow", [
-    "{switch: {branches: [[{jit: {module: {class: B, body: [make_rng]}}}]]}}",
-    "{cond: {true_fun: [{jit: {module: {class: B, body: [make_rng]}}}], false_fun: []}}",
-])
+@pytest.mark.parametrize(
+    "flow",
+    [
+        "{switch: {branches: [[{jit: {module: {class: B, body: [make_rng]}}}]]}}",
+        "{cond: {true_fun: [{jit: {module: {class: B, body: [make_rng]}}}], false_fun: []}}",
+    ],
+)
 def test_streams_inside_cond_and_switch_keep_their_order(order, flow):
     """nn.cond / nn.switch branches see the streams in the scope's own order (a jit inside forks
     them in that order), unlike nn.while_loop and nn.jit, inside which they are sorted."""
@@ -1047,17 +1097,22 @@ def test_streams_inside_cond_and_switch_keep_their_order(order, flow):
 
 @pytest.mark.parametrize("eager", [True, False])
 @pytest.mark.parametrize("draw, error", [("", None), (", draw: {uniform: []}", "ValueError")])
-@pytest.mark.parametrize("lift", [
-    "scan: {module: MOD, length: 2, split_rngs: all, variable_axes: {all: 0}, variable_broadcast: [params, state]}",
-    "vmap: {module: MOD, axis_size: 2, split_rngs: all, variable_axes: {state: null, params: 0}}",
-])
+@pytest.mark.parametrize(
+    "lift",
+    [
+        "scan: {module: MOD, length: 2, split_rngs: all, variable_axes: {all: 0}, variable_broadcast: [params, state]}",
+        "vmap: {module: MOD, axis_size: 2, split_rngs: all, variable_axes: {state: null, params: 0}}",
+    ],
+)
 def test_a_shared_variable_depends_on_a_split_key_only_through_a_draw(lift, draw, error, eager):
     """A variable shared by every step or lane (scan's broadcast, vmap's axis None) made from a split
     key: with an initializer that ignores the key (no `draw:`) JAX sees no dependency and Flax raises
     nothing; one that draws from it is a ValueError (scan's broadcast dependency, vmap's mapped output
     with out_axes None)."""
-    module = (f"{{class: B, body: [{{variable: {{collection: state, name: w, make_rng: [params], "
-              f"eager: {str(eager).lower()}{draw}}}}}]}}")
+    module = (
+        f"{{class: B, body: [{{variable: {{collection: state, name: w, make_rng: [params], "
+        f"eager: {str(eager).lower()}{draw}}}}}]}}"
+    )
     a = agree(f"""
         rngaudit: 1
         rngs: {{params: 0}}

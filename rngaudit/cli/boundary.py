@@ -1,6 +1,7 @@
 """The one error boundary of every command: rngaudit's errors print one `error:` line and exit with their
 exit code (2: bad usage or input; 3: a bug in rngaudit), a bug of ours is said as one, and nothing leaks a
 traceback (RNGAUDIT_DEBUG=1 shows it)."""
+
 from __future__ import annotations
 
 import os
@@ -44,11 +45,13 @@ def run(fn: Callable[[], None]) -> None:
     except MemoryError:
         sys.stderr.write("error: out of memory; the spec asks for too many keys or values\n")
         raise typer.Exit(EXIT_ERROR) from None
-    except Exception as e:  # a bug of ours: say so, briefly, with its own exit code
+    except Exception as e:  # noqa: BLE001 - a bug of ours: say so, briefly, with its own exit code
         if os.environ.get("RNGAUDIT_DEBUG"):
             traceback.print_exc()
-        sys.stderr.write(f"error: internal error ({type(e).__name__}: {one_line(str(e))}); "
-                         "please report it with the spec (RNGAUDIT_DEBUG=1 shows details)\n")
+        sys.stderr.write(
+            f"error: internal error ({type(e).__name__}: {one_line(str(e))}); "
+            "please report it with the spec (RNGAUDIT_DEBUG=1 shows details)\n"
+        )
         raise typer.Exit(EXIT_INTERNAL) from None
 
 

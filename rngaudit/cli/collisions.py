@@ -1,7 +1,7 @@
 """`rngaudit collisions`: find call sites that receive identical keys, say why, and check the fixes."""
+
 # (no `from __future__ import annotations`: see cli/derive.py)
 from dataclasses import dataclass
-from typing import Optional
 
 import typer
 
@@ -16,49 +16,60 @@ class CollisionsOptions:
     """collisions' options that [tool.rngaudit] may set."""
 
     fmt: Format
-    phase: Optional[Phase]
+    phase: Phase | None
     keys: bool
-    separator: Optional[bool]
-    latent_max_count: Optional[int]
+    separator: bool | None
+    latent_max_count: int | None
     strict: bool
-    fail_on: Optional[list[Category]]
+    fail_on: list[Category] | None
     exit_zero: bool
-    max_spec_mib: Optional[int]
-    max_yaml_nodes: Optional[int]
+    max_spec_mib: int | None
+    max_yaml_nodes: int | None
 
 
 def collisions(
     ctx: typer.Context,
-    inputs: list[str] = typer.Argument(..., metavar="SPEC...",
-                                       help="Model specs (YAML), or JSON files (*.json) of module paths or a "
-                                       "params tree."),
+    inputs: list[str] = typer.Argument(
+        ..., metavar="SPEC...", help="Model specs (YAML), or JSON files (*.json) of module paths or a params tree."
+    ),
     fmt: Format = typer.Option(Format.text, "--format", "-f", help="Output format."),
-    output: Optional[str] = typer.Option(None, "--output", "-o",
-                                         help="Write the report here (only if the run succeeds)."),
-    phase: Optional[Phase] = typer.Option(None, "--phase", help="Override the specs' phase."),
-    keys: bool = typer.Option(True, "--keys/--no-keys",
-                              help="Compute key data to find keys shared across streams (class 4). "
-                              "--no-keys checks hash inputs and words only (never imports JAX)."),
-    separator: Optional[bool] = typer.Option(None, "--fix-rng-separator/--no-fix-rng-separator",
-                                             help="The model's flax_fix_rng_separator: overrides a spec's; "
-                                             "for JSON inputs the default is off."),
-    latent_max_count: Optional[int] = typer.Option(None, "--latent-max-count", min=0, metavar="N",
-                                                   help="Report latent pairs whose smaller colliding count is "
-                                                   "at most N (default 65535; 0: no latent pairs)."),
-    strict: bool = typer.Option(False, "--strict/--no-strict",
-                                help="Exit 1 on information and latent findings too."),
-    fail_on: Optional[list[Category]] = typer.Option(
-        None, "--fail-on", metavar="CATEGORY",
+    output: str | None = typer.Option(None, "--output", "-o", help="Write the report here (only if the run succeeds)."),
+    phase: Phase | None = typer.Option(None, "--phase", help="Override the specs' phase."),
+    keys: bool = typer.Option(
+        True,
+        "--keys/--no-keys",
+        help="Compute key data to find keys shared across streams (class 4). "
+        "--no-keys checks hash inputs and words only (never imports JAX).",
+    ),
+    separator: bool | None = typer.Option(
+        None,
+        "--fix-rng-separator/--no-fix-rng-separator",
+        help="The model's flax_fix_rng_separator: overrides a spec's; for JSON inputs the default is off.",
+    ),
+    latent_max_count: int | None = typer.Option(
+        None,
+        "--latent-max-count",
+        min=0,
+        metavar="N",
+        help="Report latent pairs whose smaller colliding count is at most N (default 65535; 0: no latent pairs).",
+    ),
+    strict: bool = typer.Option(False, "--strict/--no-strict", help="Exit 1 on information and latent findings too."),
+    fail_on: list[Category] | None = typer.Option(
+        None,
+        "--fail-on",
+        metavar="CATEGORY",
         help="Exit 1 only on findings of these categories; repeatable (default: concatenation, count_meets_name, "
-        "hash_word, shared_seed; --strict: all, with unsplit_lanes and latent)."),
+        "hash_word, shared_seed; --strict: all, with unsplit_lanes and latent).",
+    ),
     exit_zero: bool = EXIT_ZERO,
-    max_spec_mib: Optional[int] = MAX_SPEC_MIB,
-    max_yaml_nodes: Optional[int] = MAX_YAML_NODES,
-    config: Optional[str] = CONFIG,
+    max_spec_mib: int | None = MAX_SPEC_MIB,
+    max_yaml_nodes: int | None = MAX_YAML_NODES,
+    config: str | None = CONFIG,
 ) -> None:
     """Find call sites that receive identical keys, say why, and check the fixes."""
-    given = CollisionsOptions(fmt, phase, keys, separator, latent_max_count, strict, fail_on, exit_zero, max_spec_mib,
-                              max_yaml_nodes)
+    given = CollisionsOptions(
+        fmt, phase, keys, separator, latent_max_count, strict, fail_on, exit_zero, max_spec_mib, max_yaml_nodes
+    )
 
     def go() -> None:
         from .. import api
@@ -70,17 +81,32 @@ def collisions(
         o = configured(ctx, "collisions", config, given)
         with spec_limits(o.max_spec_mib, o.max_yaml_nodes), progress(len(inputs), "collisions") as advance:
             report = api.collisions(
-                *inputs, phase=o.phase.value if o.phase else None, keys=o.keys, fix_rng_separator=o.separator,
-                latent_max_count=o.latent_max_count, strict=o.strict,
-                fail_on=[c.value for c in o.fail_on] if o.fail_on is not None else None, advance=advance)
+                *inputs,
+                phase=o.phase.value if o.phase else None,
+                keys=o.keys,
+                fix_rng_separator=o.separator,
+                latent_max_count=o.latent_max_count,
+                strict=o.strict,
+                fail_on=[c.value for c in o.fail_on] if o.fail_on is not None else None,
+                advance=advance,
+            )
 
         def render(console) -> None:
             from ..output.text_collisions import render_collisions
 
             render_collisions(report.audits, console)
 
-        emit(o.fmt, output, Report("collisions", lambda: to_json(report.audits), render,
-                                   lambda: collision_findings(report), COLLISION_RULES))
+        emit(
+            o.fmt,
+            output,
+            Report(
+                "collisions",
+                lambda: to_json(report.audits),
+                render,
+                lambda: collision_findings(report),
+                COLLISION_RULES,
+            ),
+        )
         finish(report.failing, o.exit_zero)
 
     run(go)

@@ -11,6 +11,7 @@
 Keys are the commands' long option names without `--`. This module reads and locates them; which keys
 exist and what values they take is decided by the commands themselves (cli.py).
 """
+
 from __future__ import annotations
 
 import os
@@ -81,8 +82,10 @@ _KEY = re.compile(rf"^(\s*)({_DOTTED})\s*=")
 
 
 def _parts(dotted: str) -> tuple[str, ...]:
-    return tuple(p.strip()[1:-1] if p.strip()[:1] in "\"'" else p.strip()
-                 for p in re.findall(rf"\s*({_PART})\s*(?:\.|$)", dotted))
+    return tuple(
+        p.strip()[1:-1] if p.strip()[:1] in "\"'" else p.strip()
+        for p in re.findall(rf"\s*({_PART})\s*(?:\.|$)", dotted)
+    )
 
 
 def key_positions(text: str, file: str) -> dict[tuple[str, ...], Location]:
@@ -104,7 +107,7 @@ def key_positions(text: str, file: str) -> dict[tuple[str, ...], Location]:
         m = _KEY.match(line)
         if m:
             out.setdefault(table + _parts(m.group(2)), Location(file, n, len(m.group(1)) + 1))
-            rest = line[m.end():]
+            rest = line[m.end() :]
             for quote in ('"""', "'''"):
                 if rest.count(quote) % 2:
                     in_string = quote
@@ -139,7 +142,7 @@ def load(path: str) -> Config:
     except UnicodeDecodeError as e:
         before = data[: e.start]
         line = before.count(b"\n") + 1
-        col = len(before[before.rfind(b"\n") + 1:].decode("utf-8", "replace")) + 1
+        col = len(before[before.rfind(b"\n") + 1 :].decode("utf-8", "replace")) + 1
         raise ConfigError(f"the file is not UTF-8 (byte 0x{data[e.start]:02x})", Location(shown, line, col)) from None
     try:
         doc = tomllib.loads(text)
@@ -159,16 +162,19 @@ def load(path: str) -> Config:
         return Config(shown)
     positions = key_positions(text, shown)
     if not isinstance(table, dict):
-        raise ConfigError("[tool.rngaudit] must be a table of option defaults, e.g. `[tool.rngaudit]` then "
-                          "`format = \"github\"`", _where(positions, TABLE, shown))
+        raise ConfigError(
+            '[tool.rngaudit] must be a table of option defaults, e.g. `[tool.rngaudit]` then `format = "github"`',
+            _where(positions, TABLE, shown),
+        )
     common: dict[str, Setting] = {}
     sections: dict[str, dict[str, Setting]] = {}
     section_locations: dict[str, Location] = {}
     for key, value in table.items():
         if isinstance(value, dict):
             section_locations[key] = _where(positions, TABLE + (key,), shown)
-            sections[key] = {k: Setting(key, k, v, _where(positions, TABLE + (key, k), shown))
-                             for k, v in value.items()}
+            sections[key] = {
+                k: Setting(key, k, v, _where(positions, TABLE + (key, k), shown)) for k, v in value.items()
+            }
         else:
             common[key] = Setting(None, key, value, _where(positions, TABLE + (key,), shown))
     return Config(shown, common, sections, section_locations)

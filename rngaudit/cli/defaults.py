@@ -1,5 +1,6 @@
 """[tool.rngaudit] applied to a command's options: each key checked against the commands' options, typed as
 the command line would give it, and used where the command line did not give the option."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,17 +42,24 @@ def _check_config(cfg, commands: dict) -> None:
     every = set().union(*keys.values())
     for section, settings in cfg.sections.items():
         if section not in commands:
-            raise ConfigError(f"[tool.rngaudit.{section}]: no command is called {section!r}"
-                              f"{_did_you_mean(section, commands)} (sections are named after commands: "
-                              f"{', '.join(sorted(commands))})", cfg.section_locations[section])
+            raise ConfigError(
+                f"[tool.rngaudit.{section}]: no command is called {section!r}"
+                f"{_did_you_mean(section, commands)} (sections are named after commands: "
+                f"{', '.join(sorted(commands))})",
+                cfg.section_locations[section],
+            )
         for key, s in settings.items():
             if key not in keys[section]:
-                raise ConfigError(f"[{s.table}]: unknown key {key!r}{_did_you_mean(key, keys[section])} "
-                                  f"(`rngaudit {section} --help` lists the options)", s.location)
+                raise ConfigError(
+                    f"[{s.table}]: unknown key {key!r}{_did_you_mean(key, keys[section])} "
+                    f"(`rngaudit {section} --help` lists the options)",
+                    s.location,
+                )
     for key, s in cfg.common.items():
         if key not in every:
-            raise ConfigError(f"[{s.table}]: unknown key {key!r}{_did_you_mean(key, every | set(commands))}",
-                              s.location)
+            raise ConfigError(
+                f"[{s.table}]: unknown key {key!r}{_did_you_mean(key, every | set(commands))}", s.location
+            )
 
 
 _TOML_TYPE = {bool: "a boolean (true or false)", int: "an integer", float: "a number", str: "a string"}
@@ -78,11 +86,13 @@ def _config_value(ctx: typer.Context, param, hint, s):
     value = s.value
     if param.multiple:
         if not isinstance(value, list) or not all(typed(v) for v in value):
-            raise ConfigError(f"[{s.table}] {s.key}: must be a list of {_TOML_TYPES[want]}, e.g. "
-                              f"{s.key} = [...]", s.location)
+            raise ConfigError(
+                f"[{s.table}] {s.key}: must be a list of {_TOML_TYPES[want]}, e.g. {s.key} = [...]", s.location
+            )
     elif not typed(value):
-        raise ConfigError(f"[{s.table}] {s.key}: must be {_TOML_TYPE[want]}, not {type(value).__name__} "
-                          f"{value!r}", s.location)
+        raise ConfigError(
+            f"[{s.table}] {s.key}: must be {_TOML_TYPE[want]}, not {type(value).__name__} {value!r}", s.location
+        )
     try:
         value = param.type_cast_value(ctx, value)
     except typer.BadParameter as e:
@@ -114,8 +124,9 @@ def configured(ctx: typer.Context, command: str, config: str | None, options: T)
         if param is None:  # a common key for another command's option
             continue
         if param.name not in fields:
-            raise ConfigError(f"[{s.table}] {key}: `rngaudit {command}` takes --{key} only on the command "
-                              "line", s.location)
+            raise ConfigError(
+                f"[{s.table}] {key}: `rngaudit {command}` takes --{key} only on the command line", s.location
+            )
         source = ctx.get_parameter_source(param.name)
         if source is not None and source.name in ("DEFAULT", "DEFAULT_MAP"):
             values[param.name] = _config_value(ctx, param, hints.get(param.name), s)

@@ -1,9 +1,9 @@
 """`rngaudit derive`: print the key every make_rng call receives, exactly as Flax derives it."""
+
 # No `from __future__ import annotations` in cli/: typer reads every option's annotation on every run, and a
 # string annotation costs it an eval (about 5 ms of each start). Annotations must be valid at runtime.
 import os
 from dataclasses import dataclass
-from typing import Optional
 
 import typer
 
@@ -18,44 +18,55 @@ class DeriveOptions:
     """derive's options that [tool.rngaudit] may set."""
 
     fmt: DeriveFormat
-    phase: Optional[Phase]
-    draw: Optional[str]
+    phase: Phase | None
+    draw: str | None
     values: bool
     strict: bool
     exit_zero: bool
-    max_spec_mib: Optional[int]
-    max_yaml_nodes: Optional[int]
+    max_spec_mib: int | None
+    max_yaml_nodes: int | None
 
 
 def derive(
     ctx: typer.Context,
     spec: str = typer.Argument(..., metavar="SPEC", help="The model spec (YAML, format version 1)."),
-    fmt: DeriveFormat = typer.Option(DeriveFormat.text, "--format", "-f",
-                                     help="Output format; jsonl streams one record per call site."),
-    output: Optional[str] = typer.Option(None, "--output", "-o",
-                                         help="Write the report here (only if the run succeeds)."),
-    phase: Optional[Phase] = typer.Option(None, "--phase", help="Override the spec's phase."),
-    draw: Optional[str] = typer.Option(None, "--draw", metavar="KIND:SHAPE",
-                                       help="Draw values from every key without a `draw:`, "
-                                       "e.g. normal:2,2 or uniform:3."),
-    values: bool = typer.Option(True, "--values/--no-values",
-                                help="Compute the values of `draw`s (needs JAX)."),
-    strict: bool = typer.Option(False, "--strict/--no-strict",
-                                help="Exit 1 when any key has a note (e.g. a fallback to 'params')."),
-    stream: Optional[list[str]] = typer.Option(None, "--stream", metavar="S",
-                                               help="Only call sites of this stream (requested or used); "
-                                               "repeatable. Filters apply before keys are computed."),
-    path: Optional[list[str]] = typer.Option(None, "--path", metavar="GLOB",
-                                             help="Only call sites whose module path ('/'-joined, '(root)' "
-                                             "for the root) matches this glob; repeatable."),
-    limit: Optional[int] = typer.Option(None, "--limit", min=0, metavar="N",
-                                        help="Only the first N call sites (after --stream and --path)."),
-    engine: str = typer.Option("fast", "--engine", hidden=True,
-                               help="fast (columns, vectorised keys) or plain (the reference path)."),
+    fmt: DeriveFormat = typer.Option(
+        DeriveFormat.text, "--format", "-f", help="Output format; jsonl streams one record per call site."
+    ),
+    output: str | None = typer.Option(None, "--output", "-o", help="Write the report here (only if the run succeeds)."),
+    phase: Phase | None = typer.Option(None, "--phase", help="Override the spec's phase."),
+    draw: str | None = typer.Option(
+        None,
+        "--draw",
+        metavar="KIND:SHAPE",
+        help="Draw values from every key without a `draw:`, e.g. normal:2,2 or uniform:3.",
+    ),
+    values: bool = typer.Option(True, "--values/--no-values", help="Compute the values of `draw`s (needs JAX)."),
+    strict: bool = typer.Option(
+        False, "--strict/--no-strict", help="Exit 1 when any key has a note (e.g. a fallback to 'params')."
+    ),
+    stream: list[str] | None = typer.Option(
+        None,
+        "--stream",
+        metavar="S",
+        help="Only call sites of this stream (requested or used); repeatable. Filters apply before keys are computed.",
+    ),
+    path: list[str] | None = typer.Option(
+        None,
+        "--path",
+        metavar="GLOB",
+        help="Only call sites whose module path ('/'-joined, '(root)' for the root) matches this glob; repeatable.",
+    ),
+    limit: int | None = typer.Option(
+        None, "--limit", min=0, metavar="N", help="Only the first N call sites (after --stream and --path)."
+    ),
+    engine: str = typer.Option(
+        "fast", "--engine", hidden=True, help="fast (columns, vectorised keys) or plain (the reference path)."
+    ),
     exit_zero: bool = EXIT_ZERO,
-    max_spec_mib: Optional[int] = MAX_SPEC_MIB,
-    max_yaml_nodes: Optional[int] = MAX_YAML_NODES,
-    config: Optional[str] = CONFIG,
+    max_spec_mib: int | None = MAX_SPEC_MIB,
+    max_yaml_nodes: int | None = MAX_YAML_NODES,
+    config: str | None = CONFIG,
 ) -> None:
     """Print the key every make_rng call receives, exactly as Flax derives it."""
     given = DeriveOptions(fmt, phase, draw, values, strict, exit_zero, max_spec_mib, max_yaml_nodes)
@@ -69,19 +80,33 @@ def derive(
 
         o = configured(ctx, "derive", config, given)
         with spec_limits(o.max_spec_mib, o.max_yaml_nodes), progress(None, f"replaying {os.path.basename(spec)}"):
-            report = api.derive(spec, phase=o.phase.value if o.phase else None, values=o.values, draw=o.draw,
-                                streams=tuple(stream or ()), paths=tuple(path or ()), limit=limit, engine=engine)
+            report = api.derive(
+                spec,
+                phase=o.phase.value if o.phase else None,
+                values=o.values,
+                draw=o.draw,
+                streams=tuple(stream or ()),
+                paths=tuple(path or ()),
+                limit=limit,
+                engine=engine,
+            )
         if o.fmt is DeriveFormat.jsonl:
             with progress(len(report.calls), "writing") as advance:
                 write_stream(jsonl_lines(report, advance), output)
         else:
+
             def render(console) -> None:
                 from ..output.text_derive import render_derive
 
                 render_derive(report, console)
 
-            emit(o.fmt, output, Report("derive", lambda: to_json(report), render,
-                                       lambda: derive_findings(report, o.strict), DERIVE_RULES))
+            emit(
+                o.fmt,
+                output,
+                Report(
+                    "derive", lambda: to_json(report), render, lambda: derive_findings(report, o.strict), DERIVE_RULES
+                ),
+            )
         finish(o.strict and report.fallbacks > 0, o.exit_zero)
 
     run(go)

@@ -1,5 +1,6 @@
 """The options and choices the commands share: formats, phases, finding categories, --exit-zero, --config and
 the spec limits (whose --help states the defaults the loader uses)."""
+
 from __future__ import annotations
 
 import enum
@@ -29,11 +30,24 @@ class Category(str, enum.Enum):
 
 
 EXIT_ZERO = typer.Option(False, "--exit-zero/--no-exit-zero", help="Report findings but exit 0 (errors still exit 2).")
-CONFIG = typer.Option(None, "--config", metavar="FILE",
-                      help="Read [tool.rngaudit] defaults from FILE instead of the pyproject.toml found from the "
-                      "current directory.")
-MAX_SPEC_MIB = typer.Option(None, "--max-spec-mib", min=1, metavar="MIB",
-                            help=f"Accept spec files up to this many MiB (default {MAX_BYTES // (1024 * 1024)}).")
-MAX_YAML_NODES = typer.Option(None, "--max-yaml-nodes", min=1, metavar="N",
-                              help=f"Accept specs of up to N YAML nodes, aliases expanded (default {MAX_NODES}).")
+CONFIG = typer.Option(
+    None,
+    "--config",
+    metavar="FILE",
+    help="Read [tool.rngaudit] defaults from FILE instead of the pyproject.toml found from the current directory.",
+)
+MAX_SPEC_MIB = typer.Option(
+    None,
+    "--max-spec-mib",
+    min=1,
+    metavar="MIB",
+    help=f"Accept spec files up to this many MiB (default {MAX_BYTES // (1024 * 1024)}).",
+)
+MAX_YAML_NODES = typer.Option(
+    None,
+    "--max-yaml-nodes",
+    min=1,
+    metavar="N",
+    help=f"Accept specs of up to N YAML nodes, aliases expanded (default {MAX_NODES}).",
+)
 OUTPUT_HELP = "Write the report here (only if the run succeeds)."

@@ -1,8 +1,8 @@
 """The refactor-safety commands: `capture` (a live Flax model -> a spec and its keys), `verify` (a spec against a
 model or a capture) and `diff` (two versions, call site by call site)."""
+
 # (no `from __future__ import annotations`: see cli/derive.py)
 from dataclasses import dataclass
-from typing import Optional
 
 import typer
 
@@ -11,8 +11,10 @@ from .defaults import configured
 from .options import CONFIG, EXIT_ZERO, MAX_SPEC_MIB, MAX_YAML_NODES, Format, Phase
 from .writing import emit, write_output
 
-_INPUT_HELP = ("An argument of init/apply as DTYPE[SHAPE] (ones), positional, or NAME=DTYPE[SHAPE]; repeatable. "
-               "Default: the example arguments the factory returns.")
+_INPUT_HELP = (
+    "An argument of init/apply as DTYPE[SHAPE] (ones), positional, or NAME=DTYPE[SHAPE]; repeatable. "
+    "Default: the example arguments the factory returns."
+)
 _RNGS_HELP = "The keys init/apply receives, STREAM=SEED,... (default params=0)."
 
 
@@ -23,33 +25,42 @@ def _text(text: str):
 
 @dataclass(frozen=True)
 class CaptureOptions:
-    inputs: Optional[list[str]]
-    rngs: Optional[str]
+    inputs: list[str] | None
+    rngs: str | None
     phase: Phase
-    method: Optional[str]
+    method: str | None
     fmt: Format
     exit_zero: bool
 
 
 def capture(
     ctx: typer.Context,
-    target: str = typer.Argument(..., metavar="TARGET",
-                                 help="A Flax module factory: FILE.py:FACTORY or package.module:FACTORY. It returns "
-                                 "the module, or (module, args) / (module, args, kwargs)."),
-    inputs: Optional[list[str]] = typer.Option(None, "--input", "-i", metavar="[NAME=]DTYPE[SHAPE]", help=_INPUT_HELP),
-    rngs: Optional[str] = typer.Option(None, "--rngs", metavar="STREAM=SEED,...", help=_RNGS_HELP),
+    target: str = typer.Argument(
+        ...,
+        metavar="TARGET",
+        help="A Flax module factory: FILE.py:FACTORY or package.module:FACTORY. It returns "
+        "the module, or (module, args) / (module, args, kwargs).",
+    ),
+    inputs: list[str] | None = typer.Option(None, "--input", "-i", metavar="[NAME=]DTYPE[SHAPE]", help=_INPUT_HELP),
+    rngs: str | None = typer.Option(None, "--rngs", metavar="STREAM=SEED,...", help=_RNGS_HELP),
     phase: Phase = typer.Option(Phase.init, "--phase", help="Run init, or init then apply (keys of apply)."),
-    method: Optional[str] = typer.Option(None, "--method", help="The module method to run (default __call__)."),
-    keys: Optional[str] = typer.Option(None, "--keys", metavar="FILE.json",
-                                       help="Also write the observed keys (format rngaudit.capture) here."),
-    fmt: Format = typer.Option(Format.text, "--format", "-f",
-                               help="text: the spec (YAML); json: the observed keys document; github and sarif "
-                               "write the spec as text does (capture has no findings: it writes a spec that "
-                               "replays, or exits 2)."),
-    output: Optional[str] = typer.Option(None, "--output", "-o",
-                                         help="Write the spec (or, with --format json, the keys) here."),
+    method: str | None = typer.Option(None, "--method", help="The module method to run (default __call__)."),
+    keys: str | None = typer.Option(
+        None, "--keys", metavar="FILE.json", help="Also write the observed keys (format rngaudit.capture) here."
+    ),
+    fmt: Format = typer.Option(
+        Format.text,
+        "--format",
+        "-f",
+        help="text: the spec (YAML); json: the observed keys document; github and sarif "
+        "write the spec as text does (capture has no findings: it writes a spec that "
+        "replays, or exits 2).",
+    ),
+    output: str | None = typer.Option(
+        None, "--output", "-o", help="Write the spec (or, with --format json, the keys) here."
+    ),
     exit_zero: bool = EXIT_ZERO,
-    config: Optional[str] = CONFIG,
+    config: str | None = CONFIG,
 ) -> None:
     """Run a live Flax model, record every key it hands out, and write a spec derive replays bit-exactly."""
     given = CaptureOptions(inputs, rngs, phase, method, fmt, exit_zero)
@@ -71,32 +82,36 @@ def capture(
 
 @dataclass(frozen=True)
 class VerifyOptions:
-    inputs: Optional[list[str]]
-    rngs: Optional[str]
-    method: Optional[str]
+    inputs: list[str] | None
+    rngs: str | None
+    method: str | None
     fmt: Format
     exit_zero: bool
-    max_spec_mib: Optional[int]
-    max_yaml_nodes: Optional[int]
+    max_spec_mib: int | None
+    max_yaml_nodes: int | None
 
 
 def verify(
     ctx: typer.Context,
     spec: str = typer.Argument(..., metavar="SPEC", help="The model spec (YAML) to check."),
-    against: str = typer.Option(..., "--against", metavar="TARGET|KEYS.json",
-                                help="A module factory (FILE.py:FACTORY, package.module:FACTORY) to run in real "
-                                "Flax, or a keys file written by `capture --keys`."),
-    inputs: Optional[list[str]] = typer.Option(None, "--input", "-i", metavar="[NAME=]DTYPE[SHAPE]", help=_INPUT_HELP),
-    rngs: Optional[str] = typer.Option(None, "--rngs", metavar="STREAM=SEED,...",
-                                       help="The keys for TARGET (default: the spec's integer seeds)."),
-    method: Optional[str] = typer.Option(None, "--method", help="The module method TARGET runs."),
+    against: str = typer.Option(
+        ...,
+        "--against",
+        metavar="TARGET|KEYS.json",
+        help="A module factory (FILE.py:FACTORY, package.module:FACTORY) to run in real "
+        "Flax, or a keys file written by `capture --keys`.",
+    ),
+    inputs: list[str] | None = typer.Option(None, "--input", "-i", metavar="[NAME=]DTYPE[SHAPE]", help=_INPUT_HELP),
+    rngs: str | None = typer.Option(
+        None, "--rngs", metavar="STREAM=SEED,...", help="The keys for TARGET (default: the spec's integer seeds)."
+    ),
+    method: str | None = typer.Option(None, "--method", help="The module method TARGET runs."),
     fmt: Format = typer.Option(Format.text, "--format", "-f", help="Output format."),
-    output: Optional[str] = typer.Option(None, "--output", "-o",
-                                         help="Write the report here (only if the run succeeds)."),
+    output: str | None = typer.Option(None, "--output", "-o", help="Write the report here (only if the run succeeds)."),
     exit_zero: bool = EXIT_ZERO,
-    max_spec_mib: Optional[int] = MAX_SPEC_MIB,
-    max_yaml_nodes: Optional[int] = MAX_YAML_NODES,
-    config: Optional[str] = CONFIG,
+    max_spec_mib: int | None = MAX_SPEC_MIB,
+    max_yaml_nodes: int | None = MAX_YAML_NODES,
+    config: str | None = CONFIG,
 ) -> None:
     """Check a spec against a live model (or a capture): every key that differs, is missing or is extra."""
     given = VerifyOptions(inputs, rngs, method, fmt, exit_zero, max_spec_mib, max_yaml_nodes)
@@ -111,8 +126,13 @@ def verify(
         o = configured(ctx, "verify", config, given)
         with spec_limits(o.max_spec_mib, o.max_yaml_nodes):
             cmp = api.verify(spec, against, inputs=o.inputs or (), rngs=o.rngs, method=o.method)
-        emit(o.fmt, output, Report("verify", lambda: to_json(cmp), _text(render_text(cmp)),
-                                   lambda: compare_findings(cmp), VERIFY_RULES))
+        emit(
+            o.fmt,
+            output,
+            Report(
+                "verify", lambda: to_json(cmp), _text(render_text(cmp)), lambda: compare_findings(cmp), VERIFY_RULES
+            ),
+        )
         finish(cmp.failing, o.exit_zero)
 
     run(go)
@@ -122,8 +142,8 @@ def verify(
 class DiffOptions:
     fmt: Format
     exit_zero: bool
-    max_spec_mib: Optional[int]
-    max_yaml_nodes: Optional[int]
+    max_spec_mib: int | None
+    max_yaml_nodes: int | None
 
 
 def diff(
@@ -131,12 +151,11 @@ def diff(
     old: str = typer.Argument(..., metavar="OLD", help="The old version: a spec (YAML) or a keys file (JSON)."),
     new: str = typer.Argument(..., metavar="NEW", help="The new version: a spec (YAML) or a keys file (JSON)."),
     fmt: Format = typer.Option(Format.text, "--format", "-f", help="Output format."),
-    output: Optional[str] = typer.Option(None, "--output", "-o",
-                                         help="Write the report here (only if the run succeeds)."),
+    output: str | None = typer.Option(None, "--output", "-o", help="Write the report here (only if the run succeeds)."),
     exit_zero: bool = EXIT_ZERO,
-    max_spec_mib: Optional[int] = MAX_SPEC_MIB,
-    max_yaml_nodes: Optional[int] = MAX_YAML_NODES,
-    config: Optional[str] = CONFIG,
+    max_spec_mib: int | None = MAX_SPEC_MIB,
+    max_yaml_nodes: int | None = MAX_YAML_NODES,
+    config: str | None = CONFIG,
 ) -> None:
     """Which call sites keep their keys, which change, which are new or gone, and why; exit 1 on any change."""
     given = DiffOptions(fmt, exit_zero, max_spec_mib, max_yaml_nodes)
@@ -151,8 +170,11 @@ def diff(
         o = configured(ctx, "diff", config, given)
         with spec_limits(o.max_spec_mib, o.max_yaml_nodes):
             cmp = api.diff(old, new)
-        emit(o.fmt, output, Report("diff", lambda: to_json(cmp), _text(render_text(cmp)),
-                                   lambda: compare_findings(cmp), DIFF_RULES))
+        emit(
+            o.fmt,
+            output,
+            Report("diff", lambda: to_json(cmp), _text(render_text(cmp)), lambda: compare_findings(cmp), DIFF_RULES),
+        )
         finish(cmp.failing, o.exit_zero)
 
     run(go)

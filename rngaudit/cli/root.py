@@ -1,5 +1,6 @@
 """The `rngaudit` typer app: its root options, the commands registered on it, and the console-script entry point
 (only rngaudit/cli imports typer)."""
+
 # (no `from __future__ import annotations`: see cli/derive.py)
 import sys
 
@@ -29,8 +30,9 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                 help="Print the version and exit."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
 ) -> None:
     """See and check the PRNG keys Flax hands every make_rng call."""
 

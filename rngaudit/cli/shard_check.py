@@ -1,8 +1,8 @@
 """`rngaudit shard-check`: keys, draws and a (key, x) function on many devices; sharded runs must equal
 one-device runs, and devices must not draw the same randomness by accident."""
+
 # (no `from __future__ import annotations`: see cli/derive.py)
 from dataclasses import dataclass
-from typing import Optional
 
 import typer
 
@@ -16,78 +16,119 @@ from .writing import emit
 class ShardCheckOptions:
     """shard-check's options that [tool.rngaudit] may set."""
 
-    fn: Optional[list[str]]
-    devices: Optional[int]
-    platform: Optional[str]
-    mesh: Optional[str]
-    path: Optional[list[str]]
-    stream: Optional[list[str]]
-    phase: Optional[Phase]
-    draw: Optional[str]
-    shape: Optional[str]
-    input_kind: Optional[str]
-    seed: Optional[int]
-    key: Optional[str]
+    fn: list[str] | None
+    devices: int | None
+    platform: str | None
+    mesh: str | None
+    path: list[str] | None
+    stream: list[str] | None
+    phase: Phase | None
+    draw: str | None
+    shape: str | None
+    input_kind: str | None
+    seed: int | None
+    key: str | None
     allow_replicated: bool
-    atol: Optional[float]
-    timeout: Optional[float]
+    atol: float | None
+    timeout: float | None
     fmt: Format
     exit_zero: bool
-    max_spec_mib: Optional[int]
-    max_yaml_nodes: Optional[int]
+    max_spec_mib: int | None
+    max_yaml_nodes: int | None
 
 
 def shard_check(
     ctx: typer.Context,
-    specs: Optional[list[str]] = typer.Argument(None, metavar="SPEC",
-                                                help="Model specs (YAML) whose keys and draws are re-derived on the "
-                                                "devices and compared with the host derivation."),
-    fn: Optional[list[str]] = typer.Option(None, "--fn", metavar="FILE.py:FUNC",
-                                           help="A function (key, x) -> y (FILE.py:NAME or package.module:NAME) "
-                                           "run eagerly, under jax.jit and under shard_map; repeatable."),
-    devices: Optional[int] = typer.Option(None, "--devices", metavar="N",
-                                          help="Force N CPU devices (in a fresh process). Default: the real "
-                                          "devices of --platform."),
-    platform: Optional[str] = typer.Option(None, "--platform", metavar="cpu|gpu|tpu",
-                                           help="Use this platform's devices (default: JAX's default backend)."),
-    mesh: Optional[str] = typer.Option(None, "--mesh", metavar="AXIS=N,...",
-                                       help="Mesh shape, e.g. data=4,model=2 (default: data=<device count>)."),
-    path: Optional[list[str]] = typer.Option(None, "--path", metavar="GLOB",
-                                             help="Check only keys whose module path matches (e.g. 'Dense_*'); "
-                                             "repeatable."),
-    stream: Optional[list[str]] = typer.Option(None, "--stream", metavar="S",
-                                               help="Check only keys of this stream; repeatable."),
-    phase: Optional[Phase] = typer.Option(None, "--phase", help="Override the specs' phase."),
-    draw: Optional[str] = typer.Option(None, "--draw", metavar="KIND:SHAPE",
-                                       help="Draw values from every key without a `draw:`, e.g. normal:8,1."),
-    shape: Optional[str] = typer.Option(None, "--shape", metavar="N,...",
-                                        help="Shape of x for --fn; the first axis is the batch (default: "
-                                        "<device count>,1)."),
-    input_kind: Optional[str] = typer.Option(None, "--input", metavar="ones|normal",
-                                             help="x for --fn: ones (default) or a normal sample seeded by --seed."),
-    seed: Optional[int] = typer.Option(None, "--seed",
-                                       help="Seed of the key for --fn, jax.random.key(SEED), and of x with --input "
-                                       "normal (default 0)."),
-    key: Optional[str] = typer.Option(None, "--key", metavar="EXPR",
-                                      help="The key for --fn as a key expression instead, e.g. 'split(key(0))[1]'."),
-    allow_replicated: bool = typer.Option(False, "--allow-replicated/--no-allow-replicated",
-                                          help="Identical randomness on every device from one key is intended: "
-                                          "report it, but do not exit 1."),
-    atol: Optional[float] = typer.Option(None, "--atol",
-                                         help="Accept jit/eager differences up to this (default 0: bit for bit)."),
-    timeout: Optional[float] = typer.Option(None, "--timeout", metavar="SECONDS",
-                                            help="Give up on the device process after this long (default 300)."),
+    specs: list[str] | None = typer.Argument(
+        None,
+        metavar="SPEC",
+        help="Model specs (YAML) whose keys and draws are re-derived on the "
+        "devices and compared with the host derivation.",
+    ),
+    fn: list[str] | None = typer.Option(
+        None,
+        "--fn",
+        metavar="FILE.py:FUNC",
+        help="A function (key, x) -> y (FILE.py:NAME or package.module:NAME) "
+        "run eagerly, under jax.jit and under shard_map; repeatable.",
+    ),
+    devices: int | None = typer.Option(
+        None,
+        "--devices",
+        metavar="N",
+        help="Force N CPU devices (in a fresh process). Default: the real devices of --platform.",
+    ),
+    platform: str | None = typer.Option(
+        None, "--platform", metavar="cpu|gpu|tpu", help="Use this platform's devices (default: JAX's default backend)."
+    ),
+    mesh: str | None = typer.Option(
+        None, "--mesh", metavar="AXIS=N,...", help="Mesh shape, e.g. data=4,model=2 (default: data=<device count>)."
+    ),
+    path: list[str] | None = typer.Option(
+        None, "--path", metavar="GLOB", help="Check only keys whose module path matches (e.g. 'Dense_*'); repeatable."
+    ),
+    stream: list[str] | None = typer.Option(
+        None, "--stream", metavar="S", help="Check only keys of this stream; repeatable."
+    ),
+    phase: Phase | None = typer.Option(None, "--phase", help="Override the specs' phase."),
+    draw: str | None = typer.Option(
+        None, "--draw", metavar="KIND:SHAPE", help="Draw values from every key without a `draw:`, e.g. normal:8,1."
+    ),
+    shape: str | None = typer.Option(
+        None,
+        "--shape",
+        metavar="N,...",
+        help="Shape of x for --fn; the first axis is the batch (default: <device count>,1).",
+    ),
+    input_kind: str | None = typer.Option(
+        None, "--input", metavar="ones|normal", help="x for --fn: ones (default) or a normal sample seeded by --seed."
+    ),
+    seed: int | None = typer.Option(
+        None, "--seed", help="Seed of the key for --fn, jax.random.key(SEED), and of x with --input normal (default 0)."
+    ),
+    key: str | None = typer.Option(
+        None, "--key", metavar="EXPR", help="The key for --fn as a key expression instead, e.g. 'split(key(0))[1]'."
+    ),
+    allow_replicated: bool = typer.Option(
+        False,
+        "--allow-replicated/--no-allow-replicated",
+        help="Identical randomness on every device from one key is intended: report it, but do not exit 1.",
+    ),
+    atol: float | None = typer.Option(
+        None, "--atol", help="Accept jit/eager differences up to this (default 0: bit for bit)."
+    ),
+    timeout: float | None = typer.Option(
+        None, "--timeout", metavar="SECONDS", help="Give up on the device process after this long (default 300)."
+    ),
     fmt: Format = typer.Option(Format.text, "--format", "-f", help="Output format."),
-    output: Optional[str] = typer.Option(None, "--output", "-o",
-                                         help="Write the report here (only if the run succeeds)."),
+    output: str | None = typer.Option(None, "--output", "-o", help="Write the report here (only if the run succeeds)."),
     exit_zero: bool = EXIT_ZERO,
-    max_spec_mib: Optional[int] = MAX_SPEC_MIB,
-    max_yaml_nodes: Optional[int] = MAX_YAML_NODES,
-    config: Optional[str] = CONFIG,
+    max_spec_mib: int | None = MAX_SPEC_MIB,
+    max_yaml_nodes: int | None = MAX_YAML_NODES,
+    config: str | None = CONFIG,
 ) -> None:
     """Check keys, draws and a (key, x) function on many devices: sharded runs must equal one-device runs."""
-    given = ShardCheckOptions(fn, devices, platform, mesh, path, stream, phase, draw, shape, input_kind, seed, key,
-                              allow_replicated, atol, timeout, fmt, exit_zero, max_spec_mib, max_yaml_nodes)
+    given = ShardCheckOptions(
+        fn,
+        devices,
+        platform,
+        mesh,
+        path,
+        stream,
+        phase,
+        draw,
+        shape,
+        input_kind,
+        seed,
+        key,
+        allow_replicated,
+        atol,
+        timeout,
+        fmt,
+        exit_zero,
+        max_spec_mib,
+        max_yaml_nodes,
+    )
 
     def go() -> None:
         from .. import api
@@ -99,18 +140,34 @@ def shard_check(
         o = configured(ctx, "shard-check", config, given)
         with spec_limits(o.max_spec_mib, o.max_yaml_nodes), progress(None, "shard-check: running on the devices"):
             report = api.shard_check(
-                specs or (), fns=o.fn or (), devices=o.devices, platform=o.platform, mesh=o.mesh, paths=o.path or (),
-                streams=o.stream or (), phase=o.phase.value if o.phase else None, draw=o.draw, shape=o.shape,
-                input=o.input_kind, seed=o.seed, key=o.key, allow_replicated=o.allow_replicated, atol=o.atol,
-                timeout=o.timeout)
+                specs or (),
+                fns=o.fn or (),
+                devices=o.devices,
+                platform=o.platform,
+                mesh=o.mesh,
+                paths=o.path or (),
+                streams=o.stream or (),
+                phase=o.phase.value if o.phase else None,
+                draw=o.draw,
+                shape=o.shape,
+                input=o.input_kind,
+                seed=o.seed,
+                key=o.key,
+                allow_replicated=o.allow_replicated,
+                atol=o.atol,
+                timeout=o.timeout,
+            )
 
         def render(console) -> None:
             from ..output.text_shard import render_shard
 
             render_shard(report, console)
 
-        emit(o.fmt, output, Report("shard-check", lambda: to_json(report), render, lambda: shard_findings(report),
-                                   SHARD_CHECK_RULES))
+        emit(
+            o.fmt,
+            output,
+            Report("shard-check", lambda: to_json(report), render, lambda: shard_findings(report), SHARD_CHECK_RULES),
+        )
         finish(report.failing, o.exit_zero)
 
     run(go)

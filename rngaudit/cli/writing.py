@@ -1,5 +1,6 @@
 """Writing a command's report: to stdout, or atomically to --output only once the run has succeeded (no empty
 or partial file, ever), in the format asked for."""
+
 from __future__ import annotations
 
 import os

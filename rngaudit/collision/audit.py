@@ -1,6 +1,7 @@
 """The audit of one input's call sites: group them by key, classify each group (collision classes 1-4), check
 whether fix_rng_separator removes it, and build the report (the latent search and the rename search are
 rngaudit.collision.latent and rngaudit.collision.renames)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,13 +39,16 @@ def audit(sites: Sites, latent_max_count: int = DEFAULT_LATENT_MAX_COUNT) -> Aud
     latent = ctx.latent.find() if latent_max_count > 0 else []
     ctx.describe(pending + latent)
     return Audit(
-        source=sites.source, input_kind=sites.input_kind, call_sites=sites.n,
-        fix_rng_separator=sites.separator, prng_impl=sites.prng_impl,
-        keys_checked=sites.keys_checked, latent_max_count=latent_max_count,
+        source=sites.source,
+        input_kind=sites.input_kind,
+        call_sites=sites.n,
+        fix_rng_separator=sites.separator,
+        prng_impl=sites.prng_impl,
+        keys_checked=sites.keys_checked,
+        latent_max_count=latent_max_count,
         collisions=tuple(f.build(ctx) for f in pending),
         latent=tuple(f.build(ctx) for f in latent),
     )
-
 
 
 class Grouping:
@@ -89,8 +93,9 @@ class Grouping:
         sites, where = self.s.describe(sorted(self._wanted), unplaced)
         self._sites = sites
         for f in pending:
-            f.renames = [dataclasses.replace(r, location=where.get(r.path)) if r.location is None else r
-                         for r in f.renames]
+            f.renames = [
+                dataclasses.replace(r, location=where.get(r.path)) if r.location is None else r for r in f.renames
+            ]
 
     def site(self, i: int) -> CallSite:
         return self._sites[i]
@@ -119,7 +124,7 @@ class Grouping:
                 return np.split(at, cuts) if len(at) else []
             edges = np.diff(np.concatenate(([0], same.astype(np.int8), [0])))
             starts, stops = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
-            return [self.order[a:b + 1] for a, b in zip(starts, stops)]
+            return [self.order[a : b + 1] for a, b in zip(starts, stops)]
         runs = []
         start = 0
         for b in range(1, len(si) + 1):
@@ -164,28 +169,45 @@ class Grouping:
             counts = {count_bytes(self.items(i)[-1], self.sep) for i in members}
             klass = COUNT_MEETS_NAME if len(counts) > 1 else CONCATENATION
         renames, note = self.renames.for_collision(members)
-        return Pending(members, inputs, klass, CATEGORIES[klass], True, self._separator(members),
-                        renames, note, self.want(members))
+        return Pending(
+            members, inputs, klass, CATEGORIES[klass], True, self._separator(members), renames, note, self.want(members)
+        )
 
     def _lanes_only(self, group: list[int], by_unit: dict[int, list[int]]) -> bool:
         # The lanes of one call (one base key, one stream, the same path and count) sharing a key is what
         # split_rngs=False asks for; keys shared across base keys or streams are a shared seed.
         calls = {frozenset((int(self.s.path_id[i]), int(self.s.count[i])) for i in m) for m in by_unit.values()}
-        return (len({self.s.base_of(i) for i in group}) == 1 and len({self.s.stream(i) for i in group}) == 1
-                and len(calls) == 1)
+        return (
+            len({self.s.base_of(i) for i in group}) == 1
+            and len({self.s.stream(i) for i in group}) == 1
+            and len(calls) == 1
+        )
 
     def _shared_key(self, groups: list[tuple[list[int], dict]]) -> Pending:
         lanes_only = all(self._lanes_only(g, by_unit) for g, by_unit in groups)
         members = sorted(i for g, _ in groups for i in g)
         inputs = [part for g, _ in groups for part in self._by_bytes(g)]
         if lanes_only:
-            note = ("every lane of a transform gets the same key for this stream (split_rngs is false for it); "
-                    "split the stream if the lanes should differ")
+            note = (
+                "every lane of a transform gets the same key for this stream (split_rngs is false for it); "
+                "split the stream if the lanes should differ"
+            )
         else:
-            note = ("no rename helps: the stream name is not hashed, so streams (or bases) seeded with the same "
-                    "key hand out the same keys; pass each stream its own key, e.g. split(key(0), 2)[0] and [1]")
-        return Pending(members, inputs, SHARED_KEY, UNSPLIT_LANES if lanes_only else SHARED_SEED,
-                        not lanes_only, self._separator(members), [], note, self.want(members))
+            note = (
+                "no rename helps: the stream name is not hashed, so streams (or bases) seeded with the same "
+                "key hand out the same keys; pass each stream its own key, e.g. split(key(0), 2)[0] and [1]"
+            )
+        return Pending(
+            members,
+            inputs,
+            SHARED_KEY,
+            UNSPLIT_LANES if lanes_only else SHARED_SEED,
+            not lanes_only,
+            self._separator(members),
+            [],
+            note,
+            self.want(members),
+        )
 
     def idents_for(self, indices: list[int], items: list[tuple], separator: bool):
         idents = self.s.idents_for(indices, items, separator)
@@ -204,8 +226,12 @@ class Grouping:
         shared = sum(1 for c in Counter(self.hashable(idents)).values() if c > 1)
         if shared == 0:
             return SeparatorCheck(False, True, "with it every call site of this finding gets its own key", n)
-        return SeparatorCheck(False, False, f"with it {shared} key{'s are' if shared > 1 else ' is'} still shared "
-                              "by call sites of this finding", n)
+        return SeparatorCheck(
+            False,
+            False,
+            f"with it {shared} key{'s are' if shared > 1 else ' is'} still shared by call sites of this finding",
+            n,
+        )
 
     def colliding(self, members: list[int]) -> list[int]:
         """The members that share their key with another member."""
@@ -237,8 +263,15 @@ class Pending:
         for group in sorted(self.inputs, key=min):
             sites = tuple(ctx.site(i) for i in sorted(group))
             inputs.append(HashInput(sites[0].hash_input, sites[0].hash_word, sites[0].key, sites))
-        return Collision(self.collision_class, self.category, self.failing, tuple(inputs), self.separator,
-                         tuple(self.renames), self.rename_note)
+        return Collision(
+            self.collision_class,
+            self.category,
+            self.failing,
+            tuple(inputs),
+            self.separator,
+            tuple(self.renames),
+            self.rename_note,
+        )
 
 
 def audit_spec(spec: Spec, keys: bool = True, latent_max_count: int = DEFAULT_LATENT_MAX_COUNT) -> Audit:

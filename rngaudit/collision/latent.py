@@ -1,5 +1,6 @@
 """Latent collisions: paths of one base key whose hashed bytes differ by a tail that a count can spell, so
 that the shorter path's keys would meet the longer one's if it drew more keys."""
+
 from __future__ import annotations
 
 import bisect
@@ -74,8 +75,7 @@ class Entries:
             for i, (u, p, c) in enumerate(zip(sites.unit, sites.path_id, sites.count)):
                 k = (u << 32) | p
                 if k in firsts:
-                    if c > tops[k]:
-                        tops[k] = c
+                    tops[k] = max(tops[k], c)
                 else:
                     firsts[k] = i
                     tops[k] = c
@@ -128,7 +128,6 @@ class Entries:
         if unit not in self._sorted:
             self._sorted[unit] = sorted(self.by_data.get(unit, {}))
         return self._sorted[unit]
-
 
 
 class LatentSearch:
@@ -185,7 +184,9 @@ class LatentSearch:
         groups: dict[tuple, dict] = {}
         for short, longs in self.latent_pairs().items():
             e = es.entry(short)
-            g = groups.setdefault((self.ctx.s.stream(e.first), self.ctx.s.paths[e.path_id]), {"entry": e, "partners": {}})
+            g = groups.setdefault(
+                (self.ctx.s.stream(e.first), self.ctx.s.paths[e.path_id]), {"entry": e, "partners": {}}
+            )
             for k, pair in longs.items():
                 long = es.entry(k)
                 g["partners"].setdefault(self.ctx.s.paths[long.path_id], (long, pair))
@@ -206,9 +207,9 @@ class LatentSearch:
             if a == b:
                 sep_pair = (1, 1)
             elif b.startswith(a):
-                sep_pair = smallest_counts(b[len(a):], flipped)
+                sep_pair = smallest_counts(b[len(a) :], flipped)
             elif a.startswith(b):  # with the flag flipped the other path may be the short one
-                back = smallest_counts(a[len(b):], flipped)
+                back = smallest_counts(a[len(b) :], flipped)
                 sep_pair = back[::-1] if back else None
             else:
                 sep_pair = None
@@ -218,11 +219,11 @@ class LatentSearch:
         if self.ctx.sep:
             check = SeparatorCheck(True, None, "fix_rng_separator is on already", n)
         elif removes:
-            check = SeparatorCheck(False, True, "with it these paths never hash the same bytes, whatever the counts",
-                                   n)
+            check = SeparatorCheck(False, True, "with it these paths never hash the same bytes, whatever the counts", n)
         else:
-            check = SeparatorCheck(False, False, "with it some of these paths still hash the same bytes for some "
-                                   "counts", n)
+            check = SeparatorCheck(
+                False, False, "with it some of these paths still hash the same bytes for some counts", n
+            )
         renames, note = self.ctx.renames.for_latent(e, [o for o, _ in partners])
         self.ctx.want([e.first] + [o.first for o, _ in partners])
         return PendingLatent(e, rows, check, renames, note)
@@ -257,7 +258,7 @@ class LatentSearch:
                     longer.add(ordered[j])
                 j += 1
         for b in longer:
-            pair = self.pair(b[len(data):])
+            pair = self.pair(b[len(data) :])
             if pair is not None and max_count < pair[0]:
                 out.update((pid, True) for pid, _ in others(b))
         return out
@@ -278,7 +279,15 @@ class PendingLatent:
         return self.entry.first
 
     def build(self, ctx: Grouping) -> LatentCollision:
-        partners = tuple(frozen_record(LatentPartner, ctx.site(o.first), o.max_count, pair, data, sep_pair)
-                         for o, pair, data, sep_pair in self.rows)
-        return LatentCollision(ctx.site(self.entry.first), self.entry.max_count, partners, self.separator,
-                               tuple(self.renames), self.rename_note)
+        partners = tuple(
+            frozen_record(LatentPartner, ctx.site(o.first), o.max_count, pair, data, sep_pair)
+            for o, pair, data, sep_pair in self.rows
+        )
+        return LatentCollision(
+            ctx.site(self.entry.first),
+            self.entry.max_count,
+            partners,
+            self.separator,
+            tuple(self.renames),
+            self.rename_note,
+        )

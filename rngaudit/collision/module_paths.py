@@ -1,4 +1,5 @@
 """JSON module paths or a params tree -> call sites: each module's params take its `params` counts 1, 2, ..."""
+
 from __future__ import annotations
 
 import hashlib
@@ -17,16 +18,16 @@ MAX_SITES = 50_000_000
 
 
 def parse_path(text: str) -> tuple[str, ...]:
-    """"a/b/c" (or "/a/b/c", as Flax prints scope paths) -> ('a', 'b', 'c'); "" or "/" is the root.
+    """ "a/b/c" (or "/a/b/c", as Flax prints scope paths) -> ('a', 'b', 'c'); "" or "/" is the root.
     The names are interned: a million paths of a few modules each share their names' strings."""
-    if text.startswith("/"):
-        text = text[1:]
+    text = text.removeprefix("/")
     return tuple(map(sys.intern, text.split("/"))) if text else ()
 
 
 def _type(v) -> str:
-    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
-            type(None): "null"}.get(type(v), "a number")
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(v), "a number"
+    )
 
 
 def _path_bytes(path: tuple[str, ...], separator: bool) -> bytes:
@@ -64,8 +65,10 @@ class ModuleSites(Sites):
             self.input_kind = "params_tree"
             self._from_tree(value)
         else:
-            raise InputError(f"expected a list of module paths or a params tree (an object), not {_type(value)}",
-                            Location(doc.file, 1, 1))
+            raise InputError(
+                f"expected a list of module paths or a params tree (an object), not {_type(value)}",
+                Location(doc.file, 1, 1),
+            )
         self.doc = JsonDoc(doc.file, doc.text, None)  # locations come from the text; drop the parsed value
 
     def _columns(self, pids: list[int], counts: list[int]) -> None:
@@ -103,8 +106,11 @@ class ModuleSites(Sites):
                 path = tuple(entry)
             else:
                 where = self.doc.locate([(k,)]).get((k,), Location(self.doc.file, 1, 1))
-                raise InputError(f"entry {k}: a module path is a string \"a/b/c\" or a list of names "
-                                f"[\"a\", \"b\", \"c\"], not {_type(entry)}", where)
+                raise InputError(
+                    f'entry {k}: a module path is a string "a/b/c" or a list of names '
+                    f'["a", "b", "c"], not {_type(entry)}',
+                    where,
+                )
             pid = path_ids.get(path)
             if pid is None:
                 pid = path_ids[path] = len(paths)
@@ -188,8 +194,22 @@ class ModuleSites(Sites):
         for i, ptr in site_ptrs.items():
             items = self.items(i)
             label = self._leaves[int(self.path_id[i])][items[-1] - 1] if self._leaves is not None else None
-            sites[i] = CallSite(i, items[:-1], STREAM, STREAM, items[-1], (), BASE, "param", label, items,
-                                hash_input(items, self.separator), int(self.word[i]), None, where.get(ptr, top))
+            sites[i] = CallSite(
+                i,
+                items[:-1],
+                STREAM,
+                STREAM,
+                items[-1],
+                (),
+                BASE,
+                "param",
+                label,
+                items,
+                hash_input(items, self.separator),
+                int(self.word[i]),
+                None,
+                where.get(ptr, top),
+            )
         return sites, {p: where[ptr] for p, ptr in module_ptrs.items() if ptr in where}
 
     def rename_target(self, i: int) -> RenameTarget | None:

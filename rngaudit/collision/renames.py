@@ -1,5 +1,6 @@
 """The rename search: explicit `name:`s for modules that end a finding, each verified to create no new
 collision or latent pair (by recomputing the renamed keys, or for small specs by replaying the renamed model)."""
+
 from __future__ import annotations
 
 import bisect
@@ -62,7 +63,7 @@ class RenameSearch:
     def _name_taken(self, path: tuple[str, ...]) -> bool:
         ps, paths = self._sorted_paths(), self.ctx.s.paths
         j = bisect.bisect_left(ps, path, key=paths.__getitem__)
-        return j < len(ps) and paths[ps[j]][:len(path)] == path
+        return j < len(ps) and paths[ps[j]][: len(path)] == path
 
     def sites_of_paths(self, pids: list[int]):
         """The call sites of the paths `pids`, in order."""
@@ -80,10 +81,10 @@ class RenameSearch:
             np.cumsum(np.bincount(self.ctx.s.path_id, minlength=len(self.ctx.s.paths)), out=starts[1:])
             self._by_path = (order, starts)
         order, starts = self._by_path
-        parts = [order[starts[p]:starts[p + 1]] for p in pids]
+        parts = [order[starts[p] : starts[p + 1]] for p in pids]
         return np.sort(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
 
-    def _try(self, target: RenameTarget, new_name: str, state: "_Overlay"):
+    def _try(self, target: RenameTarget, new_name: str, state: _Overlay):
         """What renaming the module at target.path to `new_name` changes, if that creates no collision
         and no latent pair (and ends the relations `state.forbid` names); else None."""
         m = target.path
@@ -101,7 +102,7 @@ class RenameSearch:
             if j < 0:
                 continue  # the renamed module is above this site's base: that base key changes
             change_idx.append(i)
-            change_items.append(items[:j] + (new_name,) + items[j + 1:])
+            change_items.append(items[:j] + (new_name,) + items[j + 1 :])
         try:
             idents = self.ctx.idents_for(change_idx, change_items, self.ctx.sep) if change_idx else None
         except Unknown:
@@ -155,7 +156,7 @@ class RenameSearch:
             return list(zip(np.searchsorted(si, idents, "left"), np.searchsorted(si, idents, "right")))
         return [(bisect.bisect_left(si, x), bisect.bisect_right(si, x)) for x in idents]
 
-    def _rename(self, i: int, state: "_Overlay") -> Rename | None:
+    def _rename(self, i: int, state: _Overlay) -> Rename | None:
         target = self.ctx.target(i)
         if target is None or not target.path:
             return None
@@ -175,11 +176,10 @@ class RenameSearch:
             state.current.update(idents)
             state.entries.update(new_entries)
             state.moved_pids.update(pid for _, pid in new_entries)
-            return Rename(target.path, name, target.module_class, target.explicit, target.location,
-                          keys_changed)
+            return Rename(target.path, name, target.module_class, target.explicit, target.location, keys_changed)
         return None
 
-    def _still_colliding(self, members: list[int], state: "_Overlay") -> list[int]:
+    def _still_colliding(self, members: list[int], state: _Overlay) -> list[int]:
         now = {}
         for i in members:
             if i in state.moved:
@@ -216,26 +216,30 @@ class RenameSearch:
             else:
                 return self._no_rename(renames)
             colliding = self._still_colliding(members, state)
-        return renames, ("verified: afterwards no two of these call sites share a key, and no new collision "
-                         "or latent pair appears")
+        return renames, (
+            "verified: afterwards no two of these call sites share a key, and no new collision or latent pair appears"
+        )
 
     @staticmethod
     def _no_rename(renames: list[Rename]) -> tuple[list[Rename], str]:
         if renames:
-            return renames, ("these renames are verified, but no verified rename was found for the call sites "
-                             "that still share a key")
-        return [], ("no verified rename was found: the modules are the root, repeated or named by a layer, or "
-                    "every rename tried keeps this finding or makes another (a module with so many keys that "
-                    "its renamed keys would meet others by chance, keys x call sites / 2**32 > 3, is not tried)")
+            return renames, (
+                "these renames are verified, but no verified rename was found for the call sites that still share a key"
+            )
+        return [], (
+            "no verified rename was found: the modules are the root, repeated or named by a layer, or "
+            "every rename tried keeps this finding or makes another (a module with so many keys that "
+            "its renamed keys would meet others by chance, keys x call sites / 2**32 > 3, is not tried)"
+        )
 
     def for_latent(self, e: Entry, partners: list[Entry]) -> tuple[list[Rename], str]:
-        ok = ("afterwards these paths pair with no other path for counts up to the bound, and no collision "
-              "appears")
+        ok = "afterwards these paths pair with no other path for counts up to the bound, and no collision appears"
         if self.ctx.s.replayable:
             pairs = {(e.first, p.first) for p in partners}
             # renaming the short path ends all its pairs; renaming a long one ends one pair
-            renames, note = self._replayed_renames([e.first] + ([partners[0].first] if len(partners) == 1 else []),
-                                                   pairs)
+            renames, note = self._replayed_renames(
+                [e.first] + ([partners[0].first] if len(partners) == 1 else []), pairs
+            )
             return (renames, "verified by running the renamed model again: " + ok) if renames else (renames, note)
         ok = "verified: " + ok
         pids = {p.path_id for p in partners} | {e.path_id}
@@ -263,7 +267,7 @@ class RenameSearch:
             self._base = (groups, self.ctx.latent.first_pairs() if self.ctx.bound > 0 else set())
         return self._base
 
-    def _check_replayed(self, changes, ending: set) -> "Grouping | None":
+    def _check_replayed(self, changes, ending: set) -> Grouping | None:
         """The audit of the renamed model, if it shares no key and has no latent pair that the original
         does not (and none of `ending`)."""
         sites = self.ctx.s.renamed(changes)
@@ -316,8 +320,10 @@ class RenameSearch:
             now = new
             if ending:
                 break
-        return renames, ("verified by running the renamed model again: afterwards no two of these call sites "
-                         "share a key, and no new collision or latent pair appears")
+        return renames, (
+            "verified by running the renamed model again: afterwards no two of these call sites "
+            "share a key, and no new collision or latent pair appears"
+        )
 
     def _describe_rename(self, target: RenameTarget, name: str, before: Grouping, after: Grouping) -> Rename:
         if self.ctx.vec:
@@ -329,13 +335,15 @@ class RenameSearch:
         for i in range(before.s.n):
             old = before.s.paths[before.s.path_id[i]]
             new = after.s.paths[after.s.path_id[i]]
-            if old != new and old[:len(m)] != m:
+            if old != new and old[: len(m)] != m:
                 d = next(d for d in range(min(len(old), len(new))) if old[d] != new[d])
-                shifted.setdefault("/".join(old[:d + 1]), "/".join(new[:d + 1]))
+                shifted.setdefault("/".join(old[: d + 1]), "/".join(new[: d + 1]))
         note = ""
         if shifted:
             shown = ", ".join(f"{a} -> {b}" for a, b in sorted(shifted.items())[:3])
             more = f" and {len(shifted) - 3} more" if len(shifted) > 3 else ""
-            note = (f"Flax's auto-naming then also renames {len(shifted)} later module"
-                    f"{'s' if len(shifted) != 1 else ''}: {shown}{more}")
+            note = (
+                f"Flax's auto-naming then also renames {len(shifted)} later module"
+                f"{'s' if len(shifted) != 1 else ''}: {shown}{more}"
+            )
         return Rename(target.path, name, target.module_class, target.explicit, target.location, changed, note)

@@ -1,4 +1,5 @@
 """The results of `collisions`: the call sites that share a key, why, and the fixes checked, per input."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -191,4 +192,5 @@ class CollisionsReport:
     def failing(self) -> bool:
         """Whether a finding of a category in `fail_on` was found (the command then exits 1)."""
         return any(c.category in self.fail_on for a in self.audits for c in a.collisions) or (
-            "latent" in self.fail_on and any(a.latent for a in self.audits))
+            "latent" in self.fail_on and any(a.latent for a in self.audits)
+        )

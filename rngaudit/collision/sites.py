@@ -1,5 +1,6 @@
 """One input's call sites as the audit reads them (the `Sites` interface: columns of units, paths, counts
 and hash words, and per-site questions), and the idents that group sites by key."""
+
 from __future__ import annotations
 
 import sys
@@ -24,8 +25,6 @@ _BYTEORDER = sys.byteorder
 def vectorised(n: int) -> bool:
     """Whether an input of n call sites keeps its columns in NumPy arrays."""
     return n >= SMALL_SITES
-
-
 
 
 @dataclass(frozen=True)
@@ -81,16 +80,16 @@ class Sites:
         """The (hashable) base key reference site i folds into."""
         raise NotImplementedError
 
-    def describe(self, indices: Sequence[int], module_paths: Sequence[tuple[str, ...]]
-                 ) -> tuple[dict[int, CallSite], dict[tuple[str, ...], Location]]:
+    def describe(
+        self, indices: Sequence[int], module_paths: Sequence[tuple[str, ...]]
+    ) -> tuple[dict[int, CallSite], dict[tuple[str, ...], Location]]:
         """CallSites for `indices`, and where the modules at `module_paths` are written."""
         raise NotImplementedError
 
     def rename_target(self, i: int) -> RenameTarget | None:
         raise NotImplementedError
 
-    def keys_for(self, indices: Sequence[int], items: Sequence[tuple], separator: bool
-                 ) -> np.ndarray | list | None:
+    def keys_for(self, indices: Sequence[int], items: Sequence[tuple], separator: bool) -> np.ndarray | list | None:
         """Key data sites `indices` would get if they hashed `items` with `separator` (in the form of
         `keys`); None if hash-only."""
         return None
@@ -118,17 +117,16 @@ class Sites:
     def entry_columns(self):
         """The distinct (unit, path) of the sites, for the latent audit: (sorted unit << 32 | path id,
         its first site, its highest count); None to have them found from the columns."""
-        return None
+        return
 
     @property
     def replayable(self) -> bool:
         """Whether renames are checked by running the renamed model again (exact, for small specs)."""
         return False
 
-    def renamed(self, changes: Sequence[tuple[RenameTarget, str]]) -> "Sites | None":
+    def renamed(self, changes: Sequence[tuple[RenameTarget, str]]) -> Sites | None:
         """The call sites of the input with these modules renamed; None when the renamed model fails."""
         return None
-
 
 
 def words_of(items: Sequence[tuple], separator: bool) -> list[int]:

@@ -1,5 +1,6 @@
 """A replayed spec as call sites: small specs on the plain replay (Python lists, keys on Python ints, no
 NumPy), large ones on derive's fast path (TableSites, columns from the key table); both give one report."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -112,13 +113,25 @@ class SpecSites(Sites):
         for i in indices:
             d = self.rows[i]
             key = tuple(int(w) for w in self.keys[i]) if self.keys is not None else None
-            out[i] = CallSite(d.index, d.path, d.stream_requested, d.stream, d.count, tuple(getattr(d, "lane", ())),
-                              str(d.base), d.kind, d.label, d.hash_items, d.hash_input, d.hash_word, key,
-                              d.location)
+            out[i] = CallSite(
+                d.index,
+                d.path,
+                d.stream_requested,
+                d.stream,
+                d.count,
+                tuple(getattr(d, "lane", ())),
+                str(d.base),
+                d.kind,
+                d.label,
+                d.hash_items,
+                d.hash_input,
+                d.hash_word,
+                key,
+                d.location,
+            )
         return out, {}  # every rename target of a spec carries its location
 
-    def keys_for(self, indices: Sequence[int], items: Sequence[tuple], separator: bool
-                 ) -> np.ndarray | list | None:
+    def keys_for(self, indices: Sequence[int], items: Sequence[tuple], separator: bool) -> np.ndarray | list | None:
         if self.keys is None:
             return None
         rows = [self.rows[i] for i in indices]
@@ -147,8 +160,9 @@ class SpecSites(Sites):
 
             spec = dataclasses.replace(self.spec, fix_rng_separator=not self.spec.fix_rng_separator)
             rows = replay(spec)
-            self._flipped_keys = (self._take(self._derive(spec, rows), self.keep) if len(rows) == len(self.all_rows)
-                                  else False)
+            self._flipped_keys = (
+                self._take(self._derive(spec, rows), self.keep) if len(rows) == len(self.all_rows) else False
+            )
         return None if self._flipped_keys is False else self._flipped_keys
 
     @property
@@ -165,7 +179,7 @@ class SpecSites(Sites):
         except RngauditError:
             return None  # e.g. Flax's NameInUseError, or a `call:` of the old name
 
-    def _sites_of(self, spec: Spec) -> "SpecSites":
+    def _sites_of(self, spec: Spec) -> SpecSites:
         """Call sites of a variant of this spec (a rename), on this input's path."""
         from ..engine.replay import replay
 
@@ -204,16 +218,22 @@ class SpecSites(Sites):
                     elif isinstance(item, Child):
                         # `name:` on a repeated statement names every instance alike; a layer names its children
                         c = item.module
-                        stack.append((c, c.setup + c.body, item.repeat == 1 and m.layer is None,
-                                      single and item.repeat == 1, c.loc))
+                        stack.append(
+                            (
+                                c,
+                                c.setup + c.body,
+                                item.repeat == 1 and m.layer is None,
+                                single and item.repeat == 1,
+                                c.loc,
+                            )
+                        )
                     elif isinstance(item, Transform):
                         # a transformed module is named on the transform statement
                         c = item.target
                         stack.append((c, c.setup + c.body, item.repeat == 1, single and item.repeat == 1, item.loc))
                     elif isinstance(item, Define):
                         c = item.module
-                        stack.append((c, c.setup + c.body, m.layer is None, single,
-                                      item.loc if c.lifts else c.loc))
+                        stack.append((c, c.setup + c.body, m.layer is None, single, item.loc if c.lifts else c.loc))
                     elif isinstance(item, Sequential):
                         # built in setup, its layers are named layers_0, layers_1, ... by Flax
                         stack.extend((c, c.setup + c.body, not item.in_setup, single, c.loc) for c in item.layers)
@@ -225,8 +245,6 @@ class SpecSites(Sites):
                         stack.append((m, item.cond_items + item.body_items, renamable, single, where))
             self._modules = index
         return self._modules
-
-
 
 
 class _Rows(Sequence):
@@ -290,6 +308,7 @@ class TableSites(SpecSites):
 
             def pick(col):
                 return col
+
         self.keep = keep
         self.all_rows = _Rows(t, None)
         self.rows = _Rows(t, keep)
@@ -468,20 +487,50 @@ class TableSites(SpecSites):
         bases: dict = {}
         out = {}
         head = b"\x00" if self.separator else b""  # (count_bytes, inline)
-        for i, j, b, c, base, w, key in zip(indices, rows.tolist(), t.block[rows].tolist(), t.count[rows].tolist(),
-                                            t.base[rows].tolist(), t.word[rows].tolist(), keys):
+        for i, j, b, c, base, w, key in zip(
+            indices,
+            rows.tolist(),
+            t.block[rows].tolist(),
+            t.count[rows].tolist(),
+            t.base[rows].tolist(),
+            t.word[rows].tolist(),
+            keys,
+        ):
             const = per_template.get(b)
             if const is None:
                 tpl = t.templates[b]
-                const = per_template[b] = (tpl.path, tpl.stream_requested, tpl.stream, tpl.kind, tpl.label,
-                                           tpl.suffix, self._prefix(b, self.separator), tpl.location,
-                                           bool(tpl.axes))
+                const = per_template[b] = (
+                    tpl.path,
+                    tpl.stream_requested,
+                    tpl.stream,
+                    tpl.kind,
+                    tpl.label,
+                    tpl.suffix,
+                    self._prefix(b, self.separator),
+                    tpl.location,
+                    bool(tpl.axes),
+                )
             path, req, used, kind, label, suffix, pre, loc, lanes = const
             text = bases.get(base)
             if text is None:
                 text = bases[base] = str(t.bases[base])
-            out[i] = frozen_record(CallSite, j, path, req, used, c, t.lane_of(j) if lanes else (), text, kind, label,
-                             suffix + (c,), pre + head + c.to_bytes((c.bit_length() + 7) // 8, "big"), w, key, loc)
+            out[i] = frozen_record(
+                CallSite,
+                j,
+                path,
+                req,
+                used,
+                c,
+                t.lane_of(j) if lanes else (),
+                text,
+                kind,
+                label,
+                suffix + (c,),
+                pre + head + c.to_bytes((c.bit_length() + 7) // 8, "big"),
+                w,
+                key,
+                loc,
+            )
         return out, {}
 
     def rename_target(self, i: int) -> RenameTarget | None:
@@ -505,7 +554,7 @@ class TableSites(SpecSites):
             return super().keys_for(indices, items, separator)
         return self.table.keys_with_words(self._engine, dict(zip(rows, words_of(items, separator))))
 
-    def _sites_of(self, spec: Spec) -> "TableSites":
+    def _sites_of(self, spec: Spec) -> TableSites:
         return TableSites(spec, keys=self._checked, registry=self._registry)
 
 
@@ -519,6 +568,8 @@ def spec_sites(spec: Spec, keys: bool = True) -> SpecSites:
     if vectorised(blocks.rows):
         return TableSites(spec, keys, blocks)
     return SpecSites(spec, keys)
+
+
 def _without_fork(ref) -> bool:
     """Whether a key reference derives from the root keys alone (no jit fork, which is a make_rng key)."""
     from ..engine.refs import ForkKey
@@ -534,6 +585,7 @@ def _without_fork(ref) -> bool:
 
 def _renamed_module(m: ModuleDef, names: dict[int, str]) -> ModuleDef:
     """`m` with the modules whose id is in `names` given those explicit names."""
+
     def items(xs: tuple) -> tuple:
         new = tuple(item(x) for x in xs)
         return xs if all(a is b for a, b in zip(new, xs)) else new

@@ -1,4 +1,5 @@
 """The `derive` stage: replay a spec, compute every key and the values drawn from them, as a DeriveReport."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -51,8 +52,7 @@ class ListCalls(Calls):
 class TableCalls(Calls):
     """The fast path's calls: a KeyedCall made when a row is read (1,000,000 rows stay columns)."""
 
-    def __init__(self, table: KeyTable, rows: np.ndarray, keys: np.ndarray, default_draw: Draw | None,
-                 values: dict):
+    def __init__(self, table: KeyTable, rows: np.ndarray, keys: np.ndarray, default_draw: Draw | None, values: dict):
         self.table = table
         self.rows = rows
         self.keys = keys
@@ -110,8 +110,15 @@ def _draw(spec: Spec, key: KeyData, draw: Draw) -> np.ndarray:
         raise SpecError(f"cannot draw {draw.describe()}: {e}", draw.loc) from None
 
 
-def derive(spec: Spec, values: bool = True, default_draw: Draw | None = None, engine: str = "fast",
-           streams: Sequence[str] = (), paths: Sequence[str] = (), limit: int | None = None) -> DeriveReport:
+def derive(
+    spec: Spec,
+    values: bool = True,
+    default_draw: Draw | None = None,
+    engine: str = "fast",
+    streams: Sequence[str] = (),
+    paths: Sequence[str] = (),
+    limit: int | None = None,
+) -> DeriveReport:
     """Replay the spec and compute every key (and the requested draws). `engine` "fast" (columns,
     vectorised keys) or "plain" (one Derivation per call, the reference). `streams`, `paths` (globs)
     and `limit` select call sites before any key is computed."""

@@ -1,5 +1,6 @@
 """The values a spec's `draw:` takes from a key: the jax.random or jax.nn.initializers call, written once,
 traceable under jax.jit (shard-check's devices) and run eagerly on one key's data (derive)."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -30,8 +31,9 @@ def draw(key, d: Draw):
     if kind == "truncated_normal":
         return jax.random.truncated_normal(key, p["lower"], p["upper"], shape, dtype)
     if kind == "variance_scaling":
-        return jax.nn.initializers.variance_scaling(p["scale"], p["mode"], p["distribution"], in_axis=p["in_axis"],
-                                                    out_axis=p["out_axis"])(key, shape, dtype)
+        return jax.nn.initializers.variance_scaling(
+            p["scale"], p["mode"], p["distribution"], in_axis=p["in_axis"], out_axis=p["out_axis"]
+        )(key, shape, dtype)
     return getattr(jax.nn.initializers, kind)(in_axis=p["in_axis"], out_axis=p["out_axis"])(key, shape, dtype)
 
 

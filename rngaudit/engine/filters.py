@@ -1,5 +1,6 @@
 """Flax's filters over streams and collections: which names a filter takes, and the sets of collections a
 lifted transform lets through (mirrors flax/core/scope.py group_collections and in_filter)."""
+
 from __future__ import annotations
 
 EVERY = "*every collection*"  # in Scope.frozen and Scope.carry: every collection at once

@@ -1,5 +1,6 @@
 """The hash words of a block replay's templates: SHA-1 once per distinct hash input, in one tight loop over
 prepared count encodings, the last templates hashed by a forked child process when a second core is free."""
+
 from __future__ import annotations
 
 import hashlib
@@ -22,8 +23,10 @@ def encodings(upto: int, sep: bool) -> list[bytes]:
     upto = min(upto, ENC_CACHE)
     if len(enc) <= upto:
         start = len(enc)
-        fresh = [c.to_bytes((c.bit_length() + 7) // 8, "big") for c in range(start, min(max(upto + 1, 2 * start),
-                                                                                          ENC_CACHE + 1))]
+        fresh = [
+            c.to_bytes((c.bit_length() + 7) // 8, "big")
+            for c in range(start, min(max(upto + 1, 2 * start), ENC_CACHE + 1))
+        ]
         enc.extend([b"\x00" + e for e in fresh] if sep else fresh)
     return enc
 
@@ -72,7 +75,7 @@ def hash_templates(templates, sep: bool, total: int) -> np.ndarray:
         # the digests so far -> their first 4 bytes, big-endian
         nonlocal done
         words = np.frombuffer(b"".join(digests), dtype=">u4").reshape(-1, 5)[:, 0]
-        out[done:done + len(words)] = words
+        out[done : done + len(words)] = words
         done += len(words)
         digests.clear()
 
@@ -104,7 +107,7 @@ class WordsChild:
         self.pid, self.r, self.n, self.make = pid, r, n, make
 
     @classmethod
-    def start(cls, make, n: int) -> "WordsChild | None":
+    def start(cls, make, n: int) -> WordsChild | None:
         """Fork a child that writes make() (n uint32 words); None if no child could be made."""
         import os
         import warnings
@@ -128,7 +131,7 @@ class WordsChild:
                 os.close(r)
                 data = memoryview(np.ascontiguousarray(make(), dtype=np.uint32).tobytes())
                 while data:
-                    data = data[os.write(w, data):]
+                    data = data[os.write(w, data) :]
                 code = 0
             finally:
                 os._exit(code)

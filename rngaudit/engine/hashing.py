@@ -1,4 +1,5 @@
 """Flax's byte encoding of a module path and call count, and the SHA-1 word folded into the key. Stdlib only."""
+
 from __future__ import annotations
 
 import hashlib

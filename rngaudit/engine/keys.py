@@ -4,6 +4,7 @@ of base-key references, exact on Python ints (one key), vectorised in NumPy (man
 
 NumPy and JAX are imported only by the functions that need them: a few keys of threefry2x32 or rbg start
 faster on Python ints than NumPy imports."""
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -82,8 +83,9 @@ class KeyEngine:
             return threefry.split_one(key, n, index, self.partitionable)
         if self.impl == "rbg":
             # mirrors jax/_src/random/rbg.py _rbg_split: threefry split of each half, rows concatenated
-            return (threefry.split_one(key[:2], n, index, self.partitionable)
-                    + threefry.split_one(key[2:], n, index, self.partitionable))
+            return threefry.split_one(key[:2], n, index, self.partitionable) + threefry.split_one(
+                key[2:], n, index, self.partitionable
+            )
         jax, jnp = _jax()
         with jax.threefry_partitionable(self.partitionable):
             k = jax.random.wrap_key_data(jnp.asarray(key, jnp.uint32), impl=self.impl)
@@ -107,7 +109,8 @@ class KeyEngine:
         # seeds a vmapped rng_bit_generator from keys[0] only, so a vmapped unsafe_rbg fold_in
         # (jax/_src/random/rbg.py _unsafe_rbg_fold_in) is not Flax's one-word-at-a-time fold_in.
         out = jax.jit(lambda ws: jax.lax.map(lambda w: jax.random.key_data(jax.random.fold_in(k, w)), ws))(
-            jnp.asarray(words))
+            jnp.asarray(words)
+        )
         return np.asarray(out, dtype=np.uint32).reshape(len(words), self.width)
 
     def fold_in_rows(self, keys: np.ndarray, words) -> np.ndarray:
@@ -118,8 +121,9 @@ class KeyEngine:
             return _threefry_fold_in_rows(keys, words)
         if self.impl == "rbg":
             # mirrors jax/_src/random/rbg.py _rbg_fold_in: threefry fold_in on each 2-word half
-            return np.concatenate([_threefry_fold_in_rows(keys[:, :2], words),
-                                   _threefry_fold_in_rows(keys[:, 2:], words)], axis=1)
+            return np.concatenate(
+                [_threefry_fold_in_rows(keys[:, :2], words), _threefry_fold_in_rows(keys[:, 2:], words)], axis=1
+            )
         out = np.zeros((len(words), self.width), dtype=np.uint32)
         if len(words):
             distinct, which = np.unique(keys, axis=0, return_inverse=True)
@@ -135,8 +139,13 @@ class KeyEngine:
         if self.impl == "threefry2x32":
             return _threefry_split_rows(key, n, self.partitionable)
         if self.impl == "rbg":
-            return np.concatenate([_threefry_split_rows(key[:2], n, self.partitionable),
-                                   _threefry_split_rows(key[2:], n, self.partitionable)], axis=1)
+            return np.concatenate(
+                [
+                    _threefry_split_rows(key[:2], n, self.partitionable),
+                    _threefry_split_rows(key[2:], n, self.partitionable),
+                ],
+                axis=1,
+            )
         return np.array([self.split(key, n, i) for i in range(n)], dtype=np.uint32).reshape(n, self.width)
 
 
@@ -155,8 +164,9 @@ class BaseKeys:
     key of call #i (a jit fork's key); with `split_rows`, a lane split computes all its rows at once in NumPy
     and keeps them (a vmap of a thousand lanes is one split, not a thousand)."""
 
-    def __init__(self, engine: KeyEngine, roots: dict[str, KeyData], fork: Callable[[int], KeyData],
-                 split_rows: bool = False):
+    def __init__(
+        self, engine: KeyEngine, roots: dict[str, KeyData], fork: Callable[[int], KeyData], split_rows: bool = False
+    ):
         self.engine = engine
         self.roots = roots
         self.fork = fork
@@ -282,8 +292,9 @@ def _threefry_split_rows(key: KeyData, n: int, partitionable: bool) -> np.ndarra
     if partitionable:
         # mirrors _threefry_split_foldlike: the counts are (hi, lo) of the row index
         i = np.arange(n, dtype=np.uint64)
-        y0, y1 = threefry.threefry2x32(key[0], key[1], (i >> np.uint64(32)).astype(np.uint32),
-                                       (i & np.uint64(0xFFFFFFFF)).astype(np.uint32))
+        y0, y1 = threefry.threefry2x32(
+            key[0], key[1], (i >> np.uint64(32)).astype(np.uint32), (i & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+        )
         return np.stack([y0, y1], axis=-1)
     # mirrors _threefry_split_original: threefry_2x32(key, iota(2n)).reshape(n, 2)
     y0, y1 = threefry.threefry2x32(key[0], key[1], np.arange(n, dtype=np.uint32), np.arange(n, 2 * n, dtype=np.uint32))

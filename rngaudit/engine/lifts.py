@@ -1,6 +1,7 @@
 """Flax's lifted-transform rules: the traces nn.vmap, nn.scan, nn.jit, nn.fold_rngs, nn.remat and
 nn.map_variables make of a module's method, and nn.cond, nn.switch and nn.while_loop inside one (which
 streams each trace sees, split or folded per lane, which collections, which keys Flax throws away)."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -72,8 +73,15 @@ def traces(r: Replayer, lift: Lift, inst: Instance, run: Run):
             # dropped and made again in trace 2.
             before = set(run.store)
             keep = True if bset is None else bset
-            yield scope.lifted(kind, rngs=rngs, cols=cols, discard=combine_discard(scope.discard, keep),
-                               context=scope.context + (SCAN_CHECK,), lanes=lanes, carry=carry)
+            yield scope.lifted(
+                kind,
+                rngs=rngs,
+                cols=cols,
+                discard=combine_discard(scope.discard, keep),
+                context=scope.context + (SCAN_CHECK,),
+                lanes=lanes,
+                carry=carry,
+            )
             raise_carry(run, axis)
             if bset is not None:
                 for key in set(run.store) - before:
@@ -101,28 +109,48 @@ def traces(r: Replayer, lift: Lift, inst: Instance, run: Run):
         # and the streams come in sorted order (the forks pass through JAX as a dict)
         forked = {}
         for s in list(scope.rngs):
-            t = r.make_rng(scope, s, f"{kind}_fork", f"fork of {s!r}", None, lift.loc, run,
-                               note=f"nn.{kind} forks every visible stream here on every call: this uses "
-                                    "up a count, and keys inside derive from this key")
+            t = r.make_rng(
+                scope,
+                s,
+                f"{kind}_fork",
+                f"fork of {s!r}",
+                None,
+                lift.loc,
+                run,
+                note=f"nn.{kind} forks every visible stream here on every call: this uses "
+                "up a count, and keys inside derive from this key",
+            )
             # (apply's pre-init run records no template: the fork's own reference carries the
             # lanes it depends on, for broadcast checks inside)
             forked[s] = (ForkOf(t) if isinstance(t, int) else t.ref if isinstance(t, Discovered) else None, ())
-        rngs = {s: forked[s] for s, _ in select(forked, ((lift.opt("rngs", True), None),),
-                                                 jax_pytree=True)}
+        rngs = {s: forked[s] for s, _ in select(forked, ((lift.opt("rngs", True), None),), jax_pytree=True)}
         where = "/".join(scope.path) or "(root)"
         if not inst.setup_done:
             # The first call runs the module's setup() outside the trace but inside fork_rngs,
             # which has replaced the scope's rngs with the forks (every stream, no suffix).
-            inst.scope = scope.lifted(rngs=forked, context=scope.context + (
-                f"setup() of a module under nn.{kind}: runs once, after the fork, and derives from it",))
+            inst.scope = scope.lifted(
+                rngs=forked,
+                context=scope.context
+                + (f"setup() of a module under nn.{kind}: runs once, after the fork, and derives from it",),
+            )
             r.setup(inst, run)
             inst.scope = scope
-        yield scope.lifted(kind, rngs=rngs, context=scope.context + (
-            f"inside nn.{kind} at {where}: derived from the fork key made there on this call, not from "
-            "rngs, so it differs from the un-transformed module's key",))
+        yield scope.lifted(
+            kind,
+            rngs=rngs,
+            context=scope.context
+            + (
+                (
+                    f"inside nn.{kind} at {where}: derived from the fork key made there on this call, not from "
+                    "rngs, so it differs from the un-transformed module's key"
+                ),
+            ),
+        )
     elif kind in ("remat", "map_variables"):
-        rngs = {s: scope.rngs[s] for s, _ in select(scope.rngs, ((lift.opt("rngs", True), None),),
-                                                       jax_pytree=kind == "remat")}
+        rngs = {
+            s: scope.rngs[s]
+            for s, _ in select(scope.rngs, ((lift.opt("rngs", True), None),), jax_pytree=kind == "remat")
+        }
         inner = scope.lifted(kind, rngs=rngs)
         if kind == "map_variables" and not (lift.opt("init") or lift.opt("mutable")):
             # mirrors flax/core/lift.py map_variables: mapped collections are read-only unless
@@ -144,8 +172,9 @@ def traces(r: Replayer, lift: Lift, inst: Instance, run: Run):
             # variables it made in the others (their initialisers did run) are made again, with
             # new counts, in the second run.
             before = set(run.store)
-            yield inner.lifted(discard=combine_discard(scope.discard, True),
-                               context=scope.context + (MAP_RUN1,), cols=cols)
+            yield inner.lifted(
+                discard=combine_discard(scope.discard, True), context=scope.context + (MAP_RUN1,), cols=cols
+            )
             if mapped is not None:
                 for key in set(run.store) - before:
                     if key[1] not in mapped:
@@ -181,9 +210,17 @@ def cond(r: Replayer, inst: Instance, item: Cond, cursor: dict, run: Run) -> Non
     made = None
     for k, branch in enumerate(item.branches):
         which = ("true", "false")[k] if item.kind == "cond" else str(k)
-        inner = scope.lifted(item.kind, rngs=rngs, context=scope.context + (
-            f"nn.{item.kind} branch {which}: every branch is traced, in order, so its counts are "
-            f"taken even when branch {which} does not run ({n} branches share counters)",))
+        inner = scope.lifted(
+            item.kind,
+            rngs=rngs,
+            context=scope.context
+            + (
+                (
+                    f"nn.{item.kind} branch {which}: every branch is traced, in order, so its counts are "
+                    f"taken even when branch {which} does not run ({n} branches share counters)"
+                ),
+            ),
+        )
         # every branch starts from the same variables (scope_fn(variable_groups, ...))
         run.store = dict(before)
         last = trace_branch(r, inst, inner, branch, cursor, run)
@@ -207,8 +244,10 @@ def while_loop(r: Replayer, inst: Instance, item: WhileLoop, cursor: dict, run: 
     scope = inst.scope
     selected = select(scope.rngs, item.split_rngs)
     last = cursor
-    for items, negate, size, what in ((item.cond_items, True, item.iterations + 1, "cond"),
-                                      (item.body_items, False, item.iterations, "body")):
+    for items, negate, size, what in (
+        (item.cond_items, True, item.iterations + 1, "cond"),
+        (item.body_items, False, item.iterations, "body"),
+    ):
         axis = r.new_axis(size)
         rngs = {}
         for s, split in sorted(selected):
@@ -216,8 +255,13 @@ def while_loop(r: Replayer, inst: Instance, item: WhileLoop, cursor: dict, run: 
             ref, suffix = scope.rngs[s]
             rngs[s] = (LaneFold(ref, axis, negate) if split else ref, suffix)
         # linen's nn.while_loop lifts every collection read-only (broadcast_variables=True)
-        inner = scope.lifted("while_loop", rngs=rngs, axes=scope.axes + (axis,), immutable=True,
-                             context=scope.context + (f"nn.while_loop {what}",))
+        inner = scope.lifted(
+            "while_loop",
+            rngs=rngs,
+            axes=scope.axes + (axis,),
+            immutable=True,
+            context=scope.context + (f"nn.while_loop {what}",),
+        )
         last = trace_branch(r, inst, inner, items, cursor, run)
     cursor.clear()
     cursor.update(last)

@@ -1,4 +1,5 @@
 """What the replay records: a Template per make_rng statement and place, expanded into a Derivation per key."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

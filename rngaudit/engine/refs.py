@@ -1,6 +1,7 @@
 """Key references: which key a make_rng folds its hash word into, as the replay records it (per lane, a
 template: a split or fold whose index is a lane axis still to be chosen) and as every reported Derivation
 carries it (concrete: equal references mean equal base keys)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,5 +1,6 @@
 """Replays Flax Linen's execution of a spec's model: the statement walk, naming and per-scope, per-stream
 counters, every make_rng recorded as a Template, expanded into a Derivation per key. No JAX."""
+
 from __future__ import annotations
 
 from itertools import product
@@ -151,8 +152,11 @@ class Replayer:
                     known = sorted(set(local) | set(inst.setup_children))
                     raise SpecError(
                         f"`call: {item.name}`: module {inst.cls} has no child {item.name!r} at this point"
-                        + (f"; children so far: {', '.join(known)}" if known else
-                           "; create it first (a module/layer statement or a setup attribute)"),
+                        + (
+                            f"; children so far: {', '.join(known)}"
+                            if known
+                            else "; create it first (a module/layer statement or a setup attribute)"
+                        ),
                         item.loc,
                     )
                 for _ in range(item.repeat):
@@ -198,9 +202,19 @@ class Replayer:
         for _ in range(item.repeat):
             self.make_rng(inst.scope, item.stream, item.kind, item.label, item.draw, item.loc, run)
 
-    def make_rng(self, scope: Scope, stream: str, kind: str, label: str | None, draw: Draw | None,
-                  loc: Location, run: Run, collection: str | None = None, note: str | None = None,
-                  n: int = 1) -> int | None:
+    def make_rng(
+        self,
+        scope: Scope,
+        stream: str,
+        kind: str,
+        label: str | None,
+        draw: Draw | None,
+        loc: Location,
+        run: Run,
+        collection: str | None = None,
+        note: str | None = None,
+        n: int = 1,
+    ) -> int | None:
         """Count `n` make_rng calls at `scope` (n > 1 only for a repeated statement: the calls are
         consecutive and alike but for their counts) and record their template; returns its number."""
         # mirrors flax/core/scope.py Scope.make_rng
@@ -212,20 +226,31 @@ class Replayer:
             if "params" in scope.rngs:
                 used = "params"
                 if stream in run.streams:
-                    notes = (f"stream {stream!r} is hidden here by a transform's rng filter (split_rngs "
-                             "keys or rngs=); Flax falls back to 'params' and advances the params counter",)
+                    notes = (
+                        (
+                            f"stream {stream!r} is hidden here by a transform's rng filter (split_rngs "
+                            "keys or rngs=); Flax falls back to 'params' and advances the params counter"
+                        ),
+                    )
                 else:
-                    notes = (f"stream {stream!r} was not passed to {run.phase}; Flax falls back to "
-                             "'params' and advances the params counter",)
+                    notes = (
+                        (
+                            f"stream {stream!r} was not passed to {run.phase}; Flax falls back to "
+                            "'params' and advances the params counter"
+                        ),
+                    )
             else:
                 name = scope.path[-1] if scope.path else "None"
                 hidden = stream in run.streams
                 raise FlaxError(
                     "InvalidRngError",
-                    f'{name} needs PRNG for "{stream}". ' + (
+                    f'{name} needs PRNG for "{stream}". '
+                    + (
                         f"The stream is passed but hidden by a transform's rng filter: list {stream!r} in "
-                        "its split_rngs (or rngs=)" if hidden else
-                        f"Add `{stream}:` " + ("" if stream == "params" else "(or `params:`) ") + "to rngs"),
+                        "its split_rngs (or rngs=)"
+                        if hidden
+                        else f"Add `{stream}:` " + ("" if stream == "params" else "(or `params:`) ") + "to rngs"
+                    ),
                     loc,
                 )
         ckey = (scope.path, used)
@@ -247,14 +272,30 @@ class Replayer:
                 context = tuple(KEPT if c in (SCAN_CHECK, MAP_RUN1) else c for c in context)
         if note:
             notes += (note,)
-        return self.record(scope.path, stream, used, count, kind, label, suffix, ref, loc, draw, notes + context,
-                            scope.axes, discarded, n)
+        return self.record(
+            scope.path,
+            stream,
+            used,
+            count,
+            kind,
+            label,
+            suffix,
+            ref,
+            loc,
+            draw,
+            notes + context,
+            scope.axes,
+            discarded,
+            n,
+        )
 
-    def record(self, path, stream, used, count, kind, label, suffix, ref, loc, draw, notes, axes, discarded,
-                n: int) -> int:
+    def record(
+        self, path, stream, used, count, kind, label, suffix, ref, loc, draw, notes, axes, discarded, n: int
+    ) -> int:
         """Append a template; returns its number."""
-        self.templates.append(Template(path, stream, used, count, kind, label, suffix, ref, loc, draw, notes, axes,
-                                       discarded, n))
+        self.templates.append(
+            Template(path, stream, used, count, kind, label, suffix, ref, loc, draw, notes, axes, discarded, n)
+        )
         return len(self.templates) - 1
 
     def expand(self) -> list[Derivation]:
@@ -263,8 +304,9 @@ class Replayer:
         index_of: dict = {}
         memo: dict = {}
         sep = self.sep
-        for t, (path, req, used, count, kind, label, suffix, ref, loc, draw, notes, axes, discarded,
-                _) in enumerate(self.templates):
+        for t, (path, req, used, count, kind, label, suffix, ref, loc, draw, notes, axes, discarded, _) in enumerate(
+            self.templates
+        ):
             items = suffix + (count,)
             data = hash_input(items, sep)
             word = hash_word(data)
@@ -274,8 +316,26 @@ class Replayer:
                 # a fork of a key that never exists never exists either
                 index_of[(t, lane)] = len(rows) if base is not None else None
                 # a key whose base is a per-step key of a thrown-away trace never exists
-                rows.append(Derivation(len(rows), path, req, used, count, kind, label, items, data, word,
-                                       base, loc, draw, notes, lane, discarded or base is None))
+                rows.append(
+                    Derivation(
+                        len(rows),
+                        path,
+                        req,
+                        used,
+                        count,
+                        kind,
+                        label,
+                        items,
+                        data,
+                        word,
+                        base,
+                        loc,
+                        draw,
+                        notes,
+                        lane,
+                        discarded or base is None,
+                    )
+                )
         return rows
 
     def _concrete(self, ref, assign: dict, index_of: dict, memo: dict):

@@ -1,6 +1,7 @@
 """The state Flax keeps while a model runs, as the replay needs it: a scope (path, visible streams, lanes,
 collections), a bound module instance (its setup, children and reserved names) and one run's variables
 and per-scope, per-stream counters."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -10,12 +11,18 @@ from ..spec.tree import ModuleDef
 from .filters import AllBut
 
 # Notes a key carries when it is made in a trace Flax throws away
-SCAN_CHECK = ("made in nn.scan's first trace (the constancy check, check_constancy_invariants=True): "
-               "Flax throws this key away, but its count is used up")
-MAP_RUN1 = ("made in nn.map_variables' first run (init=True with a mutable collection): Flax throws this "
-             "key away, but its count is used up")
-KEPT = ("made in a first trace that Flax otherwise throws away, but kept: it initialises a variable "
-         "(a broadcast one, for nn.scan)")
+SCAN_CHECK = (
+    "made in nn.scan's first trace (the constancy check, check_constancy_invariants=True): "
+    "Flax throws this key away, but its count is used up"
+)
+MAP_RUN1 = (
+    "made in nn.map_variables' first run (init=True with a mutable collection): Flax throws this "
+    "key away, but its count is used up"
+)
+KEPT = (
+    "made in a first trace that Flax otherwise throws away, but kept: it initialises a variable "
+    "(a broadcast one, for nn.scan)"
+)
 
 
 @dataclass
@@ -27,7 +34,7 @@ class Scope:
     path: tuple[str, ...]
     rngs: dict  # stream -> (key reference template, suffix)
     axes: tuple[int, ...] = ()
-    cols: "frozenset | AllBut | None" = None  # lifted collections; None: all
+    cols: frozenset | AllBut | None = None  # lifted collections; None: all
     immutable: bool = False
     discard: object = None  # None | True (keep variable inits) | frozenset (keep inits in these)
     context: tuple[str, ...] = ()  # notes for every key made here
@@ -38,15 +45,38 @@ class Scope:
     carry: frozenset = frozenset()  # scan carry collections: the body cannot create them
     abstract: bool = False  # Flax's TestScope root: make_rng hands out a dummy key, counts nothing
 
-    def push(self, name: str) -> "Scope":
+    def push(self, name: str) -> Scope:
         # mirrors flax/core/scope.py Scope.push: LazyRng.create(rng, name) appends to the suffix
-        return Scope(self.path + (name,), {s: (r, suf + (name,)) for s, (r, suf) in self.rngs.items()},
-                      self.axes, self.cols, self.immutable, self.discard, self.context, self.frozen,
-                      self.debug + (name,), self.root, self.lanes, self.carry)
+        return Scope(
+            self.path + (name,),
+            {s: (r, suf + (name,)) for s, (r, suf) in self.rngs.items()},
+            self.axes,
+            self.cols,
+            self.immutable,
+            self.discard,
+            self.context,
+            self.frozen,
+            self.debug + (name,),
+            self.root,
+            self.lanes,
+            self.carry,
+        )
 
-    def lifted(self, pack: str | None = None, **kw) -> "Scope":
-        new = Scope(self.path, self.rngs, self.axes, self.cols, self.immutable, self.discard, self.context,
-                     self.frozen, self.debug, self.root, self.lanes, self.carry)
+    def lifted(self, pack: str | None = None, **kw) -> Scope:
+        new = Scope(
+            self.path,
+            self.rngs,
+            self.axes,
+            self.cols,
+            self.immutable,
+            self.discard,
+            self.context,
+            self.frozen,
+            self.debug,
+            self.root,
+            self.lanes,
+            self.carry,
+        )
         if pack is not None:
             new.root = self.path
             # mirrors flax/core/lift.py _partial_pack: the packed scope's debug path names the transform
@@ -63,7 +93,7 @@ class Scope:
 class Instance:
     """A bound module instance: its scope plus the state Flax keeps on the Module object."""
 
-    __slots__ = ("mod", "scope", "setup_done", "setup_children", "reserved", "seq_layers", "clone")
+    __slots__ = ("clone", "mod", "reserved", "scope", "seq_layers", "setup_children", "setup_done")
 
     def __init__(self, mod: ModuleDef | None, scope: Scope, clone: bool = False):
         self.mod = mod
@@ -95,8 +125,7 @@ class Instance:
         if cols is not None and (None in cols or col is None or col in cols):
             raise FlaxError(
                 "NameInUseError",
-                f'Could not create {what} "{name}" in Module {self.cls}: Name in use. '
-                "Give it another name",
+                f'Could not create {what} "{name}" in Module {self.cls}: Name in use. Give it another name',
                 loc,
             )
         self.reserved.setdefault(name, set()).add(col)

@@ -3,10 +3,11 @@ counts are consecutive) expanded into columns. A template made inside vmap/scan 
 expanded over its lanes with NumPy; SHA-1 runs once per distinct hash input (rngaudit.engine.hash_words);
 Threefry runs once, vectorised over every selected row (rngaudit.engine.keys). The plain path
 (`replay.replay` + `keys.derive_keys`) stays the reference: tests check the two agree row for row."""
+
 from __future__ import annotations
 
 import fnmatch
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -141,7 +142,7 @@ class KeyTable:
             axes = tpl.axes
             if axes:
                 lo = int(self.lane_base_off[t])
-                per[lo:lo + int(self.n_lanes[t])] = [ids.setdefault(lane, len(ids)) for lane in _lanes(axes, sizes)]
+                per[lo : lo + int(self.n_lanes[t])] = [ids.setdefault(lane, len(ids)) for lane in _lanes(axes, sizes)]
         return per
 
     def __len__(self) -> int:
@@ -159,15 +160,38 @@ class KeyTable:
     def derivation(self, i: int) -> Derivation:
         """Row i as the plain path's Derivation."""
         tpl = self.templates[int(self.block[i])]
-        path, req, used, kind, label, suffix, loc, draw, notes = (tpl.path, tpl.stream_requested, tpl.stream, tpl.kind,
-                                                                  tpl.label, tpl.suffix, tpl.location, tpl.draw,
-                                                                  tpl.notes)
+        path, req, used, kind, label, suffix, loc, draw, notes = (
+            tpl.path,
+            tpl.stream_requested,
+            tpl.stream,
+            tpl.kind,
+            tpl.label,
+            tpl.suffix,
+            tpl.location,
+            tpl.draw,
+            tpl.notes,
+        )
         count = int(self.count[i])
         items = suffix + (count,)
         b = int(self.base[i])
-        return Derivation(i, path, req, used, count, kind, label, items, hash_input(items, self.sep),
-                          int(self.word[i]), self.bases[b] if b >= 0 else None, loc, draw, notes, self.lane_of(i),
-                          bool(self.discarded[i]))
+        return Derivation(
+            i,
+            path,
+            req,
+            used,
+            count,
+            kind,
+            label,
+            items,
+            hash_input(items, self.sep),
+            int(self.word[i]),
+            self.bases[b] if b >= 0 else None,
+            loc,
+            draw,
+            notes,
+            self.lane_of(i),
+            bool(self.discarded[i]),
+        )
 
     def derivations(self, rows: Iterable[int] | None = None) -> list[Derivation]:
         return [self.derivation(int(i)) for i in (range(self.n) if rows is None else rows)]

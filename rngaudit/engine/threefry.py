@@ -1,4 +1,5 @@
 """Exact Threefry-2x32: JAX's fold_in, split and seeding, on Python ints (one key) or vectorised in NumPy, no JAX."""
+
 from __future__ import annotations
 
 # NumPy is imported by the vectorised functions only: a few keys on Python ints start faster without it.

@@ -1,5 +1,6 @@
 """Flax's rules for params and variables: whether one exists, may be created here, and whether its key
 may depend on a lane (a variable shared by every lane of a vmap or scan cannot be initialised per lane)."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -25,15 +26,16 @@ def require_collection(inst: Instance, col: str, name: str, loc: Location, run: 
     # ScopeCollectionNotFound; inside a lift the root is the lifted scope
     root = inst.scope.root
     n = len(root)
-    if not visible(inst.scope, col) or not any(
-            c == col and p[:n] == root for p, c, _ in run.store):
+    if not visible(inst.scope, col) or not any(c == col and p[:n] == root for p, c, _ in run.store):
         raise FlaxError(
             "ScopeCollectionNotFound",
             f'Tried to access "{name}" from collection "{col}" in "{inst.scope.path_text}" but the '
-            f"collection is empty. " + (
-                f"The enclosing transform does not lift {col!r}: add it to variable_axes or "
-                "variable_broadcast" if not visible(inst.scope, col) else
-                f"init of this model makes no {col!r}: check `when:` and `mutable`"),
+            f"collection is empty. "
+            + (
+                f"The enclosing transform does not lift {col!r}: add it to variable_axes or variable_broadcast"
+                if not visible(inst.scope, col)
+                else f"init of this model makes no {col!r}: check `when:` and `mutable`"
+            ),
             loc,
         )
 
@@ -42,7 +44,7 @@ def put(run: Run, key: tuple) -> None:
     # mirrors flax/core/scope.py Scope.put_variable / has_variable: a collection is one nested dict,
     # so a child's variables make its name a variable of that collection in every ancestor scope
     # (in apply, self.param('enc') finds the subtree a child named 'enc' made in init: no key)
-    path, col, name = key
+    path, col, _name = key
     run.store[key] = True
     for i in range(len(path)):
         run.store.setdefault((path[:i], col, path[i]), False)
@@ -59,7 +61,7 @@ def exists(inst: Instance, col: str, name: str, loc: Location, run: Run) -> bool
             raise FlaxError(
                 "TypeError",
                 "Array.__contains__: unsupported operand type <class 'str'>. "
-                f'"/{"/".join(path[:i + 1])}" is a {col!r} variable that init made, so the module of '
+                f'"/{"/".join(path[: i + 1])}" is a {col!r} variable that init made, so the module of '
                 f"that name cannot read {col!r}: rename the module or the variable",
                 loc,
             )
@@ -100,10 +102,17 @@ def variable(r: Replayer, inst: Instance, item: Variable, run: Run) -> None:
     if item.eager:
         # self.variable(col, name, f, self.make_rng(s)): the argument is evaluated on every call;
         # its key is kept (in a thrown-away trace) only when it initialises the variable
-        creates = (visible(inst.scope, item.collection) and key not in run.store
-                   and is_mutable(run, inst.scope, item.collection))
-        made = [r.make_rng(inst.scope, s, "variable", item.name, item.draw, item.loc, run,
-                               item.collection if creates else None) for s in item.streams]
+        creates = (
+            visible(inst.scope, item.collection)
+            and key not in run.store
+            and is_mutable(run, inst.scope, item.collection)
+        )
+        made = [
+            r.make_rng(
+                inst.scope, s, "variable", item.name, item.draw, item.loc, run, item.collection if creates else None
+            )
+            for s in item.streams
+        ]
     else:
         made = []
     inst.reserve(item.name, item.collection, "variable", item.loc)
@@ -119,8 +128,10 @@ def variable(r: Replayer, inst: Instance, item: Variable, run: Run) -> None:
         )
     check_create(inst.scope, item.collection, item.name, item.loc, run)
     if not item.eager:
-        made = [r.make_rng(inst.scope, s, "variable", item.name, item.draw, item.loc, run,
-                               item.collection) for s in item.streams]
+        made = [
+            r.make_rng(inst.scope, s, "variable", item.name, item.draw, item.loc, run, item.collection)
+            for s in item.streams
+        ]
     if item.draw is not None:
         # (as for a param: only a value drawn from the key depends on it; without a draw the
         # initializer is taken to ignore its keys, and JAX sees no dependency)
@@ -151,8 +162,7 @@ def raise_carry(run: Run, axis: int | None = None, carry: bool = True) -> None:
         raise run.carry_error
 
 
-def check_broadcast(r: Replayer, scope: Scope, t: int | None, col: str, name: str, loc: Location,
-                     run: Run) -> None:
+def check_broadcast(r: Replayer, scope: Scope, t: int | None, col: str, name: str, loc: Location, run: Run) -> None:
     """A variable shared by every lane or step cannot be initialised from a per-lane key. JAX
     finds that when the lift's trace ends (vmap's outputs, scan's constancy check), so the error
     is raised then (_raise_lane), after the errors the rest of the trace raises."""
@@ -161,15 +171,21 @@ def check_broadcast(r: Replayer, scope: Scope, t: int | None, col: str, name: st
     depends = lane_axes(r.templates, t.ref if isinstance(t, Discovered) else r.templates[t].ref)
     for axis, kind, bset in scope.lanes:
         if axis in depends and (bset is None or col in bset):
-            what = ("vmap has mapped output but out_axes is None" if kind == "vmap" else
-                    "broadcasted variable has a data dependency on the scan body")
-            run.lane_errors.setdefault(axis, FlaxError(
-                "ValueError",
-                f"{what}: {name!r} in {col!r} is shared by every {'lane' if kind == 'vmap' else 'step'} "
-                f"but initialised from a split key; split_rngs false for its stream, or map {col!r} "
-                "over the axis",
-                loc,
-            ))
+            what = (
+                "vmap has mapped output but out_axes is None"
+                if kind == "vmap"
+                else "broadcasted variable has a data dependency on the scan body"
+            )
+            run.lane_errors.setdefault(
+                axis,
+                FlaxError(
+                    "ValueError",
+                    f"{what}: {name!r} in {col!r} is shared by every {'lane' if kind == 'vmap' else 'step'} "
+                    f"but initialised from a split key; split_rngs false for its stream, or map {col!r} "
+                    "over the axis",
+                    loc,
+                ),
+            )
             # (no return: each lift whose axis the key depends on finds it when its own trace ends,
             # the innermost first)
 

@@ -1,7 +1,8 @@
 """`collisions` audits as versioned, deterministic JSON (format `rngaudit.collisions`, version 1)."""
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from .. import __version__
 from ..collision.results import (
@@ -38,15 +39,27 @@ def site_json(s: CallSite) -> dict:
 
 
 def separator_json(c: SeparatorCheck) -> dict:
-    return {"flag": c.flag, "removes": c.removes, "detail": c.detail, "changes_every_key": True,
-            "keys_in_model": c.keys_in_model}
+    return {
+        "flag": c.flag,
+        "removes": c.removes,
+        "detail": c.detail,
+        "changes_every_key": True,
+        "keys_in_model": c.keys_in_model,
+    }
 
 
 def rename_json(r: Rename) -> dict:
-    return {"path": list(r.path), "path_str": r.path_str, "old_name": r.old_name, "new_name": r.new_name,
-            "module_class": r.module_class, "explicit": r.explicit,
-            "location": r.location.as_json() if r.location is not None else None,
-            "keys_changed": r.keys_changed, "note": r.note}
+    return {
+        "path": list(r.path),
+        "path_str": r.path_str,
+        "old_name": r.old_name,
+        "new_name": r.new_name,
+        "module_class": r.module_class,
+        "explicit": r.explicit,
+        "location": r.location.as_json() if r.location is not None else None,
+        "keys_changed": r.keys_changed,
+        "note": r.note,
+    }
 
 
 def collision_json(c: Collision) -> dict:
@@ -54,9 +67,15 @@ def collision_json(c: Collision) -> dict:
         "class": c.collision_class,
         "category": c.category,
         "failing": c.failing,
-        "inputs": [{"hash_input_hex": h.data.hex(), "hash_word": h.word,
-                    "key": list(h.key) if h.key is not None else None, "sites": [site_json(s) for s in h.sites]}
-                   for h in c.inputs],
+        "inputs": [
+            {
+                "hash_input_hex": h.data.hex(),
+                "hash_word": h.word,
+                "key": list(h.key) if h.key is not None else None,
+                "sites": [site_json(s) for s in h.sites],
+            }
+            for h in c.inputs
+        ],
         "separator": separator_json(c.separator),
         "renames": [rename_json(r) for r in c.renames],
         "rename_note": c.rename_note,
@@ -67,10 +86,16 @@ def latent_json(lt: LatentCollision) -> dict:
     return {
         "site": site_json(lt.site),
         "max_count": lt.max_count,
-        "partners": [{"site": site_json(p.site), "max_count": p.max_count, "counts": list(p.counts),
-                      "hash_input_hex": p.data.hex(),
-                      "separator_counts": list(p.separator_counts) if p.separator_counts else None}
-                     for p in lt.partners],
+        "partners": [
+            {
+                "site": site_json(p.site),
+                "max_count": p.max_count,
+                "counts": list(p.counts),
+                "hash_input_hex": p.data.hex(),
+                "separator_counts": list(p.separator_counts) if p.separator_counts else None,
+            }
+            for p in lt.partners
+        ],
         "separator": separator_json(lt.separator),
         "renames": [rename_json(r) for r in lt.renames],
         "rename_note": lt.rename_note,

@@ -1,5 +1,6 @@
 """`verify` and `diff` reports as versioned, deterministic JSON (formats `rngaudit.verify` and `rngaudit.diff`,
 version 1)."""
+
 from __future__ import annotations
 
 from .. import __version__
@@ -11,17 +12,30 @@ DIFF_FORMAT, VERIFY_FORMAT, FORMAT_VERSION = "rngaudit.diff", "rngaudit.verify",
 def to_json(cmp: Comparison) -> dict:
     def entry(e: Entry) -> dict:
         s = e.site
-        return {"status": e.status, "path": list(s.path), "path_str": s.path_str, "stream": s.stream,
-                "count": s.count, "lane": list(s.lane), "label": s.label, "kind": s.kind,
-                "old_key": list(e.old.key) if e.old is not None and e.old.key is not None else None,
-                "new_key": list(e.new.key) if e.new is not None and e.new.key is not None else None,
-                "why": list(e.why), "fix": e.fix}
+        return {
+            "status": e.status,
+            "path": list(s.path),
+            "path_str": s.path_str,
+            "stream": s.stream,
+            "count": s.count,
+            "lane": list(s.lane),
+            "label": s.label,
+            "kind": s.kind,
+            "old_key": list(e.old.key) if e.old is not None and e.old.key is not None else None,
+            "new_key": list(e.new.key) if e.new is not None and e.new.key is not None else None,
+            "why": list(e.why),
+            "fix": e.fix,
+        }
 
     statuses = ("kept", "changed", "new", "gone") if cmp.kind == "diff" else ("same", "differs", "missing", "extra")
     return {
-        "format": DIFF_FORMAT if cmp.kind == "diff" else VERIFY_FORMAT, "format_version": FORMAT_VERSION,
-        "rngaudit_version": __version__, "old": cmp.old_name, "new": cmp.new_name,
+        "format": DIFF_FORMAT if cmp.kind == "diff" else VERIFY_FORMAT,
+        "format_version": FORMAT_VERSION,
+        "rngaudit_version": __version__,
+        "old": cmp.old_name,
+        "new": cmp.new_name,
         "sites": [entry(e) for e in cmp.entries],
-        "notes": list(cmp.notes), "fixes": list(cmp.fixes),
+        "notes": list(cmp.notes),
+        "fixes": list(cmp.fixes),
         "summary": dict({s: cmp.count(s) for s in statuses}, failing=cmp.failing),
     }

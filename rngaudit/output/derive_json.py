@@ -1,4 +1,5 @@
 """`derive` reports as versioned, deterministic JSON (format `rngaudit.derive`, version 1) and JSON lines."""
+
 from __future__ import annotations
 
 import json
@@ -65,9 +66,7 @@ def _meta(report: DeriveReport) -> dict:
         "phase": spec.phase,
         "flax": {"fix_rng_separator": spec.fix_rng_separator},
         "jax": {"prng_impl": spec.prng_impl, "threefry_partitionable": spec.threefry_partitionable},
-        "rngs": {
-            s: {"expr": spec.rngs[s].text, "key": list(report.roots[s])} for s in sorted(spec.rngs)
-        },
+        "rngs": {s: {"expr": spec.rngs[s].text, "key": list(report.roots[s])} for s in sorted(spec.rngs)},
     }
 
 
@@ -93,8 +92,10 @@ def jsonl_lines(report: DeriveReport, advance=None):
     if isinstance(calls, TableCalls):
         # the fast path: lines straight from the columns; rows with drawn values the generic way
         lines = table_call_lines(calls.table, calls.rows, calls.keys, dumps, calls.values)
-        records = (line if line is not None else dumps({"record": "call", **call_json(calls[j])})
-                   for j, line in enumerate(lines))
+        records = (
+            line if line is not None else dumps({"record": "call", **call_json(calls[j])})
+            for j, line in enumerate(lines)
+        )
     else:
         records = (dumps({"record": "call", **call_json(c)}) for c in calls)
     for line in records:
@@ -123,10 +124,18 @@ def table_call_lines(table: KeyTable, rows: np.ndarray, keys: np.ndarray, encode
     step = 1 << 15
     for j0 in range(0, len(rows), step):
         # numpy scalars are slow one at a time: a chunk of each column as Python values
-        r = rows[j0:j0 + step]
-        cols = zip(range(j0, j0 + len(r)), r.tolist(), table.block[r].tolist(), table.count[r].tolist(),
-                   table.word[r].tolist(), table.base[r].tolist(), table.lane_ix[r].tolist(),
-                   table.discarded[r].tolist(), keys[j0:j0 + step].tolist())
+        r = rows[j0 : j0 + step]
+        cols = zip(
+            range(j0, j0 + len(r)),
+            r.tolist(),
+            table.block[r].tolist(),
+            table.count[r].tolist(),
+            table.word[r].tolist(),
+            table.base[r].tolist(),
+            table.lane_ix[r].tolist(),
+            table.discarded[r].tolist(),
+            keys[j0 : j0 + step].tolist(),
+        )
         for j, i, t, c, w, b, li, disc, key in cols:
             if j in skip:
                 yield None
@@ -145,22 +154,47 @@ def table_call_lines(table: KeyTable, rows: np.ndarray, keys: np.ndarray, encode
                     lane = lanes_json[(sizes, li)] = encode(list(table.lane_of(i)))
             else:
                 lane = "[]"
-            yield (f'{{"base":{bj},"count":{c},"discarded":{"true" if disc else "false"},"fallback":{fallback},'
-                   f'"hash_input_hex":"{pre_hex}{sep}{c.to_bytes((c.bit_length() + 7) // 8, "big").hex()}",'
-                   f'"hash_items":{items}{c}],"hash_word":{w},"index":{i},'
-                   f'"key":{"null" if b < 0 else "[" + ",".join(map(str, key)) + "]"},{kind_label},'
-                   f'"lane":{lane},{rest}}}')
+            yield (
+                f'{{"base":{bj},"count":{c},"discarded":{"true" if disc else "false"},"fallback":{fallback},'
+                f'"hash_input_hex":"{pre_hex}{sep}{c.to_bytes((c.bit_length() + 7) // 8, "big").hex()}",'
+                f'"hash_items":{items}{c}],"hash_word":{w},"index":{i},'
+                f'"key":{"null" if b < 0 else "[" + ",".join(map(str, key)) + "]"},{kind_label},'
+                f'"lane":{lane},{rest}}}'
+            )
+
 
 def _call_const(table: KeyTable, t: int, encode) -> tuple:
     """What template t fixes in a call record, encoded once, in the sorted order of its keys."""
     tpl = table.templates[t]
-    path, req, used, kind, label, suffix, loc, notes, axes = (tpl.path, tpl.stream_requested, tpl.stream, tpl.kind,
-                                                              tpl.label, tpl.suffix, tpl.location, tpl.notes,
-                                                              tpl.axes)
+    path, req, used, kind, label, suffix, loc, notes, axes = (
+        tpl.path,
+        tpl.stream_requested,
+        tpl.stream,
+        tpl.kind,
+        tpl.label,
+        tpl.suffix,
+        tpl.location,
+        tpl.notes,
+        tpl.axes,
+    )
     kind_label = encode({"kind": kind, "label": label})[1:-1]
-    rest = encode({"location": loc.as_json(), "notes": list(notes), "path": list(path),
-                   "path_str": "/".join(path) if path else "(root)", "record": "call", "stream": used,
-                   "stream_requested": req})[1:-1]
+    rest = encode(
+        {
+            "location": loc.as_json(),
+            "notes": list(notes),
+            "path": list(path),
+            "path_str": "/".join(path) if path else "(root)",
+            "record": "call",
+            "stream": used,
+            "stream_requested": req,
+        }
+    )[1:-1]
     items = encode(list(suffix))[:-1] + ("," if suffix else "")
-    return ("true" if req != used else "false", items, hash_input(suffix, table.sep).hex(), kind_label, rest,
-            tuple(table.axis_size[a] for a in axes))
+    return (
+        "true" if req != used else "false",
+        items,
+        hash_input(suffix, table.sep).hex(),
+        kind_label,
+        rest,
+        tuple(table.axis_size[a] for a in axes),
+    )

@@ -1,4 +1,5 @@
 """Every command's findings as one plain list (rule, level, message, file:line:col) for the CI formats."""
+
 from __future__ import annotations
 
 import ast
@@ -40,10 +41,13 @@ class Finding:
 
 # ---------------------------------------------------------------- derive
 DERIVE_RULES = (
-    Rule("derive/stream-fallback", "StreamFallback",
-         "make_rng asks for a stream init/apply was not given: Flax falls back to 'params'",
-         "The key comes from the 'params' stream and shares its counter, so adding or removing a param "
-         "changes it. Pass the stream in `rngs=` (the spec's `rngs:`), or ask for 'params' on purpose."),
+    Rule(
+        "derive/stream-fallback",
+        "StreamFallback",
+        "make_rng asks for a stream init/apply was not given: Flax falls back to 'params'",
+        "The key comes from the 'params' stream and shares its counter, so adding or removing a param "
+        "changes it. Pass the stream in `rngs=` (the spec's `rngs:`), or ask for 'params' on purpose.",
+    ),
 )
 
 
@@ -59,40 +63,69 @@ def derive_findings(report, strict: bool) -> list[Finding]:
     out = []
     for (loc, stream, path), idx in rows.items():
         keys = f"{len(idx)} keys, rows #{idx[0]}-#{idx[-1]}" if len(idx) > 1 else f"row #{idx[0]}"
-        out.append(Finding("derive/stream-fallback", ERROR,
-                           f"{path}: make_rng({stream!r}) falls back to 'params' ({keys}): the stream is not in "
-                           f"rngs; pass it to init/apply or ask for 'params' on purpose", loc))
+        out.append(
+            Finding(
+                "derive/stream-fallback",
+                ERROR,
+                f"{path}: make_rng({stream!r}) falls back to 'params' ({keys}): the stream is not in "
+                f"rngs; pass it to init/apply or ask for 'params' on purpose",
+                loc,
+            )
+        )
     return out
 
 
 # ---------------------------------------------------------------- collisions
 COLLISION_RULES = (
-    Rule("collisions/concatenation", "Concatenation",
-         "two call sites get the same key: their path names concatenate to the same hashed bytes",
-         "Flax hashes the path names and the count with no separator (class 1). Rename one module, or turn on "
-         "flax_fix_rng_separator (which changes every key)."),
-    Rule("collisions/count-meets-name", "CountMeetsName",
-         "two call sites get the same key: a count's bytes spell the end of a name",
-         "The count is hashed as big-endian bytes right after the names (class 2). Rename one module, or turn on "
-         "flax_fix_rng_separator (which changes every key)."),
-    Rule("collisions/hash-word", "HashWord",
-         "two call sites get the same key: different bytes share a 32-bit SHA-1 word",
-         "Flax keeps 32 bits of SHA-1 (class 3). Rename one of the modules."),
-    Rule("collisions/shared-seed", "SharedSeed",
-         "call sites of different streams or base keys get the same key: the streams were given the same key",
-         "The stream name is not hashed (class 4): give each stream its own key, e.g. split one key."),
-    Rule("collisions/unsplit-lanes", "UnsplitLanes",
-         "the lanes of a vmap/scan share every key of a stream that is not split",
-         "split_rngs is false for the stream (class 4, information). Set split_rngs for it if each lane should "
-         "draw its own randomness."),
-    Rule("collisions/latent", "LatentCollision",
-         "module paths whose keys would be equal at higher counts",
-         "A shorter path drawing more keys would meet a longer path's keys (information). Rename a module if "
-         "the model may draw that many keys."),
+    Rule(
+        "collisions/concatenation",
+        "Concatenation",
+        "two call sites get the same key: their path names concatenate to the same hashed bytes",
+        "Flax hashes the path names and the count with no separator (class 1). Rename one module, or turn on "
+        "flax_fix_rng_separator (which changes every key).",
+    ),
+    Rule(
+        "collisions/count-meets-name",
+        "CountMeetsName",
+        "two call sites get the same key: a count's bytes spell the end of a name",
+        "The count is hashed as big-endian bytes right after the names (class 2). Rename one module, or turn on "
+        "flax_fix_rng_separator (which changes every key).",
+    ),
+    Rule(
+        "collisions/hash-word",
+        "HashWord",
+        "two call sites get the same key: different bytes share a 32-bit SHA-1 word",
+        "Flax keeps 32 bits of SHA-1 (class 3). Rename one of the modules.",
+    ),
+    Rule(
+        "collisions/shared-seed",
+        "SharedSeed",
+        "call sites of different streams or base keys get the same key: the streams were given the same key",
+        "The stream name is not hashed (class 4): give each stream its own key, e.g. split one key.",
+    ),
+    Rule(
+        "collisions/unsplit-lanes",
+        "UnsplitLanes",
+        "the lanes of a vmap/scan share every key of a stream that is not split",
+        "split_rngs is false for the stream (class 4, information). Set split_rngs for it if each lane should "
+        "draw its own randomness.",
+    ),
+    Rule(
+        "collisions/latent",
+        "LatentCollision",
+        "module paths whose keys would be equal at higher counts",
+        "A shorter path drawing more keys would meet a longer path's keys (information). Rename a module if "
+        "the model may draw that many keys.",
+    ),
 )
-_CATEGORY_RULE = {"concatenation": "collisions/concatenation", "count_meets_name": "collisions/count-meets-name",
-                  "hash_word": "collisions/hash-word", "shared_seed": "collisions/shared-seed",
-                  "unsplit_lanes": "collisions/unsplit-lanes", "latent": "collisions/latent"}
+_CATEGORY_RULE = {
+    "concatenation": "collisions/concatenation",
+    "count_meets_name": "collisions/count-meets-name",
+    "hash_word": "collisions/hash-word",
+    "shared_seed": "collisions/shared-seed",
+    "unsplit_lanes": "collisions/unsplit-lanes",
+    "latent": "collisions/latent",
+}
 
 
 def _site_text(s) -> str:
@@ -103,8 +136,12 @@ def _site_text(s) -> str:
 def _fix_text(separator, renames, rename_note: str) -> str:
     parts = []
     if renames:
-        parts.append("; ".join(f"rename {r.path_str}{f' at {r.location}' if r.location else ''} to {r.new_name!r}"
-                               for r in renames) + " (verified)")
+        parts.append(
+            "; ".join(
+                f"rename {r.path_str}{f' at {r.location}' if r.location else ''} to {r.new_name!r}" for r in renames
+            )
+            + " (verified)"
+        )
     elif rename_note:
         parts.append(rename_note)
     if not separator.flag and separator.removes:
@@ -120,43 +157,88 @@ def collision_findings(report: CollisionsReport) -> list[Finding]:
         for c in a.collisions:
             sites = c.sites
             level = ERROR if c.category in failing else (WARNING if c.failing else NOTE)
-            shown = ", ".join(_site_text(s) for s in sites[:4]) + (f" and {len(sites) - 4} more" if len(sites) > 4
-                                                                    else "")
-            msg = (f"class {c.collision_class} ({c.category}): {len(sites)} call sites get the same key: {shown}"
-                   + _fix_text(c.separator, c.renames, c.rename_note))
-            out.append(Finding(_CATEGORY_RULE[c.category], level, msg, sites[0].location,
-                               tuple((s.location, f"{s.path_str} count {s.count}") for s in sites[1:])))
+            shown = ", ".join(_site_text(s) for s in sites[:4]) + (
+                f" and {len(sites) - 4} more" if len(sites) > 4 else ""
+            )
+            msg = (
+                f"class {c.collision_class} ({c.category}): {len(sites)} call sites get the same key: {shown}"
+                + _fix_text(c.separator, c.renames, c.rename_note)
+            )
+            out.append(
+                Finding(
+                    _CATEGORY_RULE[c.category],
+                    level,
+                    msg,
+                    sites[0].location,
+                    tuple((s.location, f"{s.path_str} count {s.count}") for s in sites[1:]),
+                )
+            )
         for lt in a.latent:
             level = ERROR if "latent" in failing else NOTE
-            partners = ", ".join(f"{p.site.path_str} at count {p.counts[1]} (meets count {p.counts[0]})"
-                                 for p in lt.partners[:4]) + (f" and {len(lt.partners) - 4} more"
-                                                              if len(lt.partners) > 4 else "")
-            msg = (f"latent: {_site_text(lt.site)} reaches count {lt.max_count}; at higher counts its keys equal "
-                   f"those of {partners}" + _fix_text(lt.separator, lt.renames, lt.rename_note))
-            out.append(Finding("collisions/latent", level, msg, lt.site.location,
-                               tuple((p.site.location, p.site.path_str) for p in lt.partners)))
+            partners = ", ".join(
+                f"{p.site.path_str} at count {p.counts[1]} (meets count {p.counts[0]})" for p in lt.partners[:4]
+            ) + (f" and {len(lt.partners) - 4} more" if len(lt.partners) > 4 else "")
+            msg = (
+                f"latent: {_site_text(lt.site)} reaches count {lt.max_count}; at higher counts its keys equal "
+                f"those of {partners}" + _fix_text(lt.separator, lt.renames, lt.rename_note)
+            )
+            out.append(
+                Finding(
+                    "collisions/latent",
+                    level,
+                    msg,
+                    lt.site.location,
+                    tuple((p.site.location, p.site.path_str) for p in lt.partners),
+                )
+            )
     return out
 
 
 # ---------------------------------------------------------------- shard-check
 SHARD_CHECK_RULES = (
-    Rule("shard-check/root_keys", "RootKeys", "root keys computed on the devices differ from the host's",
-         "The spec's rngs expressions evaluated under jax.jit must equal the host derivation on every device."),
-    Rule("shard-check/base_keys", "BaseKeys", "lane, loop or fork base keys on the devices differ from the host's",
-         "vmap/scan splits, while_loop folds and jit forks must equal the host derivation."),
-    Rule("shard-check/keys", "Keys", "keys re-derived on the devices differ from the host derivation",
-         "fold_in(base, hash word) under jax.jit with rows sharded must equal the host's keys bit for bit."),
-    Rule("shard-check/draws", "Draws", "values drawn under jax.jit with sharded output differ from the eager draw",
-         "A draw must give the same values whether its output is sharded or not."),
-    Rule("shard-check/jit_equals_eager", "JitEqualsEager", "the function under jax.jit differs from its eager run",
-         "With the batch sharded, jax.jit must reproduce the eager output (within --atol)."),
-    Rule("shard-check/shard_map_split_keys", "ShardMapSplitKeys",
-         "under shard_map with one key per device, devices drew the same values",
-         "The output does not depend on the key, or the key is not used per device."),
-    Rule("shard-check/shard_map_replicated_key", "SameRandomnessOnEveryDevice",
-         "under shard_map with one replicated key, devices drew the same values",
-         "Pass each device its own key (split with in_specs over the mesh axis) or fold in "
-         "jax.lax.axis_index; --allow-replicated if identical randomness is intended."),
+    Rule(
+        "shard-check/root_keys",
+        "RootKeys",
+        "root keys computed on the devices differ from the host's",
+        "The spec's rngs expressions evaluated under jax.jit must equal the host derivation on every device.",
+    ),
+    Rule(
+        "shard-check/base_keys",
+        "BaseKeys",
+        "lane, loop or fork base keys on the devices differ from the host's",
+        "vmap/scan splits, while_loop folds and jit forks must equal the host derivation.",
+    ),
+    Rule(
+        "shard-check/keys",
+        "Keys",
+        "keys re-derived on the devices differ from the host derivation",
+        "fold_in(base, hash word) under jax.jit with rows sharded must equal the host's keys bit for bit.",
+    ),
+    Rule(
+        "shard-check/draws",
+        "Draws",
+        "values drawn under jax.jit with sharded output differ from the eager draw",
+        "A draw must give the same values whether its output is sharded or not.",
+    ),
+    Rule(
+        "shard-check/jit_equals_eager",
+        "JitEqualsEager",
+        "the function under jax.jit differs from its eager run",
+        "With the batch sharded, jax.jit must reproduce the eager output (within --atol).",
+    ),
+    Rule(
+        "shard-check/shard_map_split_keys",
+        "ShardMapSplitKeys",
+        "under shard_map with one key per device, devices drew the same values",
+        "The output does not depend on the key, or the key is not used per device.",
+    ),
+    Rule(
+        "shard-check/shard_map_replicated_key",
+        "SameRandomnessOnEveryDevice",
+        "under shard_map with one replicated key, devices drew the same values",
+        "Pass each device its own key (split with in_specs over the mesh axis) or fold in "
+        "jax.lax.axis_index; --allow-replicated if identical randomness is intended.",
+    ),
 )
 
 
@@ -172,8 +254,14 @@ def _fn_location(target) -> Location | None:
             tree = ast.parse(f.read())
         scope = tree.body
         for part in attr.split("."):
-            node = next((n for n in scope if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-                         and n.name == part), None)
+            node = next(
+                (
+                    n
+                    for n in scope
+                    if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == part
+                ),
+                None,
+            )
             if node is None:
                 break
             line = node.lineno
@@ -210,8 +298,9 @@ def shard_findings(report) -> list[Finding]:
             if c.status not in ("fail", "finding", "allowed"):
                 continue
             level = NOTE if c.status == "allowed" else ERROR
-            out.append(Finding(f"shard-check/{c.id}", level, f"{t.name}: {c.title}: {c.message}",
-                               _check_location(t, c)))
+            out.append(
+                Finding(f"shard-check/{c.id}", level, f"{t.name}: {c.title}: {c.message}", _check_location(t, c))
+            )
     return out
 
 
@@ -229,22 +318,46 @@ def report_path(file: str) -> str:
 
 # ---------------------------------------------------------------- verify and diff
 DIFF_RULES = (
-    Rule("diff/changed", "KeyChanged", "a call site receives a different key than before",
-         "The site (path, stream, count, lane) still exists but its key moved: a new or removed nn.jit fork "
-         "above it, a different split, a different root key or setting. The finding says why and how to fix it."),
-    Rule("diff/new", "NewCallSite", "a call site that did not exist before",
-         "Often one half of a module move (a rename, an inserted auto-named module, a new transform): give the "
-         "module its old name to get the old keys back."),
-    Rule("diff/gone", "GoneCallSite", "a call site that no longer exists",
-         "Often the other half of a module move; the finding names where its keys went."),
+    Rule(
+        "diff/changed",
+        "KeyChanged",
+        "a call site receives a different key than before",
+        "The site (path, stream, count, lane) still exists but its key moved: a new or removed nn.jit fork "
+        "above it, a different split, a different root key or setting. The finding says why and how to fix it.",
+    ),
+    Rule(
+        "diff/new",
+        "NewCallSite",
+        "a call site that did not exist before",
+        "Often one half of a module move (a rename, an inserted auto-named module, a new transform): give the "
+        "module its old name to get the old keys back.",
+    ),
+    Rule(
+        "diff/gone",
+        "GoneCallSite",
+        "a call site that no longer exists",
+        "Often the other half of a module move; the finding names where its keys went.",
+    ),
 )
 VERIFY_RULES = (
-    Rule("verify/differs", "KeyDiffers", "the spec's key differs from the key Flax hands out",
-         "The spec no longer describes the model: capture it again, or fix the spec statement."),
-    Rule("verify/missing", "MissingInSpec", "Flax hands out a key the spec has no call site for",
-         "Add the statement to the spec (or capture it again)."),
-    Rule("verify/extra", "ExtraInSpec", "the spec replays a key Flax never hands out",
-         "Remove the statement from the spec (or capture it again)."),
+    Rule(
+        "verify/differs",
+        "KeyDiffers",
+        "the spec's key differs from the key Flax hands out",
+        "The spec no longer describes the model: capture it again, or fix the spec statement.",
+    ),
+    Rule(
+        "verify/missing",
+        "MissingInSpec",
+        "Flax hands out a key the spec has no call site for",
+        "Add the statement to the spec (or capture it again).",
+    ),
+    Rule(
+        "verify/extra",
+        "ExtraInSpec",
+        "the spec replays a key Flax never hands out",
+        "Remove the statement from the spec (or capture it again).",
+    ),
 )
 
 
@@ -271,7 +384,10 @@ def _where(cmp: Comparison, e: Entry):
         return site.location, ""
     near = _nearest(cap.sites, e.site.path) if cap is not None else None
     if near is not None:
-        return near.location, f" [{file} has no such call site; shown at {near.path_str} {near.stream} count {near.count}]"
+        return (
+            near.location,
+            f" [{file} has no such call site; shown at {near.path_str} {near.stream} count {near.count}]",
+        )
     return Location(file, 1, 1), f" [{file} has no line for this call site]"
 
 

@@ -1,6 +1,7 @@
 """The report formats every command writes, each a class behind one small interface, picked by the Format
 enum: `text` for people, `json` (the command's versioned JSON), `github` (workflow annotations) and `sarif`
 (SARIF 2.1.0 for code scanning); `derive` also streams `jsonl` (rngaudit.output.derive_json)."""
+
 from __future__ import annotations
 
 import enum

@@ -1,7 +1,8 @@
 """Findings as GitHub Actions workflow commands (`::error file=F,line=L,col=C,title=T::message`)."""
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from .findings import ERROR, NOTE, WARNING, Finding, report_path
 

@@ -10,19 +10,20 @@ Nothing is drawn when stderr is not a terminal (CI logs, pipes, tests), and stdo
 so the report stays clean. `advance` is cheap: it adds to a counter, and rich redraws from its own
 thread a few times a second.
 """
+
 from __future__ import annotations
 
 import os
 import sys
 import threading
 import weakref
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
 SHOW_AFTER_SECONDS = 1.0  # short runs never flash a bar
 # the threads a bar runs (its timer, rich's refresh thread): they touch only rich and the bar's lock,
 # so a process that forks a worker that touches neither may fork beside them (rngaudit.fast)
-THREADS: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
+THREADS: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
 
 
 def _noop(n: int = 1) -> None:
@@ -40,8 +41,9 @@ def enabled(stream=None) -> bool:
 
 
 @contextmanager
-def progress(total: int | None, description: str, *, stream=None,
-             delay: float = SHOW_AFTER_SECONDS) -> Iterator[Callable[[int], None]]:
+def progress(
+    total: int | None, description: str, *, stream=None, delay: float = SHOW_AFTER_SECONDS
+) -> Iterator[Callable[[int], None]]:
     """Yield `advance(n=1)`; draw a transient bar on `stream` (stderr) once the run lasts `delay` seconds."""
     stream = sys.stderr if stream is None else stream
     if not enabled(stream):
@@ -72,8 +74,9 @@ def progress(total: int | None, description: str, *, stream=None,
             if not state["stopped"]:
                 before = set(threading.enumerate())
                 bar.start()
-                THREADS.update(t for t in threading.enumerate()
-                               if t not in before and type(t).__module__.startswith("rich."))
+                THREADS.update(
+                    t for t in threading.enumerate() if t not in before and type(t).__module__.startswith("rich.")
+                )
                 state["started"] = True
 
     timer = threading.Timer(delay, start)

@@ -1,10 +1,11 @@
 """Findings as a SARIF 2.1.0 log, the format code-scanning tools (GitHub code scanning) read."""
+
 from __future__ import annotations
 
 import os
 import pathlib
 import urllib.parse
-from typing import Sequence
+from collections.abc import Sequence
 
 from .. import __version__
 from ..errors import Location
@@ -22,14 +23,23 @@ def _uri(file: str) -> dict:
 
 
 def _physical(loc: Location) -> dict:
-    return {"physicalLocation": {"artifactLocation": _uri(loc.file),
-                                 "region": {"startLine": max(1, loc.line), "startColumn": max(1, loc.col)}}}
+    return {
+        "physicalLocation": {
+            "artifactLocation": _uri(loc.file),
+            "region": {"startLine": max(1, loc.line), "startColumn": max(1, loc.col)},
+        }
+    }
 
 
 def _rule_json(r: Rule) -> dict:
-    return {"id": r.id, "name": r.name, "shortDescription": {"text": r.summary},
-            "fullDescription": {"text": r.help}, "help": {"text": r.help},
-            "defaultConfiguration": {"level": "error"}}
+    return {
+        "id": r.id,
+        "name": r.name,
+        "shortDescription": {"text": r.summary},
+        "fullDescription": {"text": r.help},
+        "help": {"text": r.help},
+        "defaultConfiguration": {"level": "error"},
+    }
 
 
 def to_sarif(command: str, findings: Sequence[Finding], rules: Sequence[Rule]) -> dict:
@@ -46,18 +56,26 @@ def to_sarif(command: str, findings: Sequence[Finding], rules: Sequence[Rule]) -
         if f.location is not None:
             result["locations"] = [_physical(f.location)]
         if f.related:
-            result["relatedLocations"] = [dict(_physical(loc), id=i, message={"text": text})
-                                          for i, (loc, text) in enumerate(f.related)]
+            result["relatedLocations"] = [
+                dict(_physical(loc), id=i, message={"text": text}) for i, (loc, text) in enumerate(f.related)
+            ]
         results.append(result)
     return {
         "$schema": SARIF_SCHEMA,
         "version": SARIF_VERSION,
-        "runs": [{
-            "tool": {"driver": {"name": "rngaudit", "version": __version__, "semanticVersion": __version__,
-                                "rules": [_rule_json(r) for r in rules]}},
-            "automationDetails": {"id": f"rngaudit/{command}/"},
-            "columnKind": "unicodeCodePoints",
-            "results": results,
-        }],
+        "runs": [
+            {
+                "tool": {
+                    "driver": {
+                        "name": "rngaudit",
+                        "version": __version__,
+                        "semanticVersion": __version__,
+                        "rules": [_rule_json(r) for r in rules],
+                    }
+                },
+                "automationDetails": {"id": f"rngaudit/{command}/"},
+                "columnKind": "unicodeCodePoints",
+                "results": results,
+            }
+        ],
     }
-

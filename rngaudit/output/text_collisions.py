@@ -1,9 +1,10 @@
 """Human-readable `collisions` output with rich: each finding, why it happens, and the checked fixes."""
+
 from __future__ import annotations
 
 import json
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 from rich.cells import cell_len
 from rich.console import Console
@@ -24,15 +25,14 @@ from ..collision.results import (
 MAX_SHOWN = 12  # call sites (or key groups) listed per finding; --format json lists them all
 
 _WHY = {
-    1: "Flax hashes the path names and the count concatenated, with no separator: different names spell "
-       "the same bytes",
+    1: "Flax hashes the path names and the count concatenated, with no separator: different names spell the same bytes",
     2: "the count is hashed as big-endian bytes right after the names: a count spells the end of a name",
     3: "different bytes, but Flax keeps only 32 bits of SHA-1 and both give the same word "
-       "(with n call sites on one key, expect about n*n/2**33 such pairs)",
+    "(with n call sites on one key, expect about n*n/2**33 such pairs)",
 }
 _WHY_SHARED = {
     SHARED_SEED: "the streams (or base keys) hold the same key data, and the stream name is not hashed: "
-                 "equal paths and counts get equal keys",
+    "equal paths and counts get equal keys",
     "unsplit_lanes": "the lanes of a vmap/scan with split_rngs false for this stream share every key",
 }
 _INDENT = "   "
@@ -136,8 +136,18 @@ def _site_table(rows: list[tuple[CallSite, str]], console: Console) -> None:
     for s, extra in rows:
         stream = s.stream if s.stream == s.stream_requested else f"{s.stream_requested}->{s.stream}"
         lane = f" lane {list(s.lane)}" if s.lane else ""
-        lines.append([_INDENT, _path(s.path), _shown(stream) + lane, f"count {s.count}", _shown(s.label or s.kind),
-                      str(s.location), _items(s.hash_items), extra])
+        lines.append(
+            [
+                _INDENT,
+                _path(s.path),
+                _shown(stream) + lane,
+                f"count {s.count}",
+                _shown(s.label or s.kind),
+                str(s.location),
+                _items(s.hash_items),
+                extra,
+            ]
+        )
     _print_rows(lines, console)
 
 
@@ -155,10 +165,18 @@ def _separator(check: SeparatorCheck, console: Console) -> None:
     elif check.removes:
         _print(console, _line("separator", f"fix_rng_separator: true removes it (checked: {check.detail})"))
     else:
-        _print(console, _line("separator", f"fix_rng_separator: true does NOT remove it (checked: {check.detail})",
-                              "yellow"))
-    _print(console, _line("", f"warning: flipping fix_rng_separator changes every key in the model (all "
-                              f"{check.keys_in_model} here), not only these"))
+        _print(
+            console,
+            _line("separator", f"fix_rng_separator: true does NOT remove it (checked: {check.detail})", "yellow"),
+        )
+    _print(
+        console,
+        _line(
+            "",
+            f"warning: flipping fix_rng_separator changes every key in the model (all "
+            f"{check.keys_in_model} here), not only these",
+        ),
+    )
 
 
 def _rename(r: Rename, input_kind: str) -> str:
@@ -194,8 +212,10 @@ def render_collision(c: Collision, input_kind: str, console: Console) -> None:
     if c.collision_class == SHARED_KEY:
         streams = sorted({_shown(s.stream) for s in sites})
         bases = sorted({_shown(s.base) for s in sites})
-        head.append(f"{len(keys)} key{'s' if len(keys) != 1 else ''} shared by {len(sites)} call sites across "
-                    f"{', '.join(bases)}" + (f" (streams {', '.join(streams)})" if len(streams) > 1 else ""))
+        head.append(
+            f"{len(keys)} key{'s' if len(keys) != 1 else ''} shared by {len(sites)} call sites across "
+            f"{', '.join(bases)}" + (f" (streams {', '.join(streams)})" if len(streams) > 1 else "")
+        )
         _print(console, head)
         rows: list[tuple[CallSite, str]] = []
         shown = c.inputs[:MAX_SHOWN]
@@ -230,15 +250,23 @@ def render_latent(lt: LatentCollision, input_kind: str, console: Console) -> Non
     n = len(lt.partners)
     head = Text()
     head.append("LATENT ", style="bold yellow")
-    head.append(f"{_path(s.path)} (stream {_shown(s.stream)}, {s.location}) reaches count {lt.max_count}; at higher counts "
-                f"its keys equal those of {n} other path{'s' if n != 1 else ''}:")
+    head.append(
+        f"{_path(s.path)} (stream {_shown(s.stream)}, {s.location}) reaches count {lt.max_count}; at higher counts "
+        f"its keys equal those of {n} other path{'s' if n != 1 else ''}:"
+    )
     _print(console, head)
     lines = []
     for p in lt.partners[:MAX_SHOWN]:
         short, long = p.counts
-        lines.append([_INDENT, _path(p.site.path),
-                      f"count {long} (reaches {p.max_count}) = {_path(s.path)} count {short} (0x{short:x})",
-                      str(p.site.location), f"both hash {p.data!r}"])
+        lines.append(
+            [
+                _INDENT,
+                _path(p.site.path),
+                f"count {long} (reaches {p.max_count}) = {_path(s.path)} count {short} (0x{short:x})",
+                str(p.site.location),
+                f"both hash {p.data!r}",
+            ]
+        )
     _print_rows(lines, console)
     _more(n - MAX_SHOWN, "paths", console)
     _print(console, _line("why", _WHY[COUNT_MEETS_NAME]))
@@ -251,8 +279,10 @@ def render_audit(a: Audit, console: Console) -> None:
     head.append(_shown(a.source), style="bold")
     impl = f", {a.prng_impl}" if a.prng_impl else ""
     keys = "" if a.keys_checked else ", hash words only: class 4 not checked"
-    head.append(f"  ({a.input_kind}, {a.call_sites} call sites, fix_rng_separator={str(a.fix_rng_separator).lower()}"
-                f"{impl}{keys})")
+    head.append(
+        f"  ({a.input_kind}, {a.call_sites} call sites, fix_rng_separator={str(a.fix_rng_separator).lower()}"
+        f"{impl}{keys})"
+    )
     _print(console, head)
     for c in a.collisions:
         render_collision(c, a.input_kind, console)
@@ -269,5 +299,10 @@ def render_collisions(audits: Sequence[Audit], console: Console) -> None:
         render_audit(a, console)
     if len(audits) > 1:
         _print(console, Text())
-        _print(console, Text(f"total: {sum(a.failing for a in audits)} failing, {sum(a.info for a in audits)} "
-                           f"information, {sum(len(a.latent) for a in audits)} latent in {len(audits)} inputs"))
+        _print(
+            console,
+            Text(
+                f"total: {sum(a.failing for a in audits)} failing, {sum(a.info for a in audits)} "
+                f"information, {sum(len(a.latent) for a in audits)} latent in {len(audits)} inputs"
+            ),
+        )

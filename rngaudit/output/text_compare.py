@@ -1,4 +1,5 @@
 """`verify` and `diff` reports as text: each call site that differs, why, and the fixes."""
+
 from __future__ import annotations
 
 from ..refactor.compare import Comparison
@@ -31,9 +32,13 @@ def render_text(cmp: Comparison) -> str:
     for f in dict.fromkeys(cmp.fixes):
         lines.append(f"fix:  {f}")
     if cmp.kind == "diff":
-        lines.append(f"{cmp.count('kept')} kept, {cmp.count('changed')} changed, {cmp.count('new')} new, "
-                     f"{cmp.count('gone')} gone")
+        lines.append(
+            f"{cmp.count('kept')} kept, {cmp.count('changed')} changed, {cmp.count('new')} new, "
+            f"{cmp.count('gone')} gone"
+        )
     else:
-        lines.append(f"{cmp.count('same')} same, {cmp.count('differs')} differ, {cmp.count('missing')} missing, "
-                     f"{cmp.count('extra')} extra")
+        lines.append(
+            f"{cmp.count('same')} same, {cmp.count('differs')} differ, {cmp.count('missing')} missing, "
+            f"{cmp.count('extra')} extra"
+        )
     return "\n".join(lines) + "\n"

@@ -1,4 +1,5 @@
 """Human-readable `derive` output with rich (the only module that imports rich)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -45,17 +46,29 @@ def render_derive(report: DeriveReport, console: Console) -> None:
     spec = report.spec
     head = Text()
     head.append(f"{spec.file}", style="bold")
-    head.append(f"  phase={spec.phase}  impl={spec.prng_impl}  "
-                f"threefry_partitionable={str(spec.threefry_partitionable).lower()}  "
-                f"fix_rng_separator={str(spec.fix_rng_separator).lower()}")
+    head.append(
+        f"  phase={spec.phase}  impl={spec.prng_impl}  "
+        f"threefry_partitionable={str(spec.threefry_partitionable).lower()}  "
+        f"fix_rng_separator={str(spec.fix_rng_separator).lower()}"
+    )
     console.print(head)
     for s in sorted(report.roots):
         console.print(f"  rngs[{s!r}] = {spec.rngs[s].text} -> {list(report.roots[s])}")
     lanes = any(c.derivation.lane or c.derivation.discarded for c in report.calls)
     table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
-    columns = (("#", "right"), ("path", "left")) + ((("lane", "left"),) if lanes else ()) + (
-        ("stream", "left"), ("count", "right"), ("label", "left"), ("hash input", "left"),
-        ("bytes", "left"), ("word", "right"), ("key", "left"))
+    columns = (
+        (("#", "right"), ("path", "left"))
+        + ((("lane", "left"),) if lanes else ())
+        + (
+            ("stream", "left"),
+            ("count", "right"),
+            ("label", "left"),
+            ("hash input", "left"),
+            ("bytes", "left"),
+            ("word", "right"),
+            ("key", "left"),
+        )
+    )
     for col, just in columns:
         table.add_column(col, justify=just, no_wrap=col != "label")
     for c in report.calls:
@@ -63,9 +76,19 @@ def render_derive(report: DeriveReport, console: Console) -> None:
         stream = d.stream if not d.fallback else f"{d.stream_requested}->{d.stream}"
         key = "[" + " ".join(str(w) for w in c.key) + "]" if c.key is not None else "(traced, discarded)"
         lane = ["discarded" if d.discarded else ",".join(map(str, d.lane))] if lanes else []
-        table.add_row(str(d.index), d.path_str, *lane, Text(stream, style="yellow" if d.fallback else ""),
-                      str(d.count), d.label or "", _items(d.hash_items), d.hash_input.hex(),
-                      str(d.hash_word), key, style="dim" if d.discarded else None)
+        table.add_row(
+            str(d.index),
+            d.path_str,
+            *lane,
+            Text(stream, style="yellow" if d.fallback else ""),
+            str(d.count),
+            d.label or "",
+            _items(d.hash_items),
+            d.hash_input.hex(),
+            str(d.hash_word),
+            key,
+            style="dim" if d.discarded else None,
+        )
     console.print(table)
     for (note, loc), rows in _notes(report).items():
         console.print(f"note: {_ranges(rows)} ({loc}): {note}", style="yellow")

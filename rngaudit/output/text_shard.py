@@ -1,4 +1,5 @@
 """Human-readable `shard-check` output with rich: the devices, the environment, and each check with its verdict."""
+
 from __future__ import annotations
 
 from rich.console import Console
@@ -36,9 +37,11 @@ def _target_head(t: TargetResult) -> Text:
     head = Text(t.name, style="bold")
     if t.kind == "spec":
         sel = "".join(f"  --path {g}" for g in i["paths"]) + "".join(f"  --stream {s}" for s in i["streams"])
-        head.append(f"  spec, phase={i['phase']}, impl={i['prng_impl']}, "
-                    f"threefry_partitionable={str(i['threefry_partitionable']).lower()}; "
-                    f"{i['checked_keys']} of {i['keys']} keys checked{sel}")
+        head.append(
+            f"  spec, phase={i['phase']}, impl={i['prng_impl']}, "
+            f"threefry_partitionable={str(i['threefry_partitionable']).lower()}; "
+            f"{i['checked_keys']} of {i['keys']} keys checked{sel}"
+        )
         if i["not_checked_discarded"]:
             head.append(f" ({i['not_checked_discarded']} exist only in traces Flax discards)")
         if i["draw"]:
@@ -46,9 +49,11 @@ def _target_head(t: TargetResult) -> Text:
         return head
     key, x = i["key"], i["x"]
     fill = "ones" if x["fill"] == "ones" else f"normal (seed {x['seed']})"
-    head.append(f"  function; key {key['expr']} = [{' '.join(map(str, key['data']))}] ({key['impl']}); "
-                f"x {fill} {tuple(x['shape'])} {x['dtype']}; batch {i['batch_partition']}, "
-                f"{i['rows_per_device']} row(s) per device")
+    head.append(
+        f"  function; key {key['expr']} = [{' '.join(map(str, key['data']))}] ({key['impl']}); "
+        f"x {fill} {tuple(x['shape'])} {x['dtype']}; batch {i['batch_partition']}, "
+        f"{i['rows_per_device']} row(s) per device"
+    )
     if i["mesh_axes_only"]:
         head.append("; names mesh axes, so it runs only inside shard_map")
     return head
@@ -70,16 +75,21 @@ def _check_extra(c: Check) -> list[str]:
         if "base" in m:
             lines.append(f"{m['base']}: host {m['host']} device {m['device']}")
         elif "draw" in m:
-            lines.append(f"#{m['index']} {m['path_str']} {m['stream']} count {m['count']} {m['draw']} "
-                         f"{m['partition']}: {m['mismatched']} of {m['elements']} values differ "
-                         f"(largest {_value(m['max_abs_diff'])})")
+            lines.append(
+                f"#{m['index']} {m['path_str']} {m['stream']} count {m['count']} {m['draw']} "
+                f"{m['partition']}: {m['mismatched']} of {m['elements']} values differ "
+                f"(largest {_value(m['max_abs_diff'])})"
+            )
         else:
             lane = f" lane {m['lane']}" if m["lane"] else ""
-            lines.append(f"#{m['index']} {m['path_str']} {m['stream']} count {m['count']}{lane}: "
-                         f"host {m['host']} device {m['device']}")
+            lines.append(
+                f"#{m['index']} {m['path_str']} {m['stream']} count {m['count']}{lane}: "
+                f"host {m['host']} device {m['device']}"
+            )
     if "mismatches" in d and len(d["mismatches"]) < d["mismatched"]:
-        lines.append(f"... {d['mismatched'] - len(d['mismatches'])} more (--format json lists the first "
-                     f"{len(d['mismatches'])})")
+        lines.append(
+            f"... {d['mismatched'] - len(d['mismatches'])} more (--format json lists the first {len(d['mismatches'])})"
+        )
     return lines
 
 
@@ -87,15 +97,22 @@ def render_shard(report: ShardReport, console: Console) -> None:
     dev, mesh, env = report.devices, report.mesh, report.environment
     forced = f", forced with --devices {dev.count}" if dev.forced else ""
     head = Text("shard-check", style="bold")
-    head.append(f" on {dev.count} {dev.platform} device(s) ({dev.kind}{forced}); mesh {mesh.describe()}, "
-                f"device ids {mesh.device_ids}")
+    head.append(
+        f" on {dev.count} {dev.platform} device(s) ({dev.kind}{forced}); mesh {mesh.describe()}, "
+        f"device ids {mesh.device_ids}"
+    )
     console.print(head)
-    console.print(f"environment  jax {env.jax}, jaxlib {env.jaxlib}, flax {env.flax or '(not imported)'}, "
-                  f"Python {env.python}")
-    console.print(f"             jax_default_prng_impl={env.prng_impl}  "
-                  f"jax_threefry_partitionable={env.threefry_partitionable}  jax_enable_x64={env.enable_x64}")
-    console.print(f"             XLA_FLAGS={env.xla_flags if env.xla_flags is not None else '(unset)'}  "
-                  f"JAX_PLATFORMS={env.jax_platforms if env.jax_platforms is not None else '(unset)'}")
+    console.print(
+        f"environment  jax {env.jax}, jaxlib {env.jaxlib}, flax {env.flax or '(not imported)'}, Python {env.python}"
+    )
+    console.print(
+        f"             jax_default_prng_impl={env.prng_impl}  "
+        f"jax_threefry_partitionable={env.threefry_partitionable}  jax_enable_x64={env.enable_x64}"
+    )
+    console.print(
+        f"             XLA_FLAGS={env.xla_flags if env.xla_flags is not None else '(unset)'}  "
+        f"JAX_PLATFORMS={env.jax_platforms if env.jax_platforms is not None else '(unset)'}"
+    )
     for t in report.targets:
         console.print()
         console.print(_target_head(t))
@@ -109,6 +126,8 @@ def render_shard(report: ShardReport, console: Console) -> None:
                 console.print(Text(_INDENT + " " * 30 + extra, style="dim" if c.status == PASS else ""))
     counts = {s: report.count(s) for s in STATUSES}
     console.print()
-    console.print(f"{len(report.checks())} checks: {counts[PASS]} pass, {counts[FAIL]} fail, {counts[FINDING]} "
-                  f"finding, {counts[ALLOWED]} allowed, {counts[NOT_APPLICABLE]} n/a",
-                  style="bold red" if report.failing else "bold")
+    console.print(
+        f"{len(report.checks())} checks: {counts[PASS]} pass, {counts[FAIL]} fail, {counts[FINDING]} "
+        f"finding, {counts[ALLOWED]} allowed, {counts[NOT_APPLICABLE]} n/a",
+        style="bold red" if report.failing else "bold",
+    )

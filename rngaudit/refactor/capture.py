@@ -1,5 +1,6 @@
 """`capture`: run a user's Flax module under the hooks, record every key Flax hands out, and write a spec that
 derive replays bit-exactly (checked before it is handed out)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,8 +19,9 @@ class CaptureReport:
     spec: str
 
 
-def run_capture(target_text: str, inputs: list[str] = (), rngs: str | None = None, phase: str = "init",
-                method: str | None = None) -> tuple[Capture, str]:
+def run_capture(
+    target_text: str, inputs: list[str] = (), rngs: str | None = None, phase: str = "init", method: str | None = None
+) -> tuple[Capture, str]:
     """Capture the keys of TARGET's init (or apply) and a spec that replays them. Returns the capture and
     the spec's YAML text, verified: derive on the spec reproduces every captured key."""
     cap, rec, root_cls = observe(target_text, inputs, rngs, phase, method)
@@ -28,8 +30,9 @@ def run_capture(target_text: str, inputs: list[str] = (), rngs: str | None = Non
     return cap, spec_text
 
 
-def observe(target_text: str, inputs=(), rngs: str | dict | None = None, phase: str = "init",
-            method: str | None = None):
+def observe(
+    target_text: str, inputs=(), rngs: str | dict | None = None, phase: str = "init", method: str | None = None
+):
     """Run TARGET's init (or apply) in real Flax under observation: (capture, recorder, root class)."""
     target = parse_target(target_text)
     parsed_inputs = [parse_input(t) for t in inputs]
@@ -39,8 +42,9 @@ def observe(target_text: str, inputs=(), rngs: str | dict | None = None, phase: 
     try:
         import flax  # noqa: F401 - the hooks import it: a missing Flax is said here, in one line
     except ImportError:
-        raise FlaxUnavailableError("this command runs real Flax, which is not installed: "
-                                   "pip install 'rngaudit[flax]'") from None
+        raise FlaxUnavailableError(
+            "this command runs real Flax, which is not installed: pip install 'rngaudit[flax]'"
+        ) from None
     from . import flax_hooks
 
     # installed before the user's code runs: a class transform made at import time keeps the lifting function
@@ -57,9 +61,11 @@ def _observe(target: Target, parsed_inputs: list[InputSpec], seeds: dict, phase:
     module, args, kwargs = build_module(target, parsed_inputs)
     if method is not None and not callable(getattr(type(module), method, None)):
         raise UserCodeError(f"TARGET {target.text}: {type(module).__name__} has no method {method!r}")
-    settings = {"fix_rng_separator": bool(flax.config.flax_fix_rng_separator),
-                "prng_impl": str(jax.config.jax_default_prng_impl),
-                "threefry_partitionable": bool(jax.config.jax_threefry_partitionable)}
+    settings = {
+        "fix_rng_separator": bool(flax.config.flax_fix_rng_separator),
+        "prng_impl": str(jax.config.jax_default_prng_impl),
+        "threefry_partitionable": bool(jax.config.jax_threefry_partitionable),
+    }
     keys = {s: jax.random.key(seed) for s, seed in seeds.items()}
     call_kw = {"method": method} if method else {}
     variables = None
@@ -85,12 +91,14 @@ def _observe(target: Target, parsed_inputs: list[InputSpec], seeds: dict, phase:
         raise
     except Exception as e:  # noqa: BLE001 - the model itself fails: the user's problem, reported in one line
         msg = str(e).split("\n")[0].split(" (https://flax.readthedocs.io")[0]
-        raise UserCodeError(f"TARGET {target.text}: {type(module).__name__}.{phase} raises "
-                            f"{type(e).__name__}: {msg}") from None
+        raise UserCodeError(
+            f"TARGET {target.text}: {type(module).__name__}.{phase} raises {type(e).__name__}: {msg}"
+        ) from None
     sites = [_site(r) for r in records]
     modules = {p: {"class": m.cls, "naming": m.naming, "fields": m.fields} for p, m in rec.modules.items()}
-    cap = Capture(target.text, phase, seeds, settings, sites, modules,
-                  {"flax": flax.__version__, "jax": jax.__version__})
+    cap = Capture(
+        target.text, phase, seeds, settings, sites, modules, {"flax": flax.__version__, "jax": jax.__version__}
+    )
     return cap, rec, type(module).__name__
 
 
@@ -118,8 +126,10 @@ def _every_branch(rec, run, target: str) -> list[dict]:
             ident = (tuple(r["path"]), r["stream"], r["count"], tuple(r["lane"]))
             seen = merged.setdefault(ident, r)
             if seen["key"] != r["key"]:
-                raise UnsupportedError(f"capture of {target}: {'/'.join(ident[0]) or '(root)'} stream {ident[1]} count "
-                                f"{ident[2]} got two different keys in runs with different nn.cond/switch branches")
+                raise UnsupportedError(
+                    f"capture of {target}: {'/'.join(ident[0]) or '(root)'} stream {ident[1]} count "
+                    f"{ident[2]} got two different keys in runs with different nn.cond/switch branches"
+                )
 
     merge(rec.records())
     traced, ran = rec.branches_traced_and_run()
@@ -128,14 +138,18 @@ def _every_branch(rec, run, target: str) -> list[dict]:
     while todo:
         runs += 1
         if runs > MAX_BRANCH_RUNS:
-            raise UnsupportedError(f"capture of {target}: more than {MAX_BRANCH_RUNS} runs would be needed to see every "
-                            "nn.cond/switch branch run; write that part of the spec by hand")
+            raise UnsupportedError(
+                f"capture of {target}: more than {MAX_BRANCH_RUNS} runs would be needed to see every "
+                "nn.cond/switch branch run; write that part of the spec by hand"
+            )
         selection = _selection(todo)
         again = run(selection)
         if again.signature() != rec.signature():
-            raise UnsupportedError(f"capture of {target}: the model traces differently when another nn.cond/switch "
-                            "branch runs (Python code after the branch depends on its result), so one spec cannot "
-                            "describe it; no spec was written")
+            raise UnsupportedError(
+                f"capture of {target}: the model traces differently when another nn.cond/switch "
+                "branch runs (Python code after the branch depends on its result), so one spec cannot "
+                "describe it; no spec was written"
+            )
         merge(again.records())
         for loop, counts in again.loop_iterations.items():
             rec.loop_iterations.setdefault(loop, set()).update(counts)
@@ -156,8 +170,17 @@ def _site(r: dict) -> Site:
     else:
         kind = "make_rng"
     context = tuple(f.context for f in ev.frames)
-    return Site(tuple(r["path"]), r["requested"], r["stream"], r["count"], tuple(r["lane"]), tuple(r["key"]),
-                kind, ev.var_name, context)
+    return Site(
+        tuple(r["path"]),
+        r["requested"],
+        r["stream"],
+        r["count"],
+        tuple(r["lane"]),
+        tuple(r["key"]),
+        kind,
+        ev.var_name,
+        context,
+    )
 
 
 def verify_spec_text(spec_text: str, cap: Capture) -> None:
@@ -168,21 +191,27 @@ def verify_spec_text(spec_text: str, cap: Capture) -> None:
         spec = parse_spec(spec_text, "<captured spec>")
         sites = spec_sites(spec)
     except RngauditError as e:
-        raise InternalError(f"capture of {cap.target}: the generated spec does not replay ({e}); this is a gap in "
-                        "capture, please report it with the model") from None
+        raise InternalError(
+            f"capture of {cap.target}: the generated spec does not replay ({e}); this is a gap in "
+            "capture, please report it with the model"
+        ) from None
     ours = {s.ident: s for s in sites}
     theirs = {s.ident: s for s in cap.sites}
     for ident, s in theirs.items():
         o = ours.get(ident)
         if o is None or o.key != s.key:
             what = "has no such call site" if o is None else f"gives key {list(o.key or ())}"
-            raise InternalError(f"capture of {cap.target}: the generated spec does not reproduce Flax at "
-                            f"{_describe(s)}: Flax handed out {list(s.key)}, the replay {what}; no spec was "
-                            "written (please report this model)")
+            raise InternalError(
+                f"capture of {cap.target}: the generated spec does not reproduce Flax at "
+                f"{_describe(s)}: Flax handed out {list(s.key)}, the replay {what}; no spec was "
+                "written (please report this model)"
+            )
     for ident, o in ours.items():
         if ident not in theirs:
-            raise InternalError(f"capture of {cap.target}: the generated spec replays a key Flax never handed out "
-                            f"at {_describe(o)}; no spec was written (please report this model)")
+            raise InternalError(
+                f"capture of {cap.target}: the generated spec replays a key Flax never handed out "
+                f"at {_describe(o)}; no spec was written (please report this model)"
+            )
 
 
 def _describe(s: Site) -> str:

@@ -1,4 +1,5 @@
 """Compare the keys of two runs call site by call site (verify, diff), and say why a key moved."""
+
 from __future__ import annotations
 
 import re
@@ -6,8 +7,13 @@ from dataclasses import dataclass, field
 
 from .keys_file import Capture, Site
 
-_PREFIXES = {"Jit": "nn.jit", "Checkpoint": "nn.remat", "Vmap": "nn.vmap", "Scan": "nn.scan",
-             "Fold_rngs": "nn.fold_rngs"}
+_PREFIXES = {
+    "Jit": "nn.jit",
+    "Checkpoint": "nn.remat",
+    "Vmap": "nn.vmap",
+    "Scan": "nn.scan",
+    "Fold_rngs": "nn.fold_rngs",
+}
 
 
 @dataclass
@@ -59,7 +65,9 @@ def verify(spec_sites: Capture, observed: Capture) -> Comparison:
     for ident in _ordered(ours, theirs):
         o, t = ours.get(ident), theirs.get(ident)
         if o is None:
-            entries.append(Entry("missing", ident, None, t, ["Flax hands out this key; the spec has no such call site"]))
+            entries.append(
+                Entry("missing", ident, None, t, ["Flax hands out this key; the spec has no such call site"])
+            )
         elif t is None:
             entries.append(Entry("extra", ident, o, None, ["the spec replays this key; Flax never hands it out"]))
         elif o.key != t.key:
@@ -108,25 +116,39 @@ def _explain_changed(cmp: Comparison, old: Capture, new: Capture) -> None:
             continue
         s = e.new
         prefixes = [s.path[:i] for i in range(len(s.path) + 1)]
-        added = [p for p in prefixes if p in new_forks and p not in old_forks and not (p == s.path and s.kind == "jit_fork")]
+        added = [
+            p for p in prefixes if p in new_forks and p not in old_forks and not (p == s.path and s.kind == "jit_fork")
+        ]
         removed = [p for p in prefixes if p in old_forks and p not in new_forks]
         for p in added:
-            e.why.append(f"a new jit fork: nn.jit/nn.fold_rngs at {_p(p)} now forks every stream, and keys below it "
-                         "derive from the fork")
+            e.why.append(
+                f"a new jit fork: nn.jit/nn.fold_rngs at {_p(p)} now forks every stream, and keys below it "
+                "derive from the fork"
+            )
         for p in removed:
             e.why.append(f"the jit fork at {_p(p)} is gone: keys below it derive from the stream's key again")
         if s.lane:
             grp = (s.path, s.stream, s.count)
             so, sn = lanes_old.get(grp), lanes_new.get(grp)
             if so is not None and sn is not None and so != sn:
-                e.why.append("a different split: the lanes " + ("now share one key (split_rngs false for "
-                             f"{s.stream!r})" if sn else f"now get split keys (split_rngs true for {s.stream!r})"))
+                e.why.append(
+                    "a different split: the lanes "
+                    + (
+                        f"now share one key (split_rngs false for {s.stream!r})"
+                        if sn
+                        else f"now get split keys (split_rngs true for {s.stream!r})"
+                    )
+                )
             elif not added and not removed:
-                e.why.append(f"a different split of {s.stream!r} over the lanes (vmap/scan axis size or split_rngs "
-                             "above it changed)")
+                e.why.append(
+                    f"a different split of {s.stream!r} over the lanes (vmap/scan axis size or split_rngs "
+                    "above it changed)"
+                )
         if old.rngs.get(s.stream) != new.rngs.get(s.stream):
-            e.why.append(f"the root key of stream {s.stream!r} differs ({old.rngs.get(s.stream)!r} -> "
-                         f"{new.rngs.get(s.stream)!r})")
+            e.why.append(
+                f"the root key of stream {s.stream!r} differs ({old.rngs.get(s.stream)!r} -> "
+                f"{new.rngs.get(s.stream)!r})"
+            )
         for k in ("fix_rng_separator", "prng_impl", "threefry_partitionable"):
             if old.settings.get(k) != new.settings.get(k):
                 e.why.append(f"{k} differs ({old.settings.get(k)!r} -> {new.settings.get(k)!r})")
@@ -153,8 +175,13 @@ def _modules_of(cap: Capture) -> set:
 
 def _signature(cap: Capture, mod: tuple) -> tuple:
     n = len(mod)
-    return tuple(sorted((s.path[n:], s.stream, s.count, s.lane, s.label or "") for s in cap.sites
-                        if s.path[:n] == mod and s.kind not in ("jit_fork", "fold_rngs_fork")))
+    return tuple(
+        sorted(
+            (s.path[n:], s.stream, s.count, s.lane, s.label or "")
+            for s in cap.sites
+            if s.path[:n] == mod and s.kind not in ("jit_fork", "fold_rngs_fork")
+        )
+    )
 
 
 def _auto(name: str):
@@ -194,13 +221,17 @@ def _explain_moves(cmp: Comparison, old: Capture, new: Capture) -> None:
     new_forks = _forks(new)
     for mo, mn in paired.items():
         why = _rename_kind(mo[-1], mn[-1])
-        fix = (f"give the module now at {_p(mn)} an explicit name={mo[-1]!r} (in setup(), an explicit name= is "
-               f"kept too): it restores the old path {_p(mo)}")
+        fix = (
+            f"give the module now at {_p(mn)} an explicit name={mo[-1]!r} (in setup(), an explicit name= is "
+            f"kept too): it restores the old path {_p(mo)}"
+        )
         inserted = _unmatched_sibling(new, mn, set(paired.values()), old)
         if why.startswith("shifted auto-name index") and inserted is not None:
-            fix = (f"give the inserted module at {_p(inserted)} an explicit name= (explicit names do not advance "
-                   f"the auto-name counter): the {_base_class(new.modules[inserted]['class'])} modules after it get "
-                   "their old names and keys back")
+            fix = (
+                f"give the inserted module at {_p(inserted)} an explicit name= (explicit names do not advance "
+                f"the auto-name counter): the {_base_class(new.modules[inserted]['class'])} modules after it get "
+                "their old names and keys back"
+            )
         forked = mn in new_forks and mo not in _forks(old)
         if forked:
             fix += "; its keys still change, because nn.jit forks the streams there (a new jit fork)"
@@ -208,20 +239,22 @@ def _explain_moves(cmp: Comparison, old: Capture, new: Capture) -> None:
         cmp.fixes.append(fix)
         for e in cmp.entries:
             s = e.site
-            if e.status == "gone" and s.path[:len(mo)] == mo:
-                e.why.append(f"{why}; its keys moved to {_p(mn + s.path[len(mo):])}")
+            if e.status == "gone" and s.path[: len(mo)] == mo:
+                e.why.append(f"{why}; its keys moved to {_p(mn + s.path[len(mo) :])}")
                 e.fix = fix
-            elif e.status == "new" and s.path[:len(mn)] == mn:
+            elif e.status == "new" and s.path[: len(mn)] == mn:
                 if s.kind == "jit_fork" and s.path == mn:
                     e.why.append(f"a new jit fork at {_p(mn)} ({why})")
                 else:
-                    e.why.append(f"{why}; was {_p(mo + s.path[len(mn):])}")
+                    e.why.append(f"{why}; was {_p(mo + s.path[len(mn) :])}")
                 e.fix = fix
     _explain_insertions(cmp, old, new, mods_old, mods_new, set(paired.values()))
     for e in cmp.entries:
         if e.status in ("new", "gone") and not e.why:
-            e.why.append(_count_shift(e, old, new) or ("a call site that did not exist before" if e.status == "new"
-                                                       else "this call site no longer exists"))
+            e.why.append(
+                _count_shift(e, old, new)
+                or ("a call site that did not exist before" if e.status == "new" else "this call site no longer exists")
+            )
 
 
 def _unmatched_sibling(new: Capture, mn: tuple, matched: set, old: Capture):
@@ -229,8 +262,13 @@ def _unmatched_sibling(new: Capture, mn: tuple, matched: set, old: Capture):
     cls = new.modules.get(mn, {}).get("class")
     old_fields = {m.get("fields") for p, m in old.modules.items() if p[:-1] == mn[:-1]}
     for p, m in new.modules.items():
-        if (p[:-1] == mn[:-1] and p != mn and p not in matched and m.get("class") == cls
-                and m.get("fields") not in old_fields):
+        if (
+            p[:-1] == mn[:-1]
+            and p != mn
+            and p not in matched
+            and m.get("class") == cls
+            and m.get("fields") not in old_fields
+        ):
             return p
     return None
 
@@ -241,19 +279,20 @@ def _base_class(cls: str) -> str:
         changed = False
         for prefix in _PREFIXES:
             if cls.startswith(prefix) and len(cls) > len(prefix) and cls[len(prefix)].isupper():
-                cls, changed = cls[len(prefix):], True
+                cls, changed = cls[len(prefix) :], True
     return cls
 
 
 def _pair_by_fields(old: Capture, new: Capture) -> dict:
     """Children of one parent matched in creation order by class (transform prefixes aside) and
     hyper-parameters; pairs whose names differ are renames."""
+
     def children(cap):
         out: dict = {}
         for path, m in cap.modules.items():
             if path:
                 inner = m.get("fields", "")
-                inner = inner[inner.find("("):] if "(" in inner else inner
+                inner = inner[inner.find("(") :] if "(" in inner else inner
                 out.setdefault(path[:-1], []).append((path, (_base_class(m["class"]), inner)))
         return out
 
@@ -285,20 +324,25 @@ def _explain_insertions(cmp, old: Capture, new: Capture, mods_old, mods_new, ren
         if not auto:
             continue
         cls, k = auto
-        siblings_old = sorted(i for m in mods_old if m[:-1] == mn[:-1] and (a := _auto(m[-1])) and a[0] == cls
-                              for i in [a[1]])
+        siblings_old = sorted(
+            i for m in mods_old if m[:-1] == mn[:-1] and (a := _auto(m[-1])) and a[0] == cls for i in [a[1]]
+        )
         if not siblings_old or siblings_old != list(range(len(siblings_old))) or k != len(siblings_old):
             continue
         inserted = _inserted_index(old, new, mn[:-1], cls, k + 1)
         where = f"{cls}_{inserted}" if inserted is not None else f"one of {cls}_0..{cls}_{k}"
-        why = (f"shifted auto-name index: a {cls} was inserted ({where}), so every later {cls} moved up one index "
-               f"and {_p(mn)} is new; the keys at the shifted paths now go to other layers")
-        fix = (f"give the inserted {cls} an explicit name= (explicit names do not advance the auto-name counter): "
-               f"the later {cls} modules get their old names and keys back")
+        why = (
+            f"shifted auto-name index: a {cls} was inserted ({where}), so every later {cls} moved up one index "
+            f"and {_p(mn)} is new; the keys at the shifted paths now go to other layers"
+        )
+        fix = (
+            f"give the inserted {cls} an explicit name= (explicit names do not advance the auto-name counter): "
+            f"the later {cls} modules get their old names and keys back"
+        )
         cmp.notes.append(why)
         cmp.fixes.append(fix)
         for e in cmp.entries:
-            if e.status == "new" and e.site.path[:len(mn)] == mn:
+            if e.status == "new" and e.site.path[: len(mn)] == mn:
                 e.why.append(why)
                 e.fix = fix
 
@@ -310,7 +354,7 @@ def _inserted_index(old: Capture, new: Capture, parent: tuple, cls: str, n_new: 
     if None in fo or None in fn:
         return None
     for i in range(n_new):
-        if fn[:i] + fn[i + 1:] == fo:
+        if fn[:i] + fn[i + 1 :] == fo:
             return i
     return None
 

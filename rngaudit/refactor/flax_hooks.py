@@ -1,5 +1,6 @@
 """Hooks into real Flax, one per function capture observes, installed for the length of a capture and removed
 after it: each calls Flax's own function and tells the active Recorder what happened."""
+
 from __future__ import annotations
 
 # What is hooked (the same technique as tests/flax_oracle.py): Scope.make_rng, Scope.param, Scope.variable,
@@ -30,8 +31,19 @@ import numpy as np
 from flax.core import axes_scan, lift
 from flax.core.scope import Scope, is_filter_empty
 
-from .recorder import (BranchFrame, CaptureUnsupported, JitFrame, LiftNode, MapFrame, Recorder, ScanFrame,
-                       TraceNode, VmapFrame, WhileFrame, is_concrete)
+from .recorder import (
+    BranchFrame,
+    CaptureUnsupported,
+    JitFrame,
+    LiftNode,
+    MapFrame,
+    Recorder,
+    ScanFrame,
+    TraceNode,
+    VmapFrame,
+    WhileFrame,
+    is_concrete,
+)
 
 ACTIVE: list[Recorder] = []  # the recordings in progress, innermost last
 _ORIG: dict[str, Any] = {}  # Flax's own functions, by hook name (kept: a class transform may outlive a capture)
@@ -149,7 +161,7 @@ def _traced(fn, extra: Callable | None = None):
         trace = TraceNode()
         if isinstance(node, LiftNode):
             node.traces.append(trace)
-        with rec.push(trace), (rec.frame(extra(xs)) if extra else contextlib.nullcontext()):
+        with rec.push(trace), rec.frame(extra(xs)) if extra else contextlib.nullcontext():
             return fn(*xs, **kw)
 
     return body
@@ -173,20 +185,37 @@ def scan(fn, *args, **kwargs):
         return _ORIG["scan"](fn, *args, **kwargs)
     a = _bind(_ORIG["scan"], (fn,) + args, kwargs)
     a["fn"] = _traced(fn)
-    opts = {k: a[k] for k in ("length", "split_rngs", "variable_axes", "variable_broadcast", "variable_carry",
-                              "check_constancy_invariants")}
+    opts = {
+        k: a[k]
+        for k in (
+            "length",
+            "split_rngs",
+            "variable_axes",
+            "variable_broadcast",
+            "variable_carry",
+            "check_constancy_invariants",
+        )
+    }
     return _lifted("scan", a, _ORIG["scan"](**a), opts)
 
 
-def axes_scan_scan(fn, in_axes, out_axes, length=None, reverse=False, unroll=1, _split_transpose=False,
-                   check_constancy_invariants=True):
+def axes_scan_scan(
+    fn, in_axes, out_axes, length=None, reverse=False, unroll=1, _split_transpose=False, check_constancy_invariants=True
+):
     """flax.core.axes_scan.scan: the step index goes in as one more scanned input, and the first trace of a
     scan that checks constancy is told apart (Flax throws its keys away)."""
     rec = _rec()
     if rec is None:
-        return _ORIG["axes_scan"](fn, in_axes, out_axes, length=length, reverse=reverse, unroll=unroll,
-                                  _split_transpose=_split_transpose,
-                                  check_constancy_invariants=check_constancy_invariants)
+        return _ORIG["axes_scan"](
+            fn,
+            in_axes,
+            out_axes,
+            length=length,
+            reverse=reverse,
+            unroll=unroll,
+            _split_transpose=_split_transpose,
+            check_constancy_invariants=check_constancy_invariants,
+        )
     broadcast = rec.pending_scan[-1] if rec.pending_scan else False
     traces = [0]
 
@@ -204,9 +233,16 @@ def axes_scan_scan(fn, in_axes, out_axes, length=None, reverse=False, unroll=1, 
         if node is not None and node.kind == "scan":
             node.options["length"] = n
         traces[0] = 0
-        inner = _ORIG["axes_scan"](body, (0,) + tuple(in_axes), out_axes, length=n, reverse=reverse,
-                                   unroll=unroll, _split_transpose=_split_transpose,
-                                   check_constancy_invariants=check_constancy_invariants)
+        inner = _ORIG["axes_scan"](
+            body,
+            (0,) + tuple(in_axes),
+            out_axes,
+            length=n,
+            reverse=reverse,
+            unroll=unroll,
+            _split_transpose=_split_transpose,
+            check_constancy_invariants=check_constancy_invariants,
+        )
         return inner(broadcast_in, init, jnp.arange(n, dtype=jnp.int32), *args)
 
     return run
@@ -256,7 +292,7 @@ def fork_rngs(module):
     rec.pending_forks = forks
     try:
         yield
-    except BaseException as e:  # noqa: BLE001 - re-raised unless the original swallows it
+    except BaseException as e:
         if not cm.__exit__(type(e), e, e.__traceback__):
             raise
     else:
@@ -297,8 +333,11 @@ def _branching(kind: str, index, fns, scope, call, kw):
     rec = _rec()
     stmt = next(rec.branch_calls)
     owner = rec.owner_of_lift(scope)
-    node = LiftNode(rec.next_seq(), kind, {"rngs": kw.get("rngs", True), "variables": kw.get("variables", True),
-                                           "branches": len(fns)})
+    node = LiftNode(
+        rec.next_seq(),
+        kind,
+        {"rngs": kw.get("rngs", True), "variables": kw.get("variables", True), "branches": len(fns)},
+    )
     owner.items.append(node)
     pick = rec.selection.get(stmt)
     if pick is not None:
@@ -321,15 +360,22 @@ def _branching(kind: str, index, fns, scope, call, kw):
 def cond(pred, true_fun, false_fun, scope, *operands, **kw):
     if _rec() is None:
         return _ORIG["cond"](pred, true_fun, false_fun, scope, *operands, **kw)
-    return _branching("cond", pred, (true_fun, false_fun), scope,
-                      lambda p, fns: _ORIG["cond"](p, fns[0], fns[1], scope, *operands, **kw), kw)
+    return _branching(
+        "cond",
+        pred,
+        (true_fun, false_fun),
+        scope,
+        lambda p, fns: _ORIG["cond"](p, fns[0], fns[1], scope, *operands, **kw),
+        kw,
+    )
 
 
 def switch(index, branches, scope, *operands, **kw):
     if _rec() is None:
         return _ORIG["switch"](index, branches, scope, *operands, **kw)
-    return _branching("switch", index, tuple(branches), scope,
-                      lambda i, fns: _ORIG["switch"](i, fns, scope, *operands, **kw), kw)
+    return _branching(
+        "switch", index, tuple(branches), scope, lambda i, fns: _ORIG["switch"](i, fns, scope, *operands, **kw), kw
+    )
 
 
 def while_loop(cond_fn, body_fn, scope, init, *args, **kwargs):
@@ -372,8 +418,10 @@ def while_loop(cond_fn, body_fn, scope, init, *args, **kwargs):
 def _unsupported(name: str):
     def transform(*args, **kwargs):
         if _rec() is not None:
-            raise CaptureUnsupported(f"capture does not describe nn.{name} yet; write that part of the "
-                                     "model's spec by hand (see README, Lifted transforms)")
+            raise CaptureUnsupported(
+                f"capture does not describe nn.{name} yet; write that part of the "
+                "model's spec by hand (see README, Lifted transforms)"
+            )
         return _ORIG[name](*args, **kwargs)
 
     transform.__name__ = transform.__qualname__ = name

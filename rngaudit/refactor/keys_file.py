@@ -1,5 +1,6 @@
 """The keys a run hands out, as call sites (`Site`, `Capture`), from a capture, a keys file (format
 `rngaudit.capture` version 1) or a spec's derivation."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -35,10 +36,18 @@ class Site:
         return "/".join(self.path) if self.path else "(root)"
 
     def as_json(self) -> dict:
-        return {"path": list(self.path), "path_str": self.path_str, "stream_requested": self.requested,
-                "stream": self.stream, "count": self.count, "lane": list(self.lane),
-                "key": list(self.key) if self.key is not None else None, "kind": self.kind, "label": self.label,
-                "context": list(self.context)}
+        return {
+            "path": list(self.path),
+            "path_str": self.path_str,
+            "stream_requested": self.requested,
+            "stream": self.stream,
+            "count": self.count,
+            "lane": list(self.lane),
+            "key": list(self.key) if self.key is not None else None,
+            "kind": self.kind,
+            "label": self.label,
+            "context": list(self.context),
+        }
 
 
 @dataclass
@@ -74,8 +83,20 @@ def spec_sites(spec) -> list[Site]:
         d = c.derivation
         if d.discarded:
             continue
-        out.append(Site(tuple(d.path), d.stream_requested, d.stream, d.count, tuple(d.lane),
-                        tuple(c.key) if c.key is not None else None, d.kind, d.label, _context(d), d.location))
+        out.append(
+            Site(
+                tuple(d.path),
+                d.stream_requested,
+                d.stream,
+                d.count,
+                tuple(d.lane),
+                tuple(c.key) if c.key is not None else None,
+                d.kind,
+                d.label,
+                _context(d),
+                d.location,
+            )
+        )
     return out
 
 
@@ -91,15 +112,22 @@ def _context(d) -> tuple[str, ...]:
 
 def capture_to_json(cap: Capture, spec_file: str | None = None) -> dict:
     return {
-        "format": CAPTURE_FORMAT, "format_version": CAPTURE_FORMAT_VERSION, "rngaudit_version": __version__,
-        "target": cap.target, "phase": cap.phase, "spec": spec_file,
+        "format": CAPTURE_FORMAT,
+        "format_version": CAPTURE_FORMAT_VERSION,
+        "rngaudit_version": __version__,
+        "target": cap.target,
+        "phase": cap.phase,
+        "spec": spec_file,
         "versions": dict(cap.versions),
         "flax": {"fix_rng_separator": cap.settings["fix_rng_separator"]},
-        "jax": {"prng_impl": cap.settings["prng_impl"],
-                "threefry_partitionable": cap.settings["threefry_partitionable"]},
+        "jax": {
+            "prng_impl": cap.settings["prng_impl"],
+            "threefry_partitionable": cap.settings["threefry_partitionable"],
+        },
         "rngs": {s: cap.rngs[s] for s in sorted(cap.rngs)},
-        "modules": [{"path": list(p), "path_str": "/".join(p) if p else "(root)", **m}
-                    for p, m in cap.modules.items()],  # creation order: diff pairs modules by it
+        "modules": [
+            {"path": list(p), "path_str": "/".join(p) if p else "(root)", **m} for p, m in cap.modules.items()
+        ],  # creation order: diff pairs modules by it
         "calls": [dict(s.as_json(), index=i) for i, s in enumerate(cap.sites)],
         "summary": {"calls": len(cap.sites), "modules": len(cap.modules)},
     }
@@ -112,25 +140,50 @@ def is_capture_json(doc) -> bool:
 def capture_from_json(doc: dict, file: str, source=None) -> Capture:
     """A keys file written by `capture --keys`; every field checked."""
     if doc.get("format_version") != CAPTURE_FORMAT_VERSION:
-        raise InputError(f"{file}: capture format version {doc.get('format_version')!r} is not supported "
-                        f"(this rngaudit reads version {CAPTURE_FORMAT_VERSION})")
+        raise InputError(
+            f"{file}: capture format version {doc.get('format_version')!r} is not supported "
+            f"(this rngaudit reads version {CAPTURE_FORMAT_VERSION})"
+        )
     try:
         sites = []
         for c in doc["calls"]:
-            sites.append(Site(tuple(str(p) for p in c["path"]), str(c["stream_requested"]), str(c["stream"]),
-                              int(c["count"]), tuple(int(i) for i in c["lane"]),
-                              tuple(int(w) for w in c["key"]) if c.get("key") is not None else None,
-                              str(c.get("kind", "make_rng")), c.get("label"), tuple(c.get("context", ()))))
-        modules = {tuple(m["path"]): {"class": m["class"], "naming": m["naming"], "fields": m.get("fields", "")}
-                   for m in doc.get("modules", ())}
-        settings = {"fix_rng_separator": bool(doc["flax"]["fix_rng_separator"]),
-                    "prng_impl": str(doc["jax"]["prng_impl"]),
-                    "threefry_partitionable": bool(doc["jax"]["threefry_partitionable"])}
-        return Capture(str(doc.get("target", file)), str(doc.get("phase", "init")), dict(doc.get("rngs", {})),
-                       settings, sites, modules, dict(doc.get("versions", {})), source)
+            sites.append(
+                Site(
+                    tuple(str(p) for p in c["path"]),
+                    str(c["stream_requested"]),
+                    str(c["stream"]),
+                    int(c["count"]),
+                    tuple(int(i) for i in c["lane"]),
+                    tuple(int(w) for w in c["key"]) if c.get("key") is not None else None,
+                    str(c.get("kind", "make_rng")),
+                    c.get("label"),
+                    tuple(c.get("context", ())),
+                )
+            )
+        modules = {
+            tuple(m["path"]): {"class": m["class"], "naming": m["naming"], "fields": m.get("fields", "")}
+            for m in doc.get("modules", ())
+        }
+        settings = {
+            "fix_rng_separator": bool(doc["flax"]["fix_rng_separator"]),
+            "prng_impl": str(doc["jax"]["prng_impl"]),
+            "threefry_partitionable": bool(doc["jax"]["threefry_partitionable"]),
+        }
+        return Capture(
+            str(doc.get("target", file)),
+            str(doc.get("phase", "init")),
+            dict(doc.get("rngs", {})),
+            settings,
+            sites,
+            modules,
+            dict(doc.get("versions", {})),
+            source,
+        )
     except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise InputError(f"{file}: not a valid {CAPTURE_FORMAT} file ({type(e).__name__}: {e}); write it with "
-                        "`rngaudit capture TARGET --keys FILE`") from None
+        raise InputError(
+            f"{file}: not a valid {CAPTURE_FORMAT} file ({type(e).__name__}: {e}); write it with "
+            "`rngaudit capture TARGET --keys FILE`"
+        ) from None
 
 
 def load_sites(path: str) -> Capture:
@@ -149,7 +202,10 @@ def load_sites(path: str) -> Capture:
 
 def spec_capture(name: str, spec) -> Capture:
     """A spec's derived keys as a Capture named `name`."""
-    settings = {"fix_rng_separator": spec.fix_rng_separator, "prng_impl": spec.prng_impl,
-                "threefry_partitionable": spec.threefry_partitionable}
+    settings = {
+        "fix_rng_separator": spec.fix_rng_separator,
+        "prng_impl": spec.prng_impl,
+        "threefry_partitionable": spec.threefry_partitionable,
+    }
     rngs = {s: src.text for s, src in spec.rngs.items()}
     return Capture(name, spec.phase, rngs, settings, spec_sites(spec), {})

@@ -1,5 +1,6 @@
 """What capture records while real Flax runs a model: the call tree of modules and lifted transforms, every
 make_rng as a trace-time event, and the keys that really ran, attributed to their call site and lane."""
+
 from __future__ import annotations
 
 # At TRACE time every make_rng becomes an event (path, stream requested and used, the count Flax hashed,
@@ -228,9 +229,11 @@ class Recorder:
                 if node.owner_path == path:
                     return node  # a make_rng of the module an nn.cond/switch/while_loop branch runs on
                 break
-        raise CaptureUnsupported(f"a key was drawn at scope {'/'.join(path) or '(root)'} from outside a method of "
-                                 "that module (e.g. a parent calling the child's make_rng, or nn.share_scope); "
-                                 "capture cannot describe that as a spec")
+        raise CaptureUnsupported(
+            f"a key was drawn at scope {'/'.join(path) or '(root)'} from outside a method of "
+            "that module (e.g. a parent calling the child's make_rng, or nn.share_scope); "
+            "capture cannot describe that as a spec"
+        )
 
     def owner_of_lift(self, scopes):
         """The call node of the module a lifted transform runs for. A class transform's method is not
@@ -261,8 +264,9 @@ class Recorder:
         if isinstance(top, CallNode) and top.path == path:
             return next_fun(*args, **kwargs)  # a method calling another method of the same module
         node = CallNode(self.next_seq(), path, type(m).__name__, method)
-        self.modules.setdefault(path, ModuleInfo(path, type(m).__name__, "root" if not path else "explicit",
-                                                 _fields(m)))
+        self.modules.setdefault(
+            path, ModuleInfo(path, type(m).__name__, "root" if not path else "explicit", _fields(m))
+        )
         if method == "setup":
             self.setups.append(node)
         self._container(path).items.append(node)
@@ -278,16 +282,29 @@ class Recorder:
         self.modules.setdefault(path, ModuleInfo(path, type(module).__name__, naming, _fields(module)))
         if parent_setup:
             top = self.stack[-1]
-            if isinstance(top, CallNode) and top.method == "setup" and top.path == path[:-1]:
-                if ("define", module.name) not in top.items:
-                    top.items.append(("define", module.name))
+            if (
+                isinstance(top, CallNode)
+                and top.method == "setup"
+                and top.path == path[:-1]
+                and ("define", module.name) not in top.items
+            ):
+                top.items.append(("define", module.name))
 
     # ---------------------------------------------------------- events
     def make_rng(self, scope, name, key) -> None:
         used = name if name in scope.rngs else "params"
         init_col, var_name = self.inits[-1] if self.inits else (None, None)
-        ev = Event(self.next_seq(), tuple(scope.path), name, used, int(scope.rng_counters[used]),
-                   tuple(self.frames), init_col, var_name, bool(self.fork_stack))
+        ev = Event(
+            self.next_seq(),
+            tuple(scope.path),
+            name,
+            used,
+            int(scope.rng_counters[used]),
+            tuple(self.frames),
+            init_col,
+            var_name,
+            bool(self.fork_stack),
+        )
         if self.fork_stack:
             self.fork_stack[-1].append(ev)
         else:
@@ -301,8 +318,11 @@ class Recorder:
             return
         frames = ev.frames
         j = max((i for i, f in enumerate(frames) if isinstance(f, JitFrame)), default=-1)
-        lanes = [f.index() for f in frames[j + 1:]
-                 if isinstance(f, _LANES) and not (isinstance(f, ScanFrame) and f.constancy)]
+        lanes = [
+            f.index()
+            for f in frames[j + 1 :]
+            if isinstance(f, _LANES) and not (isinstance(f, ScanFrame) and f.constancy)
+        ]
         args = [jax.random.key_data(key)]
         if lanes:
             args.append(jnp.stack([jnp.asarray(i, jnp.int32) for i in lanes]))
@@ -330,8 +350,10 @@ class Recorder:
 
     def signature(self) -> list:
         """What was traced, in order: the same in every run when branch choices do not change the trace."""
-        return [(ev.path, ev.requested, ev.stream, ev.count, ev.branch, ev.discarded)
-                for _, ev in sorted(self.events.items())]
+        return [
+            (ev.path, ev.requested, ev.stream, ev.count, ev.branch, ev.discarded)
+            for _, ev in sorted(self.events.items())
+        ]
 
     def records(self) -> list[dict]:
         """Every key that ran, attributed (inside a jit: to the fork it derives from) and ordered."""
@@ -342,8 +364,9 @@ class Recorder:
                 raise CaptureUnsupported(f"two different keys for one call site (event {seq}, lane {lanes})")
         forks: dict = {}
         out: dict = {}
-        for (seq, lanes, fork), key in sorted(groups.items(), key=lambda kv: (
-                self.events[kv[0][0]].jit_depth, kv[0][0], kv[0][1])):
+        for (seq, lanes, fork), key in sorted(
+            groups.items(), key=lambda kv: (self.events[kv[0][0]].jit_depth, kv[0][0], kv[0][1])
+        ):
             ev = self.events[seq]
             jit = ev.jit
             if jit is None:
@@ -351,14 +374,24 @@ class Recorder:
             else:
                 cands = [f for f in forks.get((ev.stream, fork), ()) if f["event"].jit_depth == ev.jit_depth - 1]
                 if not cands:
-                    raise CaptureUnsupported(f"a key inside nn.jit/fold_rngs at {'/'.join(ev.path)} could not be "
-                                             "attributed to the fork it derives from")
-                rel = ev.path[len(jit.path):]
+                    raise CaptureUnsupported(
+                        f"a key inside nn.jit/fold_rngs at {'/'.join(ev.path)} could not be "
+                        "attributed to the fork it derives from"
+                    )
+                rel = ev.path[len(jit.path) :]
                 places = [(f["call"], f["path"] + rel, f["lane"] + lanes) for f in cands]
             for prefix, path, lane in places:
                 order = prefix + (seq,) + lane
-                rec = {"path": path, "requested": ev.requested, "stream": ev.stream, "count": ev.count,
-                       "lane": lane, "key": key, "order": order, "event": ev}
+                rec = {
+                    "path": path,
+                    "requested": ev.requested,
+                    "stream": ev.stream,
+                    "count": ev.count,
+                    "lane": lane,
+                    "key": key,
+                    "order": order,
+                    "event": ev,
+                }
                 if ev.fork:
                     rec["call"] = prefix + (ev.call_seq,)
                     forks.setdefault((ev.stream, key), []).append(rec)

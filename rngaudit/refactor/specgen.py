@@ -1,12 +1,19 @@
 """Turn what capture observed in Flax (calls, transforms, key events) into a spec in the project's format."""
+
 from __future__ import annotations
 
 import yaml
 
 from ..errors import UnsupportedError
 
-_CLASS_PREFIX = {"vmap": "Vmap", "scan": "Scan", "jit": "Jit", "remat": "Checkpoint", "fold_rngs": "Fold_rngs",
-                 "map_variables": "Map_variables"}
+_CLASS_PREFIX = {
+    "vmap": "Vmap",
+    "scan": "Scan",
+    "jit": "Jit",
+    "remat": "Checkpoint",
+    "fold_rngs": "Fold_rngs",
+    "map_variables": "Map_variables",
+}
 _FLOW = ("cond", "switch", "while_loop")  # lifted inside a method: statements of the body
 
 
@@ -37,8 +44,7 @@ def _filter(f, what: str):
         return f
     if isinstance(f, (tuple, list)) and all(isinstance(x, str) for x in f):
         return list(f)
-    raise _Unsupported(f"capture cannot write the filter {f!r} of {what} (only names, lists of names, True "
-                       "and False)")
+    raise _Unsupported(f"capture cannot write the filter {f!r} of {what} (only names, lists of names, True and False)")
 
 
 def _mapping(d, what: str) -> dict:
@@ -58,19 +64,29 @@ def _lift_options(node) -> dict:
     if node.kind == "vmap":
         if o.get("axis_size") is None:
             raise _Unsupported("nn.vmap whose axis size cannot be told from its inputs")
-        return {"axis_size": int(o["axis_size"]), "split_rngs": _mapping(o["split_rngs"], "split_rngs"),
-                "variable_axes": _mapping(o["variable_axes"], "variable_axes")}
+        return {
+            "axis_size": int(o["axis_size"]),
+            "split_rngs": _mapping(o["split_rngs"], "split_rngs"),
+            "variable_axes": _mapping(o["variable_axes"], "variable_axes"),
+        }
     if node.kind == "scan":
         if o.get("length") is None:
             raise _Unsupported("nn.scan whose length cannot be told from its inputs")
-        return {"length": int(o["length"]), "split_rngs": _mapping(o["split_rngs"], "split_rngs"),
-                "variable_axes": _mapping(o["variable_axes"], "variable_axes"),
-                "variable_broadcast": _filter(o["variable_broadcast"], "variable_broadcast"),
-                "variable_carry": _filter(o["variable_carry"], "variable_carry"),
-                "check_constancy_invariants": bool(o["check_constancy_invariants"])}
+        return {
+            "length": int(o["length"]),
+            "split_rngs": _mapping(o["split_rngs"], "split_rngs"),
+            "variable_axes": _mapping(o["variable_axes"], "variable_axes"),
+            "variable_broadcast": _filter(o["variable_broadcast"], "variable_broadcast"),
+            "variable_carry": _filter(o["variable_carry"], "variable_carry"),
+            "check_constancy_invariants": bool(o["check_constancy_invariants"]),
+        }
     if node.kind == "map_variables":
-        out = {"rngs": _filter(o["rngs"], "rngs"), "init": bool(o["init"]), "mutable": bool(o["mutable"]),
-               "mapped_collections": _filter(o["mapped_collections"], "mapped_collections")}
+        out = {
+            "rngs": _filter(o["rngs"], "rngs"),
+            "init": bool(o["init"]),
+            "mutable": bool(o["mutable"]),
+            "mapped_collections": _filter(o["mapped_collections"], "mapped_collections"),
+        }
         if o["variables"] is not True:
             out["variables"] = _filter(o["variables"], "variables")
         return out
@@ -97,20 +113,30 @@ class _Builder:
             lift_nodes = [x for x in node.items if _is_lift(x)]
             if not lift_nodes:
                 return lifts, node
-            others = [x for x in node.items if _kind(x) in ("Event", "CallNode") or _is_flow(x)
-                      if not (_kind(x) == "CallNode" and x.method == "setup")]
+            others = [
+                x
+                for x in node.items
+                if _kind(x) in ("Event", "CallNode") or _is_flow(x)
+                if not (_kind(x) == "CallNode" and x.method == "setup")
+            ]
             if len(lift_nodes) > 1 or others:
-                raise _Unsupported(f"module {'/'.join(node.path) or '(root)'} mixes a lifted transform with other "
-                                   "work in the same method")
+                raise _Unsupported(
+                    f"module {'/'.join(node.path) or '(root)'} mixes a lifted transform with other "
+                    "work in the same method"
+                )
             ln = lift_nodes[0]
             if not ln.traces:
                 raise _Unsupported(f"nn.{ln.kind} at {'/'.join(node.path) or '(root)'} ran without tracing its body")
             lifts.append((ln.kind, _lift_options(ln), node.cls))
-            inner = [x for x in ln.traces[0].items if type(x).__name__ == "CallNode" and x.path == node.path
-                     and x.method != "setup"]
+            inner = [
+                x
+                for x in ln.traces[0].items
+                if type(x).__name__ == "CallNode" and x.path == node.path and x.method != "setup"
+            ]
             if len(inner) != 1:
-                raise _Unsupported(f"the body of nn.{ln.kind} at {'/'.join(node.path) or '(root)'} is not one call "
-                                   "of the module")
+                raise _Unsupported(
+                    f"the body of nn.{ln.kind} at {'/'.join(node.path) or '(root)'} is not one call of the module"
+                )
             node = inner[0]
 
     def module(self, node, name: str | None, define: bool = False) -> dict:
@@ -134,8 +160,9 @@ class _Builder:
                 stmt = {kind: dict({"module": stmt}, **opts)}
             elif outer_cls == cls_chain[i + 1]:
                 if not isinstance(stmt, dict) or "class" not in stmt:
-                    raise _Unsupported(f"a method decorator outside a class transform at "
-                                       f"{'/'.join(node.path) or '(root)'}")
+                    raise _Unsupported(
+                        f"a method decorator outside a class transform at {'/'.join(node.path) or '(root)'}"
+                    )
                 decorators.insert(0, {kind: opts})
             else:
                 raise _Unsupported(f"cannot tell how {outer_cls} wraps {cls_chain[i + 1]}")
@@ -146,7 +173,7 @@ class _Builder:
                 stmt = dict({"class": stmt["class"], "name": name}, **{k: v for k, v in stmt.items() if k != "class"})
             return {"module": stmt}
         if name is not None:
-            (kind, opts), = stmt.items()
+            ((kind, opts),) = stmt.items()
             stmt = {kind: dict(opts, name=name)}
         return stmt
 
@@ -236,8 +263,13 @@ class _Builder:
             elif kind == "Event":
                 stmts = self.own(item, node)
                 # several keys drawn while creating one variable: one `variable` with a list of streams
-                if (stmts and "variable" in stmts[0] and pending_var is not None and out
-                        and pending_var == (item.init_col, item.var_name)):
+                if (
+                    stmts
+                    and "variable" in stmts[0]
+                    and pending_var is not None
+                    and out
+                    and pending_var == (item.init_col, item.var_name)
+                ):
                     prev = out[-1]["variable"]
                     streams = prev["make_rng"] if isinstance(prev["make_rng"], list) else [prev["make_rng"]]
                     prev["make_rng"] = streams + [item.requested]
@@ -248,8 +280,9 @@ class _Builder:
                 out.append(self.flow(item, path, defined, cursor, seen))
                 pending_var = None
             elif kind == "LiftNode":
-                raise _Unsupported(f"a lifted transform inside a method of {'/'.join(path) or '(root)'} "
-                                   "that also does other work")
+                raise _Unsupported(
+                    f"a lifted transform inside a method of {'/'.join(path) or '(root)'} that also does other work"
+                )
         return out
 
     def flow(self, node, path: tuple, defined: set, cursor: dict, seen: set) -> dict:
@@ -260,9 +293,11 @@ class _Builder:
         labels = [t.label for t in node.traces]
         if node.kind == "while_loop":
             if labels != ["cond", "body"]:
-                raise _Unsupported(f"nn.while_loop at {where} traced its cond and body {len(labels)} times "
-                                   f"({', '.join(map(str, labels))}), not once each (a carry whose dtype changes "
-                                   "in the body makes JAX trace it again); make the carry's dtypes stable")
+                raise _Unsupported(
+                    f"nn.while_loop at {where} traced its cond and body {len(labels)} times "
+                    f"({', '.join(map(str, labels))}), not once each (a carry whose dtype changes "
+                    "in the body makes JAX trace it again); make the carry's dtypes stable"
+                )
         elif labels != list(range(node.options["branches"])):
             raise _Unsupported(f"nn.{node.kind} at {where} traced its branches as {labels}, not once each in order")
         last = cursor
@@ -277,10 +312,18 @@ class _Builder:
         if node.kind == "while_loop":
             counts = self.rec.loop_iterations.get(o["loop"], set())
             if len(counts) > 1:
-                raise _Unsupported(f"nn.while_loop at {where} ran {' or '.join(map(str, sorted(counts)))} times "
-                                   "(in different calls, lanes or steps); a spec has one iteration count per loop")
-            return {"while_loop": {"cond": parts[0], "body": parts[1], "iterations": min(counts, default=0),
-                                   "split_rngs": _mapping(o["split_rngs"], "split_rngs")}}
+                raise _Unsupported(
+                    f"nn.while_loop at {where} ran {' or '.join(map(str, sorted(counts)))} times "
+                    "(in different calls, lanes or steps); a spec has one iteration count per loop"
+                )
+            return {
+                "while_loop": {
+                    "cond": parts[0],
+                    "body": parts[1],
+                    "iterations": min(counts, default=0),
+                    "split_rngs": _mapping(o["split_rngs"], "split_rngs"),
+                }
+            }
         stmt = {"true_fun": parts[0], "false_fun": parts[1]} if node.kind == "cond" else {"branches": parts}
         if o["rngs"] is not True:
             stmt["rngs"] = _filter(o["rngs"], "rngs")
@@ -309,7 +352,7 @@ def build_spec(rec, root_cls: str, phase: str, seeds: dict, settings: dict, targ
         model = b.module(roots[0], None)
     except _Unsupported as e:
         raise UnsupportedError(f"capture of {target}: {e.message}; no spec was written") from None
-    model = model["module"] if "module" in model else model
+    model = model.get("module", model)
     doc = {
         "rngaudit": 1,
         "flax": {"fix_rng_separator": settings["fix_rng_separator"]},
@@ -318,7 +361,8 @@ def build_spec(rec, root_cls: str, phase: str, seeds: dict, settings: dict, targ
         "rngs": dict(seeds),
         "model": model,
     }
-    header = (f"# Captured by rngaudit capture {target} ({phase}) from real Flax; `rngaudit derive` on this\n"
-              "# spec reproduces every key Flax handed out (checked before it was written).\n")
+    header = (
+        f"# Captured by rngaudit capture {target} ({phase}) from real Flax; `rngaudit derive` on this\n"
+        "# spec reproduces every key Flax handed out (checked before it was written).\n"
+    )
     return header + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=100)
-

@@ -1,5 +1,6 @@
 """capture's TARGET and options: `FILE.py:FACTORY` or `package.module:FACTORY` parsed and the user's module built
 (with its example arguments, or --input ones), and --rngs parsed."""
+
 from __future__ import annotations
 
 import importlib
@@ -11,9 +12,22 @@ from dataclasses import dataclass
 
 from ..errors import RngauditError, UsageError, UserCodeError
 
-_DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64", "i32": "int32",
-           "i64": "int64", "u32": "uint32", "i8": "int8", "u8": "uint8", "bool": "bool",
-           "float32": "float32", "float16": "float16", "bfloat16": "bfloat16", "int32": "int32"}
+_DTYPES = {
+    "f32": "float32",
+    "f16": "float16",
+    "bf16": "bfloat16",
+    "f64": "float64",
+    "i32": "int32",
+    "i64": "int64",
+    "u32": "uint32",
+    "i8": "int8",
+    "u8": "uint8",
+    "bool": "bool",
+    "float32": "float32",
+    "float16": "float16",
+    "bfloat16": "bfloat16",
+    "int32": "int32",
+}
 _IDENT = r"[A-Za-z_]\w*"
 
 
@@ -54,8 +68,10 @@ def parse_input(text: str) -> InputSpec:
     """`f32[4,8]`, `x=f32[4,8]`, `i32[2]`, `f32[]`."""
     m = re.fullmatch(rf"\s*(?:({_IDENT})\s*=\s*)?(\w+)\[([\d,\s]*)\]\s*", text)
     if not m or m.group(2) not in _DTYPES:
-        raise UsageError(f"--input {text!r}: write DTYPE[SHAPE], optionally NAME=DTYPE[SHAPE], e.g. f32[4,8] or "
-                        f"x=i32[2,16] (dtypes: f32, f16, bf16, i32, i64, bool)")
+        raise UsageError(
+            f"--input {text!r}: write DTYPE[SHAPE], optionally NAME=DTYPE[SHAPE], e.g. f32[4,8] or "
+            f"x=i32[2,16] (dtypes: f32, f16, bf16, i32, i64, bool)"
+        )
     dims = tuple(int(d) for d in m.group(3).split(",") if d.strip())
     return InputSpec(m.group(1), _DTYPES[m.group(2)], dims, text)
 
@@ -100,9 +116,10 @@ def load_factory(target: Target):
     except RngauditError:
         raise
     except SyntaxError as e:
-        raise UserCodeError(f"TARGET {target.text}: cannot import it: SyntaxError at {e.filename}:{e.lineno}: "
-                            f"{e.msg}") from None
-    except BaseException as e:  # noqa: BLE001 - whatever the user's import raises is reported, not leaked
+        raise UserCodeError(
+            f"TARGET {target.text}: cannot import it: SyntaxError at {e.filename}:{e.lineno}: {e.msg}"
+        ) from None
+    except BaseException as e:
         if isinstance(e, KeyboardInterrupt):
             raise
         raise UserCodeError(f"TARGET {target.text}: cannot import it: {type(e).__name__}: {e}") from None
@@ -110,8 +127,10 @@ def load_factory(target: Target):
     for part in target.attr.split("."):
         if not hasattr(obj, part):
             found = sorted(n for n in dir(mod) if not n.startswith("_"))[:12]
-            raise UserCodeError(f"TARGET {target.text}: {target.module or target.file} has no {target.attr!r} "
-                                f"(it defines: {', '.join(found) or 'nothing'})")
+            raise UserCodeError(
+                f"TARGET {target.text}: {target.module or target.file} has no {target.attr!r} "
+                f"(it defines: {', '.join(found) or 'nothing'})"
+            )
         obj = getattr(obj, part)
     return obj
 
@@ -129,16 +148,22 @@ def build_module(target: Target, inputs: list[InputSpec]):
         try:
             made = factory()
         except Exception as e:  # noqa: BLE001
-            raise UserCodeError(f"TARGET {target.text}: {factory.__name__}() without arguments raises "
-                                f"{type(e).__name__}: {e}; point TARGET at a function that builds it") from None
+            raise UserCodeError(
+                f"TARGET {target.text}: {factory.__name__}() without arguments raises "
+                f"{type(e).__name__}: {e}; point TARGET at a function that builds it"
+            ) from None
     elif callable(factory):
         try:
             made = factory()
         except Exception as e:  # noqa: BLE001
-            raise UserCodeError(f"TARGET {target.text}: calling {target.attr}() raises {type(e).__name__}: {e}") from None
+            raise UserCodeError(
+                f"TARGET {target.text}: calling {target.attr}() raises {type(e).__name__}: {e}"
+            ) from None
     else:
-        raise UserCodeError(f"TARGET {target.text}: {target.attr} is a {type(factory).__name__}, not a Flax "
-                            "module or a function returning one")
+        raise UserCodeError(
+            f"TARGET {target.text}: {target.attr} is a {type(factory).__name__}, not a Flax "
+            "module or a function returning one"
+        )
     args, kwargs = (), {}
     if isinstance(made, tuple) and made and isinstance(made[0], nn.Module) and len(made) in (2, 3):
         module, args = made[0], made[1]
@@ -146,13 +171,16 @@ def build_module(target: Target, inputs: list[InputSpec]):
         if not isinstance(args, (tuple, list)):
             args = (args,)
         if not isinstance(kwargs, dict):
-            raise UserCodeError(f"TARGET {target.text}: the third value the factory returns must be a dict of "
-                                "keyword arguments")
+            raise UserCodeError(
+                f"TARGET {target.text}: the third value the factory returns must be a dict of keyword arguments"
+            )
     else:
         module = made
     if not isinstance(module, nn.Module):
-        raise UserCodeError(f"TARGET {target.text}: {target.attr}() returned a {type(module).__name__}, not a "
-                            "flax.linen Module (return the module, or (module, args))")
+        raise UserCodeError(
+            f"TARGET {target.text}: {target.attr}() returned a {type(module).__name__}, not a "
+            "flax.linen Module (return the module, or (module, args))"
+        )
     if inputs:
         args = tuple(jnp.ones(i.shape, i.dtype) for i in inputs if i.name is None)
         kwargs = {i.name: jnp.ones(i.shape, i.dtype) for i in inputs if i.name is not None}

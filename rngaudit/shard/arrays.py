@@ -1,5 +1,6 @@
 """How two arrays differ: the values that differ (bit for bit, or beyond a tolerance), the largest
 difference and its distance in units in the last place."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -36,10 +37,14 @@ def compare(a: np.ndarray, b: np.ndarray, atol: float = 0.0) -> dict:
         bits_b = np.ascontiguousarray(b).reshape(-1).view(np.uint8).reshape(b.size, -1)
         differ = int((bits_a != bits_b).any(axis=1).sum())
     else:
-        differ = int((~np.isclose(a.astype(np.float64), b.astype(np.float64), rtol=0.0, atol=atol,
-                                  equal_nan=True)).sum())
+        differ = int(
+            (~np.isclose(a.astype(np.float64), b.astype(np.float64), rtol=0.0, atol=atol, equal_nan=True)).sum()
+        )
     if a.dtype == np.bool_:
         return {"mismatched": differ, "max_abs_diff": None, "max_ulp": None}
     diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
-    return {"mismatched": differ, "max_abs_diff": None if np.isnan(diff).all() else float(np.nanmax(diff)),
-            "max_ulp": max_ulp(a, b)}
+    return {
+        "mismatched": differ,
+        "max_abs_diff": None if np.isnan(diff).all() else float(np.nanmax(diff)),
+        "max_ulp": max_ulp(a, b),
+    }

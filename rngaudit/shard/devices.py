@@ -1,5 +1,6 @@
 """The device side's setting: the devices picked, the mesh over them, how rows are sharded, and the
 environment that decides what JAX computes."""
+
 from __future__ import annotations
 
 import math
@@ -24,15 +25,18 @@ def pick_devices(r: ShardRequest) -> list:
     if r.devices is not None:
         devices = jax.devices("cpu")
         if len(devices) != r.devices:
-            raise DeviceError(f"--devices {r.devices}: JAX started with {len(devices)} CPU device(s) "
-                              f"(XLA_FLAGS={os.environ.get('XLA_FLAGS')!r}); something configured JAX first")
+            raise DeviceError(
+                f"--devices {r.devices}: JAX started with {len(devices)} CPU device(s) "
+                f"(XLA_FLAGS={os.environ.get('XLA_FLAGS')!r}); something configured JAX first"
+            )
         return devices
     try:
         return jax.devices(r.platform) if r.platform else jax.devices()
     except RuntimeError as e:
         if r.platform:
-            raise DeviceError(f"--platform {r.platform}: no {r.platform} devices can be had here "
-                              f"({first_line(e)})") from None
+            raise DeviceError(
+                f"--platform {r.platform}: no {r.platform} devices can be had here ({first_line(e)})"
+            ) from None
         raise DeviceError(f"JAX cannot start a backend ({first_line(e)})") from None
 
 
@@ -42,8 +46,10 @@ def make_mesh(devices: list, axes):
 
     names, sizes = zip(*axes) if axes else (("data",), (len(devices),))
     if math.prod(sizes) != len(devices):
-        raise UsageError(f"--mesh {mesh_text(axes)}: the sizes multiply to {math.prod(sizes)}, but "
-                        f"{len(devices)} {devices[0].platform} device(s) are here; they must be equal")
+        raise UsageError(
+            f"--mesh {mesh_text(axes)}: the sizes multiply to {math.prod(sizes)}, but "
+            f"{len(devices)} {devices[0].platform} device(s) are here; they must be equal"
+        )
     try:
         grid = mesh_utils.create_device_mesh(sizes, devices)
     except (ValueError, NotImplementedError, AssertionError):
@@ -58,12 +64,16 @@ def environment() -> Environment:
     import jaxlib
 
     return Environment(
-        jax=jax.__version__, jaxlib=getattr(jaxlib, "__version__", "unknown"),
+        jax=jax.__version__,
+        jaxlib=getattr(jaxlib, "__version__", "unknown"),
         flax=getattr(sys.modules.get("flax"), "__version__", None),
-        python=platform.python_version(), prng_impl=str(jax.config.jax_default_prng_impl),
+        python=platform.python_version(),
+        prng_impl=str(jax.config.jax_default_prng_impl),
         threefry_partitionable=bool(jax.config.jax_threefry_partitionable),
-        enable_x64=bool(jax.config.jax_enable_x64), xla_flags=os.environ.get("XLA_FLAGS"),
-        jax_platforms=os.environ.get("JAX_PLATFORMS"))
+        enable_x64=bool(jax.config.jax_enable_x64),
+        xla_flags=os.environ.get("XLA_FLAGS"),
+        jax_platforms=os.environ.get("JAX_PLATFORMS"),
+    )
 
 
 def shard_map():

@@ -1,5 +1,6 @@
 """A user's (key, x) function on the devices: run eagerly, under jax.jit with the batch sharded, and under
 shard_map with split keys and with one replicated key; the same randomness on several devices is found."""
+
 from __future__ import annotations
 
 import importlib
@@ -47,27 +48,33 @@ def load_function(t: FnTarget):
         sys.path.insert(0, os.path.dirname(path))
         try:
             loader_spec.loader.exec_module(module)
-        except (Exception, SystemExit) as e:
-            raise UserCodeError(f"--fn {t.text}: importing {t.file} raised {type(e).__name__}: "
-                                f"{first_line(e)}") from None
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - whatever the user's import raises is reported
+            raise UserCodeError(
+                f"--fn {t.text}: importing {t.file} raised {type(e).__name__}: {first_line(e)}"
+            ) from None
         where = t.file
     else:
         try:
             module = importlib.import_module(t.module)
         except ModuleNotFoundError as e:
             if e.name and (t.module == e.name or t.module.startswith(e.name + ".")):
-                raise UserCodeError(f"--fn {t.text}: no module named {e.name!r} (run from the directory that "
-                                    "holds it, or install it)") from None
+                raise UserCodeError(
+                    f"--fn {t.text}: no module named {e.name!r} (run from the directory that holds it, or install it)"
+                ) from None
             raise UserCodeError(f"--fn {t.text}: importing {t.module} raised {first_line(e)}") from None
-        except (Exception, SystemExit) as e:
-            raise UserCodeError(f"--fn {t.text}: importing {t.module} raised {type(e).__name__}: "
-                                f"{first_line(e)}") from None
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - whatever the user's import raises is reported
+            raise UserCodeError(
+                f"--fn {t.text}: importing {t.module} raised {type(e).__name__}: {first_line(e)}"
+            ) from None
         where = t.module
     obj = module
     for part in t.attr.split("."):
         if not hasattr(obj, part):
-            names = sorted(n for n, v in vars(module).items()
-                           if inspect.isfunction(v) and not n.startswith("_") and v.__module__ == module.__name__)
+            names = sorted(
+                n
+                for n, v in vars(module).items()
+                if inspect.isfunction(v) and not n.startswith("_") and v.__module__ == module.__name__
+            )
             known = f"; functions there: {', '.join(names)}" if names else ""
             raise UserCodeError(f"--fn {t.text}: {where} has no {t.attr!r}{known}")
         obj = getattr(obj, part)
@@ -80,8 +87,10 @@ def load_function(t: FnTarget):
     try:
         sig.bind(None, None)
     except TypeError:
-        raise UserCodeError(f"--fn {t.text}: {t.attr}{sig} cannot be called as {t.attr}(key, x); shard-check "
-                            "passes a PRNG key and a batch x") from None
+        raise UserCodeError(
+            f"--fn {t.text}: {t.attr}{sig} cannot be called as {t.attr}(key, x); shard-check "
+            "passes a PRNG key and a batch x"
+        ) from None
     return obj
 
 
@@ -99,10 +108,12 @@ def _call(t: FnTarget, where: str, fn, *args, mesh=None):
             raise UserCodeError(f"--fn {t.text}: raised NameError {where}: {first_line(e)}") from None
         if mesh is None:
             raise _NeedsMeshAxes(first_line(e)) from None
-        raise UserCodeError(f"--fn {t.text}: raised NameError {where} over the mesh axes "
-                            f"{', '.join(mesh.axis_names)}: {first_line(e).rstrip('.')}; give --mesh with the axes "
-                            "it names") from None
-    except (Exception, SystemExit) as e:
+        raise UserCodeError(
+            f"--fn {t.text}: raised NameError {where} over the mesh axes "
+            f"{', '.join(mesh.axis_names)}: {first_line(e).rstrip('.')}; give --mesh with the axes "
+            "it names"
+        ) from None
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - whatever the user's function raises is reported
         raise UserCodeError(f"--fn {t.text}: raised {type(e).__name__} {where}: {first_line(e)}") from None
 
 
@@ -112,14 +123,18 @@ def _leaves(t: FnTarget, y, rows: int) -> list:
 
     leaves = jax.tree.leaves(y)
     if not leaves:
-        raise UserCodeError(f"--fn {t.text}: returned {type(y).__name__} with no arrays; shard-check needs an "
-                            "output whose first axis is the batch")
+        raise UserCodeError(
+            f"--fn {t.text}: returned {type(y).__name__} with no arrays; shard-check needs an "
+            "output whose first axis is the batch"
+        )
     for leaf in leaves:
         shape = getattr(leaf, "shape", None)
         if shape is None or len(shape) == 0 or shape[0] != rows:
             what = f"shape {tuple(shape)}" if shape is not None else f"a {type(leaf).__name__}"
-            raise UserCodeError(f"--fn {t.text}: returned {what}; shard-check needs outputs whose first axis is "
-                                f"the batch, as x's ({rows})")
+            raise UserCodeError(
+                f"--fn {t.text}: returned {what}; shard-check needs outputs whose first axis is "
+                f"the batch, as x's ({rows})"
+            )
     return leaves
 
 
@@ -144,8 +159,14 @@ def _device_slices(y, mesh) -> tuple[list[dict], list[bytes]]:
         datas = [np.asarray(m[d.id].data) for m in by_device]
         idx = by_device[0][d.id].index[0]
         stop = leaves[0].shape[0] if idx.stop is None else idx.stop
-        shown.append({"device": int(d.id), "rows": [int(idx.start or 0), int(stop)], "values": _preview(datas[0]),
-                      "size": int(datas[0].size)})
+        shown.append(
+            {
+                "device": int(d.id),
+                "rows": [int(idx.start or 0), int(stop)],
+                "values": _preview(datas[0]),
+                "size": int(datas[0].size),
+            }
+        )
         blobs.append(b"".join(a.tobytes() for a in datas))
     return shown, blobs
 
@@ -162,8 +183,10 @@ def _fn_input(r: ShardRequest, n: int) -> np.ndarray:
     """x: ones, or a NumPy normal sample seeded by --seed; its first axis is the batch."""
     shape = r.shape or (n, 1)
     if shape[0] % n:
-        raise UsageError(f"--shape {','.join(map(str, shape))}: the first axis of x is the batch; {shape[0]} rows do "
-                        f"not divide over {n} devices")
+        raise UsageError(
+            f"--shape {','.join(map(str, shape))}: the first axis of x is the batch; {shape[0]} rows do "
+            f"not divide over {n} devices"
+        )
     if r.fill == "ones":
         return np.ones(shape, np.float32)
     return np.random.default_rng(r.seed).standard_normal(shape).astype(np.float32)
@@ -177,8 +200,10 @@ def _fn_key(r: ShardRequest, device):
     width = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0))).shape[-1]
     raw = raw_words(expr)
     if raw is not None and len(raw) != width:
-        raise UsageError(f"--key {r.key}: raw key data of {len(raw)} words; keys of the default PRNG impl "
-                        f"({jax.config.jax_default_prng_impl}) have {width}")
+        raise UsageError(
+            f"--key {r.key}: raw key data of {len(raw)} words; keys of the default PRNG impl "
+            f"({jax.config.jax_default_prng_impl}) have {width}"
+        )
     with jax.default_device(device):
         return evaluate(expr, JaxKeys(None))
 
@@ -196,43 +221,76 @@ def check_fn(t: FnTarget, r: ShardRequest, mesh) -> TargetResult:
     key = _fn_key(r, devices[0])
     batch, replicated = rows_sharding(mesh), NamedSharding(mesh, PartitionSpec())
     axes_text = mesh_text(tuple(zip(names, mesh.devices.shape)))
-    info = {"fn": t.text, "x": {"shape": list(x.shape), "dtype": "float32", "fill": r.fill,
-                                "seed": r.seed if r.fill == "normal" else None},
-            "key": {"expr": r.key, "impl": str(jax.random.key_impl(key)),
-                    "data": [int(w) for w in np.asarray(jax.random.key_data(key)).reshape(-1)]},
-            "batch_partition": partition_text(batch.spec), "rows_per_device": rows,
-            "eager_device": int(devices[0].id), "atol": r.atol, "mesh_axes_only": False, "outputs": None}
+    info = {
+        "fn": t.text,
+        "x": {
+            "shape": list(x.shape),
+            "dtype": "float32",
+            "fill": r.fill,
+            "seed": r.seed if r.fill == "normal" else None,
+        },
+        "key": {
+            "expr": r.key,
+            "impl": str(jax.random.key_impl(key)),
+            "data": [int(w) for w in np.asarray(jax.random.key_data(key)).reshape(-1)],
+        },
+        "batch_partition": partition_text(batch.spec),
+        "rows_per_device": rows,
+        "eager_device": int(devices[0].id),
+        "atol": r.atol,
+        "mesh_axes_only": False,
+        "outputs": None,
+    }
 
     try:
         with jax.default_device(devices[0]):
             eager = _call(t, "when run eagerly on one device", fn, key, jax.device_put(x, devices[0]))
     except _NeedsMeshAxes as e:
         info["mesh_axes_only"] = True
-        jit_check = Check("jit_equals_eager", "jit equals eager", NOT_APPLICABLE,
-                          f"the function names mesh axes ({e}), so it runs only inside shard_map")
+        jit_check = Check(
+            "jit_equals_eager",
+            "jit equals eager",
+            NOT_APPLICABLE,
+            f"the function names mesh axes ({e}), so it runs only inside shard_map",
+        )
     else:
         eager_leaves = [np.asarray(v) for v in _leaves(t, eager, len(x))]
         info["outputs"] = [{"shape": list(v.shape), "dtype": str(v.dtype)} for v in eager_leaves]
         jitted = jax.jit(fn, in_shardings=(replicated, batch), out_shardings=batch)
-        out = _call(t, f"under jax.jit with the batch sharded over {axes_text}", jitted,
-                    jax.device_put(key, replicated), jax.device_put(x, batch), mesh=mesh)
+        out = _call(
+            t,
+            f"under jax.jit with the batch sharded over {axes_text}",
+            jitted,
+            jax.device_put(key, replicated),
+            jax.device_put(x, batch),
+            mesh=mesh,
+        )
         jit_check = _jit_check(eager_leaves, _leaves(t, out, len(x)), r.atol, n, axes_text)
 
     # under shard_map every device gets the same rows of x, so only the keys can make devices differ
     x_same = jax.device_put(np.concatenate([x[:rows]] * n), batch)
     smap = shard_map()
-    split_fn = smap(lambda kb, xb: fn(kb[0], xb), mesh=mesh, in_specs=(PartitionSpec(names), PartitionSpec(names)),
-                    out_specs=PartitionSpec(names))
+    split_fn = smap(
+        lambda kb, xb: fn(kb[0], xb),
+        mesh=mesh,
+        in_specs=(PartitionSpec(names), PartitionSpec(names)),
+        out_specs=PartitionSpec(names),
+    )
     with jax.default_device(devices[0]):
         keys = jax.random.split(key, n)
-    y = _call(t, "under shard_map with split keys", jax.jit(split_fn), jax.device_put(keys, batch), x_same,
-              mesh=mesh)
+    y = _call(t, "under shard_map with split keys", jax.jit(split_fn), jax.device_put(keys, batch), x_same, mesh=mesh)
     _leaves(t, y, len(x))
     split_check = _split_check(*_device_slices(y, mesh), n)
 
     one_fn = smap(fn, mesh=mesh, in_specs=(PartitionSpec(), PartitionSpec(names)), out_specs=PartitionSpec(names))
-    y = _call(t, "under shard_map with one replicated key", jax.jit(one_fn), jax.device_put(key, replicated),
-              x_same, mesh=mesh)
+    y = _call(
+        t,
+        "under shard_map with one replicated key",
+        jax.jit(one_fn),
+        jax.device_put(key, replicated),
+        x_same,
+        mesh=mesh,
+    )
     _leaves(t, y, len(x))
     one_check = _replicated_check(*_device_slices(y, mesh), n, r.allow_replicated, names)
     return TargetResult("fn", t.text, info, (jit_check, split_check, one_check))
@@ -251,21 +309,42 @@ def _jit_check(eager: list, jitted: list, atol: float, n: int, axes_text: str) -
         max_diff = max(max_diff, d["max_abs_diff"] or 0.0)
         max_ulp = None if max_ulp is None or d["max_ulp"] is None else max(max_ulp, d["max_ulp"])
     blocks = distinct_blocks(jitted[0])
-    details = {"elements": elements, "mismatched": differ, "max_abs_diff": max_diff, "max_ulp": max_ulp,
-               "atol": atol, "output_blocks": blocks, "eager": _preview(eager[0]),
-               "jit": _preview(np.asarray(jitted[0]))}
+    details = {
+        "elements": elements,
+        "mismatched": differ,
+        "max_abs_diff": max_diff,
+        "max_ulp": max_ulp,
+        "atol": atol,
+        "output_blocks": blocks,
+        "eager": _preview(eager[0]),
+        "jit": _preview(np.asarray(jitted[0])),
+    }
     how = "bit for bit" if atol == 0 else f"within atol {atol:g}"
     if differ:
         ulp = f", {max_ulp} ulp" if max_ulp is not None else ""
-        why = (" These are rounding differences, not different random values: XLA fuses float operations "
-               "differently under jit (e.g. into fused multiply-adds); --atol accepts them."
-               if max_ulp is not None and max_ulp <= ROUNDING_ULP else
-               " They are larger than rounding: the jitted, sharded run computes different values.")
-        return Check("jit_equals_eager", title, FAIL, f"under jax.jit with the batch sharded over {axes_text}, "
-                     f"{differ} of {elements} output values differ from the eager run on one device (largest "
-                     f"difference {max_diff:.3g}{ulp}{'' if atol == 0 else f', atol {atol:g}'}).{why}", details)
-    return Check("jit_equals_eager", title, PASS, f"jax.jit with the batch sharded over {axes_text} gives the eager "
-                 f"output {how} ({elements} values, in {blocks} blocks on {n} devices)", details)
+        why = (
+            " These are rounding differences, not different random values: XLA fuses float operations "
+            "differently under jit (e.g. into fused multiply-adds); --atol accepts them."
+            if max_ulp is not None and max_ulp <= ROUNDING_ULP
+            else " They are larger than rounding: the jitted, sharded run computes different values."
+        )
+        return Check(
+            "jit_equals_eager",
+            title,
+            FAIL,
+            f"under jax.jit with the batch sharded over {axes_text}, "
+            f"{differ} of {elements} output values differ from the eager run on one device (largest "
+            f"difference {max_diff:.3g}{ulp}{'' if atol == 0 else f', atol {atol:g}'}).{why}",
+            details,
+        )
+    return Check(
+        "jit_equals_eager",
+        title,
+        PASS,
+        f"jax.jit with the batch sharded over {axes_text} gives the eager "
+        f"output {how} ({elements} values, in {blocks} blocks on {n} devices)",
+        details,
+    )
 
 
 def _split_check(slices: list[dict], blobs: list[bytes], n: int) -> Check:
@@ -275,38 +354,61 @@ def _split_check(slices: list[dict], blobs: list[bytes], n: int) -> Check:
     if n == 1:
         return Check("shard_map_split_keys", title, PASS, "one device: no other device to differ from", details)
     if groups:
-        return Check("shard_map_split_keys", title, FAIL,
-                     f"{sum(map(len, groups))} of {n} devices drew the same values as another device although each "
-                     f"got its own key from jax.random.split(key, {n}): {_group_text(groups)}; the output does not "
-                     "depend on the key there", details)
-    return Check("shard_map_split_keys", title, PASS, f"each of the {n} devices drew its own values from its own key "
-                 f"(jax.random.split(key, {n}), one per device)", details)
+        return Check(
+            "shard_map_split_keys",
+            title,
+            FAIL,
+            f"{sum(map(len, groups))} of {n} devices drew the same values as another device although each "
+            f"got its own key from jax.random.split(key, {n}): {_group_text(groups)}; the output does not "
+            "depend on the key there",
+            details,
+        )
+    return Check(
+        "shard_map_split_keys",
+        title,
+        PASS,
+        f"each of the {n} devices drew its own values from its own key (jax.random.split(key, {n}), one per device)",
+        details,
+    )
 
 
 def _group_text(groups: list[list[int]]) -> str:
     return "; ".join("devices " + ", ".join(map(str, g)) + " alike" for g in groups)
 
 
-def _replicated_check(slices: list[dict], blobs: list[bytes], n: int, allowed: bool,
-                      names: tuple[str, ...]) -> Check:
+def _replicated_check(slices: list[dict], blobs: list[bytes], n: int, allowed: bool, names: tuple[str, ...]) -> Check:
     title = "shard_map, one key"
     groups = _groups(slices, blobs)
     details = {"slices": slices, "identical_groups": groups, "allow_replicated": allowed}
     if n == 1:
         return Check("shard_map_replicated_key", title, PASS, "one device: no other device to repeat it", details)
     if not groups:
-        return Check("shard_map_replicated_key", title, PASS, f"given one replicated key, the {n} devices still drew "
-                     "different values: the function makes per-device randomness itself", details)
+        return Check(
+            "shard_map_replicated_key",
+            title,
+            PASS,
+            f"given one replicated key, the {n} devices still drew "
+            "different values: the function makes per-device randomness itself",
+            details,
+        )
     every = len(groups) == 1 and len(groups[0]) == n
-    what = (f"{'both' if n == 2 else f'all {n}'} devices drew identical values from one replicated key" if every
-            else f"from one replicated key, {_group_text(groups)}")
+    what = (
+        f"{'both' if n == 2 else f'all {n}'} devices drew identical values from one replicated key"
+        if every
+        else f"from one replicated key, {_group_text(groups)}"
+    )
     axes = repr(names[0]) if len(names) == 1 else "(" + ", ".join(map(repr, names)) + ")"
     finding = "same randomness on every device" if every else "same randomness on several devices"
     if allowed:
-        return Check("shard_map_replicated_key", title, ALLOWED, f"{finding}: {what} (intended: --allow-replicated)",
-                     details)
-    return Check("shard_map_replicated_key", title, FINDING,
-                 f"{finding}: {what}. Pass each device its own key "
-                 f"(jax.random.split(key, {n}) with in_specs P({axes})) or fold in the device index "
-                 f"(jax.random.fold_in(key, jax.lax.axis_index({axes}))); --allow-replicated if this is intended",
-                 details)
+        return Check(
+            "shard_map_replicated_key", title, ALLOWED, f"{finding}: {what} (intended: --allow-replicated)", details
+        )
+    return Check(
+        "shard_map_replicated_key",
+        title,
+        FINDING,
+        f"{finding}: {what}. Pass each device its own key "
+        f"(jax.random.split(key, {n}) with in_specs P({axes})) or fold in the device index "
+        f"(jax.random.fold_in(key, jax.lax.axis_index({axes}))); --allow-replicated if this is intended",
+        details,
+    )

@@ -1,4 +1,5 @@
 """`shard-check` results as data: the checks of each spec or function, and the devices and environment."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,5 +1,6 @@
 """What `shard-check` is asked to do: its options validated into a ShardRequest, and the request's JSON
 form (how the command hands it to the device process). No JAX here."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -107,15 +108,31 @@ def parse_fn_target(text: str) -> FnTarget:
     return FnTarget(text, None, where, attr)
 
 
-def make_request(*, specs=(), fns=(), devices=None, platform=None, mesh=None, shape=None, fill=None, seed=None,
-                 key=None, allow_replicated=False, atol=None, timeout=None) -> ShardRequest:
+def make_request(
+    *,
+    specs=(),
+    fns=(),
+    devices=None,
+    platform=None,
+    mesh=None,
+    shape=None,
+    fill=None,
+    seed=None,
+    key=None,
+    allow_replicated=False,
+    atol=None,
+    timeout=None,
+) -> ShardRequest:
     """Validate the options (as the command line gives them) into a request; every mistake is a UsageError
     or UserCodeError naming the option, raised before any process starts."""
     if not specs and not fns:
         raise UsageError("give a SPEC to check its keys and draws, or --fn FILE.py:FUNCTION to check a function")
     if not fns:
-        given = [o for o, v in (("--shape", shape), ("--input", fill), ("--seed", seed), ("--key", key),
-                                ("--atol", atol)) if v is not None]
+        given = [
+            o
+            for o, v in (("--shape", shape), ("--input", fill), ("--seed", seed), ("--key", key), ("--atol", atol))
+            if v is not None
+        ]
         given += ["--allow-replicated"] if allow_replicated else []
         if given:
             raise UsageError(f"{given[0]} applies to --fn, and no --fn is given")
@@ -125,20 +142,24 @@ def make_request(*, specs=(), fns=(), devices=None, platform=None, mesh=None, sh
         if platform not in PLATFORMS:
             raise UsageError(f"--platform {platform!r}: use one of {', '.join(PLATFORMS)}")
         if devices is not None and platform != "cpu":
-            raise UsageError(f"--devices makes CPU devices; drop it to use the real {platform} devices "
-                            f"(--platform {platform})")
+            raise UsageError(
+                f"--devices makes CPU devices; drop it to use the real {platform} devices (--platform {platform})"
+            )
     axes = parse_mesh(mesh) if mesh is not None else None
     count = devices
     if axes is not None:
         positions = math.prod(s for _, s in axes)
         if devices is not None and positions != devices:
-            raise UsageError(f"--mesh {mesh}: the sizes multiply to {positions}, but --devices asks for {devices}; "
-                            f"they must be equal")
+            raise UsageError(
+                f"--mesh {mesh}: the sizes multiply to {positions}, but --devices asks for {devices}; "
+                f"they must be equal"
+            )
         count = positions
     dims = parse_shape(shape) if shape is not None else None
     if dims is not None and count is not None and dims[0] % count:
-        raise UsageError(f"--shape {shape}: the first axis of x is the batch; {dims[0]} rows do not divide over "
-                        f"{count} devices")
+        raise UsageError(
+            f"--shape {shape}: the first axis of x is the batch; {dims[0]} rows do not divide over {count} devices"
+        )
     if fill is not None and fill not in FILLS:
         raise UsageError(f"--input {fill!r}: use ones or normal")
     if key is not None and largest_split(parse_key_expr(key, Location("--key", 1, 1))) > DEVICE_SPLIT_MAX:
@@ -150,25 +171,37 @@ def make_request(*, specs=(), fns=(), devices=None, platform=None, mesh=None, sh
     if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
         raise UsageError(f"--timeout {timeout}: give a positive number of seconds")
     return ShardRequest(
-        specs=tuple(specs), fns=tuple(fns), devices=devices, platform=platform, mesh=axes, shape=dims,
-        fill=fill or "ones", seed=0 if seed is None else seed,
+        specs=tuple(specs),
+        fns=tuple(fns),
+        devices=devices,
+        platform=platform,
+        mesh=axes,
+        shape=dims,
+        fill=fill or "ones",
+        seed=0 if seed is None else seed,
         key=key if key is not None else f"key({0 if seed is None else seed})",
-        allow_replicated=allow_replicated, atol=0.0 if atol is None else float(atol),
-        timeout=DEFAULT_TIMEOUT if timeout is None else float(timeout))
+        allow_replicated=allow_replicated,
+        atol=0.0 if atol is None else float(atol),
+        timeout=DEFAULT_TIMEOUT if timeout is None else float(timeout),
+    )
 
 
 def _draw_json(d: Draw | None):
     if d is None:
         return None
-    return {"kind": d.kind, "shape": list(d.shape), "dtype": d.dtype, "params": [list(p) for p in d.params],
-            "loc": d.loc.as_json()}
+    return {
+        "kind": d.kind,
+        "shape": list(d.shape),
+        "dtype": d.dtype,
+        "params": [list(p) for p in d.params],
+        "loc": d.loc.as_json(),
+    }
 
 
 def _draw_from_json(j) -> Draw | None:
     if j is None:
         return None
-    return Draw(j["kind"], tuple(j["shape"]), j["dtype"], tuple((k, v) for k, v in j["params"]),
-                Location(**j["loc"]))
+    return Draw(j["kind"], tuple(j["shape"]), j["dtype"], tuple((k, v) for k, v in j["params"]), Location(**j["loc"]))
 
 
 def request_json(r: ShardRequest) -> dict:
@@ -179,12 +212,20 @@ def request_json(r: ShardRequest) -> dict:
 
 def request_from_json(j: dict) -> ShardRequest:
     return ShardRequest(
-        specs=tuple(SpecTarget(s["file"], s["phase"], tuple(s["paths"]), tuple(s["streams"]),
-                               _draw_from_json(s["draw"])) for s in j["specs"]),
+        specs=tuple(
+            SpecTarget(s["file"], s["phase"], tuple(s["paths"]), tuple(s["streams"]), _draw_from_json(s["draw"]))
+            for s in j["specs"]
+        ),
         fns=tuple(FnTarget(**f) for f in j["fns"]),
-        devices=j["devices"], platform=j["platform"],
+        devices=j["devices"],
+        platform=j["platform"],
         mesh=tuple((n, s) for n, s in j["mesh"]) if j["mesh"] is not None else None,
         shape=tuple(j["shape"]) if j["shape"] is not None else None,
-        fill=j["fill"], seed=j["seed"], key=j["key"], allow_replicated=j["allow_replicated"],
-        atol=j["atol"], timeout=j["timeout"],
-        spec_limits=tuple(j["spec_limits"]) if j.get("spec_limits") is not None else None)
+        fill=j["fill"],
+        seed=j["seed"],
+        key=j["key"],
+        allow_replicated=j["allow_replicated"],
+        atol=j["atol"],
+        timeout=j["timeout"],
+        spec_limits=tuple(j["spec_limits"]) if j.get("spec_limits") is not None else None,
+    )

@@ -1,5 +1,6 @@
 """The command side of `shard-check`: run the request in a fresh device process (JAX fixes its devices when it
 starts) and read its report back. No JAX here."""
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,9 @@ def child_env(r: ShardRequest, base: dict | None = None) -> dict:
     """The device process's environment: forced CPU devices must be set before JAX starts."""
     env = dict(os.environ if base is None else base)
     if r.devices is not None:
-        flags = [f for f in env.get("XLA_FLAGS", "").split()
-                 if not f.startswith("--xla_force_host_platform_device_count")]
+        flags = [
+            f for f in env.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")
+        ]
         env["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={r.devices}"])
         env["JAX_NUM_CPU_DEVICES"] = str(r.devices)
         env["JAX_PLATFORMS"] = "cpu"
@@ -63,17 +65,24 @@ def run(r: ShardRequest) -> ShardReport:
         with open(req_path, "w", encoding="utf-8") as f:
             json.dump(request_json(r), f)
         try:
-            proc = subprocess.Popen([sys.executable, "-m", _WORKER, req_path, res_path], env=child_env(r),
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", _WORKER, req_path, res_path],
+                env=child_env(r),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
         except OSError as e:
             raise DeviceError(f"cannot start the device process ({e.strerror or e})") from None
         try:
             _, err = proc.communicate(timeout=r.timeout)
         except subprocess.TimeoutExpired:
             _kill(proc)
-            raise DeviceError(f"the device run did not finish within {r.timeout:g} s (--timeout {r.timeout:g}); "
-                              "the devices may be unavailable or busy, or the checks need longer") from None
+            raise DeviceError(
+                f"the device run did not finish within {r.timeout:g} s (--timeout {r.timeout:g}); "
+                "the devices may be unavailable or busy, or the checks need longer"
+            ) from None
         except BaseException:
             _kill(proc)
             raise
@@ -81,8 +90,11 @@ def run(r: ShardRequest) -> ShardReport:
         if os.environ.get("RNGAUDIT_DEBUG"):
             sys.stderr.write(err_text)
         if not os.path.exists(res_path):
-            how = (f"was killed by signal {-proc.returncode}" if proc.returncode < 0
-                   else f"exited with code {proc.returncode}")
+            how = (
+                f"was killed by signal {-proc.returncode}"
+                if proc.returncode < 0
+                else f"exited with code {proc.returncode}"
+            )
             last = _last_line(err_text)
             raise DeviceError(f"the device process {how} before reporting" + (f": {last}" if last else ""))
         with open(res_path, encoding="utf-8") as f:

@@ -1,5 +1,6 @@
 """A spec's checks on the devices: root keys, base keys, keys and draws re-derived under jax.jit with the
 rows sharded over the mesh, each compared with the host derivation."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,7 +38,7 @@ def _per_row(one, impl: str):
 # function object (and per threefry_partitionable setting), so building one per spec would compile again.
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _rows_jit(op: str, impl: str, mesh, n_split: int = 0):
     """jax.jit of a per-row key operation with the rows split over every mesh axis: `fold` is
     fold_in(base, word), `split` is split(base, n_split)[index]."""
@@ -50,8 +51,9 @@ def _rows_jit(op: str, impl: str, mesh, n_split: int = 0):
         return jax.random.key_data(jax.random.split(jax.random.wrap_key_data(base, impl=impl), n_split)[index])
 
     sharding = rows_sharding(mesh)
-    return jax.jit(_per_row(fold if op == "fold" else split, impl), in_shardings=(sharding, sharding),
-                   out_shardings=sharding)
+    return jax.jit(
+        _per_row(fold if op == "fold" else split, impl), in_shardings=(sharding, sharding), out_shardings=sharding
+    )
 
 
 def _bucket(m: int, n: int) -> int:
@@ -70,17 +72,18 @@ def _sharded_rows(op: str, impl: str, mesh, bases: np.ndarray, args: np.ndarray,
     return np.asarray(_rows_jit(op, impl, mesh, n_split)(bases, args))[:m]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _root_jit(expr: KeyExpr, impl: str, mesh):
     """jax.jit computing a root key from its expression, replicated on every device."""
     import jax
     from jax.sharding import NamedSharding, PartitionSpec
 
-    return jax.jit(lambda: jax.random.key_data(evaluate(expr, JaxKeys(impl))),
-                   out_shardings=NamedSharding(mesh, PartitionSpec()))
+    return jax.jit(
+        lambda: jax.random.key_data(evaluate(expr, JaxKeys(impl))), out_shardings=NamedSharding(mesh, PartitionSpec())
+    )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _draw_jit(kind: str, shape: tuple, dtype: str, params: tuple, impl: str, mesh):
     """jax.jit of one draw from key data, its output partitioned over the mesh as far as the shape allows."""
     import jax
@@ -88,8 +91,10 @@ def _draw_jit(kind: str, shape: tuple, dtype: str, params: tuple, impl: str, mes
 
     spec_draw = Draw(kind, shape, dtype, params, Location("-", 1, 1))
     part = partition_for(shape, list(zip(mesh.axis_names, mesh.devices.shape)))
-    fn = jax.jit(lambda kd: draw(jax.random.wrap_key_data(kd, impl=impl), spec_draw),
-                 out_shardings=NamedSharding(mesh, PartitionSpec(*part)))
+    fn = jax.jit(
+        lambda kd: draw(jax.random.wrap_key_data(kd, impl=impl), spec_draw),
+        out_shardings=NamedSharding(mesh, PartitionSpec(*part)),
+    )
     return fn, part
 
 
@@ -101,8 +106,15 @@ def _selected(d, t: SpecTarget) -> bool:
 
 
 def _row_json(d, host=None, device=None) -> dict:
-    out = {"index": d.index, "path_str": d.path_str, "stream": d.stream, "count": d.count, "label": d.label,
-           "lane": list(d.lane), "location": d.location.as_json()}
+    out = {
+        "index": d.index,
+        "path_str": d.path_str,
+        "stream": d.stream,
+        "count": d.count,
+        "label": d.label,
+        "lane": list(d.lane),
+        "location": d.location.as_json(),
+    }
     if host is not None:
         out["host"] = [int(w) for w in host]
         out["device"] = [int(w) for w in device]
@@ -144,15 +156,26 @@ def check_spec(t: SpecTarget, mesh) -> TargetResult:
         todo.append(report.calls[ref.index].derivation.base if isinstance(ref, ForkKey) else ref.parent)
 
     with jax.threefry_partitionable(spec.threefry_partitionable):
-        checks = [_root_check(spec, report.roots, mesh),
-                  _base_check(list(bases), host_key, report, impl, width, mesh),
-                  _key_check(chosen, host_key, impl, width, mesh),
-                  _draw_check(chosen, impl, mesh)]
-    info = {"file": spec.file, "phase": spec.phase, "prng_impl": impl,
-            "threefry_partitionable": spec.threefry_partitionable, "fix_rng_separator": spec.fix_rng_separator,
-            "paths": list(t.paths), "streams": list(t.streams), "draw": t.draw.describe() if t.draw else None,
-            "keys": len(report.calls), "checked_keys": len(chosen),
-            "not_checked_discarded": len(report.calls) - len(keyed), "devices": n}
+        checks = [
+            _root_check(spec, report.roots, mesh),
+            _base_check(list(bases), host_key, report, impl, width, mesh),
+            _key_check(chosen, host_key, impl, width, mesh),
+            _draw_check(chosen, impl, mesh),
+        ]
+    info = {
+        "file": spec.file,
+        "phase": spec.phase,
+        "prng_impl": impl,
+        "threefry_partitionable": spec.threefry_partitionable,
+        "fix_rng_separator": spec.fix_rng_separator,
+        "paths": list(t.paths),
+        "streams": list(t.streams),
+        "draw": t.draw.describe() if t.draw else None,
+        "keys": len(report.calls),
+        "checked_keys": len(chosen),
+        "not_checked_discarded": len(report.calls) - len(keyed),
+        "devices": n,
+    }
     return TargetResult("spec", spec.file, info, tuple(checks))
 
 
@@ -178,15 +201,32 @@ def _root_check(spec, roots: dict, mesh) -> Check:
     details = {"streams": streams, "mismatched": wrong, "not_checked": skipped}
     checked = len(streams) - len(skipped)
     if wrong:
-        return Check("root_keys", title, FAIL, f"{len(wrong)} of {checked} root keys derived on the devices differ "
-                     f"from the host's: {', '.join(wrong)}", details)
+        return Check(
+            "root_keys",
+            title,
+            FAIL,
+            f"{len(wrong)} of {checked} root keys derived on the devices differ from the host's: {', '.join(wrong)}",
+            details,
+        )
     if not checked:
-        return Check("root_keys", title, NOT_APPLICABLE, f"every root splits more than {DEVICE_SPLIT_MAX} keys; "
-                     "not derived on the devices", details)
-    extra = (f" ({len(skipped)} splitting more than {DEVICE_SPLIT_MAX} keys not derived on the devices)"
-             if skipped else "")
-    return Check("root_keys", title, PASS, f"{checked} root key(s) derived from their expressions under jax.jit on "
-                 f"all {mesh.size} devices equal the host's on every device{extra}", details)
+        return Check(
+            "root_keys",
+            title,
+            NOT_APPLICABLE,
+            f"every root splits more than {DEVICE_SPLIT_MAX} keys; not derived on the devices",
+            details,
+        )
+    extra = (
+        f" ({len(skipped)} splitting more than {DEVICE_SPLIT_MAX} keys not derived on the devices)" if skipped else ""
+    )
+    return Check(
+        "root_keys",
+        title,
+        PASS,
+        f"{checked} root key(s) derived from their expressions under jax.jit on "
+        f"all {mesh.size} devices equal the host's on every device{extra}",
+        details,
+    )
 
 
 def _base_check(refs: list, host_key, report, impl: str, width: int, mesh) -> Check:
@@ -194,8 +234,12 @@ def _base_check(refs: list, host_key, report, impl: str, width: int, mesh) -> Ch
 
     title = "base keys"
     if not refs:
-        return Check("base_keys", title, NOT_APPLICABLE,
-                     "every checked key folds a root key directly (no vmap/scan split, while_loop fold or jit fork)")
+        return Check(
+            "base_keys",
+            title,
+            NOT_APPLICABLE,
+            "every checked key folds a root key directly (no vmap/scan split, while_loop fold or jit fork)",
+        )
     folds = [r for r in refs if not isinstance(r, SplitKey)]
     splits = [r for r in refs if isinstance(r, SplitKey) and r.n <= DEVICE_SPLIT_MAX]
     skipped = len(refs) - len(folds) - len(splits)
@@ -211,30 +255,62 @@ def _base_check(refs: list, host_key, report, impl: str, width: int, mesh) -> Ch
                 parents.append(host_key(r.parent))
                 words.append(r.data)
         # fold_in takes its data as uint32, wrapping negatives (a while_loop cond folds in -i)
-        out = _sharded_rows("fold", impl, mesh, np.asarray(parents, np.uint32).reshape(-1, width),
-                            np.asarray(words, np.int64).astype(np.uint32))
+        out = _sharded_rows(
+            "fold",
+            impl,
+            mesh,
+            np.asarray(parents, np.uint32).reshape(-1, width),
+            np.asarray(words, np.int64).astype(np.uint32),
+        )
         got.update(zip(folds, map(tuple, out.tolist())))
     by_n: dict = {}
     for r in splits:
         by_n.setdefault(r.n, []).append(r)
     for n_split, group in by_n.items():
-        out = _sharded_rows("split", impl, mesh,
-                            np.asarray([host_key(r.parent) for r in group], np.uint32).reshape(-1, width),
-                            np.asarray([r.index for r in group], np.int32), n_split)
+        out = _sharded_rows(
+            "split",
+            impl,
+            mesh,
+            np.asarray([host_key(r.parent) for r in group], np.uint32).reshape(-1, width),
+            np.asarray([r.index for r in group], np.int32),
+            n_split,
+        )
         got.update(zip(group, map(tuple, out.tolist())))
     wrong = [r for r, k in got.items() if k != tuple(host_key(r))]
-    details = {"checked": len(got), "splits": len(splits), "folds": len(folds), "not_checked": skipped,
-               "mismatches": [{"base": str(r), "host": list(host_key(r)), "device": list(got[r])}
-                              for r in wrong[:MAX_LISTED]], "mismatched": len(wrong)}
+    details = {
+        "checked": len(got),
+        "splits": len(splits),
+        "folds": len(folds),
+        "not_checked": skipped,
+        "mismatches": [{"base": str(r), "host": list(host_key(r)), "device": list(got[r])} for r in wrong[:MAX_LISTED]],
+        "mismatched": len(wrong),
+    }
     if wrong:
-        return Check("base_keys", title, FAIL, f"{len(wrong)} of {len(got)} base keys (lane splits, loop folds, jit "
-                     "forks) re-derived on the devices differ from the host's", details)
+        return Check(
+            "base_keys",
+            title,
+            FAIL,
+            f"{len(wrong)} of {len(got)} base keys (lane splits, loop folds, jit "
+            "forks) re-derived on the devices differ from the host's",
+            details,
+        )
     if not got:
-        return Check("base_keys", title, NOT_APPLICABLE,
-                     f"every base splits more than {DEVICE_SPLIT_MAX} keys; not re-derived on the devices", details)
-    return Check("base_keys", title, PASS, f"{len(got)} base key(s) ({len(splits)} splits, {len(folds)} folds and "
-                 f"forks) re-derived from their parents under jax.jit, sharded over {mesh.size} devices, equal the "
-                 "host's", details)
+        return Check(
+            "base_keys",
+            title,
+            NOT_APPLICABLE,
+            f"every base splits more than {DEVICE_SPLIT_MAX} keys; not re-derived on the devices",
+            details,
+        )
+    return Check(
+        "base_keys",
+        title,
+        PASS,
+        f"{len(got)} base key(s) ({len(splits)} splits, {len(folds)} folds and "
+        f"forks) re-derived from their parents under jax.jit, sharded over {mesh.size} devices, equal the "
+        "host's",
+        details,
+    )
 
 
 def _key_check(chosen: list, host_key, impl: str, width: int, mesh) -> Check:
@@ -246,14 +322,28 @@ def _key_check(chosen: list, host_key, impl: str, width: int, mesh) -> Check:
     out = _sharded_rows("fold", impl, mesh, bases, words)
     expected = np.asarray([c.key for c in chosen], np.uint32).reshape(-1, width)
     bad = np.flatnonzero((out != expected).any(axis=1))
-    details = {"checked": len(chosen), "mismatched": int(len(bad)),
-               "mismatches": [_row_json(chosen[i].derivation, expected[i], out[i]) for i in bad[:MAX_LISTED]]}
+    details = {
+        "checked": len(chosen),
+        "mismatched": len(bad),
+        "mismatches": [_row_json(chosen[i].derivation, expected[i], out[i]) for i in bad[:MAX_LISTED]],
+    }
     if len(bad):
-        return Check("keys", title, FAIL, f"{len(bad)} of {len(chosen)} keys re-derived on the devices differ from "
-                     "the host derivation", details)
-    return Check("keys", title, PASS, f"{len(chosen)} key(s) re-derived on the devices (fold_in of the base key with "
-                 f"the hash word under jax.jit, rows sharded over {mesh.size} devices) equal the host derivation "
-                 "bit for bit", details)
+        return Check(
+            "keys",
+            title,
+            FAIL,
+            f"{len(bad)} of {len(chosen)} keys re-derived on the devices differ from the host derivation",
+            details,
+        )
+    return Check(
+        "keys",
+        title,
+        PASS,
+        f"{len(chosen)} key(s) re-derived on the devices (fold_in of the base key with "
+        f"the hash word under jax.jit, rows sharded over {mesh.size} devices) equal the host derivation "
+        "bit for bit",
+        details,
+    )
 
 
 def _draw_check(chosen: list, impl: str, mesh) -> Check:
@@ -271,14 +361,40 @@ def _draw_check(chosen: list, impl: str, mesh) -> Check:
         shapes.add(partition_text(part))
         diff = compare(c.values, np.asarray(out))
         if diff["mismatched"]:
-            wrong.append(dict(_row_json(c.derivation), **diff, draw=c.draw.describe(),
-                              partition=partition_text(part), elements=int(c.values.size)))
-    details = {"checked": len(rows), "split_over_devices": split_over, "replicated": len(rows) - split_over,
-               "partitions": sorted(shapes), "mismatched": len(wrong), "mismatches": wrong[:MAX_LISTED]}
+            wrong.append(
+                dict(
+                    _row_json(c.derivation),
+                    **diff,
+                    draw=c.draw.describe(),
+                    partition=partition_text(part),
+                    elements=int(c.values.size),
+                )
+            )
+    details = {
+        "checked": len(rows),
+        "split_over_devices": split_over,
+        "replicated": len(rows) - split_over,
+        "partitions": sorted(shapes),
+        "mismatched": len(wrong),
+        "mismatches": wrong[:MAX_LISTED],
+    }
     if wrong:
-        return Check("draws", title, FAIL, f"{len(wrong)} of {len(rows)} draws under jax.jit with sharded output "
-                     "differ from the eager draw on one device", details)
-    rep = (f"; {len(rows) - split_over} too small to split over the mesh ran replicated"
-           if split_over < len(rows) else "")
-    return Check("draws", title, PASS, f"{len(rows)} draw(s) under jax.jit with the output sharded over "
-                 f"{mesh.size} devices equal the eager draw on one device bit for bit{rep}", details)
+        return Check(
+            "draws",
+            title,
+            FAIL,
+            f"{len(wrong)} of {len(rows)} draws under jax.jit with sharded output "
+            "differ from the eager draw on one device",
+            details,
+        )
+    rep = (
+        f"; {len(rows) - split_over} too small to split over the mesh ran replicated" if split_over < len(rows) else ""
+    )
+    return Check(
+        "draws",
+        title,
+        PASS,
+        f"{len(rows)} draw(s) under jax.jit with the output sharded over "
+        f"{mesh.size} devices equal the eager draw on one device bit for bit{rep}",
+        details,
+    )

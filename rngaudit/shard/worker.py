@@ -6,6 +6,7 @@ The command starts it with the environment that decides the devices (XLA_FLAGS, 
 JAX_PLATFORMS), since JAX reads those only when it starts. RESULT.json holds `{"report": ...}` (the
 `rngaudit.shard_check` JSON) or `{"error": {"kind": ..., "message": ...}}`; stdout is left to the user's code.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,12 +33,17 @@ def _result(request_path: str) -> dict:
         return {"error": {"kind": type(e).__name__, "message": str(e)}}
     except MemoryError:
         return {"error": {"kind": "DeviceError", "message": "the device process ran out of memory"}}
-    except Exception as e:  # a bug of ours: say so in one line, with details on request
+    except Exception as e:  # noqa: BLE001 - a bug of ours: say so in one line, with details on request
         if os.environ.get("RNGAUDIT_DEBUG"):
             traceback.print_exc()
         text = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        return {"error": {"kind": "internal", "message": f"internal error in the device process "
-                          f"({type(e).__name__}: {text}); please report it (RNGAUDIT_DEBUG=1 shows details)"}}
+        return {
+            "error": {
+                "kind": "internal",
+                "message": f"internal error in the device process "
+                f"({type(e).__name__}: {text}); please report it (RNGAUDIT_DEBUG=1 shows details)",
+            }
+        }
 
 
 def run_here(r: ShardRequest) -> ShardReport:
@@ -55,9 +61,13 @@ def run_here(r: ShardRequest) -> ShardReport:
     return ShardReport(
         environment(),
         DeviceSet(flat[0].platform, flat[0].device_kind, tuple(int(d.id) for d in flat), r.devices is not None),
-        MeshLayout(tuple(mesh.axis_names), tuple(int(s) for s in mesh.devices.shape),
-                   np.vectorize(lambda d: int(d.id), otypes=[np.int64])(mesh.devices).tolist()),
-        tuple(targets))
+        MeshLayout(
+            tuple(mesh.axis_names),
+            tuple(int(s) for s in mesh.devices.shape),
+            np.vectorize(lambda d: int(d.id), otypes=[np.int64])(mesh.devices).tolist(),
+        ),
+        tuple(targets),
+    )
 
 
 def main(argv: list[str]) -> int:

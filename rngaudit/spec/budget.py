@@ -1,4 +1,5 @@
 """Upper bounds on what replaying a spec costs (keys, drawn values, module calls), checked before any replay."""
+
 from __future__ import annotations
 
 import math
@@ -43,14 +44,23 @@ class _Budget:
     def _limit(self, cost: tuple[int, int, int], loc: Location, what: str) -> tuple[int, int, int]:
         keys, values, calls = cost
         if keys > MAX_KEYS:
-            raise SpecError(f"{what} asks for up to {_big(keys)} keys (repeats multiplied out); rngaudit "
-                            f"replays at most {MAX_KEYS}: lower `repeat`", loc)
+            raise SpecError(
+                f"{what} asks for up to {_big(keys)} keys (repeats multiplied out); rngaudit "
+                f"replays at most {MAX_KEYS}: lower `repeat`",
+                loc,
+            )
         if calls > MAX_CALLS:
-            raise SpecError(f"{what} makes up to {_big(calls)} module calls (repeats multiplied out); "
-                            f"rngaudit replays at most {MAX_CALLS}: lower `repeat`", loc)
+            raise SpecError(
+                f"{what} makes up to {_big(calls)} module calls (repeats multiplied out); "
+                f"rngaudit replays at most {MAX_CALLS}: lower `repeat`",
+                loc,
+            )
         if values > MAX_DRAWN_VALUES:
-            raise SpecError(f"{what} draws up to {_big(values)} values (shapes times repeats); rngaudit "
-                            f"draws at most {MAX_DRAWN_VALUES}: draw smaller shapes or fewer times", loc)
+            raise SpecError(
+                f"{what} draws up to {_big(values)} values (shapes times repeats); rngaudit "
+                f"draws at most {MAX_DRAWN_VALUES}: draw smaller shapes or fewer times",
+                loc,
+            )
         return cost
 
     def module(self, m: ModuleDef) -> tuple[int, int, int]:

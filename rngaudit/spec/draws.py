@@ -1,4 +1,5 @@
 """A spec's `draw:` (the values drawn from a key) parsed and checked against what JAX accepts."""
+
 from __future__ import annotations
 
 import math
@@ -27,8 +28,13 @@ DRAW_KINDS = {
     "he_uniform": {"in_axis": -2, "out_axis": -1},
     "kaiming_normal": {"in_axis": -2, "out_axis": -1},
     "kaiming_uniform": {"in_axis": -2, "out_axis": -1},
-    "variance_scaling": {"scale": 1.0, "mode": "fan_in", "distribution": "truncated_normal",
-                         "in_axis": -2, "out_axis": -1},
+    "variance_scaling": {
+        "scale": 1.0,
+        "mode": "fan_in",
+        "distribution": "truncated_normal",
+        "in_axis": -2,
+        "out_axis": -1,
+    },
 }
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 INT_DTYPES = ("int32", "uint32", "int16", "int8", "uint8")
@@ -37,21 +43,24 @@ INT_DTYPES = ("int32", "uint32", "int16", "int8", "uint8")
 def parse_draw(node: YNode, what: str = "draw") -> Draw:
     if not node.is_map or len(node.value) != 1:
         raise SpecError(
-            f"{what} must be a mapping with one distribution, e.g. {{normal: [2, 2]}}; "
-            f"known: {', '.join(DRAW_KINDS)}",
+            f"{what} must be a mapping with one distribution, e.g. {{normal: [2, 2]}}; known: {', '.join(DRAW_KINDS)}",
             node.loc,
         )
-    (kind, arg), = node.value.items()
+    ((kind, arg),) = node.value.items()
     kloc = node.key_locs[kind]
     if kind not in DRAW_KINDS:
-        raise SpecError(f"unknown distribution {kind!r}{suggest(kind, DRAW_KINDS)}; "
-                        f"known: {', '.join(DRAW_KINDS)}", kloc)
+        raise SpecError(
+            f"unknown distribution {kind!r}{suggest(kind, DRAW_KINDS)}; known: {', '.join(DRAW_KINDS)}", kloc
+        )
     defaults = DRAW_KINDS[kind]
     if arg.is_seq:
         shape_node, f = arg, None
     elif not arg.is_map:
-        raise SpecError(f"`{kind}` takes a shape ({{{kind}: [2, 2]}}) or a mapping "
-                        f"({{{kind}: {{shape: [2, 2], ...}}}}), not {type_name(arg.value)}", arg.loc)
+        raise SpecError(
+            f"`{kind}` takes a shape ({{{kind}: [2, 2]}}) or a mapping "
+            f"({{{kind}: {{shape: [2, 2], ...}}}}), not {type_name(arg.value)}",
+            arg.loc,
+        )
     else:
         f = Fields(arg, f"{kind} draw", ("shape", "dtype") + tuple(defaults), ("shape",))
         shape_node = f.get("shape")
@@ -68,8 +77,9 @@ def parse_draw(node: YNode, what: str = "draw") -> Draw:
             dtype = f.str("dtype")
             allowed = INT_DTYPES if is_int else (("bool",) if kind == "bernoulli" else FLOAT_DTYPES)
             if dtype not in allowed:
-                raise SpecError(f"dtype {dtype!r} is not supported for {kind}; use one of "
-                                f"{', '.join(allowed)}", f.get("dtype").loc)
+                raise SpecError(
+                    f"dtype {dtype!r} is not supported for {kind}; use one of {', '.join(allowed)}", f.get("dtype").loc
+                )
         for p, default in defaults.items():
             n = f.get(p)
             if n is None:
@@ -89,11 +99,16 @@ def parse_draw(node: YNode, what: str = "draw") -> Draw:
             if isinstance(v, float) and not math.isfinite(v):
                 raise SpecError(f"`{p}` must be finite", n.loc)
             if p in DRAW_CHOICES and v not in DRAW_CHOICES[p]:
-                raise SpecError(f"`{p}` of the {kind} draw must be one of {', '.join(DRAW_CHOICES[p])}, "
-                                f"not {v!r}{suggest(v, DRAW_CHOICES[p])}", n.loc)
+                raise SpecError(
+                    f"`{p}` of the {kind} draw must be one of {', '.join(DRAW_CHOICES[p])}, "
+                    f"not {v!r}{suggest(v, DRAW_CHOICES[p])}",
+                    n.loc,
+                )
             if is_int and not -(2**31) <= v < 2**31:
-                raise SpecError(f"`{p}` of the randint draw must fit in int32 (JAX raises OverflowError "
-                                f"with x64 off), not {v}", n.loc)
+                raise SpecError(
+                    f"`{p}` of the randint draw must fit in int32 (JAX raises OverflowError with x64 off), not {v}",
+                    n.loc,
+                )
             if isinstance(v, int) and not is_int and p not in ("in_axis", "out_axis"):
                 v = float(v)  # what the spec means; JAX would read a big int as an int32
             params.append((p, v))
@@ -108,8 +123,10 @@ def parse_draw(node: YNode, what: str = "draw") -> Draw:
 
 
 # jax.nn.initializers.variance_scaling's choices
-DRAW_CHOICES = {"mode": ("fan_in", "fan_out", "fan_avg", "fan_geo_avg"),
-                "distribution": ("truncated_normal", "normal", "uniform")}
+DRAW_CHOICES = {
+    "mode": ("fan_in", "fan_out", "fan_avg", "fan_geo_avg"),
+    "distribution": ("truncated_normal", "normal", "uniform"),
+}
 
 
 def _check_fans(kind: str, shape: tuple, params: dict, shape_node: YNode, f) -> None:
@@ -121,8 +138,14 @@ def _check_fans(kind: str, shape: tuple, params: dict, shape_node: YNode, f) -> 
             n = f.get(p) if f is not None else None
             if n is not None:
                 raise SpecError(f"`{p}` {axis} is out of range for a shape of {ndim} dimensions", n.loc)
-            raise SpecError(f"{kind} needs a shape of at least 2 dimensions (in_axis {params['in_axis']}, "
-                            f"out_axis {params['out_axis']}), or set in_axis/out_axis", shape_node.loc)
+            raise SpecError(
+                f"{kind} needs a shape of at least 2 dimensions (in_axis {params['in_axis']}, "
+                f"out_axis {params['out_axis']}), or set in_axis/out_axis",
+                shape_node.loc,
+            )
     if 0 in shape:
-        raise SpecError(f"{kind} divides by the fan-in and fan-out: every dimension of the shape must be "
-                        "at least 1 (JAX raises ZeroDivisionError)", shape_node.loc)
+        raise SpecError(
+            f"{kind} divides by the fan-in and fan-out: every dimension of the shape must be "
+            "at least 1 (JAX raises ZeroDivisionError)",
+            shape_node.loc,
+        )

@@ -1,4 +1,5 @@
 """Typed reading of YAML mappings: known keys only, each value checked, every problem at its file:line:col."""
+
 from __future__ import annotations
 
 from ..errors import SpecError
@@ -39,8 +40,7 @@ class Fields:
         for key in node.value:
             if key not in allowed:
                 raise SpecError(
-                    f"unknown key {key!r} in {what}{suggest(key, allowed)}; "
-                    f"allowed: {', '.join(sorted(allowed))}",
+                    f"unknown key {key!r} in {what}{suggest(key, allowed)}; allowed: {', '.join(sorted(allowed))}",
                     node.key_locs[key],
                 )
         for key in required:

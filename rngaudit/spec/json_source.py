@@ -1,4 +1,5 @@
 """JSON files read strictly, with the file:line:col of any entry found on request."""
+
 from __future__ import annotations
 
 import bisect
@@ -21,23 +22,23 @@ _HERE = object()  # marks, in a tree of wanted pointers, that the pointer ends h
 # text is valid JSON already (json.loads read it), so a match ends exactly where the value does;
 # anything deeper does not match and is skipped by raw_decode.
 _STR = r'"(?:[^"\\]|\\.)*+"'
-_SCALAR = r'(?:' + _STR + r'|[^\s,:\[\]{}"]++)'
-_ARR = r'\[\s*+(?:' + _SCALAR + r'\s*+(?:,\s*+' + _SCALAR + r'\s*+)*+)?\]'
-_LEAF = r'(?:' + _SCALAR + r'|' + _ARR + r')'
-_MEMBER = _STR + r'\s*+:\s*+' + _LEAF + r'\s*+'
-_FLAT = re.compile(r'(?:' + _ARR + r'|\{\s*+(?:' + _MEMBER + r'(?:,\s*+' + _MEMBER + r')*+)?\})')
+_SCALAR = r"(?:" + _STR + r'|[^\s,:\[\]{}"]++)'
+_ARR = r"\[\s*+(?:" + _SCALAR + r"\s*+(?:,\s*+" + _SCALAR + r"\s*+)*+)?\]"
+_LEAF = r"(?:" + _SCALAR + r"|" + _ARR + r")"
+_MEMBER = _STR + r"\s*+:\s*+" + _LEAF + r"\s*+"
+_FLAT = re.compile(r"(?:" + _ARR + r"|\{\s*+(?:" + _MEMBER + r"(?:,\s*+" + _MEMBER + r")*+)?\})")
 
 
 # JUMP list elements (scalars or flat arrays), each with its comma, matched at once: a walk to the
 # entries wanted from a list of a million module paths takes a step per JUMP elements, not per element
 JUMP = 64
-_JUMP = re.compile(r'(?:(?:' + _SCALAR + r'|' + _ARR + r')\s*+,\s*+){%d}' % JUMP)
+_JUMP = re.compile(r"(?:(?:" + _SCALAR + r"|" + _ARR + r")\s*+,\s*+){" + str(JUMP) + "}")
 # The same for strings and arrays of strings without escapes, five to twenty times faster: without a
 # backslash in what it matched, a '"' always opens or closes a string, so `"[^"]*"` is exactly a string
-_W = r'[ \t\n\r]*+'
+_W = r"[ \t\n\r]*+"
 _PLAIN_STR = r'"[^"]*+"'
-_PLAIN_ARR = r'\[' + _W + r'(?:' + _PLAIN_STR + _W + r'(?:,' + _W + _PLAIN_STR + _W + r')*+)?\]'
-_JUMP_PLAIN = re.compile(r'(?:(?:' + _PLAIN_STR + r'|' + _PLAIN_ARR + r')' + _W + r',' + _W + r'){%d}' % JUMP)
+_PLAIN_ARR = r"\[" + _W + r"(?:" + _PLAIN_STR + _W + r"(?:," + _W + _PLAIN_STR + _W + r")*+)?\]"
+_JUMP_PLAIN = re.compile(r"(?:(?:" + _PLAIN_STR + r"|" + _PLAIN_ARR + r")" + _W + r"," + _W + r"){" + str(JUMP) + "}")
 
 
 def _jump(text: str, pos: int) -> int | None:
@@ -253,15 +254,18 @@ def load_json(path: str) -> JsonDoc:
         before = data[: e.start]
         line_start = before.rfind(b"\n") + 1
         col = len(before[line_start:].decode("utf-8", errors="replace")) + 1
-        raise InputError(f"the file is not UTF-8 (byte 0x{data[e.start]:02x}); save it as UTF-8",
-                        Location(path, before.count(b"\n") + 1, col)) from None
+        raise InputError(
+            f"the file is not UTF-8 (byte 0x{data[e.start]:02x}); save it as UTF-8",
+            Location(path, before.count(b"\n") + 1, col),
+        ) from None
     return parse_json(text, path)
 
 
 def parse_json(text: str, file: str = "<json>") -> JsonDoc:
     if not text.strip():
-        raise InputError("the file is empty; expected JSON (a list of module paths or a params tree)",
-                        Location(file, 1, 1))
+        raise InputError(
+            "the file is empty; expected JSON (a list of module paths or a params tree)", Location(file, 1, 1)
+        )
     try:
         value = json.loads(text, object_pairs_hook=_no_duplicates)
     except json.JSONDecodeError as e:

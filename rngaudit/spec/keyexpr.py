@@ -1,4 +1,5 @@
 """Key expressions of a spec (`key(0)`, `split(key(0), 3)[2]`, `fold_in(k, 7)`, raw data), parsed, never eval'd."""
+
 from __future__ import annotations
 
 import re
@@ -121,8 +122,9 @@ class _Parser:
         text = tok[1]
         digits = text.lstrip("-")
         if len(digits) > 1 and digits[0] == "0" and digits[1].isdigit():
-            raise self.error(f"{text!r} has a leading zero; write {text[:-len(digits)]}{digits.lstrip('0') or '0'}",
-                             tok[2])
+            raise self.error(
+                f"{text!r} has a leading zero; write {text[: -len(digits)]}{digits.lstrip('0') or '0'}", tok[2]
+            )
         if len(digits) > 100:
             raise self.error(f"the number {text[:20]}... is far too large", tok[2])
         return int(text, 0)
@@ -144,7 +146,7 @@ class _Parser:
         name = tok[1]
         for p in _PREFIXES:
             if name.startswith(p):
-                name = name[len(p):]
+                name = name[len(p) :]
                 break
         func = _FUNCS.get(name)
         if func is None:

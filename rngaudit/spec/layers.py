@@ -1,29 +1,87 @@
 """Flax's standard layers as module definitions: the keys each one draws, in order, and its children."""
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from ..errors import Location, SpecError
 from .tree import Child, MakeRng, ModuleDef, Param, Variable
 
 # Constructor fields of flax.linen 0.12 layers that do not change which keys are drawn.
 # They are accepted (and ignored) so a user can paste a layer's arguments unchanged.
-_LINEAR = ("features", "dtype", "param_dtype", "precision", "kernel_init", "bias_init",
-           "promote_dtype", "dot_general", "dot_general_cls")
-_CONV = ("features", "kernel_size", "strides", "padding", "input_dilation", "kernel_dilation",
-         "feature_group_count", "mask", "dtype", "param_dtype", "precision", "kernel_init",
-         "bias_init", "promote_dtype", "conv_general_dilated", "conv_general_dilated_cls",
-         "transpose_kernel", "preferred_element_type")
-_NORM = ("epsilon", "dtype", "param_dtype", "bias_init", "scale_init", "reduction_axes",
-         "feature_axes", "axis_name", "axis_index_groups", "use_fast_variance",
-         "force_float32_reductions", "use_running_average", "axis", "momentum",
-         "num_groups", "group_size")
-_MHA = ("num_heads", "dtype", "param_dtype", "qkv_features", "out_features", "broadcast_dropout",
-        "precision", "kernel_init", "out_kernel_init", "bias_init", "out_bias_init",
-        "attention_fn", "decode", "force_fp32_for_softmax", "qkv_dot_general", "out_dot_general",
-        "qkv_dot_general_cls", "out_dot_general_cls", "qk_attn_weights_einsum_cls",
-        "attn_weights_value_einsum_cls", "sow_weights")
+_LINEAR = (
+    "features",
+    "dtype",
+    "param_dtype",
+    "precision",
+    "kernel_init",
+    "bias_init",
+    "promote_dtype",
+    "dot_general",
+    "dot_general_cls",
+)
+_CONV = (
+    "features",
+    "kernel_size",
+    "strides",
+    "padding",
+    "input_dilation",
+    "kernel_dilation",
+    "feature_group_count",
+    "mask",
+    "dtype",
+    "param_dtype",
+    "precision",
+    "kernel_init",
+    "bias_init",
+    "promote_dtype",
+    "conv_general_dilated",
+    "conv_general_dilated_cls",
+    "transpose_kernel",
+    "preferred_element_type",
+)
+_NORM = (
+    "epsilon",
+    "dtype",
+    "param_dtype",
+    "bias_init",
+    "scale_init",
+    "reduction_axes",
+    "feature_axes",
+    "axis_name",
+    "axis_index_groups",
+    "use_fast_variance",
+    "force_float32_reductions",
+    "use_running_average",
+    "axis",
+    "momentum",
+    "num_groups",
+    "group_size",
+)
+_MHA = (
+    "num_heads",
+    "dtype",
+    "param_dtype",
+    "qkv_features",
+    "out_features",
+    "broadcast_dropout",
+    "precision",
+    "kernel_init",
+    "out_kernel_init",
+    "bias_init",
+    "out_bias_init",
+    "attention_fn",
+    "decode",
+    "force_fp32_for_softmax",
+    "qkv_dot_general",
+    "out_dot_general",
+    "qkv_dot_general_cls",
+    "out_dot_general_cls",
+    "qk_attn_weights_einsum_cls",
+    "attn_weights_value_einsum_cls",
+    "sow_weights",
+)
 
 
 @dataclass(frozen=True)
@@ -41,8 +99,9 @@ _KEYED = ("kernel", "embedding")  # default initializers that draw from their ke
 
 
 def _params(names_flags, loc, draws) -> tuple:
-    return tuple(Param(loc, None, name, draws.get(name), name in _KEYED or name in draws)
-                 for name, on in names_flags if on)
+    return tuple(
+        Param(loc, None, name, draws.get(name), name in _KEYED or name in draws) for name, on in names_flags if on
+    )
 
 
 def _linear(opts, loc, draws):
@@ -100,44 +159,65 @@ def _mha(opts, loc, draws):
     if opts["dropout_rate"] > 0.0:
         _require_deterministic(opts, loc, "MultiHeadDotProductAttention with dropout_rate > 0")
         if not opts["deterministic"] and not opts["dropout_rng"]:
-            items.append(MakeRng(loc, None, "dropout", 1, "attention dropout", draws.get("mask"),
-                                 "attention_dropout"))
+            items.append(MakeRng(loc, None, "dropout", 1, "attention dropout", draws.get("mask"), "attention_dropout"))
     items.append(dense("out"))
     return tuple(items)
 
 
-_MHA_OPTS = {"use_bias": True, "normalize_qk": False, "dropout_rate": 0.0,
-             "deterministic": None, "dropout_rng": False}
+_MHA_OPTS = {"use_bias": True, "normalize_qk": False, "dropout_rate": 0.0, "deterministic": None, "dropout_rng": False}
 _MASK = ("mask",)
 
 LAYERS: dict[str, LayerKind] = {
     "Dense": LayerKind("Dense", {"use_bias": True}, _LINEAR, _linear, ("kernel", "bias")),
-    "DenseGeneral": LayerKind("DenseGeneral", {"use_bias": True}, _LINEAR + ("axis", "batch_dims"),
-                              _linear, ("kernel", "bias")),
-    "Einsum": LayerKind("Einsum", {"use_bias": True}, _LINEAR + ("shape", "einsum_str", "preferred_element_type"),
-                        _linear, ("kernel", "bias")),
+    "DenseGeneral": LayerKind(
+        "DenseGeneral", {"use_bias": True}, _LINEAR + ("axis", "batch_dims"), _linear, ("kernel", "bias")
+    ),
+    "Einsum": LayerKind(
+        "Einsum",
+        {"use_bias": True},
+        _LINEAR + ("shape", "einsum_str", "preferred_element_type"),
+        _linear,
+        ("kernel", "bias"),
+    ),
     "Conv": LayerKind("Conv", {"use_bias": True}, _CONV, _linear, ("kernel", "bias")),
     "ConvTranspose": LayerKind("ConvTranspose", {"use_bias": True}, _CONV, _linear, ("kernel", "bias")),
     "ConvLocal": LayerKind("ConvLocal", {"use_bias": True}, _CONV, _linear, ("kernel", "bias")),
-    "Embed": LayerKind("Embed", {}, ("num_embeddings", "features", "dtype", "param_dtype",
-                                     "embedding_init", "promote_dtype"), _embed, ("embedding",)),
+    "Embed": LayerKind(
+        "Embed",
+        {},
+        ("num_embeddings", "features", "dtype", "param_dtype", "embedding_init", "promote_dtype"),
+        _embed,
+        ("embedding",),
+    ),
     "LayerNorm": LayerKind("LayerNorm", {"use_scale": True, "use_bias": True}, _NORM, _norm, ("scale", "bias")),
     "RMSNorm": LayerKind("RMSNorm", {"use_scale": True}, _NORM, _rms, ("scale",)),
-    "BatchNorm": LayerKind("BatchNorm", {"use_scale": True, "use_bias": True}, _NORM, _batch_norm,
-                           ("scale", "bias")),
+    "BatchNorm": LayerKind("BatchNorm", {"use_scale": True, "use_bias": True}, _NORM, _batch_norm, ("scale", "bias")),
     "GroupNorm": LayerKind("GroupNorm", {"use_scale": True, "use_bias": True}, _NORM, _norm, ("scale", "bias")),
     "InstanceNorm": LayerKind("InstanceNorm", {"use_scale": True, "use_bias": True}, _NORM, _norm, ("scale", "bias")),
-    "Dropout": LayerKind("Dropout", {"rate": None, "deterministic": None, "rng_collection": "dropout",
-                                     "rng": False}, ("broadcast_dims",), _dropout, _MASK),
+    "Dropout": LayerKind(
+        "Dropout",
+        {"rate": None, "deterministic": None, "rng_collection": "dropout", "rng": False},
+        ("broadcast_dims",),
+        _dropout,
+        _MASK,
+    ),
     "MultiHeadDotProductAttention": LayerKind("MultiHeadDotProductAttention", _MHA_OPTS, _MHA, _mha, _MASK),
     "MultiHeadAttention": LayerKind("MultiHeadAttention", _MHA_OPTS, _MHA, _mha, _MASK),
     "SelfAttention": LayerKind("SelfAttention", _MHA_OPTS, _MHA, _mha, _MASK),
 }
 
 # The type each key-changing option must have.
-OPTION_TYPES = {"use_bias": bool, "use_scale": bool, "normalize_qk": bool, "deterministic": bool,
-                "rng": bool, "dropout_rng": bool, "rng_collection": str, "rate": float,
-                "dropout_rate": float}
+OPTION_TYPES = {
+    "use_bias": bool,
+    "use_scale": bool,
+    "normalize_qk": bool,
+    "deterministic": bool,
+    "rng": bool,
+    "dropout_rng": bool,
+    "rng_collection": str,
+    "rate": float,
+    "dropout_rate": float,
+}
 
 
 def make_layer(layer: str, opts: dict, loc: Location, name: str | None, draws: dict) -> ModuleDef:

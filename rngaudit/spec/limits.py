@@ -1,5 +1,6 @@
 """How much YAML a spec may hold (bytes, nodes after alias expansion, nesting), and the limits in force while
 specs load. Stdlib only: the command line states the defaults in --help without loading the spec machinery."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -24,7 +25,7 @@ class Limits:
     max_nodes: int = MAX_NODES
 
 
-_LIMITS: ContextVar[Limits] = ContextVar("rngaudit_yaml_limits", default=Limits())
+_LIMITS: ContextVar[Limits] = ContextVar("rngaudit_yaml_limits", default=Limits())  # noqa: B039 - frozen
 
 
 def current_limits() -> Limits:

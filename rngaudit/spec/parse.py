@@ -1,5 +1,6 @@
 """A YAML spec (format version 1) -> a Spec: the settings, the root keys and the model, every problem at
 file:line:col."""
+
 from __future__ import annotations
 
 from ..errors import SpecError
@@ -19,8 +20,10 @@ MAX_UNSAFE_RBG_SPLIT = 65_536
 def _rng_source(n: YNode, impl_width: int, impl: str = "threefry2x32") -> RngSource:
     v = n.value
     if isinstance(v, bool) or v is None or isinstance(v, float) or n.is_map:
-        raise SpecError(f"a key must be an integer seed, raw key data [w0, w1] or a key expression "
-                        f"string, not {type_name(v)}", n.loc)
+        raise SpecError(
+            f"a key must be an integer seed, raw key data [w0, w1] or a key expression string, not {type_name(v)}",
+            n.loc,
+        )
     if isinstance(v, int):
         if not keyexpr.INT64_MIN <= v <= keyexpr.INT64_MAX:
             raise SpecError("the seed must fit in a signed 64-bit integer (JAX raises OverflowError)", n.loc)
@@ -41,30 +44,34 @@ def _rng_source(n: YNode, impl_width: int, impl: str = "threefry2x32") -> RngSou
         e = expr
         while isinstance(e, (keyexpr.Split, keyexpr.FoldIn)):
             if isinstance(e, keyexpr.Split) and e.n > MAX_UNSAFE_RBG_SPLIT:
-                raise SpecError(f"split into {e.n} keys: for unsafe_rbg rngaudit asks JAX for all of them; "
-                                f"split into at most {MAX_UNSAFE_RBG_SPLIT}", n.loc)
+                raise SpecError(
+                    f"split into {e.n} keys: for unsafe_rbg rngaudit asks JAX for all of them; "
+                    f"split into at most {MAX_UNSAFE_RBG_SPLIT}",
+                    n.loc,
+                )
             e = e.parent
     words = keyexpr.raw_words(expr)
-    if words is not None:
-        if len(words) != impl_width:
-            raise SpecError(
-                f"raw key data has {len(words)} words but the PRNG impl needs {impl_width} "
-                "(Flax raises ValueError for a key of another impl); check jax.prng_impl",
-                n.loc,
-            )
+    if words is not None and len(words) != impl_width:
+        raise SpecError(
+            f"raw key data has {len(words)} words but the PRNG impl needs {impl_width} "
+            "(Flax raises ValueError for a key of another impl); check jax.prng_impl",
+            n.loc,
+        )
     return RngSource(expr, text, n.loc)
 
 
 def spec_from_node(root: YNode) -> Spec:
     file = root.loc.file
-    top = Fields(root, "the spec", ("rngaudit", "flax", "jax", "phase", "mutable", "rngs", "model"),
-                  ())
+    top = Fields(root, "the spec", ("rngaudit", "flax", "jax", "phase", "mutable", "rngs", "model"), ())
     vn = top.get("rngaudit")
     if vn is None:
         raise SpecError("the spec needs `rngaudit: 1` (the spec format version) at the top", root.loc)
     if isinstance(vn.value, bool) or not isinstance(vn.value, int) or vn.value != FORMAT_VERSION:
-        raise SpecError(f"unsupported spec format version {vn.value!r}; this rngaudit reads version "
-                        f"{FORMAT_VERSION}: write `rngaudit: {FORMAT_VERSION}`", vn.loc)
+        raise SpecError(
+            f"unsupported spec format version {vn.value!r}; this rngaudit reads version "
+            f"{FORMAT_VERSION}: write `rngaudit: {FORMAT_VERSION}`",
+            vn.loc,
+        )
     if not top.has("model"):
         raise SpecError("the spec needs `model:` (the root module: class, body)", root.loc)
 
@@ -77,22 +84,22 @@ def spec_from_node(root: YNode) -> Spec:
         jf = Fields(top.get("jax"), "jax", ("prng_impl", "threefry_partitionable"))
         impl = jf.str("prng_impl", impl)
         if impl not in PRNG_IMPLS:
-            raise SpecError(f"unknown prng_impl {impl!r}{suggest(impl, PRNG_IMPLS)}; use one of "
-                            f"{', '.join(PRNG_IMPLS)}", jf.get("prng_impl").loc)
+            raise SpecError(
+                f"unknown prng_impl {impl!r}{suggest(impl, PRNG_IMPLS)}; use one of {', '.join(PRNG_IMPLS)}",
+                jf.get("prng_impl").loc,
+            )
         part = jf.bool("threefry_partitionable", True)
     pn = top.get("phase")
     phase = pn.value if pn is not None else "init"
     if not isinstance(phase, str) or phase not in PHASES:
         if not isinstance(phase, str):
             raise SpecError(f"`phase` must be init or apply, not {type_name(phase)}", pn.loc)
-        raise SpecError(f"`phase` must be init or apply, not {phase!r}{suggest(phase, PHASES)}",
-                        top.get("phase").loc)
+        raise SpecError(f"`phase` must be init or apply, not {phase!r}{suggest(phase, PHASES)}", top.get("phase").loc)
     mutable: tuple[str, ...] | bool = phase == "init"
     mn = top.get("mutable")
     if mn is not None:
         if phase == "init":
-            raise SpecError("`mutable` applies to phase: apply only (init makes every collection mutable)",
-                            mn.loc)
+            raise SpecError("`mutable` applies to phase: apply only (init makes every collection mutable)", mn.loc)
         if isinstance(mn.value, bool):
             mutable = mn.value
         elif mn.is_seq:
@@ -100,8 +107,9 @@ def spec_from_node(root: YNode) -> Spec:
         elif isinstance(mn.value, str):
             mutable = (mn.value,)
         else:
-            raise SpecError(f"`mutable` must be true, false, a collection name or a list of them, "
-                            f"not {type_name(mn.value)}", mn.loc)
+            raise SpecError(
+                f"`mutable` must be true, false, a collection name or a list of them, not {type_name(mn.value)}", mn.loc
+            )
 
     rngs: dict[str, RngSource] = {}
     rn = top.get("rngs")

@@ -1,4 +1,5 @@
 """A module's statements, standard layers and lifted transforms, parsed into spec.tree nodes."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,26 +32,60 @@ MAX_LANES = 1_000_000
 
 # class transforms: statement -> (Flax's class-name prefix, options allowed besides module/name/repeat/when)
 LIFTS = {
-    "vmap": ("Vmap", ("axis_size", "split_rngs", "variable_axes", "in_axes", "out_axes", "axis_name",
-                      "methods", "metadata_params", "spmd_axis_name")),
-    "scan": ("Scan", ("length", "split_rngs", "variable_axes", "variable_broadcast", "variable_carry",
-                      "check_constancy_invariants", "reverse", "unroll", "in_axes", "out_axes", "methods",
-                      "metadata_params", "data_transform", "_split_transpose")),
-    "jit": ("Jit", ("rngs", "variables", "static_argnums", "static_argnames", "donate_argnums", "device",
-                    "backend", "methods")),
-    "remat": ("Checkpoint", ("rngs", "variables", "prevent_cse", "static_argnums", "policy", "concrete",
-                             "methods")),
-    "checkpoint": ("Checkpoint", ("rngs", "variables", "prevent_cse", "static_argnums", "policy", "concrete",
-                                  "methods")),
+    "vmap": (
+        "Vmap",
+        (
+            "axis_size",
+            "split_rngs",
+            "variable_axes",
+            "in_axes",
+            "out_axes",
+            "axis_name",
+            "methods",
+            "metadata_params",
+            "spmd_axis_name",
+        ),
+    ),
+    "scan": (
+        "Scan",
+        (
+            "length",
+            "split_rngs",
+            "variable_axes",
+            "variable_broadcast",
+            "variable_carry",
+            "check_constancy_invariants",
+            "reverse",
+            "unroll",
+            "in_axes",
+            "out_axes",
+            "methods",
+            "metadata_params",
+            "data_transform",
+            "_split_transpose",
+        ),
+    ),
+    "jit": (
+        "Jit",
+        ("rngs", "variables", "static_argnums", "static_argnames", "donate_argnums", "device", "backend", "methods"),
+    ),
+    "remat": ("Checkpoint", ("rngs", "variables", "prevent_cse", "static_argnums", "policy", "concrete", "methods")),
+    "checkpoint": (
+        "Checkpoint",
+        ("rngs", "variables", "prevent_cse", "static_argnums", "policy", "concrete", "methods"),
+    ),
     "fold_rngs": ("Fold_rngs", ("rngs", "variables", "methods")),
-    "map_variables": ("Map_variables", ("rngs", "variables", "init", "mutable", "mapped_collections",
-                                        "trans_in_fn", "trans_out_fn", "methods")),
-    "remat_scan": ("Remat_scan", ("lengths", "split_rngs", "variable_axes", "variable_broadcast",
-                                  "variable_carry", "policy")),
+    "map_variables": (
+        "Map_variables",
+        ("rngs", "variables", "init", "mutable", "mapped_collections", "trans_in_fn", "trans_out_fn", "methods"),
+    ),
+    "remat_scan": (
+        "Remat_scan",
+        ("lengths", "split_rngs", "variable_axes", "variable_broadcast", "variable_carry", "policy"),
+    ),
 }
 FLOW = ("cond", "switch", "while_loop")
-ITEM_KINDS = (("make_rng", "param", "variable", "module", "call", "Sequential") + tuple(LAYERS)
-              + tuple(LIFTS) + FLOW)
+ITEM_KINDS = ("make_rng", "param", "variable", "module", "call", "Sequential") + tuple(LAYERS) + tuple(LIFTS) + FLOW
 
 
 def _when(f: Fields) -> str | None:
@@ -105,13 +140,14 @@ def _split_rngs(n: YNode | None, default) -> tuple:
     if n.value is False or n.value == "none":
         return ()
     if not n.is_map:
-        raise SpecError("`split_rngs` maps streams to true/false, e.g. {params: true, dropout: false} "
-                        "(`all` for every stream)", n.loc)
+        raise SpecError(
+            "`split_rngs` maps streams to true/false, e.g. {params: true, dropout: false} (`all` for every stream)",
+            n.loc,
+        )
     out = []
     for stream, v in n.value.items():
         if not isinstance(v.value, bool):
-            raise SpecError(f"`split_rngs` values must be true or false; {stream!r} has {type_name(v.value)}",
-                            v.loc)
+            raise SpecError(f"`split_rngs` values must be true or false; {stream!r} has {type_name(v.value)}", v.loc)
         out.append((True if stream in _ALL else stream, v.value))
     return tuple(out)
 
@@ -146,7 +182,7 @@ class BodyParser:
         if isinstance(node.value, str):
             kind, arg, kloc = node.value, YNode(None, node.loc), node.loc
         elif node.is_map and len(node.value) == 1:
-            (kind, arg), = node.value.items()
+            ((kind, arg),) = node.value.items()
             kloc = node.key_locs[kind]
         elif node.is_map:
             raise SpecError(
@@ -156,20 +192,24 @@ class BodyParser:
                 node.loc,
             )
         else:
-            raise SpecError(f"a statement must be a mapping like `make_rng: dropout`, not "
-                            f"{type_name(node.value)}", node.loc)
+            raise SpecError(
+                f"a statement must be a mapping like `make_rng: dropout`, not {type_name(node.value)}", node.loc
+            )
         if kind not in ITEM_KINDS:
-            raise SpecError(f"unknown statement {kind!r}{suggest(kind, ITEM_KINDS)}; known: "
-                            "make_rng, param, variable, module, call, Sequential, "
-                            + ", ".join(LAYERS), kloc)
+            raise SpecError(
+                f"unknown statement {kind!r}{suggest(kind, ITEM_KINDS)}; known: "
+                "make_rng, param, variable, module, call, Sequential, " + ", ".join(LAYERS),
+                kloc,
+            )
         if kind in LIFTS:
             return self._transform(kind, arg, kloc, in_setup)
         if kind in FLOW:
             if in_setup:
                 raise SpecError(f"nn.{kind} runs inside a method; put it in `body`", kloc)
             return getattr(self, "_" + kind)(kind, arg, kloc)
-        return getattr(self, "_" + kind if kind in ("make_rng", "param", "variable", "module", "call",
-                                                    "Sequential") else "_layer")(kind, arg, kloc, in_setup)
+        return getattr(
+            self, "_" + kind if kind in ("make_rng", "param", "variable", "module", "call", "Sequential") else "_layer"
+        )(kind, arg, kloc, in_setup)
 
     def _make_rng(self, kind, arg: YNode, loc, in_setup):
         if arg.value is None:
@@ -177,12 +217,15 @@ class BodyParser:
         if isinstance(arg.value, str):
             return MakeRng(loc, None, arg.value)
         if not arg.is_map:
-            raise SpecError(f"make_rng takes a stream name (`make_rng: dropout`) or a mapping "
-                            f"(`make_rng: {{stream: dropout, repeat: 2}}`), not {type_name(arg.value)}",
-                            arg.loc)
+            raise SpecError(
+                f"make_rng takes a stream name (`make_rng: dropout`) or a mapping "
+                f"(`make_rng: {{stream: dropout, repeat: 2}}`), not {type_name(arg.value)}",
+                arg.loc,
+            )
         f = Fields(arg, "make_rng", ("stream", "repeat", "label", "draw", "when"))
-        return MakeRng(loc, _when(f), f.str("stream", "params"), f.int("repeat", 1, 1, MAX_REPEAT),
-                       f.str("label"), _draw(f))
+        return MakeRng(
+            loc, _when(f), f.str("stream", "params"), f.int("repeat", 1, 1, MAX_REPEAT), f.str("label"), _draw(f)
+        )
 
     def _param(self, kind, arg: YNode, loc, in_setup):
         if isinstance(arg.value, str):
@@ -190,15 +233,17 @@ class BodyParser:
         if arg.value is None:
             raise SpecError("param needs a name: `param: w` or `param: {name: w, draw: ...}`", loc)
         if not arg.is_map:
-            raise SpecError(f"param takes a name (`param: w`) or a mapping (`param: {{name: w, draw: ...}}`), "
-                            f"not {type_name(arg.value)}", arg.loc)
+            raise SpecError(
+                f"param takes a name (`param: w`) or a mapping (`param: {{name: w, draw: ...}}`), "
+                f"not {type_name(arg.value)}",
+                arg.loc,
+            )
         f = Fields(arg, "param", ("name", "draw", "when"), ("name",))
         draw = _draw(f)
         return Param(loc, _when(f), f.str("name"), draw, True if draw is not None else None)
 
     def _variable(self, kind, arg: YNode, loc, in_setup):
-        f = Fields(arg, "variable", ("collection", "name", "make_rng", "eager", "draw", "when"),
-                    ("collection", "name"))
+        f = Fields(arg, "variable", ("collection", "name", "make_rng", "eager", "draw", "when"), ("collection", "name"))
         streams: tuple[str, ...] = ()
         n = f.get("make_rng")
         if n is not None:
@@ -217,8 +262,11 @@ class BodyParser:
         if arg.value is None:
             raise SpecError("call needs the child's name: `call: Dense_0` or `call: {name: enc, repeat: 2}`", loc)
         if not arg.is_map:
-            raise SpecError(f"call takes a child's name (`call: enc`) or a mapping (`call: {{name: enc, repeat: 2}}`), "
-                            f"not {type_name(arg.value)}", arg.loc)
+            raise SpecError(
+                f"call takes a child's name (`call: enc`) or a mapping (`call: {{name: enc, repeat: 2}}`), "
+                f"not {type_name(arg.value)}",
+                arg.loc,
+            )
         f = Fields(arg, "call", ("name", "repeat", "when"), ("name",))
         return Call(loc, _when(f), f.str("name"), f.int("repeat", 1, 1, MAX_REPEAT))
 
@@ -229,27 +277,35 @@ class BodyParser:
         tn = f.get("transforms")
         if tn is not None:
             if not tn.is_seq:
-                raise SpecError("`transforms` is a list of method decorators, outermost first, e.g. "
-                                "[{jit: {}}]", tn.loc)
+                raise SpecError(
+                    "`transforms` is a list of method decorators, outermost first, e.g. [{jit: {}}]", tn.loc
+                )
             for t in tn.value:
                 if isinstance(t.value, str):
                     t = YNode({t.value: YNode({}, t.loc)}, t.loc, {t.value: t.loc})
                 if not t.is_map or len(t.value) != 1:
-                    raise SpecError("each transform is a mapping with one key, e.g. {jit: {rngs: [params]}}",
-                                    t.loc)
-                (kind, opts), = t.value.items()
+                    raise SpecError("each transform is a mapping with one key, e.g. {jit: {rngs: [params]}}", t.loc)
+                ((kind, opts),) = t.value.items()
                 if kind not in LIFTS:
-                    raise SpecError(f"unknown transform {kind!r}{suggest(kind, LIFTS)}; known: "
-                                    f"{', '.join(LIFTS)}", t.key_locs[kind])
-                lifts += self.lifts(kind, opts if opts.value is not None else YNode({}, opts.loc),
-                                    t.key_locs[kind], decorator=True)
-        m = ModuleDef(f.str("class"), f.str("name"), self.items(f.get("setup"), "setup", True),
-                      self.items(f.get("body"), "body", False), node.loc, lifts=lifts)
+                    raise SpecError(
+                        f"unknown transform {kind!r}{suggest(kind, LIFTS)}; known: {', '.join(LIFTS)}", t.key_locs[kind]
+                    )
+                lifts += self.lifts(
+                    kind, opts if opts.value is not None else YNode({}, opts.loc), t.key_locs[kind], decorator=True
+                )
+        m = ModuleDef(
+            f.str("class"),
+            f.str("name"),
+            self.items(f.get("setup"), "setup", True),
+            self.items(f.get("body"), "body", False),
+            node.loc,
+            lifts=lifts,
+        )
         return m, f
 
     def root(self, node: YNode) -> ModuleDef:
         if node.is_map and len(node.value) == 1 and next(iter(node.value)) in LIFTS:
-            (kind, arg), = node.value.items()
+            ((kind, arg),) = node.value.items()
             item = self._transform(kind, arg, node.key_locs[kind], False, root=True)
             return item.target
         m, _ = self.module_def(node, "model", root=True)
@@ -261,42 +317,59 @@ class BodyParser:
         if node.is_map and "class" in node.value:
             m, f = self.module_def(node, what, root=True)
             if m.name is not None:
-                raise SpecError("put `name:` on the transform statement, not inside `module:` (the name "
-                                "belongs to the transformed instance)", f.node.key_locs["name"])
+                raise SpecError(
+                    "put `name:` on the transform statement, not inside `module:` (the name "
+                    "belongs to the transformed instance)",
+                    f.node.key_locs["name"],
+                )
             return m
         if node.is_map and len(node.value) == 1:
-            (kind, arg), = node.value.items()
+            ((kind, arg),) = node.value.items()
             kloc = node.key_locs[kind]
             if kind in LIFTS:
                 return self._transform(kind, arg, kloc, False, nested=True).target
             if kind in LAYERS:
                 child = self._layer(kind, arg, kloc, False)
                 if child.module.name is not None or child.repeat != 1 or child.when is not None:
-                    raise SpecError("put `name`, `repeat` and `when` on the transform statement, not on "
-                                    "the wrapped layer", kloc)
+                    raise SpecError(
+                        "put `name`, `repeat` and `when` on the transform statement, not on the wrapped layer", kloc
+                    )
                 return child.module
-            raise SpecError(f"`module` must be a module ({{class: ..., body: [...]}}), a standard layer "
-                            f"({{Dense: {{...}}}}) or a transform; {kind!r} is none of these"
-                            f"{suggest(kind, tuple(LAYERS) + tuple(LIFTS))}", kloc)
-        raise SpecError("`module` must be a module ({class: ..., body: [...]}), a standard layer "
-                        "({Dense: {...}}) or a transform ({jit: {module: ...}})", node.loc)
+            raise SpecError(
+                f"`module` must be a module ({{class: ..., body: [...]}}), a standard layer "
+                f"({{Dense: {{...}}}}) or a transform; {kind!r} is none of these"
+                f"{suggest(kind, tuple(LAYERS) + tuple(LIFTS))}",
+                kloc,
+            )
+        raise SpecError(
+            "`module` must be a module ({class: ..., body: [...]}), a standard layer "
+            "({Dense: {...}}) or a transform ({jit: {module: ...}})",
+            node.loc,
+        )
 
     def _transform(self, kind, arg: YNode, loc, in_setup, root=False, nested=False):
         prefix, allowed = LIFTS[kind]
         outer = () if (root or nested) else ("name", "repeat", "when")
         f = Fields(arg, kind, ("module",) + allowed + outer, ("module",))
         target = self.target(f.get("module"), f"module of {kind}")
-        opts = YNode({k: v for k, v in arg.value.items() if k not in ("module", "name", "repeat", "when")},
-                     arg.loc, {k: v for k, v in arg.key_locs.items()})
+        opts = YNode(
+            {k: v for k, v in arg.value.items() if k not in ("module", "name", "repeat", "when")},
+            arg.loc,
+            {k: v for k, v in arg.key_locs.items()},
+        )
         lifts = self.lifts(kind, opts, loc)
-        mod = dataclasses.replace(target, cls=prefix + target.cls, name=None if root or nested else f.str("name"),
-                                  lifts=lifts + target.lifts, impl_cls=target.impl_cls or target.cls)
+        mod = dataclasses.replace(
+            target,
+            cls=prefix + target.cls,
+            name=None if root or nested else f.str("name"),
+            lifts=lifts + target.lifts,
+            impl_cls=target.impl_cls or target.cls,
+        )
         if root or nested:
             return Transform(loc, None, mod, 1)
         if in_setup:
             if mod.name is None:
-                raise SpecError("a transformed module created in setup is named by its attribute: give "
-                                "`name:`", loc)
+                raise SpecError("a transformed module created in setup is named by its attribute: give `name:`", loc)
             return Define(loc, _when(f), mod)
         return Transform(loc, _when(f), mod, f.int("repeat", 1, 1, MAX_REPEAT))
 
@@ -312,9 +385,10 @@ class BodyParser:
             opts["check_constancy_invariants"] = f.bool("check_constancy_invariants", True)
             f.bool("reverse", False)
         if kind in ("vmap", "scan", "remat_scan"):
-            opts["split_rngs"] = _split_rngs(f.get("split_rngs"), default=() if kind != "remat_scan" else ((True, True),))
-            opts["variable_axes"] = _variable_axes(f.get("variable_axes"),
-                                                   () if kind != "remat_scan" else ((True, 0),))
+            opts["split_rngs"] = _split_rngs(
+                f.get("split_rngs"), default=() if kind != "remat_scan" else ((True, True),)
+            )
+            opts["variable_axes"] = _variable_axes(f.get("variable_axes"), () if kind != "remat_scan" else ((True, 0),))
         if kind in ("scan", "remat_scan"):
             opts["variable_broadcast"] = _filter(f.get("variable_broadcast"), False, "variable_broadcast")
             opts["variable_carry"] = _filter(f.get("variable_carry"), False, "variable_carry")
@@ -346,24 +420,42 @@ class BodyParser:
 
     def _cond(self, kind, arg: YNode, loc):
         f = Fields(arg, "cond", ("true_fun", "false_fun", "rngs", "variables", "when"), ("true_fun", "false_fun"))
-        return Cond(loc, _when(f), (self._branches(f.get("true_fun"), "true_fun"),
-                                    self._branches(f.get("false_fun"), "false_fun")),
-                    _filter(f.get("rngs"), True, "rngs"), "cond")
+        return Cond(
+            loc,
+            _when(f),
+            (self._branches(f.get("true_fun"), "true_fun"), self._branches(f.get("false_fun"), "false_fun")),
+            _filter(f.get("rngs"), True, "rngs"),
+            "cond",
+        )
 
     def _switch(self, kind, arg: YNode, loc):
         f = Fields(arg, "switch", ("branches", "rngs", "variables", "when"), ("branches",))
         bn = f.get("branches")
         if not bn.is_seq or not bn.value:
             raise SpecError("`branches` must be a non-empty list of statement lists", bn.loc)
-        return Cond(loc, _when(f), tuple(self._branches(b, "a branch") for b in bn.value),
-                    _filter(f.get("rngs"), True, "rngs"), "switch")
+        return Cond(
+            loc,
+            _when(f),
+            tuple(self._branches(b, "a branch") for b in bn.value),
+            _filter(f.get("rngs"), True, "rngs"),
+            "switch",
+        )
 
     def _while_loop(self, kind, arg: YNode, loc):
-        f = Fields(arg, "while_loop", ("cond", "body", "iterations", "split_rngs", "carry_variables",
-                                        "broadcast_variables", "when"), ("cond", "body", "iterations"))
-        return WhileLoop(loc, _when(f), self._branches(f.get("cond"), "cond"), self._branches(f.get("body"), "body"),
-                         as_int(f.get("iterations"), "`iterations`", 0, MAX_LANES),
-                         _split_rngs(f.get("split_rngs"), ()))
+        f = Fields(
+            arg,
+            "while_loop",
+            ("cond", "body", "iterations", "split_rngs", "carry_variables", "broadcast_variables", "when"),
+            ("cond", "body", "iterations"),
+        )
+        return WhileLoop(
+            loc,
+            _when(f),
+            self._branches(f.get("cond"), "cond"),
+            self._branches(f.get("body"), "body"),
+            as_int(f.get("iterations"), "`iterations`", 0, MAX_LANES),
+            _split_rngs(f.get("split_rngs"), ()),
+        )
 
     def _module(self, kind, arg: YNode, loc, in_setup):
         m, f = self.module_def(arg, "module")
@@ -393,11 +485,13 @@ class BodyParser:
         for ln in n.value:
             item = self.item(ln, False)
             if not isinstance(item, (Child, Transform)) or item.repeat != 1:
-                raise SpecError("Sequential layers must be modules, standard layers or transformed modules "
-                                "(no repeat)", ln.loc)
+                raise SpecError(
+                    "Sequential layers must be modules, standard layers or transformed modules (no repeat)", ln.loc
+                )
             if item.when is not None:
-                raise SpecError("`when` on a layer inside a Sequential is not supported: put `when` on the "
-                                "Sequential", ln.loc)
+                raise SpecError(
+                    "`when` on a layer inside a Sequential is not supported: put `when` on the Sequential", ln.loc
+                )
             layers.append(item.module if isinstance(item, Child) else item.target)
         name = f.str("name")
         if in_setup and name is None:
@@ -424,19 +518,24 @@ class BodyParser:
                     raise SpecError(f"`{opt}` must be a number between 0 and 1", n.loc)
                 v = float(v)
             elif not isinstance(v, want) or (want is not bool and isinstance(v, bool)):
-                raise SpecError(f"`{opt}` must be {'true or false' if want is bool else 'a string'}, "
-                                f"not {type_name(v)}", n.loc)
+                raise SpecError(
+                    f"`{opt}` must be {'true or false' if want is bool else 'a string'}, not {type_name(v)}", n.loc
+                )
             opts[opt] = v
         draws = {}
         dn = f.get("draw")
         if dn is not None:
             if not dn.is_map:
-                raise SpecError(f"`draw` of a {kind} maps its param names to draws, e.g. "
-                                f"{{{lk.params[0]}: {{normal: [2, 2]}}}}", dn.loc)
+                raise SpecError(
+                    f"`draw` of a {kind} maps its param names to draws, e.g. {{{lk.params[0]}: {{normal: [2, 2]}}}}",
+                    dn.loc,
+                )
             for pname, pnode in dn.value.items():
                 if pname not in lk.params:
-                    raise SpecError(f"{kind} has no {pname!r} to draw{suggest(pname, lk.params)}; "
-                                    f"it has {', '.join(lk.params)}", dn.key_locs[pname])
+                    raise SpecError(
+                        f"{kind} has no {pname!r} to draw{suggest(pname, lk.params)}; it has {', '.join(lk.params)}",
+                        dn.key_locs[pname],
+                    )
                 draws[pname] = parse_draw(pnode, f"draw of {pname}")
         m = make_layer(kind, opts, loc, f.str("name"), draws)
         return self._child(m, f, loc, in_setup)

@@ -1,4 +1,5 @@
 """The parsed spec as frozen dataclasses; every node carries its spec file:line:col."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -74,7 +75,7 @@ class ModuleDef:
     loc: Location
     layer: str | None = None  # the standard layer this stands for, if any
     layer_options: tuple[tuple[str, object], ...] = ()  # its key-changing options, defaults filled in
-    lifts: tuple["Lift", ...] = ()  # method-decorator transforms on __call__, outermost first
+    lifts: tuple[Lift, ...] = ()  # method-decorator transforms on __call__, outermost first
     impl_cls: str | None = None  # the class that runs inside the transforms (cls before renaming)
 
 

@@ -1,4 +1,5 @@
 """Safe YAML loading into plain values that remember their file:line:col."""
+
 from __future__ import annotations
 
 import os
@@ -20,9 +21,12 @@ _NULL = "tag:yaml.org,2002:null"
 _MAP = "tag:yaml.org,2002:map"
 _SEQ = "tag:yaml.org,2002:seq"
 
+
 def _too_many_nodes(max_nodes: int) -> str:
-    return (f"the spec expands to more than {max_nodes} YAML nodes (an alias bomb?); write it without repeating "
-            "anchors, or raise the limit with --max-yaml-nodes for a spec this large")
+    return (
+        f"the spec expands to more than {max_nodes} YAML nodes (an alias bomb?); write it without repeating "
+        "anchors, or raise the limit with --max-yaml-nodes for a spec this large"
+    )
 
 
 @dataclass
@@ -90,8 +94,7 @@ class _Loader(yaml.SafeLoader):
                 size, height = self._stats[anchor]
                 if depth - 1 + height > MAX_DEPTH:
                     raise SpecError(
-                        f"alias *{anchor} makes the spec nest deeper than {MAX_DEPTH} levels; "
-                        "flatten the spec",
+                        f"alias *{anchor} makes the spec nest deeper than {MAX_DEPTH} levels; flatten the spec",
                         _loc(self._file, event.start_mark),
                     )
                 self._grow(size, event.start_mark)
@@ -101,14 +104,17 @@ class _Loader(yaml.SafeLoader):
             return super().compose_node(parent, index)
         event = self.peek_event()
         if depth > MAX_DEPTH:
-            raise SpecError(f"YAML nested deeper than {MAX_DEPTH} levels; flatten the spec",
-                            _loc(self._file, event.start_mark))
+            raise SpecError(
+                f"YAML nested deeper than {MAX_DEPTH} levels; flatten the spec", _loc(self._file, event.start_mark)
+            )
         self._grow(1, event.start_mark)
         anchor = event.anchor
         if anchor is not None and anchor in self.anchors:
             first = self.anchors[anchor].start_mark
-            raise SpecError(f"duplicate anchor &{anchor} (first at line {first.line + 1}); "
-                            "rename one", _loc(self._file, event.start_mark))
+            raise SpecError(
+                f"duplicate anchor &{anchor} (first at line {first.line + 1}); rename one",
+                _loc(self._file, event.start_mark),
+            )
         self._open.append([1, 0])
         if anchor is not None:
             self._open_anchors.add(anchor)
@@ -162,16 +168,14 @@ class _Converter:
                 if isinstance(key, bool) or key is None:
                     raise SpecError(
                         f"the key {knode.value!r} reads as {'a boolean' if isinstance(key, bool) else 'null'}"
-                        f" in YAML; quote it (\"{knode.value}\") to use it as a name",
+                        f' in YAML; quote it ("{knode.value}") to use it as a name',
                         kloc,
                     )
                 if not isinstance(key, str):
                     key = knode.value  # 1, 0x10, 1.5: the name as written
                 if key in items:
                     first = key_locs[key]
-                    raise SpecError(
-                        f"duplicate key {key!r} (first at line {first.line}); keep one", kloc
-                    )
+                    raise SpecError(f"duplicate key {key!r} (first at line {first.line}); keep one", kloc)
                 items[key] = self.convert(vnode, depth + 1)
                 key_locs[key] = kloc
             return YNode(items, loc, key_locs)
@@ -182,14 +186,20 @@ class _Converter:
         if tag == _STR:
             return YNode(node.value, loc, quoted=node.style in ("'", '"'))
         if tag in _SCALAR_KIND:
-            construct = {_INT: self.scalars.construct_yaml_int, _FLOAT: self.scalars.construct_yaml_float,
-                         _BOOL: self.scalars.construct_yaml_bool}[tag]
+            construct = {
+                _INT: self.scalars.construct_yaml_int,
+                _FLOAT: self.scalars.construct_yaml_float,
+                _BOOL: self.scalars.construct_yaml_bool,
+            }[tag]
             try:
                 return YNode(construct(node), loc)
             except (ValueError, KeyError, IndexError, TypeError):
                 short = tag.replace("tag:yaml.org,2002:", "!!")
-                raise SpecError(f"{node.value!r} is not a valid {_SCALAR_KIND[tag]} for {short}; "
-                                f"fix the value or drop the {short} tag", loc) from None
+                raise SpecError(
+                    f"{node.value!r} is not a valid {_SCALAR_KIND[tag]} for {short}; "
+                    f"fix the value or drop the {short} tag",
+                    loc,
+                ) from None
         if tag == _NULL:
             return YNode(None, loc)
         raise self._bad_tag(node, loc)
@@ -212,8 +222,10 @@ _HINTS = (
     ("mapping values are not allowed here", "quote a value that contains ': '"),
     ("found undefined alias", "define the anchor (&name) before the alias (*name)"),
     ("but got '<stream end>'", "close the bracket"),
-    ("expected ',' or '}', but got", "inside {...} quote a value that holds commas or brackets, "
-                                     "e.g. \"split(key(0), 3)[1]\""),
+    (
+        "expected ',' or '}', but got",
+        ('inside {...} quote a value that holds commas or brackets, e.g. "split(key(0), 3)[1]"'),
+    ),
     ("expected ',' or ']', but got", "inside [...] quote a value that holds commas or brackets"),
     ("expected <block end>", "check the indentation of this line"),
 )
@@ -233,8 +245,9 @@ def _yaml_problem(e: yaml.MarkedYAMLError):
             return "this quoted string is never closed; close the quote", e.context_mark
         return f"{what} that starts here is never closed; close it", e.context_mark
     if problem == "could not find expected ':'" and e.context_mark is not None:
-        return ("this line has no `key: value` (a colon followed by a space); "
-                "write `key: value` or quote the text"), e.context_mark
+        return (
+            "this line has no `key: value` (a colon followed by a space); write `key: value` or quote the text"
+        ), e.context_mark
     text = problem
     if e.problem and e.context:
         cm = e.context_mark
@@ -261,9 +274,11 @@ def load_text(text: str, file: str) -> YNode:
         line = before.count("\n") + 1
         col = pos - (before.rfind("\n") + 1) + 1
         char = e.character if isinstance(e.character, int) else ord(str(e.character)[:1] or "?")
-        raise SpecError(f"invalid YAML: the control character U+{char:04X} is not allowed in YAML; "
-                        "remove it (or write it as an escape in a double-quoted string)",
-                        Location(file, line, col)) from None
+        raise SpecError(
+            f"invalid YAML: the control character U+{char:04X} is not allowed in YAML; "
+            "remove it (or write it as an escape in a double-quoted string)",
+            Location(file, line, col),
+        ) from None
     except yaml.MarkedYAMLError as e:
         problem, mark = _yaml_problem(e)
         loc = _loc(file, mark) if mark is not None else Location(file, 1, 1)
@@ -271,17 +286,13 @@ def load_text(text: str, file: str) -> YNode:
     except yaml.YAMLError as e:
         raise SpecError(f"invalid YAML: {' '.join(str(e).split())}", Location(file, 1, 1)) from None
     except RecursionError:
-        raise SpecError(
-            f"YAML nested too deeply (the limit is {MAX_DEPTH} levels)", Location(file, 1, 1)
-        ) from None
+        raise SpecError(f"YAML nested too deeply (the limit is {MAX_DEPTH} levels)", Location(file, 1, 1)) from None
     if node is None or (isinstance(node, yaml.ScalarNode) and node.tag == _NULL and node.value == ""):
         raise SpecError("the spec is empty; start with `rngaudit: 1`", Location(file, 1, 1))
     try:
         return _Converter(file).convert(node, 0)
     except RecursionError:
-        raise SpecError(
-            f"YAML nested too deeply (the limit is {MAX_DEPTH} levels)", Location(file, 1, 1)
-        ) from None
+        raise SpecError(f"YAML nested too deeply (the limit is {MAX_DEPTH} levels)", Location(file, 1, 1)) from None
 
 
 def load_file(path: str) -> YNode:
@@ -304,8 +315,9 @@ def load_file(path: str) -> YNode:
     except OSError as e:
         raise SpecError(f"cannot read: {e.strerror or e}", top) from None
     if len(data) > max_bytes:
-        raise SpecError(f"the file is larger than {max_bytes / (1024 * 1024):g} MiB; a spec this large needs "
-                        "--max-spec-mib", top)
+        raise SpecError(
+            f"the file is larger than {max_bytes / (1024 * 1024):g} MiB; a spec this large needs --max-spec-mib", top
+        )
     if data.startswith(b"\xef\xbb\xbf"):
         data = data[3:]  # a UTF-8 BOM: not part of the text, and not a column
     try:

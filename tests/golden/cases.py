@@ -8,6 +8,7 @@ by relative paths). Each case records its exit code and the SHA-256 of its stdou
 
 tests/test_golden.py replays the cases and compares them with the manifest.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,15 +29,26 @@ DERIVE = (("text",), ("json",), ("jsonl",), ("github", "--strict"), ("sarif", "-
 COLLISIONS = (("text",), ("json",), ("github",), ("sarif",), ("json", "--no-keys"))
 REPORTS = ("text", "json", "github", "sarif")
 DIFF_PAIRS = (
-    ("make_rng_key0", "make_rng_key1"), ("two_streams", "two_streams_same_seed"), ("jit_init", "jit_apply"),
-    ("scan_split", "scan_unsplit"), ("vmap_params_split", "vmap_params_axis0_unsplit"),
-    ("vmap_model_split_other", "vmap_model_other_unsplit"), ("sharp_edge", "sharp_edge_separator"),
-    ("training_loop_init", "training_loop_step"), ("submodules", "two_submodules"),
+    ("make_rng_key0", "make_rng_key1"),
+    ("two_streams", "two_streams_same_seed"),
+    ("jit_init", "jit_apply"),
+    ("scan_split", "scan_unsplit"),
+    ("vmap_params_split", "vmap_params_axis0_unsplit"),
+    ("vmap_model_split_other", "vmap_model_other_unsplit"),
+    ("sharp_edge", "sharp_edge_separator"),
+    ("training_loop_init", "training_loop_step"),
+    ("submodules", "two_submodules"),
     ("shard_map_device0", "shard_map_device1"),
 )
 VARIANTS = ("rename", "insert", "compact_to_setup", "jit", "remat", "ensemble")
-CAPTURES = (("base", "make"), ("guide", "model"), ("guide", "submodules"), ("guide", "batch_dense"),
-            ("transformer", "make"), ("ensemble_mlp", "make")) + tuple((v, "make") for v in VARIANTS)
+CAPTURES = (
+    ("base", "make"),
+    ("guide", "model"),
+    ("guide", "submodules"),
+    ("guide", "batch_dense"),
+    ("transformer", "make"),
+    ("ensemble_mlp", "make"),
+) + tuple((v, "make") for v in VARIANTS)
 RNGS = "params=0,dropout=1"
 
 
@@ -47,8 +59,14 @@ def _rel(path: str) -> str:
 def corpus_files() -> list[str]:
     """Every file the cases read, relative to the repository root."""
     files = [os.path.join(REPO, "rngaudit", "examples", "guide.yaml")]
-    for pattern in ("fixtures/**/*.yaml", "fixtures/**/*.json", "fixtures/**/*.py", "tests/bad_specs/*.yaml",
-                    "tests/golden/specs/*.yaml", "tests/golden/models/*.py"):
+    for pattern in (
+        "fixtures/**/*.yaml",
+        "fixtures/**/*.json",
+        "fixtures/**/*.py",
+        "tests/bad_specs/*.yaml",
+        "tests/golden/specs/*.yaml",
+        "tests/golden/models/*.py",
+    ):
         files += glob.glob(os.path.join(REPO, pattern), recursive=True)
     return sorted(_rel(f) for f in files)
 
@@ -82,23 +100,34 @@ def cases() -> list[tuple[str, list[str]]]:
     for model, factory in CAPTURES:
         name = f"out/{model}_{factory}"
         target = f"tests/golden/models/{model}.py:{factory}"
-        out.append((f"capture {target}", ["capture", target, "--rngs", RNGS, "--keys", f"{name}.json",
-                                           "-o", f"{name}.yaml"]))
+        out.append(
+            (f"capture {target}", ["capture", target, "--rngs", RNGS, "--keys", f"{name}.json", "-o", f"{name}.yaml"])
+        )
         out.append((f"capture {target} json", ["capture", target, "--rngs", RNGS, "-f", "json"]))
         out.append((f"verify {name}", ["verify", f"{name}.yaml", "--against", f"{name}.json", "-f", "json"]))
     for variant in VARIANTS:
         for fmt in REPORTS:
-            out.append((f"diff base {variant} {fmt}", ["diff", "out/base_make.json", f"out/{variant}_make.json",
-                                                       "-f", fmt]))
+            out.append(
+                (f"diff base {variant} {fmt}", ["diff", "out/base_make.json", f"out/{variant}_make.json", "-f", fmt])
+            )
     out.append(("diff spec keys", ["diff", "out/base_make.yaml", "out/rename_make.json", "-f", "json"]))
-    out.append(("verify against target", ["verify", "out/guide_model.yaml", "--against",
-                                          "tests/golden/models/guide.py:model", "--rngs", RNGS]))
+    out.append(
+        (
+            "verify against target",
+            ["verify", "out/guide_model.yaml", "--against", "tests/golden/models/guide.py:model", "--rngs", RNGS],
+        )
+    )
     out.append(("verify mismatch", ["verify", "out/base_make.yaml", "--against", "out/insert_make.json"]))
     for fmt in ("text", "json"):
-        out.append((f"shard-check spec {fmt}", ["shard-check", "fixtures/shard/forks.yaml", "--devices", "2",
-                                                "-f", fmt]))
-        out.append((f"shard-check fn {fmt}", ["shard-check", "--fn", "fixtures/shard/guide_forward.py:forward",
-                                              "--devices", "4", "-f", fmt]))
+        out.append(
+            (f"shard-check spec {fmt}", ["shard-check", "fixtures/shard/forks.yaml", "--devices", "2", "-f", fmt])
+        )
+        out.append(
+            (
+                f"shard-check fn {fmt}",
+                ["shard-check", "--fn", "fixtures/shard/guide_forward.py:forward", "--devices", "4", "-f", fmt],
+            )
+        )
     for command in ("", "derive", "collisions", "shard-check", "capture", "verify", "diff"):
         out.append((f"help {command}".rstrip(), [command, "--help"] if command else ["--help"]))
     out += [
@@ -113,8 +142,10 @@ def cases() -> list[tuple[str, list[str]]]:
         ("usage shard no input", ["shard-check"]),
         ("usage shard mesh", ["shard-check", "--fn", "fixtures/shard/guide_forward.py:forward", "--mesh", "d=0"]),
         ("usage capture target", ["capture", "nosuch"]),
-        ("usage verify json opts", ["verify", "rngaudit/examples/guide.yaml", "--against", "x.json", "--rngs",
-                                    "params=0"]),
+        (
+            "usage verify json opts",
+            ["verify", "rngaudit/examples/guide.yaml", "--against", "x.json", "--rngs", "params=0"],
+        ),
         ("version", ["--version"]),
     ]
     return out
@@ -162,8 +193,15 @@ def run_all(dump: str | None = None, select=lambda case: True):
                 os.makedirs(dump, exist_ok=True)
                 with open(base + ".txt", "wb") as f:
                     f.write(f"{case}\nexit {r.exit_code}\n--- stdout\n".encode() + stdout + b"\n--- stderr\n" + stderr)
-            yield case, args, {"exit": r.exit_code, "stdout": hashlib.sha256(stdout).hexdigest(),
-                               "stderr": hashlib.sha256(stderr).hexdigest()}
+            yield (
+                case,
+                args,
+                {
+                    "exit": r.exit_code,
+                    "stdout": hashlib.sha256(stdout).hexdigest(),
+                    "stderr": hashlib.sha256(stderr).hexdigest(),
+                },
+            )
 
 
 def load_manifest() -> dict:

@@ -3,6 +3,7 @@ random-model strategies. Run once, before a redesign; the files, not this script
 
     python3 tests/golden/generate_specs.py [--plain 150] [--transformed 150]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -12,15 +13,21 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
-from test_property import specs, transform_specs  # noqa: E402
+from hypothesis import HealthCheck, Phase, given, settings
+from test_property import specs, transform_specs
 
 
 def draw(strategy, n: int) -> list[str]:
     out: list[str] = []
 
-    @settings(max_examples=n, derandomize=True, database=None, deadline=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=n,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(strategy)
     def collect(text: str) -> None:
         if text not in out:
