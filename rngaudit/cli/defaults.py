@@ -69,6 +69,7 @@ _TOML_TYPES = {bool: "booleans", int: "integers", float: "numbers", str: "string
 def _config_value(ctx: typer.Context, param, hint, s):
     """The TOML value as the command line would have given it, type-checked against the option."""
     kind = param.type.name  # boolean, int (integer), int range, float, float range, choice, str (text)
+    want: type
     if param.is_flag or kind == "boolean":
         want = bool
     elif kind.startswith("int"):
@@ -116,7 +117,9 @@ def configured(ctx: typer.Context, command: str, config: str | None, options: T)
     commands = dict(getattr(ctx.find_root().command, "commands", None) or {ctx.info_name: ctx.command})
     _check_config(cfg, commands)
     by_key = _config_keys(ctx.command)
-    hints = typing.get_type_hints(inspect.unwrap(ctx.command.callback))
+    callback = ctx.command.callback
+    assert callback is not None  # (every command is a function)
+    hints = typing.get_type_hints(inspect.unwrap(callback))
     fields = {f.name for f in dataclasses.fields(options)}  # type: ignore[arg-type]
     values = {}
     for key, s in cfg.for_command(command).items():

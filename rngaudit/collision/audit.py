@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 from ..engine.hashing import hash_input
 from ..gcpause import paused
@@ -62,6 +63,9 @@ class Grouping:
         self.rest = max_rest(latent_max_count)
         self.vec = sites.vectorised
         self.ident = sites.idents()
+        # sorted idents, and the order that sorts them (None: only the values were sorted): NumPy or lists
+        self.order: Any
+        self.sorted_ident: Any
         if self.vec:
             import numpy as np
 

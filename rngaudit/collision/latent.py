@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .results import (
     LatentCollision,
@@ -58,6 +58,8 @@ class Entries:
     def __init__(self, sites: Sites):
         # combo: sorted distinct (unit << 32 | path id); first: its first call site; top: its highest count
         given = sites.entry_columns()
+        self.combo: Any  # the distinct (unit << 32 | path id), sorted: NumPy, then a list
+        self.top: Any
         if given is not None:
             self.combo, first, self.top = given
             combos = self.combo.tolist()
@@ -204,6 +206,7 @@ class LatentSearch:
         removes = True
         for other, pair in partners:
             b = self.ctx.s.path_bytes(other.first, flipped)
+            sep_pair: tuple[int, int] | None
             if a == b:
                 sep_pair = (1, 1)
             elif b.startswith(a):
@@ -241,7 +244,7 @@ class LatentSearch:
                     yield pid, int(es.top[k])
             yield from extra.get(b, ())
 
-        out = set()
+        out: set[tuple[int, bool]] = set()
         for cut in range(1, min(self.ctx.rest, len(data)) + 1):
             pair = self.pair(data[-cut:])
             if pair is not None:

@@ -131,7 +131,7 @@ class ModuleSites(Sites):
         self._module_ptr, self._leaves = [], []
         pids: list[int] = []
         counts: list[int] = []
-        stack = [((), ptr, tree)]
+        stack: list[tuple[tuple[str, ...], tuple, dict]] = [((), ptr, tree)]
         while stack:
             path, at, node = stack.pop()
             pid = self._path_ids[path] = len(self.paths)
@@ -140,7 +140,7 @@ class ModuleSites(Sites):
             self._module_ptr.append(at)
             leaves: list[str] = []
             self._leaves.append(leaves)
-            children = []
+            children: list[tuple[tuple[str, ...], tuple, dict]] = []
             for name, v in node.items():
                 if isinstance(v, dict):
                     children.append((path + (name,), at + (name,), v))
@@ -174,7 +174,7 @@ class ModuleSites(Sites):
         return BASE
 
     def _site_pointer(self, i: int) -> tuple:
-        if self._leaves is None:
+        if self._leaves is None or self._module_ptr is None:
             return (i,)
         pid = int(self.path_id[i])
         return self._module_ptr[pid] + (self._leaves[pid][int(self.count[i]) - 1],)
@@ -183,7 +183,10 @@ class ModuleSites(Sites):
         pid = self._path_ids.get(path)
         if pid is None:
             return None
-        return (self._first_entry[pid],) if self._leaves is None else self._module_ptr[pid]
+        if self._module_ptr is None:
+            assert self._first_entry is not None  # (a path list)
+            return (self._first_entry[pid],)
+        return self._module_ptr[pid]
 
     def describe(self, indices, module_paths):
         site_ptrs = {i: self._site_pointer(i) for i in indices}

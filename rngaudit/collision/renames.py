@@ -69,9 +69,11 @@ class RenameSearch:
         """The call sites of the paths `pids`, in order."""
         if not self.ctx.vec:
             if self._by_path is None:
-                self._by_path = {}
+                by_path: dict[int, list[int]] = {}
                 for i, p in enumerate(self.ctx.s.path_id):
-                    self._by_path.setdefault(p, []).append(i)
+                    by_path.setdefault(p, []).append(i)
+                self._by_path = by_path
+            assert isinstance(self._by_path, dict)
             return sorted(i for p in pids for i in self._by_path.get(p, ()))
         import numpy as np
 

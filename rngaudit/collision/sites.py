@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..engine.hashing import encode_item, hash_input
 from ..errors import Location
@@ -49,12 +49,13 @@ class Sites:
     separator: bool
     prng_impl: str | None
     vectorised: bool
-    unit: np.ndarray | list  # int32: dense id of (base, lane): sites of one unit fold into the same base key
-    word: np.ndarray | list  # uint32 hash words
-    path_id: np.ndarray | list  # int32 index into `paths`
-    count: np.ndarray | list  # int64
+    # Each column is a NumPy array when `vectorised`, else a list of ints (Any: either)
+    unit: Any  # int32: dense id of (base, lane): sites of one unit fold into the same base key
+    word: Any  # uint32 hash words
+    path_id: Any  # int32 index into `paths`
+    count: Any  # int64
     paths: list[tuple[str, ...]]
-    keys: np.ndarray | list | None  # (n, width) uint32 key data, or None (hash-only)
+    keys: Any  # (n, width) uint32 key data, or None (hash-only)
 
     @property
     def n(self) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..engine.hashing import hash_input, hash_word
 from ..errors import Location
@@ -29,6 +29,8 @@ from .sites import RenameTarget, Sites, vectorised, words_of
 
 if TYPE_CHECKING:
     import numpy as np
+
+    from ..engine.keys import BaseKeys
 
 REPLAY_LIMIT = 20_000  # specs with at most this many keys check renames by replaying the renamed model
 
@@ -59,7 +61,7 @@ class SpecSites(Sites):
         if self.vectorised:
             import numpy as np
 
-            self.keep = np.asarray(keep, dtype=np.int64)
+            self.keep: Any = np.asarray(keep, dtype=np.int64)  # a NumPy array, or a list
             self.unit = np.empty(n, dtype=np.int32)
             self.path_id = np.empty(n, dtype=np.int32)
             self.count = np.empty(n, dtype=np.int64)
@@ -76,7 +78,7 @@ class SpecSites(Sites):
             word[i] = d.hash_word
         self.paths = list(path_ids)
         self.keys = self._take(self._derive(self.spec, self.all_rows), self.keep) if keys else None
-        self._flipped_keys: np.ndarray | list | bool | None = None
+        self._flipped_keys: Any = None  # the keys with the separator flipped; False: they differ in number
         self._modules: dict[Location, list] | None = None
 
     def _derive(self, spec: Spec, rows):
@@ -348,9 +350,9 @@ class TableSites(SpecSites):
         np.maximum.at(e_top, inv, t.count[t.start[ent_t[kept_e] + 1] - 1])
         self._entry_cols = (uniq, e_first, e_top)
         self._checked = keys
-        self._engine = engine_for(spec) if keys else None
+        self._engine = engine_for(spec)
         self._registry = {} if registry is None else registry  # base key value -> id, shared with renamed copies
-        self._resolver = None
+        self._resolver: BaseKeys | None = None
         self._flip = None
         self._prefixes: dict[tuple[tuple, bool], bytes] = {}
         # unsafe_rbg: keys row by row

@@ -10,7 +10,7 @@ import numpy as np
 from ..errors import SpecError
 from ..spec.tree import Draw, Spec
 from .draws import draw_values
-from .keys import KeyData, derive_keys, engine_for, root_keys
+from .keys import KeyData, KeyEngine, derive_keys, engine_for, root_keys
 from .records import Derivation
 from .replay import replay
 from .table import KeyTable, key_table
@@ -124,22 +124,39 @@ def derive(
     and `limit` select call sites before any key is computed."""
     keng = engine_for(spec)
     if engine == "fast":
-        table = key_table(spec)
-        filtered = bool(streams or paths or limit is not None)
-        rows = table.select(streams, paths, limit)
-        keys = table.keys(keng, rows)
-        drawn: dict = {}
-        if values:
-            tdraw = [tpl.draw or default_draw for tpl in table.templates]
-            has_draw = np.array([d is not None for d in tdraw], dtype=bool)
-            # only the rows whose statement draws, and whose key exists
-            for j in np.flatnonzero(has_draw[table.block[rows]] & (table.base[rows] >= 0)).tolist():
-                draw = tdraw[int(table.block[rows[j]])]
-                drawn[j] = _draw(spec, tuple(int(w) for w in keys[j]), draw)
-        calls = TableCalls(table, rows, keys, default_draw, drawn)
-        return DeriveReport(spec, root_keys(spec, keng), calls, table.n if filtered else None)
+        return _derive_fast(spec, keng, values, default_draw, streams, paths, limit)
     if engine != "plain":
         raise ValueError(f"engine must be 'fast' or 'plain', not {engine!r}")
+    return _derive_plain(spec, keng, values, default_draw)
+
+
+def _derive_fast(
+    spec: Spec,
+    keng: KeyEngine,
+    values: bool,
+    default_draw: Draw | None,
+    streams: Sequence[str],
+    paths: Sequence[str],
+    limit: int | None,
+) -> DeriveReport:
+    table = key_table(spec)
+    filtered = bool(streams or paths or limit is not None)
+    rows = table.select(streams, paths, limit)
+    keys = table.keys(keng, rows)
+    drawn: dict[int, np.ndarray] = {}
+    if values:
+        tdraw = [tpl.draw or default_draw for tpl in table.templates]
+        has_draw = np.array([d is not None for d in tdraw], dtype=bool)
+        # only the rows whose statement draws, and whose key exists
+        for j in np.flatnonzero(has_draw[table.block[rows]] & (table.base[rows] >= 0)).tolist():
+            draw = tdraw[int(table.block[rows[j]])]
+            assert draw is not None
+            drawn[j] = _draw(spec, tuple(int(w) for w in keys[j]), draw)
+    calls = TableCalls(table, rows, keys, default_draw, drawn)
+    return DeriveReport(spec, root_keys(spec, keng), calls, table.n if filtered else None)
+
+
+def _derive_plain(spec: Spec, keng: KeyEngine, values: bool, default_draw: Draw | None) -> DeriveReport:
     rows = replay(spec)
     keys = derive_keys(spec, rows, keng)
     calls = []

@@ -3,7 +3,7 @@ traceable under jax.jit (shard-check's devices) and run eagerly on one key's dat
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import numpy as np
@@ -17,7 +17,7 @@ def draw(key, d: Draw):
     import jax
     import jax.numpy as jnp
 
-    p = dict(d.params)
+    p: dict[str, Any] = dict(d.params)
     dtype = jnp.dtype(d.dtype)
     kind, shape = d.kind, d.shape
     if kind == "normal":

@@ -20,7 +20,7 @@ def select(names, filters, jax_pytree: bool = True) -> list[tuple[str, object]]:
     (jax flattens dicts in sorted key order), which is what the inner scope then sees."""
     # mirrors flax/core/scope.py group_collections
     taken: set = set()
-    out = []
+    out: list[tuple[str, object]] = []
     for flt, value in filters:
         group = [n for n in names if n not in taken and matches(flt, n)]
         taken.update(group)

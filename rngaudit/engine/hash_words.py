@@ -82,7 +82,7 @@ def hash_templates(templates, sep: bool, total: int) -> np.ndarray:
     enc = encodings(0, sep)
     for tpl in templates:
         pre = hash_input(tpl.suffix, sep)
-        c0, k = tpl.count, tpl.n
+        c0, k = tpl.first_count, tpl.n
         if k == 1 and c0 <= ENC_CACHE:
             if c0 >= len(enc):
                 enc = encodings(c0, sep)
@@ -104,7 +104,8 @@ class WordsChild:
     (the parent works meanwhile). Start only where can_fork() allows."""
 
     def __init__(self, pid: int, r: int, n: int, make):
-        self.pid, self.r, self.n, self.make = pid, r, n, make
+        self.pid, self.n, self.make = pid, n, make
+        self.r: int | None = r
 
     @classmethod
     def start(cls, make, n: int) -> WordsChild | None:
@@ -142,6 +143,7 @@ class WordsChild:
         """The child's words; made here if the child failed."""
         import os
 
+        assert self.r is not None, "finish() once"
         chunks: list[bytes] = []
         try:
             while True:

@@ -265,6 +265,12 @@ class JaxKeys:
         return jax.random.fold_in(key, _numpy().uint32(data))
 
 
+def jax_setting(name: str) -> Any:
+    """The JAX config value `name` (jax.config holds them as attributes its type does not declare)."""
+    jax, _ = _jax()
+    return getattr(jax.config, name)
+
+
 def _numpy():
     import numpy as np
 

@@ -54,7 +54,7 @@ def traces(r: Replayer, lift: Lift, inst: Instance, run: Run):
             rngs[s] = (LaneSplit(ref, n, axis) if split else ref, suffix)
         axes_cols = tuple(c for c, _ in lift.opt("variable_axes", ()))
         broadcast = lift.opt("variable_broadcast", False)
-        cols = union_cols(*axes_cols, broadcast, lift.opt("variable_carry", False))
+        cols: frozenset | AllBut | None = union_cols(*axes_cols, broadcast, lift.opt("variable_carry", False))
         if cols is not None and scope.cols is not None:
             cols &= scope.cols
         elif cols is None:

@@ -41,14 +41,14 @@ class Derivation:
 
 class Template(NamedTuple):
     """What the replay records for a make_rng statement at one place: `n` consecutive calls, counts
-    `count` .. `count + n - 1` (n is 1 on the plain path, which records every call), made in every lane
-    of the vmap/scan/while axes `axes`. Each call's key is fold_in(base, hash_word(suffix + (count,))),
-    its base `ref` resolved per lane."""
+    `first_count` .. `first_count + n - 1` (n is 1 on the plain path, which records every call), made in
+    every lane of the vmap/scan/while axes `axes`. Each call's key is
+    fold_in(base, hash_word(suffix + (count,))), its base `ref` resolved per lane."""
 
     path: tuple[str, ...]
     stream_requested: str
     stream: str
-    count: int
+    first_count: int
     kind: str
     label: str | None
     suffix: tuple  # what Flax hashes before the count: the path since the base key

@@ -214,7 +214,7 @@ class Replayer:
         collection: str | None = None,
         note: str | None = None,
         n: int = 1,
-    ) -> int | None:
+    ) -> int | Discovered | None:
         """Count `n` make_rng calls at `scope` (n > 1 only for a repeated statement: the calls are
         consecutive and alike but for their counts) and record their template; returns its number."""
         # mirrors flax/core/scope.py Scope.make_rng

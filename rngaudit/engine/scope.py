@@ -5,6 +5,7 @@ and per-scope, per-stream counters."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from ..errors import FlaxError, Location
 from ..spec.tree import ModuleDef
@@ -36,7 +37,9 @@ class Scope:
     axes: tuple[int, ...] = ()
     cols: frozenset | AllBut | None = None  # lifted collections; None: all
     immutable: bool = False
-    discard: object = None  # None | True (keep variable inits) | frozenset (keep inits in these)
+    discard: Literal[True] | frozenset | None = (
+        None  # None | True (keep variable inits) | frozenset (keep inits in these)
+    )
     context: tuple[str, ...] = ()  # notes for every key made here
     frozen: frozenset = frozenset()  # collections a lift makes read-only here
     debug: tuple[str, ...] = ()  # Flax's debug_path: the path with transform names, for messages
@@ -95,7 +98,7 @@ class Instance:
 
     __slots__ = ("clone", "mod", "reserved", "scope", "seq_layers", "setup_children", "setup_done")
 
-    def __init__(self, mod: ModuleDef | None, scope: Scope, clone: bool = False):
+    def __init__(self, mod: ModuleDef, scope: Scope, clone: bool = False):
         self.mod = mod
         self.scope = scope
         self.clone = clone  # a clone made by a lifted transform: an instance of the untransformed class
@@ -110,8 +113,6 @@ class Instance:
 
     @property
     def cls(self) -> str:
-        if self.mod is None:
-            return "Sequential"
         return (self.mod.impl_cls or self.mod.cls) if self.clone else self.mod.cls
 
     @property

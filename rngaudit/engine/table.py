@@ -43,7 +43,7 @@ class KeyTable:
                 lanes *= sizes[a]
             n_lanes[t] = lanes
             n_counts[t] = tpl.n
-            count0[t] = tpl.count
+            count0[t] = tpl.first_count
         self.n_lanes = n_lanes
         per = n_counts * n_lanes
         self.start = np.zeros(nt + 1, dtype=np.int64)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 # NumPy is imported by the vectorised functions only: a few keys on Python ints start faster without it.
 
 # mirrors jax/_src/random/threefry2x32.py _threefry2x32_lowering (Salmon et al., Threefry-2x32, 20 rounds)
@@ -25,7 +27,7 @@ def threefry2x32_int(k0: int, k1: int, x0: int, x1: int) -> tuple[int, int]:
     return x0, x1
 
 
-def fold_in_int(key: tuple[int, int], data: int) -> tuple[int, int]:
+def fold_in_int(key: Sequence[int], data: int) -> tuple[int, int]:
     """jax.random.fold_in for threefry2x32 key data and one uint32 `data`, on Python ints."""
     # mirrors jax/_src/random/threefry2x32.py threefry_fold_in: threefry_2x32(key, threefry_seed(data))
     return threefry2x32_int(key[0], key[1], 0, data & _MASK)
@@ -63,7 +65,7 @@ def threefry2x32(k0, k1, x0, x1):
     return x0, x1
 
 
-def fold_in(key: tuple[int, int], data):
+def fold_in(key: Sequence[int], data):
     """jax.random.fold_in for threefry2x32 key data; `data` is a uint32 scalar or array.
     Returns an array of shape data.shape + (2,)."""
     import numpy as np
@@ -74,7 +76,7 @@ def fold_in(key: tuple[int, int], data):
     return np.stack([y0, y1], axis=-1)
 
 
-def split_one(key: tuple[int, int], n: int, i: int, partitionable: bool) -> tuple[int, int]:
+def split_one(key: Sequence[int], n: int, i: int, partitionable: bool) -> tuple[int, int]:
     """Row i of jax.random.split(key, n) for threefry2x32 key data (on Python ints)."""
     if partitionable:
         # mirrors jax/_src/random/threefry2x32.py _threefry_split_foldlike: counts are (hi, lo) of the index
@@ -83,7 +85,7 @@ def split_one(key: tuple[int, int], n: int, i: int, partitionable: bool) -> tupl
     return _original_out(key, n, 2 * i), _original_out(key, n, 2 * i + 1)
 
 
-def _original_out(key: tuple[int, int], n: int, p: int) -> int:
+def _original_out(key: Sequence[int], n: int, p: int) -> int:
     lo = p if p < n else p - n
     y0, y1 = threefry2x32_int(key[0], key[1], lo & _MASK, (lo + n) & _MASK)
     return y0 if p < n else y1

@@ -162,7 +162,9 @@ def raise_carry(run: Run, axis: int | None = None, carry: bool = True) -> None:
         raise run.carry_error
 
 
-def check_broadcast(r: Replayer, scope: Scope, t: int | None, col: str, name: str, loc: Location, run: Run) -> None:
+def check_broadcast(
+    r: Replayer, scope: Scope, t: int | Discovered | None, col: str, name: str, loc: Location, run: Run
+) -> None:
     """A variable shared by every lane or step cannot be initialised from a per-lane key. JAX
     finds that when the lift's trace ends (vmap's outputs, scan's constancy check), so the error
     is raised then (_raise_lane), after the errors the rest of the trace raises."""

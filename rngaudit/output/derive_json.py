@@ -46,6 +46,7 @@ def call_json(c: KeyedCall) -> dict:
         "location": d.location.as_json(),
     }
     if c.values is not None:
+        assert c.draw is not None  # (values are drawn for a draw)
         out["values"] = {
             "draw": c.draw.describe(),
             "kind": c.draw.kind,

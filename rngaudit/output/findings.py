@@ -416,7 +416,7 @@ def compare_findings(cmp: Comparison) -> list[Finding]:
         if e.fix:
             msg += f". Fix: {e.fix}"
         where, note = _where(cmp, e)
-        related = ()
+        related: tuple[tuple[Location, str], ...] = ()
         if cmp.kind == "diff" and e.old is not None and e.old.location is not None and e.new is None:
             related = ((e.old.location, f"{s.path_str} in {cmp.old_name}"),)
         out.append(Finding(f"{cmp.kind}/{e.status}", ERROR, msg + note, where, related))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 from rich.console import Console
 from rich.table import Table
@@ -56,7 +58,7 @@ def render_derive(report: DeriveReport, console: Console) -> None:
         console.print(f"  rngs[{s!r}] = {spec.rngs[s].text} -> {list(report.roots[s])}")
     lanes = any(c.derivation.lane or c.derivation.discarded for c in report.calls)
     table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
-    columns = (
+    columns: tuple[tuple[str, Literal["left", "right"]], ...] = (
         (("#", "right"), ("path", "left"))
         + ((("lane", "left"),) if lanes else ())
         + (
@@ -93,7 +95,7 @@ def render_derive(report: DeriveReport, console: Console) -> None:
     for (note, loc), rows in _notes(report).items():
         console.print(f"note: {_ranges(rows)} ({loc}): {note}", style="yellow")
     for c in report.calls:
-        if c.values is not None:
+        if c.values is not None and c.draw is not None:
             d = c.derivation
             console.print(f"#{d.index} {d.path_str} {d.label or d.stream} {c.draw.describe()}:")
             console.print(Text(_values(c.values)))

@@ -3,8 +3,10 @@ derive replays bit-exactly (checked before it is handed out)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..engine.keys import jax_setting
 from ..errors import FlaxUnavailableError, InternalError, RngauditError, UnsupportedError, UsageError, UserCodeError
 from .keys_file import Capture, Site, spec_sites
 from .specgen import build_spec
@@ -20,7 +22,11 @@ class CaptureReport:
 
 
 def run_capture(
-    target_text: str, inputs: list[str] = (), rngs: str | None = None, phase: str = "init", method: str | None = None
+    target_text: str,
+    inputs: Sequence[str] = (),
+    rngs: str | dict[str, int] | None = None,
+    phase: str = "init",
+    method: str | None = None,
 ) -> tuple[Capture, str]:
     """Capture the keys of TARGET's init (or apply) and a spec that replays them. Returns the capture and
     the spec's YAML text, verified: derive on the spec reproduces every captured key."""
@@ -63,8 +69,8 @@ def _observe(target: Target, parsed_inputs: list[InputSpec], seeds: dict, phase:
         raise UserCodeError(f"TARGET {target.text}: {type(module).__name__} has no method {method!r}")
     settings = {
         "fix_rng_separator": bool(flax.config.flax_fix_rng_separator),
-        "prng_impl": str(jax.config.jax_default_prng_impl),
-        "threefry_partitionable": bool(jax.config.jax_threefry_partitionable),
+        "prng_impl": str(jax_setting("jax_default_prng_impl")),
+        "threefry_partitionable": bool(jax_setting("jax_threefry_partitionable")),
     }
     keys = {s: jax.random.key(seed) for s, seed in seeds.items()}
     call_kw = {"method": method} if method else {}
@@ -203,7 +209,7 @@ def verify_spec_text(spec_text: str, cap: Capture) -> None:
             what = "has no such call site" if o is None else f"gives key {list(o.key or ())}"
             raise InternalError(
                 f"capture of {cap.target}: the generated spec does not reproduce Flax at "
-                f"{_describe(s)}: Flax handed out {list(s.key)}, the replay {what}; no spec was "
+                f"{_describe(s)}: Flax handed out {list(s.key or ())}, the replay {what}; no spec was "
                 "written (please report this model)"
             )
     for ident, o in ours.items():

@@ -30,7 +30,9 @@ class Entry:
 
     @property
     def site(self) -> Site:
-        return self.new if self.new is not None else self.old
+        site = self.new if self.new is not None else self.old
+        assert site is not None  # (an entry has a site on one side at least)
+        return site
 
 
 @dataclass
@@ -114,7 +116,7 @@ def _explain_changed(cmp: Comparison, old: Capture, new: Capture) -> None:
     for e in cmp.entries:
         if e.status != "changed":
             continue
-        s = e.new
+        s = e.site
         prefixes = [s.path[:i] for i in range(len(s.path) + 1)]
         added = [
             p for p in prefixes if p in new_forks and p not in old_forks and not (p == s.path and s.kind == "jit_fork")

@@ -331,6 +331,7 @@ def _branching(kind: str, index, fns, scope, call, kw):
     """nn.cond / nn.switch: every branch is traced, in order; each trace is recorded at the calling module's
     scope. A re-run may force the branch that runs (`Recorder.selection`)."""
     rec = _rec()
+    assert rec is not None  # (cond and switch call this only while recording)
     stmt = next(rec.branch_calls)
     owner = rec.owner_of_lift(scope)
     node = LiftNode(

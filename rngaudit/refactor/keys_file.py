@@ -4,9 +4,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .. import __version__
-from ..errors import InputError
+from ..errors import InputError, Location
+
+if TYPE_CHECKING:
+    from ..spec.json_source import JsonDoc
 
 CAPTURE_FORMAT = "rngaudit.capture"
 CAPTURE_FORMAT_VERSION = 1
@@ -25,7 +29,7 @@ class Site:
     kind: str = "make_rng"
     label: str | None = None
     context: tuple[str, ...] = ()  # the transforms around it, outermost first, e.g. ("scan", "jit")
-    location: object = None  # a spec's row: the Location of the statement that draws the key
+    location: Location | None = None  # a spec's row: the Location of the statement that draws the key
 
     @property
     def ident(self) -> tuple:
@@ -61,7 +65,7 @@ class Capture:
     sites: list[Site]
     modules: dict = field(default_factory=dict)  # path tuple -> {"class", "naming", "fields"}
     versions: dict = field(default_factory=dict)
-    source: object = None  # a keys file's JsonDoc: where each record is, found on request
+    source: JsonDoc | None = None  # a keys file's JsonDoc: where each record is, found on request
 
     def locate(self) -> None:
         """Give each site of a keys file the line:col of its record (one pass over the file)."""

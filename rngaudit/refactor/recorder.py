@@ -11,6 +11,7 @@ import contextlib
 import functools
 import itertools
 from dataclasses import dataclass, field
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -113,7 +114,7 @@ class VmapFrame:
 class ScanFrame:
     idx: object
     constancy: bool
-    broadcast: object
+    broadcast: Any  # the scan's variable_broadcast filter
     context = "scan"
 
     def index(self):
@@ -337,9 +338,9 @@ class Recorder:
     def _fire(self, seq, has_lanes, has_fork, data, *rest) -> None:
         if not self.recording:
             return
-        rest = list(rest)
-        lanes = tuple(int(i) for i in np.asarray(rest.pop(0)).ravel()) if has_lanes else ()
-        fork = tuple(int(w) for w in np.asarray(rest.pop(0)).ravel()) if has_fork else ()
+        more = list(rest)
+        lanes = tuple(int(i) for i in np.asarray(more.pop(0)).ravel()) if has_lanes else ()
+        fork = tuple(int(w) for w in np.asarray(more.pop(0)).ravel()) if has_fork else ()
         self.fired.append((seq, tuple(int(w) for w in np.asarray(data).ravel()), lanes, fork))
 
     def branches_traced_and_run(self) -> tuple[set, set]:

@@ -153,7 +153,7 @@ class _Builder:
         # class transforms rename the class (VmapMLP); a method decorator keeps it
         cls_chain = [c for _, _, c in lifts] + [inner.cls]
         stmt = body
-        decorators = []
+        decorators: list = []
         for i in range(len(lifts) - 1, -1, -1):
             kind, opts, outer_cls = lifts[i]
             if outer_cls == _CLASS_PREFIX[kind] + cls_chain[i + 1]:

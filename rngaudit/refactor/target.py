@@ -112,6 +112,7 @@ def load_factory(target: Target):
                 if sys.path and sys.path[0] == directory:
                     sys.path.pop(0)
         else:
+            assert target.module is not None  # (parse_target gives a file or a module)
             mod = importlib.import_module(target.module)
     except RngauditError:
         raise
@@ -164,7 +165,8 @@ def build_module(target: Target, inputs: list[InputSpec]):
             f"TARGET {target.text}: {target.attr} is a {type(factory).__name__}, not a Flax "
             "module or a function returning one"
         )
-    args, kwargs = (), {}
+    args: tuple | list = ()
+    kwargs: dict = {}
     if isinstance(made, tuple) and made and isinstance(made[0], nn.Module) and len(made) in (2, 3):
         module, args = made[0], made[1]
         kwargs = made[2] if len(made) == 3 else {}

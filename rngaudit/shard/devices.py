@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 
+from ..engine.keys import jax_setting
 from ..errors import DeviceError, UsageError
 from .report import Environment
 from .request import ShardRequest, mesh_text
@@ -68,9 +69,9 @@ def environment() -> Environment:
         jaxlib=getattr(jaxlib, "__version__", "unknown"),
         flax=getattr(sys.modules.get("flax"), "__version__", None),
         python=platform.python_version(),
-        prng_impl=str(jax.config.jax_default_prng_impl),
-        threefry_partitionable=bool(jax.config.jax_threefry_partitionable),
-        enable_x64=bool(jax.config.jax_enable_x64),
+        prng_impl=str(jax_setting("jax_default_prng_impl")),
+        threefry_partitionable=bool(jax_setting("jax_threefry_partitionable")),
+        enable_x64=bool(jax_setting("jax_enable_x64")),
         xla_flags=os.environ.get("XLA_FLAGS"),
         jax_platforms=os.environ.get("JAX_PLATFORMS"),
     )

@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 
-from ..engine.keys import JaxKeys, evaluate
+from ..engine.keys import JaxKeys, evaluate, jax_setting
 from ..errors import Location, UsageError, UserCodeError
 from ..spec.keyexpr import parse as parse_key_expr
 from ..spec.keyexpr import raw_words
@@ -42,6 +42,7 @@ def load_function(t: FnTarget):
             raise UserCodeError(f"--fn {t.text}: no such file {t.file!r}")
         name = "_rngaudit_fn_" + re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
         loader_spec = importlib.util.spec_from_file_location(name, path)
+        assert loader_spec is not None and loader_spec.loader is not None  # (a .py file that exists)
         module = importlib.util.module_from_spec(loader_spec)
         # flax modules are dataclasses, which look their module up in sys.modules while the file runs
         sys.modules[name] = module
@@ -54,6 +55,7 @@ def load_function(t: FnTarget):
             ) from None
         where = t.file
     else:
+        assert t.module is not None  # (parse_fn_target gives a file or a module)
         try:
             module = importlib.import_module(t.module)
         except ModuleNotFoundError as e:
@@ -202,7 +204,7 @@ def _fn_key(r: ShardRequest, device):
     if raw is not None and len(raw) != width:
         raise UsageError(
             f"--key {r.key}: raw key data of {len(raw)} words; keys of the default PRNG impl "
-            f"({jax.config.jax_default_prng_impl}) have {width}"
+            f"({jax_setting('jax_default_prng_impl')}) have {width}"
         )
     with jax.default_device(device):
         return evaluate(expr, JaxKeys(None))
@@ -301,7 +303,8 @@ ROUNDING_ULP = 8  # differences this small come from how XLA fuses float operati
 
 def _jit_check(eager: list, jitted: list, atol: float, n: int, axes_text: str) -> Check:
     title = "jit equals eager"
-    differ, elements, max_diff, max_ulp = 0, 0, 0.0, 0
+    differ, elements, max_diff = 0, 0, 0.0
+    max_ulp: int | None = 0
     for a, b in zip(eager, jitted):
         d = compare(a, np.asarray(b), atol)
         differ += d["mismatched"]

@@ -62,7 +62,7 @@ class ShardRequest:
 
 def parse_mesh(text: str) -> tuple[tuple[str, int], ...]:
     """`data=4,model=2` -> (('data', 4), ('model', 2))."""
-    axes = []
+    axes: list[tuple[str, int]] = []
     for part in text.split(","):
         name, eq, size = part.strip().partition("=")
         name = name.strip()

@@ -6,11 +6,12 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import functools
+from typing import Any
 
 import numpy as np
 
 from ..engine.draws import draw
-from ..engine.keys import BaseKeys, JaxKeys, evaluate
+from ..engine.keys import BaseKeys, JaxKeys, KeyData, evaluate
 from ..errors import Location, UsageError
 from ..spec.keyexpr import KeyExpr, largest_split
 from ..spec.tree import Draw
@@ -143,11 +144,17 @@ def check_spec(t: SpecTarget, mesh) -> TargetResult:
         raise UsageError(f"{spec.file}: {sel} select none of its {len(keyed)} keys")
     engine = engine_for(spec)
     impl, width = spec.prng_impl, engine.width
-    host_key = BaseKeys(engine, report.roots, lambda i: report.calls[i].key).key
+
+    def fork_key(i: int) -> KeyData:
+        key = report.calls[i].key
+        assert key is not None  # (a jit fork's key exists)
+        return key
+
+    host_key = BaseKeys(engine, report.roots, fork_key).key
 
     # every base a chosen key hangs from, down to the roots: each is one split or fold of its parent
     bases: dict = {}
-    todo = [c.derivation.base for c in chosen]
+    todo: list[Any] = [c.derivation.base for c in chosen]
     while todo:
         ref = todo.pop()
         if isinstance(ref, RootKey) or ref in bases:

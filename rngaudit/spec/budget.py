@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from typing import NamedTuple
 
 from ..errors import Location, SpecError
 from .tree import (
@@ -29,19 +31,39 @@ MAX_CALLS = 1_000_000
 MAX_DRAWN_VALUES = 20_000_000
 
 
+class Cost(NamedTuple):
+    """What replaying something costs at most: keys handed out, values drawn, module calls."""
+
+    keys: int
+    values: int
+    calls: int
+
+    def plus(self, other: Cost) -> Cost:
+        return Cost(self.keys + other.keys, self.values + other.values, self.calls + other.calls)
+
+    def times(self, n: int) -> Cost:
+        return Cost(n * self.keys, n * self.values, n * self.calls)
+
+    def most(self, other: Cost) -> Cost:
+        return Cost(max(self.keys, other.keys), max(self.values, other.values), max(self.calls, other.calls))
+
+
+NOTHING = Cost(0, 0, 0)
+
+
 class _Budget:
     """Upper bounds on what replaying a module costs per call: (keys handed out, values drawn,
     module calls). Repeats multiply, so a few innocent-looking numbers can ask for 10**20 keys;
     such specs are refused here, at the statement that crosses a limit, instead of exhausting
     time and memory later."""
 
-    def __init__(self):
-        self.memo: dict[int, tuple[int, int, int]] = {}
+    def __init__(self) -> None:
+        self.memo: dict[int, Cost] = {}
 
     def check(self, model: ModuleDef) -> None:
         self.module(model)
 
-    def _limit(self, cost: tuple[int, int, int], loc: Location, what: str) -> tuple[int, int, int]:
+    def _limit(self, cost: Cost, loc: Location, what: str) -> Cost:
         keys, values, calls = cost
         if keys > MAX_KEYS:
             raise SpecError(
@@ -63,34 +85,32 @@ class _Budget:
             )
         return cost
 
-    def module(self, m: ModuleDef) -> tuple[int, int, int]:
+    def module(self, m: ModuleDef) -> Cost:
         if id(m) in self.memo:
             return self.memo[id(m)]
-        children: dict[str, tuple[int, int, int]] = {}
+        children: dict[str, Cost] = {}
         for items in (m.setup, m.body):
             for item in items:
                 for name, c in self._defined(item):
-                    old = children.get(name, (0, 0, 0))
-                    children[name] = tuple(max(x, y) for x, y in zip(old, c))
-        total = (0, 0, 1)
+                    children[name] = children.get(name, NOTHING).most(c)
+        total = Cost(0, 0, 1)
         for items in (m.setup, m.body):
-            total = tuple(x + y for x, y in zip(total, self.items(items, children)))
+            total = total.plus(self.items(items, children))
         factor = 1
         for lift in m.lifts:
             factor *= _lift_factor(lift)
         # lifted transforms repeat the call per lane and trace (and re-run setup on each clone)
-        cost = self._limit(tuple(x * factor * (2 if m.lifts else 1) for x in total), m.loc, f"module {m.cls}")
+        cost = self._limit(total.times(factor * (2 if m.lifts else 1)), m.loc, f"module {m.cls}")
         self.memo[id(m)] = cost
         return cost
 
-    def items(self, items, children: dict) -> tuple[int, int, int]:
-        total = (0, 0, 0)
+    def items(self, items: tuple[Item, ...], children: dict[str, Cost]) -> Cost:
+        total = NOTHING
         for item in items:
-            c = self._limit(self.item(item, children), item.loc, "this statement")
-            total = tuple(x + y for x, y in zip(total, c))
+            total = total.plus(self._limit(self.item(item, children), item.loc, "this statement"))
         return total
 
-    def _defined(self, item: Item):
+    def _defined(self, item: Item) -> Iterator[tuple[str, Cost]]:
         """(name, cost per call) for each child the statement creates; auto-names by class."""
         if isinstance(item, (Child, Define)):
             yield (item.module.name or item.module.cls), self.module(item.module)
@@ -101,12 +121,9 @@ class _Budget:
                 yield (layer.name or layer.cls), self.module(layer)
             yield (item.name or "Sequential"), self.item(item, {})
 
-    def item(self, item: Item, children: dict) -> tuple[int, int, int]:
-        def drawn(n: int, draw: Draw | None) -> tuple[int, int, int]:
-            return n, (n * math.prod(draw.shape) if draw is not None else 0), 0
-
-        def times(n: int, c: tuple[int, int, int]) -> tuple[int, int, int]:
-            return n * c[0], n * c[1], n * c[2]
+    def item(self, item: Item, children: dict[str, Cost]) -> Cost:
+        def drawn(n: int, draw: Draw | None) -> Cost:
+            return Cost(n, (n * math.prod(draw.shape) if draw is not None else 0), 0)
 
         if isinstance(item, MakeRng):
             return drawn(item.repeat, item.draw)
@@ -115,31 +132,31 @@ class _Budget:
         if isinstance(item, Variable):
             return drawn(len(item.streams), item.draw)
         if isinstance(item, Child):
-            return times(item.repeat, self.module(item.module))
+            return self.module(item.module).times(item.repeat)
         if isinstance(item, Transform):
-            return times(item.repeat, self.module(item.target))
+            return self.module(item.target).times(item.repeat)
         if isinstance(item, Cond):
-            total = (0, 0, 0)
+            total = NOTHING
             for branch in item.branches:
-                total = tuple(x + y for x, y in zip(total, self.items(branch, children)))
+                total = total.plus(self.items(branch, children))
             return total
         if isinstance(item, WhileLoop):
             c = self.items(item.cond_items, children)
             b = self.items(item.body_items, children)
-            return tuple((item.iterations + 1) * x + item.iterations * y for x, y in zip(c, b))
+            return c.times(item.iterations + 1).plus(b.times(item.iterations))
         if isinstance(item, Call):
             name = item.name
             target = children.get(name)
             if target is None:
                 cls, _, num = name.rpartition("_")
                 target = children.get(cls) if num.isdigit() else None
-            return times(item.repeat, target or (0, 0, 0))
+            return (target or NOTHING).times(item.repeat)
         if isinstance(item, Sequential):
-            total = (0, 0, 1)
+            total = Cost(0, 0, 1)
             for layer in item.layers:
-                total = tuple(x + y for x, y in zip(total, self.module(layer)))
+                total = total.plus(self.module(layer))
             return total
-        return 0, 0, 0
+        return NOTHING
 
 
 def _lift_factor(lift: Lift) -> int:
@@ -152,7 +169,7 @@ def _lift_factor(lift: Lift) -> int:
     return 1
 
 
-def budget(model: ModuleDef) -> tuple[int, int, int]:
+def budget(model: ModuleDef) -> Cost:
     """Upper bounds on one replay of `model`: (keys, drawn values, module calls)."""
     return _Budget().module(model)
 

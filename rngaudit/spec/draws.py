@@ -11,7 +11,7 @@ from .yaml_source import YNode
 
 MAX_DRAW_ELEMENTS = 10_000_000
 
-DRAW_KINDS = {
+DRAW_KINDS: dict[str, dict[str, object]] = {
     # kind -> {param: default}; None means required
     "normal": {},
     "uniform": {"minval": 0.0, "maxval": 1.0},
@@ -63,7 +63,7 @@ def parse_draw(node: YNode, what: str = "draw") -> Draw:
         )
     else:
         f = Fields(arg, f"{kind} draw", ("shape", "dtype") + tuple(defaults), ("shape",))
-        shape_node = f.get("shape")
+        shape_node = f.need("shape")
     if not shape_node.is_seq:
         raise SpecError("`shape` must be a list of integers, e.g. [2, 2] ([] for a scalar)", shape_node.loc)
     shape = tuple(as_int(d, "a shape dimension", 0, 2**31 - 1) for d in shape_node.value)
@@ -74,11 +74,11 @@ def parse_draw(node: YNode, what: str = "draw") -> Draw:
     params = []
     if f is not None:
         if f.has("dtype"):
-            dtype = f.str("dtype")
+            dtype = f.name("dtype")
             allowed = INT_DTYPES if is_int else (("bool",) if kind == "bernoulli" else FLOAT_DTYPES)
             if dtype not in allowed:
                 raise SpecError(
-                    f"dtype {dtype!r} is not supported for {kind}; use one of {', '.join(allowed)}", f.get("dtype").loc
+                    f"dtype {dtype!r} is not supported for {kind}; use one of {', '.join(allowed)}", f.need("dtype").loc
                 )
         for p, default in defaults.items():
             n = f.get(p)
@@ -123,7 +123,7 @@ def parse_draw(node: YNode, what: str = "draw") -> Draw:
 
 
 # jax.nn.initializers.variance_scaling's choices
-DRAW_CHOICES = {
+DRAW_CHOICES: dict[str, tuple[str, ...]] = {
     "mode": ("fan_in", "fan_out", "fan_avg", "fan_geo_avg"),
     "distribution": ("truncated_normal", "normal", "uniform"),
 }

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import overload
+
 from ..errors import SpecError
 from .yaml_source import YNode
 
 
-def suggest(word: str, choices) -> str:
+def suggest(word: str, choices: Iterable[str]) -> str:
     import difflib  # only for error messages
 
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def type_name(v) -> str:
+def type_name(v: object) -> str:
     if v is None:
         return "null"
     if isinstance(v, bool):
@@ -32,7 +35,7 @@ def type_name(v) -> str:
 class Fields:
     """Reads a mapping node: known keys only, each one checked for type."""
 
-    def __init__(self, node: YNode, what: str, allowed, required=()):
+    def __init__(self, node: YNode, what: str, allowed: Iterable[str], required: Iterable[str] = ()):
         if not node.is_map:
             raise SpecError(f"{what} must be a mapping, not {type_name(node.value)}", node.loc)
         self.node = node
@@ -53,13 +56,28 @@ class Fields:
     def get(self, key: str) -> YNode | None:
         return self.node.value.get(key)
 
-    def str(self, key: str, default=None) -> str | None:
+    def need(self, key: str) -> YNode:
+        """A key the constructor's `required` made sure of."""
+        node: YNode = self.node.value[key]
+        return node
+
+    def name(self, key: str) -> str:
+        """A required string."""
+        return as_str(self.need(key), f"`{key}` of {self.what}")
+
+    @overload
+    def text(self, key: str, default: str) -> str: ...
+
+    @overload
+    def text(self, key: str, default: None = None) -> str | None: ...
+
+    def text(self, key: str, default: str | None = None) -> str | None:
         n = self.get(key)
         if n is None:
             return default
         return as_str(n, f"`{key}` of {self.what}")
 
-    def bool(self, key: str, default: bool) -> bool:
+    def flag(self, key: str, default: bool) -> bool:
         n = self.get(key)
         if n is None:
             return default
@@ -67,7 +85,7 @@ class Fields:
             raise SpecError(f"`{key}` must be true or false, not {type_name(n.value)}", n.loc)
         return n.value
 
-    def int(self, key: str, default: int, lo: int, hi: int) -> int:
+    def integer(self, key: str, default: int, lo: int, hi: int) -> int:
         n = self.get(key)
         if n is None:
             return default

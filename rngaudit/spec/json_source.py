@@ -6,6 +6,8 @@ import bisect
 import json
 import os
 import re
+from collections.abc import Callable
+from typing import cast
 
 from ..errors import InputError, Location
 from ..gcpause import paused
@@ -14,6 +16,10 @@ MAX_BYTES = 512 * 1024 * 1024
 
 _WS = re.compile(r"[ \t\n\r]*")
 _SEP = re.compile(r"[ \t\n\r]*(,)?[ \t\n\r]*")
+# both patterns match anywhere (every part is optional): typed so, at no cost per call
+_ws = cast(Callable[[str, int], re.Match[str]], _WS.match)
+_sep = cast(Callable[[str, int], re.Match[str]], _SEP.match)
+_scanstring = cast(Callable[[str, int], tuple[str, int]], json.decoder.scanstring)  # type: ignore[attr-defined]
 _DECODER = json.JSONDecoder()
 _HERE = object()  # marks, in a tree of wanted pointers, that the pointer ends here
 
@@ -118,10 +124,10 @@ class JsonDoc:
         self._left = wanted
         try:
             if () in pointers:
-                found[()] = _WS.match(self.text, 0).end()
+                found[()] = _ws(self.text, 0).end()
                 self._left -= 1
             if self._left:
-                self._visit(_WS.match(self.text, 0).end(), tree, (), found)
+                self._visit(_ws(self.text, 0).end(), tree, (), found)
         except _Done:
             pass
         except RecursionError:
@@ -140,7 +146,7 @@ class JsonDoc:
         offset after it (members not wanted are skipped whole: _skip). The document is valid JSON
         (json.loads read it), so the walk trusts the syntax."""
         text = self.text
-        ws, sep = _WS.match, _SEP.match
+        ws, sep = _ws, _sep
         is_object = text[pos] == "{"
         if not is_object and text[pos] != "[":
             return _skip(text, pos)
@@ -167,8 +173,9 @@ class JsonDoc:
                     index += JUMP
                     gap -= JUMP
             at = pos
+            key: str | int
             if is_object:
-                key, pos = json.decoder.scanstring(text, pos + 1)
+                key, pos = _scanstring(text, pos + 1)
                 pos = ws(text, ws(text, pos).end() + 1).end()  # past ':'
             else:
                 key = index
@@ -193,7 +200,7 @@ class JsonDoc:
     def duplicate_key(self, key: str) -> Location:
         """Where `key` occurs a second time in one object (the first such place)."""
         try:
-            self._find_duplicate(_WS.match(self.text, 0).end(), key)
+            self._find_duplicate(_ws(self.text, 0).end(), key)
         except _Found as f:
             return self.location(f.offset)
         except RecursionError:
@@ -206,24 +213,24 @@ class JsonDoc:
         if ch not in "{[":
             return _DECODER.raw_decode(text, pos)[1]
         close = "}" if ch == "{" else "]"
-        pos = _WS.match(text, pos + 1).end()
+        pos = _ws(text, pos + 1).end()
         if text[pos] == close:
             return pos + 1
         seen = False
         while True:
             if ch == "{":
                 at = pos
-                k, pos = json.decoder.scanstring(text, pos + 1)
+                k, pos = _scanstring(text, pos + 1)
                 if k == key:
                     if seen:
                         raise _Found(at)
                     seen = True
-                pos = _WS.match(text, _WS.match(text, pos).end() + 1).end()
+                pos = _ws(text, _ws(text, pos).end() + 1).end()
             pos = self._find_duplicate(pos, key)
-            pos = _WS.match(text, pos).end()
+            pos = _ws(text, pos).end()
             if text[pos] == close:
                 return pos + 1
-            pos = _WS.match(text, pos + 1).end()
+            pos = _ws(text, pos + 1).end()
 
 
 @paused

@@ -69,6 +69,16 @@ USAGE = "write key(N), split(KEY, N)[I], fold_in(KEY, N) or raw key data [W0, W1
 MAX_EXPR_DEPTH = 100
 
 
+def _skip_space(text: str, pos: int) -> int:
+    m = _SPACE.match(text, pos)
+    return m.end() if m else pos
+
+
+def _offset(tok: tuple[str, str, int] | None) -> int | None:
+    """Where a token starts in the text (None: at the end)."""
+    return tok[2] if tok is not None else None
+
+
 class _Parser:
     def __init__(self, text: str, loc: Location, quoted: bool = True):
         self.text = text
@@ -80,7 +90,7 @@ class _Parser:
         pos = 0
         n = len(text)
         while True:
-            pos = _SPACE.match(text, pos).end()
+            pos = _skip_space(text, pos)
             if pos >= n:
                 break
             m = _TOKEN.match(text, pos)
@@ -89,7 +99,7 @@ class _Parser:
                 if bad and (text[pos].isdigit() or text[pos] == "-"):
                     raise self.error(f"{bad.group(0)!r} is not a number (decimal, 0x.., 0o.. or 0b..)", pos)
                 raise self.error(f"unexpected character {text[pos]!r}", pos)
-            kind = m.lastgroup
+            kind = m.lastgroup or ""
             self.tokens.append((kind, m.group(kind), m.start(kind)))
             pos = m.end()
 
@@ -104,6 +114,10 @@ class _Parser:
             # `{params: fold_in(key(0), 3)}`: YAML cut the plain value at the comma
             msg += "; inside {...} or [...] YAML cuts a plain value at commas: quote the expression"
         return SpecError(f"bad key expression {shown!r}: {msg}; {USAGE}", loc)
+
+    def _next_is(self, text: str) -> bool:
+        tok = self.peek()
+        return tok is not None and tok[1] == text
 
     def peek(self) -> tuple[str, str, int] | None:
         return self.tokens[self.i] if self.i < len(self.tokens) else None
@@ -132,7 +146,7 @@ class _Parser:
     def parse(self) -> KeyExpr:
         expr = self.expr()
         if self.peek() is not None:
-            raise self.error(f"unexpected {self.peek()[1]!r} after the expression")
+            raise self.error(f"unexpected {self.tokens[self.i][1]!r} after the expression")
         return expr
 
     def expr(self) -> KeyExpr:
@@ -164,7 +178,7 @@ class _Parser:
             at = self.peek()
             seed = self.integer()
             if not INT64_MIN <= seed <= INT64_MAX:
-                raise self.error("the seed must fit in a signed 64-bit integer (JAX raises OverflowError)", at[2])
+                raise self.error("the seed must fit in a signed 64-bit integer (JAX raises OverflowError)", _offset(at))
             self.take("punct", ")")
             return Seed(seed)
         parent = self.expr()
@@ -173,18 +187,18 @@ class _Parser:
             at = self.peek()
             data = self.integer()
             if not 0 <= data < 2**32:
-                raise self.error("fold_in data must be in [0, 2**32)", at[2] if at else None)
+                raise self.error("fold_in data must be in [0, 2**32)", _offset(at))
             self.take("punct", ")")
             return FoldIn(parent, data)
         n = 2
-        if self.peek() and self.peek()[1] == ",":
+        if self._next_is(","):
             self.take("punct", ",")
             at = self.peek()
             n = self.integer()
             if not 1 <= n <= MAX_SPLIT:
-                raise self.error(f"split count must be in [1, {MAX_SPLIT}]", at[2] if at else None)
+                raise self.error(f"split count must be in [1, {MAX_SPLIT}]", _offset(at))
         self.take("punct", ")")
-        if not (self.peek() and self.peek()[1] == "["):
+        if not self._next_is("["):
             raise self.error(f"split gives {n} keys; pick one with [i]")
         self.take("punct", "[")
         at = self.peek()
@@ -192,14 +206,14 @@ class _Parser:
         if idx < 0:
             idx += n
         if not 0 <= idx < n:
-            raise self.error(f"index out of range for split(..., {n})", at[2] if at else None)
+            raise self.error(f"index out of range for split(..., {n})", _offset(at))
         self.take("punct", "]")
         return Split(parent, n, idx)
 
     def raw(self) -> Raw:
         self.take("punct", "[")
         words = [self.word()]
-        while self.peek() and self.peek()[1] == ",":
+        while self._next_is(","):
             self.take("punct", ",")
             words.append(self.word())
         self.take("punct", "]")
@@ -209,7 +223,7 @@ class _Parser:
         at = self.peek()
         w = self.integer()
         if not 0 <= w < 2**32:
-            raise self.error("raw key data must be unsigned 32-bit integers", at[2])
+            raise self.error("raw key data must be unsigned 32-bit integers", _offset(at))
         return w
 
 

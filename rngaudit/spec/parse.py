@@ -19,6 +19,7 @@ MAX_UNSAFE_RBG_SPLIT = 65_536
 
 def _rng_source(n: YNode, impl_width: int, impl: str = "threefry2x32") -> RngSource:
     v = n.value
+    expr: keyexpr.KeyExpr
     if isinstance(v, bool) or v is None or isinstance(v, float) or n.is_map:
         raise SpecError(
             f"a key must be an integer seed, raw key data [w0, w1] or a key expression string, not {type_name(v)}",
@@ -30,7 +31,7 @@ def _rng_source(n: YNode, impl_width: int, impl: str = "threefry2x32") -> RngSou
         expr = keyexpr.Seed(v)
         text = str(v)
     elif n.is_seq:
-        words = []
+        words: list[int] = []
         for w in n.value:
             if isinstance(w.value, bool) or not isinstance(w.value, int) or not 0 <= w.value < 2**32:
                 raise SpecError("raw key data must be unsigned 32-bit integers", w.loc)
@@ -50,10 +51,10 @@ def _rng_source(n: YNode, impl_width: int, impl: str = "threefry2x32") -> RngSou
                     n.loc,
                 )
             e = e.parent
-    words = keyexpr.raw_words(expr)
-    if words is not None and len(words) != impl_width:
+    raw = keyexpr.raw_words(expr)
+    if raw is not None and len(raw) != impl_width:
         raise SpecError(
-            f"raw key data has {len(words)} words but the PRNG impl needs {impl_width} "
+            f"raw key data has {len(raw)} words but the PRNG impl needs {impl_width} "
             "(Flax raises ValueError for a key of another impl); check jax.prng_impl",
             n.loc,
         )
@@ -77,24 +78,24 @@ def spec_from_node(root: YNode) -> Spec:
 
     fix = False
     if top.has("flax"):
-        ff = Fields(top.get("flax"), "flax", ("fix_rng_separator",))
-        fix = ff.bool("fix_rng_separator", False)
+        ff = Fields(top.need("flax"), "flax", ("fix_rng_separator",))
+        fix = ff.flag("fix_rng_separator", False)
     impl, part = "threefry2x32", True
     if top.has("jax"):
-        jf = Fields(top.get("jax"), "jax", ("prng_impl", "threefry_partitionable"))
-        impl = jf.str("prng_impl", impl)
+        jf = Fields(top.need("jax"), "jax", ("prng_impl", "threefry_partitionable"))
+        impl = jf.text("prng_impl", impl)
         if impl not in PRNG_IMPLS:
             raise SpecError(
                 f"unknown prng_impl {impl!r}{suggest(impl, PRNG_IMPLS)}; use one of {', '.join(PRNG_IMPLS)}",
-                jf.get("prng_impl").loc,
+                jf.need("prng_impl").loc,
             )
-        part = jf.bool("threefry_partitionable", True)
+        part = jf.flag("threefry_partitionable", True)
     pn = top.get("phase")
     phase = pn.value if pn is not None else "init"
-    if not isinstance(phase, str) or phase not in PHASES:
+    if pn is not None and (not isinstance(phase, str) or phase not in PHASES):
         if not isinstance(phase, str):
             raise SpecError(f"`phase` must be init or apply, not {type_name(phase)}", pn.loc)
-        raise SpecError(f"`phase` must be init or apply, not {phase!r}{suggest(phase, PHASES)}", top.get("phase").loc)
+        raise SpecError(f"`phase` must be init or apply, not {phase!r}{suggest(phase, PHASES)}", pn.loc)
     mutable: tuple[str, ...] | bool = phase == "init"
     mn = top.get("mutable")
     if mn is not None:
@@ -122,7 +123,7 @@ def spec_from_node(root: YNode) -> Spec:
             rngs["params"] = _rng_source(rn, width, impl)  # a bare key means {'params': key}, as in Flax
 
     parser = BodyParser()
-    model = parser.root(top.get("model"))
+    model = parser.root(top.need("model"))
     check_budget(model)
     return Spec(file, fix, impl, part, phase, mutable, rngs, model)
 

@@ -224,7 +224,7 @@ class BodyParser:
             )
         f = Fields(arg, "make_rng", ("stream", "repeat", "label", "draw", "when"))
         return MakeRng(
-            loc, _when(f), f.str("stream", "params"), f.int("repeat", 1, 1, MAX_REPEAT), f.str("label"), _draw(f)
+            loc, _when(f), f.text("stream", "params"), f.integer("repeat", 1, 1, MAX_REPEAT), f.text("label"), _draw(f)
         )
 
     def _param(self, kind, arg: YNode, loc, in_setup):
@@ -240,7 +240,7 @@ class BodyParser:
             )
         f = Fields(arg, "param", ("name", "draw", "when"), ("name",))
         draw = _draw(f)
-        return Param(loc, _when(f), f.str("name"), draw, True if draw is not None else None)
+        return Param(loc, _when(f), f.name("name"), draw, True if draw is not None else None)
 
     def _variable(self, kind, arg: YNode, loc, in_setup):
         f = Fields(arg, "variable", ("collection", "name", "make_rng", "eager", "draw", "when"), ("collection", "name"))
@@ -251,10 +251,10 @@ class BodyParser:
                 streams = tuple(as_str(s, "a make_rng stream") for s in n.value)
             else:
                 streams = (as_str(n, "`make_rng`"),)
-        eager = f.bool("eager", False)
+        eager = f.flag("eager", False)
         if eager and not streams:
             raise SpecError("`eager: true` needs `make_rng:` (the stream passed as an argument)", loc)
-        return Variable(loc, _when(f), f.str("collection"), f.str("name"), streams, eager, _draw(f))
+        return Variable(loc, _when(f), f.name("collection"), f.name("name"), streams, eager, _draw(f))
 
     def _call(self, kind, arg: YNode, loc, in_setup):
         if isinstance(arg.value, str):
@@ -268,7 +268,7 @@ class BodyParser:
                 arg.loc,
             )
         f = Fields(arg, "call", ("name", "repeat", "when"), ("name",))
-        return Call(loc, _when(f), f.str("name"), f.int("repeat", 1, 1, MAX_REPEAT))
+        return Call(loc, _when(f), f.name("name"), f.integer("repeat", 1, 1, MAX_REPEAT))
 
     def module_def(self, node: YNode, what: str, root: bool = False) -> tuple[ModuleDef, Fields]:
         allowed = ("class", "name", "setup", "body", "transforms") + (() if root else ("repeat", "when"))
@@ -294,8 +294,8 @@ class BodyParser:
                     kind, opts if opts.value is not None else YNode({}, opts.loc), t.key_locs[kind], decorator=True
                 )
         m = ModuleDef(
-            f.str("class"),
-            f.str("name"),
+            f.name("class"),
+            f.text("name"),
             self.items(f.get("setup"), "setup", True),
             self.items(f.get("body"), "body", False),
             node.loc,
@@ -351,7 +351,7 @@ class BodyParser:
         prefix, allowed = LIFTS[kind]
         outer = () if (root or nested) else ("name", "repeat", "when")
         f = Fields(arg, kind, ("module",) + allowed + outer, ("module",))
-        target = self.target(f.get("module"), f"module of {kind}")
+        target = self.target(f.need("module"), f"module of {kind}")
         opts = YNode(
             {k: v for k, v in arg.value.items() if k not in ("module", "name", "repeat", "when")},
             arg.loc,
@@ -361,7 +361,7 @@ class BodyParser:
         mod = dataclasses.replace(
             target,
             cls=prefix + target.cls,
-            name=None if root or nested else f.str("name"),
+            name=None if root or nested else f.text("name"),
             lifts=lifts + target.lifts,
             impl_cls=target.impl_cls or target.cls,
         )
@@ -371,7 +371,7 @@ class BodyParser:
             if mod.name is None:
                 raise SpecError("a transformed module created in setup is named by its attribute: give `name:`", loc)
             return Define(loc, _when(f), mod)
-        return Transform(loc, _when(f), mod, f.int("repeat", 1, 1, MAX_REPEAT))
+        return Transform(loc, _when(f), mod, f.integer("repeat", 1, 1, MAX_REPEAT))
 
     def lifts(self, kind: str, node: YNode, loc: Location, decorator: bool = False) -> tuple[Lift, ...]:
         """Normalised options of one transform; remat_scan becomes its nested scans."""
@@ -382,8 +382,8 @@ class BodyParser:
             opts["axis_size"] = _required_int(f, "axis_size", kind, MAX_LANES)
         if kind == "scan":
             opts["length"] = _required_int(f, "length", kind, MAX_LANES)
-            opts["check_constancy_invariants"] = f.bool("check_constancy_invariants", True)
-            f.bool("reverse", False)
+            opts["check_constancy_invariants"] = f.flag("check_constancy_invariants", True)
+            f.flag("reverse", False)
         if kind in ("vmap", "scan", "remat_scan"):
             opts["split_rngs"] = _split_rngs(
                 f.get("split_rngs"), default=() if kind != "remat_scan" else ((True, True),)
@@ -395,8 +395,8 @@ class BodyParser:
         if kind in ("jit", "remat", "checkpoint", "fold_rngs", "map_variables"):
             opts["rngs"] = _filter(f.get("rngs"), True, "rngs")
         if kind == "map_variables":
-            opts["init"] = f.bool("init", False)
-            opts["mutable"] = f.bool("mutable", False)
+            opts["init"] = f.flag("init", False)
+            opts["mutable"] = f.flag("mutable", False)
             opts["mapped_collections"] = _filter(f.get("mapped_collections"), True, "mapped_collections")
         norm = "remat" if kind == "checkpoint" else kind
         if kind != "remat_scan":
@@ -430,7 +430,7 @@ class BodyParser:
 
     def _switch(self, kind, arg: YNode, loc):
         f = Fields(arg, "switch", ("branches", "rngs", "variables", "when"), ("branches",))
-        bn = f.get("branches")
+        bn = f.need("branches")
         if not bn.is_seq or not bn.value:
             raise SpecError("`branches` must be a non-empty list of statement lists", bn.loc)
         return Cond(
@@ -453,7 +453,7 @@ class BodyParser:
             _when(f),
             self._branches(f.get("cond"), "cond"),
             self._branches(f.get("body"), "body"),
-            as_int(f.get("iterations"), "`iterations`", 0, MAX_LANES),
+            as_int(f.need("iterations"), "`iterations`", 0, MAX_LANES),
             _split_rngs(f.get("split_rngs"), ()),
         )
 
@@ -462,7 +462,7 @@ class BodyParser:
         return self._child(m, f, loc, in_setup)
 
     def _child(self, m: ModuleDef, f: Fields, loc, in_setup):
-        repeat = f.int("repeat", 1, 1, MAX_REPEAT)
+        repeat = f.integer("repeat", 1, 1, MAX_REPEAT)
         if in_setup:
             if m.name is None:
                 raise SpecError(
@@ -472,13 +472,13 @@ class BodyParser:
                     loc,
                 )
             if repeat != 1:
-                raise SpecError("`repeat` is not available in setup; list each attribute", f.get("repeat").loc)
+                raise SpecError("`repeat` is not available in setup; list each attribute", f.need("repeat").loc)
             return Define(loc, _when(f), m)
         return Child(loc, _when(f), m, repeat)
 
     def _Sequential(self, kind, arg: YNode, loc, in_setup):
         f = Fields(arg, "Sequential", ("name", "layers", "when"), ("layers",))
-        n = f.get("layers")
+        n = f.need("layers")
         if not n.is_seq or not n.value:
             raise SpecError("`layers` must be a non-empty list of modules or layers", n.loc)
         layers = []
@@ -493,7 +493,7 @@ class BodyParser:
                     "`when` on a layer inside a Sequential is not supported: put `when` on the Sequential", ln.loc
                 )
             layers.append(item.module if isinstance(item, Child) else item.target)
-        name = f.str("name")
+        name = f.text("name")
         if in_setup and name is None:
             raise SpecError("a Sequential created in setup needs `name:` (its attribute name)", loc)
         return Sequential(loc, _when(f), name, tuple(layers), in_setup)
@@ -537,5 +537,5 @@ class BodyParser:
                         dn.key_locs[pname],
                     )
                 draws[pname] = parse_draw(pnode, f"draw of {pname}")
-        m = make_layer(kind, opts, loc, f.str("name"), draws)
+        m = make_layer(kind, opts, loc, f.text("name"), draws)
         return self._child(m, f, loc, in_setup)

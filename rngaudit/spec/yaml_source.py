@@ -183,6 +183,7 @@ class _Converter:
             if tag != _SEQ:
                 raise self._bad_tag(node, loc)
             return YNode([self.convert(n, depth + 1) for n in node.value], loc)
+        assert isinstance(node, yaml.ScalarNode)  # (a document holds mappings, sequences and scalars only)
         if tag == _STR:
             return YNode(node.value, loc, quoted=node.style in ("'", '"'))
         if tag in _SCALAR_KIND:

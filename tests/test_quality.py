@@ -1,0 +1,26 @@
+"""The quality gates CI runs with the tests: ruff (lint and format) and mypy, configured in pyproject.toml,
+report nothing on the repository."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["ruff", "check", "--no-cache", "."],
+        ["ruff", "format", "--check", "--no-cache", "."],
+        ["mypy", "--no-incremental"],
+    ],
+    ids=["ruff-check", "ruff-format", "mypy"],
+)
+def test_the_tree_passes(command):
+    r = subprocess.run([sys.executable, "-m", *command], cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
