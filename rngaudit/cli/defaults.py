@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import inspect
+import types
 import typing
 from typing import TypeVar
 
@@ -100,7 +101,8 @@ def _config_value(ctx: typer.Context, param, hint, s):
         raise ConfigError(f"[{s.table}] {s.key}: {e.message}", s.location) from None
     # typer converts choices to the Enum of the parameter's annotation, and repeated options to lists
     args = [a for a in typing.get_args(hint) if a is not type(None)] if typing.get_origin(hint) else []
-    base = args[0] if typing.get_origin(hint) is typing.Union and len(args) == 1 else hint
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)  # Optional[X] and X | None
+    base = args[0] if union and len(args) == 1 else hint
     item = typing.get_args(base)[0] if typing.get_origin(base) is list else None
     if item is not None:
         return [item(v) if isinstance(item, type) and issubclass(item, enum.Enum) else v for v in value]
