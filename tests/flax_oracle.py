@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import inspect
 import itertools
 import re
@@ -59,6 +60,7 @@ from dataclasses import dataclass, field
 import flax
 import flax.linen as nn
 import flax.linen.transforms as linen_transforms
+import flax.traverse_util
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -1413,3 +1415,14 @@ def check_against_flax(spec: Spec, raw_keys: bool = False) -> Agreement:
         discarded=len(report.calls) - len(live),
         lanes=sum(1 for c in live if getattr(c.derivation, "lane", ())),
     )
+
+
+def flax_params(f) -> dict:
+    """What real Flax initialises for the model file `f` (its `make()` returns (module, args)), with
+    params=key(0) and dropout=key(1): {(path..., param): value}."""
+    spec = importlib.util.spec_from_file_location(f"_oracle_{f.stem}_{id(f)}", f)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    model, args = mod.make()
+    variables = model.init({"params": jax.random.key(0), "dropout": jax.random.key(1)}, *args)
+    return {k: np.asarray(v) for k, v in flax.traverse_util.flatten_dict(variables["params"]).items()}

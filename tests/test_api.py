@@ -5,9 +5,9 @@ command's errors as exceptions."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
+from support import REPO
 from typer.testing import CliRunner
 
 import rngaudit
@@ -16,7 +16,6 @@ from rngaudit.output.collisions_json import to_json as collisions_json
 from rngaudit.output.compare_json import to_json as compare_json
 from rngaudit.output.derive_json import to_json as derive_json
 
-REPO = Path(__file__).resolve().parent.parent
 GUIDE = REPO / "rngaudit" / "examples" / "guide.yaml"
 LATENT = REPO / "fixtures" / "collisions" / "latent.yaml"
 HASH_WORD = REPO / "fixtures" / "collisions" / "hash_word.yaml"

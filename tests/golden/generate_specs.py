@@ -13,8 +13,8 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
+from engine.test_replay_property import specs, transform_specs
 from hypothesis import HealthCheck, Phase, given, settings
-from test_property import specs, transform_specs
 
 
 def draw(strategy, n: int) -> list[str]:

@@ -7,12 +7,12 @@ import itertools
 import json
 import re
 import textwrap
-from pathlib import Path
 
 import pytest
 from flax_oracle import flax_keys
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import REPO
 
 from rngaudit import load_spec, parse_spec, produce_hash
 from rngaudit.collision.audit import audit, audit_spec
@@ -26,7 +26,6 @@ from rngaudit.engine.records import Derivation
 from rngaudit.engine.replay import replay
 from rngaudit.spec.json_source import parse_json
 
-REPO = Path(__file__).resolve().parent.parent
 FIX = REPO / "fixtures" / "collisions"
 GUIDE = REPO / "fixtures" / "guide"
 

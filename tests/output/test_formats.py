@@ -9,13 +9,11 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import jsonschema
 import pytest
-from typer.testing import CliRunner
+from support import REPO, invoke
 
-from rngaudit.cli import app
 from rngaudit.errors import Location
 from rngaudit.output.findings import ERROR, NOTE, WARNING, Finding, shard_findings
 from rngaudit.output.formats import Format
@@ -23,7 +21,6 @@ from rngaudit.output.github import annotation, render_github
 from rngaudit.output.sarif import to_sarif
 from rngaudit.output.shard_json import from_json
 
-REPO = Path(__file__).resolve().parent.parent
 SCHEMA = json.loads((REPO / "tests" / "data" / "sarif-schema-2.1.0-rtm.4.json").read_text(encoding="utf-8"))
 ANNOTATION = re.compile(r"^::(error|warning|notice) file=([^,]+),line=(\d+),col=(\d+),title=([^:]+)::(.+)$")
 
@@ -39,10 +36,6 @@ GUIDE_FN = "fixtures/shard/guide_forward.py:forward"
 def _in_repo(monkeypatch):
     monkeypatch.chdir(REPO)  # paths in annotations are relative to the checkout
     monkeypatch.delenv("RNGAUDIT_DEBUG", raising=False)
-
-
-def invoke(*args: str):
-    return CliRunner().invoke(app, list(args), catch_exceptions=False)
 
 
 def valid_sarif(text: str) -> dict:

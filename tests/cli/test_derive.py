@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from support import REPO, invoke, run_cli, write
 
 import rngaudit
-from rngaudit.cli import app
 from rngaudit.engine.hashing import produce_hash
 
-REPO = Path(__file__).parent.parent
 GUIDE = str(REPO / "rngaudit" / "examples" / "guide.yaml")
 
 # The guide's init keys: (path, label, stream, count, hash items) in call order.
@@ -28,31 +24,6 @@ GUIDE_CALLS = [
     (["Dense_1"], "kernel", "params", 1, ["Dense_1", 1]),
     (["Dense_1"], "bias", "params", 2, ["Dense_1", 2]),
 ]
-
-
-def invoke(*args: str):
-    return CliRunner().invoke(app, list(args), catch_exceptions=False)
-
-
-def run_cli(*args: str, cwd=REPO, env_extra=None) -> subprocess.CompletedProcess:
-    env = dict(os.environ, NO_COLOR="1", PYTHONIOENCODING="utf-8")
-    env.pop("RNGAUDIT_DEBUG", None)
-    env.update(env_extra or {})
-    return subprocess.run(
-        [sys.executable, "-m", "rngaudit", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        encoding="utf-8",
-        timeout=120,
-    )
-
-
-def write(tmp_path: Path, name: str, text: str) -> str:
-    p = tmp_path / name
-    p.write_text(textwrap.dedent(text).lstrip("\n"), encoding="utf-8")
-    return str(p)
 
 
 @pytest.fixture

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import json
-import pathlib
 import subprocess
 import sys
 
 import numpy as np
+from support import FIXTURES, REPO
 
 from rngaudit import load_spec, produce_hash
 from rngaudit.engine.derive import derive
 
-GUIDE = pathlib.Path(__file__).resolve().parent.parent / "fixtures" / "guide"
+GUIDE = FIXTURES / "guide"
 
 # Printed in ../shared/seeds/000_8dddc161bbb0d8fb.txt ("Randomness and PRNGs in Flax").
 KEY0 = [[1428664606, 3351135085], [3456700291, 3873160899], [2411773124, 4124888837]]
@@ -86,7 +86,7 @@ def test_param_and_variable_values():
 
 
 def test_bundled_example_is_the_guide_model():
-    bundled = pathlib.Path(__file__).resolve().parent.parent / "rngaudit" / "examples" / "guide.yaml"
+    bundled = REPO / "rngaudit" / "examples" / "guide.yaml"
     assert bundled.read_text() == (GUIDE / "param_variable.yaml").read_text()
 
 

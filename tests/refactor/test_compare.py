@@ -4,20 +4,15 @@ exactly those, with the reason and the fix."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import textwrap
-from pathlib import Path
 
-import jax
 import jsonschema
 import numpy as np
 import pytest
-from flax import traverse_util
-from typer.testing import CliRunner
-
-from rngaudit.cli import app
+from flax_oracle import flax_params
+from support import REPO, invoke
 
 HEADER = "import flax.linen as nn\nimport jax\nimport jax.numpy as jnp\n"
 
@@ -84,10 +79,6 @@ ENSEMBLE = (
 RNGS = "params=0,dropout=1"
 
 
-def invoke(*args):
-    return CliRunner().invoke(app, [str(a) for a in args], catch_exceptions=False)
-
-
 def capture(tmp_path, name, text):
     f = tmp_path / f"{name}.py"
     f.write_text(text)
@@ -95,16 +86,6 @@ def capture(tmp_path, name, text):
     r = invoke("capture", f"{f}:make", "--rngs", RNGS, "--keys", keys, "-o", tmp_path / f"{name}.yaml")
     assert r.exit_code == 0, r.output
     return f, keys
-
-
-def flax_params(f) -> dict:
-    """What real Flax initialises: {(path..., param): value}."""
-    spec = importlib.util.spec_from_file_location(f"_oracle_{f.stem}_{id(f)}", f)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    model, args = mod.make()
-    variables = model.init({"params": jax.random.key(0), "dropout": jax.random.key(1)}, *args)
-    return {k: np.asarray(v) for k, v in traverse_util.flatten_dict(variables["params"]).items()}
 
 
 def flax_changed(old: dict, new: dict) -> set:
@@ -217,7 +198,6 @@ def test_bad_diff_input_exit_2(tmp_path):
 
 
 # ---------------------------------------------------------------- CI formats, --exit-zero, [tool.rngaudit]
-REPO = Path(__file__).resolve().parent.parent
 SCHEMA = json.loads((REPO / "tests" / "data" / "sarif-schema-2.1.0-rtm.4.json").read_text(encoding="utf-8"))
 ANNOTATION = re.compile(r"^::(error|warning|notice) file=([^,]+),line=(\d+),col=(\d+),title=([^:]+)::(.+)$")
 

@@ -7,15 +7,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import textwrap
-from pathlib import Path
 
 import pytest
 from hypothesis import given, reject, settings
 from hypothesis import strategies as st
-from test_collisions import JIT, SHIFT, VMAP, lanes
+from support import REPO
 
 import rngaudit.collision.sites as collision_sites
 import rngaudit.collision.spec_sites as collision_spec_sites
+from collision.test_audit import JIT, SHIFT, VMAP, lanes
 from rngaudit import RngauditError, load_spec, parse_spec
 from rngaudit.collision.audit import audit
 from rngaudit.collision.latent import DEFAULT_LATENT_MAX_COUNT
@@ -27,7 +27,6 @@ from rngaudit.engine.replay import replay
 from rngaudit.output.collisions_json import to_json
 from rngaudit.spec.json_source import load_json, parse_json
 
-REPO = Path(__file__).resolve().parent.parent
 SPECS = sorted(
     [
         *REPO.glob("fixtures/collisions/*.yaml"),

@@ -1,13 +1,13 @@
 """derive at scale, through the CLI: --format jsonl (streamed), --stream/--path/--limit (before any key
 is computed), the hidden --engine switch, and their errors. The fast path itself is checked against
-the plain one in test_fastpath.py."""
+the plain one in engine/test_table.py."""
 
 from __future__ import annotations
 
 import json
 import os
 
-from test_cli import GUIDE, invoke, run_cli, write
+from support import GUIDE, invoke, run_cli, write
 
 BIG = """
     rngaudit: 1

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import textwrap
 from collections import defaultdict
-from pathlib import Path
 
 import flax.linen as nn
 import jax
@@ -15,10 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax_oracle import check_against_flax, flax_keys, flax_settings
+from support import FIXTURES
 
 from rngaudit import derive, load_spec, parse_spec
 
-GUIDE = Path(__file__).resolve().parent.parent / "fixtures" / "guide"
+GUIDE = FIXTURES / "guide"
 
 
 def spec_of(text: str):

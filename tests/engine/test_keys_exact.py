@@ -4,16 +4,15 @@ for every fixture spec, for threefry2x32 and rbg, with and without jax_threefry_
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
+from support import REPO
 
 from rngaudit import load_spec
 from rngaudit.engine.keys import derive_keys, derive_keys_exact
 from rngaudit.engine.replay import replay
 from rngaudit.spec.keyexpr import FoldIn, Raw, Split
 
-REPO = Path(__file__).resolve().parent.parent
 SPECS = sorted(
     [
         *REPO.glob("fixtures/collisions/*.yaml"),

@@ -5,14 +5,14 @@ it; a table with a `commands` column names the commands per row (`all`: the mark
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 import typer.main
+from support import REPO
 
 from rngaudit.cli import app
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = REPO / "README.md"
 COMMANDS = typer.main.get_command(app).commands  # type: ignore[attr-defined]
 MARKER = re.compile(r"<!-- options: ([\w\- ]+) -->")
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import pathlib
-
 import pytest
 from flax_oracle import check_against_flax
+from support import REPO
 
 from rngaudit import load_spec
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = REPO
 SPECS = sorted((ROOT / "fixtures").rglob("*.yaml")) + sorted((ROOT / "rngaudit" / "examples").glob("*.yaml"))
 
 

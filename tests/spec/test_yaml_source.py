@@ -1,7 +1,8 @@
-"""Hostile YAML through the real command line: refused quickly, in bounded memory, with one `error:` line.
+"""Hostile YAML through the real command line: refused in bounded memory, with one `error:` line (how fast is
+measured by benchmarks, not here).
 
 Each run is measured in a fresh process that starts the command as its only child, so
-`resource.getrusage(RUSAGE_CHILDREN)` is that command's own peak memory (and its CPU time).
+`resource.getrusage(RUSAGE_CHILDREN)` is that command's own peak memory.
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from support import REPO
 
 from rngaudit.shard.request import (
     SpecTarget,
@@ -21,20 +22,14 @@ from rngaudit.shard.request import (
     request_json,
 )
 
-REPO = Path(__file__).resolve().parent.parent
-MAX_SECONDS = 15.0  # wall time, interpreter start included, on a busy 2-core machine
-MAX_CPU_SECONDS = 8.0
 MAX_RSS_MIB = 400
 
 _MEASURE = """
-import json, resource, subprocess, sys, time
-t0 = time.monotonic()
+import json, resource, subprocess, sys
 p = subprocess.run(sys.argv[1:], capture_output=True, text=True, encoding="utf-8", errors="replace")
-wall = time.monotonic() - t0
 u = resource.getrusage(resource.RUSAGE_CHILDREN)
 rss_kib = u.ru_maxrss if sys.platform != "darwin" else u.ru_maxrss // 1024
-print(json.dumps({"rc": p.returncode, "stdout": p.stdout, "stderr": p.stderr, "wall": wall,
-                  "cpu": u.ru_utime + u.ru_stime, "rss_mib": rss_kib / 1024}))
+print(json.dumps({"rc": p.returncode, "stdout": p.stdout, "stderr": p.stderr, "rss_mib": rss_kib / 1024}))
 """
 
 
@@ -58,7 +53,6 @@ def refused_within_bounds(r: dict, file: str, message: str) -> None:
     assert r["stderr"].startswith(f"error: {file}:") and r["stderr"].count("\n") == 1, r["stderr"]
     assert message in r["stderr"], r["stderr"]
     assert "Traceback" not in r["stderr"] and "internal error" not in r["stderr"]
-    assert r["wall"] < MAX_SECONDS and r["cpu"] < MAX_CPU_SECONDS, r
     assert r["rss_mib"] < MAX_RSS_MIB, r
 
 
@@ -101,7 +95,7 @@ CASES = {  # name -> (bytes, the message's essential part)
 
 @pytest.mark.parametrize("command", ["derive", "collisions"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_hostile_yaml_is_refused_quickly_in_bounded_memory(name, command, tmp_path):
+def test_hostile_yaml_is_refused_in_bounded_memory(name, command, tmp_path):
     data, message = CASES[name]
     spec = tmp_path / f"{name}.yaml"
     if data is None:

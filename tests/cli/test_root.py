@@ -7,11 +7,9 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parent.parent
+from support import REPO
 
 _IMPORTS = textwrap.dedent("""
     import sys

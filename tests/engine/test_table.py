@@ -11,14 +11,16 @@ import os
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_property import specs, transform_specs
 
+from engine.test_replay_property import specs, transform_specs
 from rngaudit import FlaxError, SpecError, load_spec, parse_spec
 from rngaudit.engine.derive import derive
 from rngaudit.output.derive_json import to_json
 
 EXAMPLES = int(os.environ.get("RNGAUDIT_FASTPATH_EXAMPLES", "150"))
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from support import REPO
+
+ROOT = str(REPO)
 FIXTURES = sorted(
     glob.glob(os.path.join(ROOT, "fixtures", "**", "*.yaml"), recursive=True)
     + glob.glob(os.path.join(ROOT, "rngaudit", "examples", "*.yaml"))

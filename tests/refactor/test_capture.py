@@ -8,9 +8,7 @@ import sys
 import textwrap
 
 import pytest
-from typer.testing import CliRunner
-
-from rngaudit.cli import app
+from support import invoke, write
 
 HEADER = "import flax.linen as nn\nimport jax\nimport jax.numpy as jnp\n"
 
@@ -94,16 +92,6 @@ ENSEMBLE = HEADER + textwrap.dedent("""
     def make():
       return Ensemble(), (jnp.ones((2, 4)),)
 """)
-
-
-def invoke(*args):
-    return CliRunner().invoke(app, [str(a) for a in args], catch_exceptions=False)
-
-
-def write(tmp_path, name, text):
-    p = tmp_path / name
-    p.write_text(text)
-    return p
 
 
 def capture(tmp_path, target, *opts, stem="cap"):

@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+import support
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import REPO, run_cli
 from typer.testing import CliRunner
 
 import rngaudit
 from rngaudit.cli import app
 
-REPO = Path(__file__).resolve().parent.parent
 FIX = REPO / "fixtures" / "collisions"
 GUIDE = REPO / "fixtures" / "guide"
 
@@ -27,21 +27,7 @@ def fx(name: str) -> str:
 
 
 def invoke(*args: str):
-    return CliRunner().invoke(app, ["collisions", *args], catch_exceptions=False)
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, NO_COLOR="1", PYTHONIOENCODING="utf-8")
-    env.pop("RNGAUDIT_DEBUG", None)
-    return subprocess.run(
-        [sys.executable, "-m", "rngaudit", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        encoding="utf-8",
-        timeout=120,
-    )
+    return support.invoke("collisions", *args)
 
 
 # ---------------------------------------------------------------- exit codes

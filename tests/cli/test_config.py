@@ -8,12 +8,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from support import REPO, invoke
 
-from rngaudit.cli import app
 from rngaudit.cli.config import find_pyproject, key_positions, load
 
-REPO = Path(__file__).resolve().parent.parent
 SHARP = REPO / "fixtures" / "collisions" / "sharp_edge.yaml"
 FALLBACK = REPO / "fixtures" / "ci" / "fallback.yaml"
 
@@ -34,10 +32,6 @@ def project(tmp_path, monkeypatch):
 
     write.root = tmp_path
     return write
-
-
-def invoke(*args: str):
-    return CliRunner().invoke(app, list(args), catch_exceptions=False)
 
 
 def refused(r, where: str, *parts: str) -> None:
@@ -99,6 +93,24 @@ def test_fail_on_and_lists(project):
         """)
     assert invoke("collisions", "sharp.yaml").exit_code == 0
     assert invoke("collisions", "sharp.yaml", "--fail-on", "concatenation").exit_code == 1
+
+
+def test_choices_from_the_configuration_are_the_options_choices(project):
+    """An optional choice (phase: Phase | None) and a list of choices (fail-on) given in the configuration
+    reach the command as the command line would give them."""
+    project("""
+        [tool.rngaudit]
+        phase = "apply"
+        format = "json"
+        [tool.rngaudit.collisions]
+        fail-on = ["concatenation"]
+        """)
+    r = invoke("collisions", "sharp.yaml")
+    assert r.exit_code == 1, r.stderr  # (the sharp edge collides in either phase)
+    assert json.loads(r.stdout)["summary"]["failing"] == 1
+    r = invoke("derive", "sharp.yaml")
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["phase"] == "apply"
 
 
 def test_shard_check_defaults_reach_the_request(project):

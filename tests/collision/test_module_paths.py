@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import time
-from pathlib import Path
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import pytest
 from flax_oracle import capture, key_words
+from support import REPO
 
 from rngaudit import produce_hash
 from rngaudit.collision.audit import audit
@@ -18,7 +17,6 @@ from rngaudit.collision.module_paths import ModuleSites, load_module_sites, pars
 from rngaudit.errors import InputError
 from rngaudit.spec.json_source import parse_json
 
-REPO = Path(__file__).resolve().parent.parent
 FIX = REPO / "fixtures" / "collisions"
 
 
@@ -155,9 +153,7 @@ def test_word_groups_at_scale_equal_a_dictionary_grouping():
     """200,000 modules with one key each: the numpy grouping finds exactly the pairs of equal 32-bit
     words a plain dictionary finds (about n*n/2**33 of them)."""
     names = [f"n{i:06d}" for i in range(200_000)]  # equal widths: no path is a prefix of another
-    t = time.perf_counter()
     a = audit(sites_of(names))
-    elapsed = time.perf_counter() - t
     words: dict = {}
     for name in names:
         words.setdefault(produce_hash((name, 1)), []).append((name,))
@@ -165,7 +161,6 @@ def test_word_groups_at_scale_equal_a_dictionary_grouping():
     assert {frozenset(s.path for s in c.sites) for c in a.collisions} == want
     assert all(c.collision_class == 3 for c in a.collisions) and len(want) >= 1
     assert a.latent == ()
-    assert elapsed < 30
 
 
 @pytest.mark.parametrize("name", ["paths.json", "params_tree.json"])

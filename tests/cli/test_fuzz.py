@@ -14,12 +14,12 @@ from pathlib import Path
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import REPO
 from typer.testing import CliRunner
 
 from rngaudit.cli import app
 
 EXAMPLES = int(os.environ.get("RNGAUDIT_FUZZ_EXAMPLES", "40"))
-REPO = Path(__file__).resolve().parent.parent
 FUZZ = settings(
     max_examples=EXAMPLES,
     deadline=None,

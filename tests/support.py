@@ -1,0 +1,49 @@
+"""What many tests share: the repository's paths, and running the command line in this process or as a real
+`python -m rngaudit` process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from rngaudit.cli import app
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "fixtures"
+BAD_SPECS = REPO / "tests" / "bad_specs"
+GUIDE = REPO / "rngaudit" / "examples" / "guide.yaml"
+
+
+def write(directory: Path, name: str, text: str) -> str:
+    """Write TEXT (dedented, leading newlines dropped) to DIRECTORY/NAME; return the path as a string."""
+    path = directory / name
+    path.write_text(textwrap.dedent(text).lstrip("\n"), encoding="utf-8")
+    return str(path)
+
+
+def invoke(*args: object):
+    """`rngaudit ARGS` in this process (typer's CliRunner): exit_code, stdout and stderr apart."""
+    return CliRunner().invoke(app, [str(a) for a in args], catch_exceptions=False)
+
+
+def run_cli(
+    *args: object, cwd: Path | str = REPO, env_extra: dict | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess:
+    """`python -m rngaudit ARGS` as a real process, with colour off and no debug tracebacks."""
+    env = dict(os.environ, NO_COLOR="1", PYTHONIOENCODING="utf-8")
+    env.pop("RNGAUDIT_DEBUG", None)
+    env.update(env_extra or {})
+    return subprocess.run(
+        [sys.executable, "-m", "rngaudit", *map(str, args)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=timeout,
+    )
