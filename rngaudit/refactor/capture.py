@@ -8,9 +8,10 @@ from dataclasses import dataclass
 
 from ..engine.keys import jax_setting
 from ..errors import FlaxUnavailableError, InternalError, RngauditError, UnsupportedError, UsageError, UserCodeError
+from ..usercode import CodeRef
 from .keys_file import Capture, Site, spec_sites
 from .specgen import build_spec
-from .target import InputSpec, Target, build_module, parse_input, parse_rngs, parse_target
+from .target import InputSpec, build_module, parse_input, parse_rngs, parse_target
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ def observe(
         return _observe(target, parsed_inputs, seeds, phase, method)
 
 
-def _observe(target: Target, parsed_inputs: list[InputSpec], seeds: dict, phase: str, method: str | None):
+def _observe(target: CodeRef, parsed_inputs: list[InputSpec], seeds: dict, phase: str, method: str | None):
     import flax
     import jax
 

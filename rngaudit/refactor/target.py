@@ -3,14 +3,11 @@
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import os
 import re
-import sys
 from dataclasses import dataclass
 
-from ..errors import RngauditError, UsageError, UserCodeError
+from ..errors import UsageError, UserCodeError
+from ..usercode import CodeRef, load, parse_code_ref
 
 _DTYPES = {
     "f32": "float32",
@@ -41,27 +38,9 @@ class InputSpec:
     text: str
 
 
-@dataclass(frozen=True)
-class Target:
-    text: str
-    file: str | None
-    module: str | None
-    attr: str
-
-
-def parse_target(text: str) -> Target:
+def parse_target(text: str) -> CodeRef:
     """`path/to/file.py:make_model` or `package.module:make_model`."""
-    where, colon, attr = text.rpartition(":")
-    usage = "write FILE.py:FACTORY or package.module:FACTORY, e.g. model.py:make_model"
-    if not colon or not where or not re.fullmatch(rf"{_IDENT}(\.{_IDENT})*", attr):
-        raise UsageError(f"TARGET {text!r}: {usage}")
-    if where.endswith(".py") or "/" in where or os.sep in where:
-        if not os.path.isfile(where):
-            raise UserCodeError(f"TARGET {text}: no such file {where!r}")
-        return Target(text, where, None, attr)
-    if not re.fullmatch(rf"{_IDENT}(\.{_IDENT})*", where):
-        raise UsageError(f"TARGET {text!r}: {where!r} is neither a .py file nor a module name; {usage}")
-    return Target(text, None, where, attr)
+    return parse_code_ref(text, "TARGET", "FACTORY", "make_model")
 
 
 def parse_input(text: str) -> InputSpec:
@@ -94,55 +73,13 @@ def parse_rngs(text: str | None) -> dict[str, int]:
     return out
 
 
-def load_factory(target: Target):
-    try:
-        if target.file is not None:
-            path = os.path.abspath(target.file)
-            name = "_rngaudit_target_" + re.sub(r"\W", "_", path)
-            spec = importlib.util.spec_from_file_location(name, path)
-            if spec is None or spec.loader is None:
-                raise UserCodeError(f"TARGET {target.text}: cannot import {target.file!r}")
-            mod = importlib.util.module_from_spec(spec)
-            sys.modules[name] = mod
-            directory = os.path.dirname(path)
-            sys.path.insert(0, directory)
-            try:
-                spec.loader.exec_module(mod)
-            finally:
-                if sys.path and sys.path[0] == directory:
-                    sys.path.pop(0)
-        else:
-            assert target.module is not None  # (parse_target gives a file or a module)
-            mod = importlib.import_module(target.module)
-    except RngauditError:
-        raise
-    except SyntaxError as e:
-        raise UserCodeError(
-            f"TARGET {target.text}: cannot import it: SyntaxError at {e.filename}:{e.lineno}: {e.msg}"
-        ) from None
-    except BaseException as e:
-        if isinstance(e, KeyboardInterrupt):
-            raise
-        raise UserCodeError(f"TARGET {target.text}: cannot import it: {type(e).__name__}: {e}") from None
-    obj = mod
-    for part in target.attr.split("."):
-        if not hasattr(obj, part):
-            found = sorted(n for n in dir(mod) if not n.startswith("_"))[:12]
-            raise UserCodeError(
-                f"TARGET {target.text}: {target.module or target.file} has no {target.attr!r} "
-                f"(it defines: {', '.join(found) or 'nothing'})"
-            )
-        obj = getattr(obj, part)
-    return obj
-
-
-def build_module(target: Target, inputs: list[InputSpec]):
+def build_module(target: CodeRef, inputs: list[InputSpec]):
     """The module and its example arguments: the factory may return a Module, or (module, args) or
     (module, args, kwargs); --input overrides the example arguments."""
     import flax.linen as nn
     import jax.numpy as jnp
 
-    factory = load_factory(target)
+    factory = load(target, "TARGET")
     if isinstance(factory, nn.Module):
         made = factory
     elif isinstance(factory, type) and issubclass(factory, nn.Module):

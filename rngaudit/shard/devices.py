@@ -11,13 +11,9 @@ import numpy as np
 
 from ..engine.keys import jax_setting
 from ..errors import DeviceError, UsageError
+from ..usercode import first_line
 from .report import Environment
 from .request import ShardRequest, mesh_text
-
-
-def first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0][:300] if text else type(e).__name__
 
 
 def pick_devices(r: ShardRequest) -> list:

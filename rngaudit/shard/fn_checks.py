@@ -3,12 +3,7 @@ shard_map with split keys and with one replicated key; the same randomness on se
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import inspect
-import os
-import re
-import sys
 
 import numpy as np
 
@@ -16,16 +11,16 @@ from ..engine.keys import JaxKeys, evaluate, jax_setting
 from ..errors import Location, UsageError, UserCodeError
 from ..spec.keyexpr import parse as parse_key_expr
 from ..spec.keyexpr import raw_words
+from ..usercode import CodeRef, first_line, load
 from .arrays import compare
 from .devices import (
     distinct_blocks,
-    first_line,
     partition_text,
     rows_sharding,
     shard_map,
 )
 from .report import ALLOWED, FAIL, FINDING, NOT_APPLICABLE, PASS, Check, TargetResult
-from .request import FnTarget, ShardRequest, mesh_text
+from .request import ShardRequest, mesh_text
 
 PREVIEW = 16  # values shown per device slice or output
 
@@ -34,52 +29,9 @@ class _NeedsMeshAxes(Exception):
     """The function names mesh axes (jax.lax.axis_index, psum): it runs only inside shard_map."""
 
 
-def load_function(t: FnTarget):
+def load_function(t: CodeRef):
     """Import the module or file and return the function, checked to accept (key, x)."""
-    if t.file is not None:
-        path = os.path.abspath(t.file)
-        if not os.path.isfile(path):
-            raise UserCodeError(f"--fn {t.text}: no such file {t.file!r}")
-        name = "_rngaudit_fn_" + re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
-        loader_spec = importlib.util.spec_from_file_location(name, path)
-        assert loader_spec is not None and loader_spec.loader is not None  # (a .py file that exists)
-        module = importlib.util.module_from_spec(loader_spec)
-        # flax modules are dataclasses, which look their module up in sys.modules while the file runs
-        sys.modules[name] = module
-        sys.path.insert(0, os.path.dirname(path))
-        try:
-            loader_spec.loader.exec_module(module)
-        except (Exception, SystemExit) as e:  # noqa: BLE001 - whatever the user's import raises is reported
-            raise UserCodeError(
-                f"--fn {t.text}: importing {t.file} raised {type(e).__name__}: {first_line(e)}"
-            ) from None
-        where = t.file
-    else:
-        assert t.module is not None  # (parse_fn_target gives a file or a module)
-        try:
-            module = importlib.import_module(t.module)
-        except ModuleNotFoundError as e:
-            if e.name and (t.module == e.name or t.module.startswith(e.name + ".")):
-                raise UserCodeError(
-                    f"--fn {t.text}: no module named {e.name!r} (run from the directory that holds it, or install it)"
-                ) from None
-            raise UserCodeError(f"--fn {t.text}: importing {t.module} raised {first_line(e)}") from None
-        except (Exception, SystemExit) as e:  # noqa: BLE001 - whatever the user's import raises is reported
-            raise UserCodeError(
-                f"--fn {t.text}: importing {t.module} raised {type(e).__name__}: {first_line(e)}"
-            ) from None
-        where = t.module
-    obj = module
-    for part in t.attr.split("."):
-        if not hasattr(obj, part):
-            names = sorted(
-                n
-                for n, v in vars(module).items()
-                if inspect.isfunction(v) and not n.startswith("_") and v.__module__ == module.__name__
-            )
-            known = f"; functions there: {', '.join(names)}" if names else ""
-            raise UserCodeError(f"--fn {t.text}: {where} has no {t.attr!r}{known}")
-        obj = getattr(obj, part)
+    obj = load(t, "--fn")
     if not callable(obj):
         raise UserCodeError(f"--fn {t.text}: {t.attr} is a {type(obj).__name__}, not a function")
     try:
@@ -96,7 +48,7 @@ def load_function(t: FnTarget):
     return obj
 
 
-def _call(t: FnTarget, where: str, fn, *args, mesh=None):
+def _call(t: CodeRef, where: str, fn, *args, mesh=None):
     """Run the user's code and wait for its result; its failures become one-line UserCodeErrors. Outside
     shard_map (no `mesh`), a function that names mesh axes raises _NeedsMeshAxes instead."""
     import jax
@@ -119,7 +71,7 @@ def _call(t: FnTarget, where: str, fn, *args, mesh=None):
         raise UserCodeError(f"--fn {t.text}: raised {type(e).__name__} {where}: {first_line(e)}") from None
 
 
-def _leaves(t: FnTarget, y, rows: int) -> list:
+def _leaves(t: CodeRef, y, rows: int) -> list:
     """The output's arrays; each must have the batch as its first axis, so it can be sharded like x."""
     import jax
 
@@ -210,7 +162,7 @@ def _fn_key(r: ShardRequest, device):
         return evaluate(expr, JaxKeys(None))
 
 
-def check_fn(t: FnTarget, r: ShardRequest, mesh) -> TargetResult:
+def check_fn(t: CodeRef, r: ShardRequest, mesh) -> TargetResult:
     import jax
     from jax.sharding import NamedSharding, PartitionSpec
 

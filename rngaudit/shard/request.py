@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import re
 from dataclasses import dataclass
 
-from ..errors import Location, UsageError, UserCodeError
+from ..errors import Location, UsageError
 from ..spec.keyexpr import largest_split
 from ..spec.keyexpr import parse as parse_key_expr
 from ..spec.tree import Draw
+from ..usercode import CodeRef, parse_code_ref
 
 MAX_DEVICES = 1024  # --devices: XLA makes this many host devices in well under a second
 DEFAULT_TIMEOUT = 300.0  # seconds the device process may run
@@ -34,19 +34,9 @@ class SpecTarget:
 
 
 @dataclass(frozen=True)
-class FnTarget:
-    """`--fn FILE.py:NAME` or `--fn package.module:NAME`: a function (key, x) -> y."""
-
-    text: str
-    file: str | None
-    module: str | None
-    attr: str
-
-
-@dataclass(frozen=True)
 class ShardRequest:
     specs: tuple[SpecTarget, ...] = ()
-    fns: tuple[FnTarget, ...] = ()
+    fns: tuple[CodeRef, ...] = ()
     devices: int | None = None  # forced CPU devices; None: the real devices of `platform`
     platform: str | None = None
     mesh: tuple[tuple[str, int], ...] | None = None  # None: one axis 'data' over every device
@@ -93,19 +83,9 @@ def parse_shape(text: str) -> tuple[int, ...]:
     return dims
 
 
-def parse_fn_target(text: str) -> FnTarget:
+def parse_fn_target(text: str) -> CodeRef:
     """`path/to/file.py:forward` or `package.module:forward` (the function may be `Class.method`)."""
-    where, colon, attr = text.rpartition(":")
-    usage = "write FILE.py:FUNCTION or package.module:FUNCTION, e.g. model.py:forward"
-    if not colon or not where or not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", attr):
-        raise UsageError(f"--fn {text!r}: {usage}")
-    if where.endswith(".py") or "/" in where or os.sep in where:
-        if not os.path.isfile(where):
-            raise UserCodeError(f"--fn {text}: no such file {where!r}")
-        return FnTarget(text, where, None, attr)
-    if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", where):
-        raise UsageError(f"--fn {text!r}: {where!r} is neither a .py file nor a module name; {usage}")
-    return FnTarget(text, None, where, attr)
+    return parse_code_ref(text, "--fn", "FUNCTION", "forward")
 
 
 def make_request(
@@ -216,7 +196,7 @@ def request_from_json(j: dict) -> ShardRequest:
             SpecTarget(s["file"], s["phase"], tuple(s["paths"]), tuple(s["streams"]), _draw_from_json(s["draw"]))
             for s in j["specs"]
         ),
-        fns=tuple(FnTarget(**f) for f in j["fns"]),
+        fns=tuple(CodeRef(**f) for f in j["fns"]),
         devices=j["devices"],
         platform=j["platform"],
         mesh=tuple((n, s) for n, s in j["mesh"]) if j["mesh"] is not None else None,

@@ -186,7 +186,11 @@ def test_verify_against_target_and_keys(tmp_path):
 
 
 BAD = {
-    "import_error": ("import no_such_module_xyz\n", "make", "cannot import it: ModuleNotFoundError"),
+    "import_error": (
+        "import no_such_module_xyz\n",
+        "make",
+        "raised ModuleNotFoundError: No module named 'no_such_module_xyz'",
+    ),
     "syntax_error": ("def make(:\n", "make", "SyntaxError"),
     "not_a_module": ("def make():\n  return 42\n", "make", "not a flax.linen Module"),
     "no_factory": (HEADER, "make", "has no 'make'"),
@@ -318,7 +322,7 @@ def test_a_class_transform_made_during_a_capture_still_works_after_it(tmp_path):
     import os
     import re
 
-    model, args = sys.modules["_rngaudit_target_" + re.sub(r"\W", "_", os.path.abspath(f))].STACK["m"]
+    model, args = sys.modules["_rngaudit_user_" + re.sub(r"\W", "_", os.path.abspath(f))].STACK["m"]
     variables = model.init({"params": jax.random.key(0), "dropout": jax.random.key(1)}, *args)
     assert jax.tree_util.tree_leaves(variables) and isinstance(variables["params"], dict)
     assert model.apply(variables, jnp.ones((2, 4)), rngs={"dropout": jax.random.key(2)}).shape == (3, 2, 1)

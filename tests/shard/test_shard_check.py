@@ -27,7 +27,6 @@ from rngaudit.output.text_shard import render_shard
 from rngaudit.shard.arrays import compare
 from rngaudit.shard.devices import partition_for
 from rngaudit.shard.request import (
-    FnTarget,
     SpecTarget,
     make_request,
     parse_fn_target,
@@ -38,6 +37,7 @@ from rngaudit.shard.request import (
 )
 from rngaudit.shard.runner import child_env
 from rngaudit.shard.worker import run_here
+from rngaudit.usercode import CodeRef
 
 SHARD = REPO / "fixtures" / "shard"
 GUIDE_FN = "fixtures/shard/guide_forward.py:forward"
@@ -444,7 +444,7 @@ def test_bad_options_exit_2_before_any_device_process(args, message, monkeypatch
     "args, parts",
     [
         (["--fn", "no_such_module_xyz:forward"], ["no module named 'no_such_module_xyz'"]),
-        (["--fn", f"{BAD}:nothing_here"], ["has no 'nothing_here'", "functions there: one_argument, raises"]),
+        (["--fn", f"{BAD}:nothing_here"], ["has no 'nothing_here'", "it defines one_argument, raises"]),
         (["--fn", f"{BAD}:not_a_function"], ["not_a_function is a int, not a function"]),
         (["--fn", f"{BAD}:one_argument"], ["one_argument(key) cannot be called as one_argument(key, x)"]),
         (["--fn", f"{BAD}:raises"], ["raised ZeroDivisionError when run eagerly on one device"]),
@@ -501,8 +501,8 @@ def test_a_run_past_the_timeout_is_stopped():
 def test_parse_mesh_shape_and_fn_target():
     assert parse_mesh("data=4, model=2") == (("data", 4), ("model", 2))
     assert parse_shape("8,1") == (8, 1)
-    assert parse_fn_target(GUIDE_FN) == FnTarget(GUIDE_FN, "fixtures/shard/guide_forward.py", None, "forward")
-    assert parse_fn_target("pkg.mod:Model.step") == FnTarget("pkg.mod:Model.step", None, "pkg.mod", "Model.step")
+    assert parse_fn_target(GUIDE_FN) == CodeRef(GUIDE_FN, "fixtures/shard/guide_forward.py", None, "forward")
+    assert parse_fn_target("pkg.mod:Model.step") == CodeRef("pkg.mod:Model.step", None, "pkg.mod", "Model.step")
     with pytest.raises(UsageError):
         parse_shape("0,1")
     with pytest.raises(UserCodeError):

@@ -1,0 +1,116 @@
+"""The user's code named on the command line, `FILE.py:NAME` or `package.module:NAME` (capture's TARGET,
+shard-check's --fn): parsed, imported and resolved. Whatever the user's import raises comes back as a
+UserCodeError that names the option, the reference and the first line of the exception."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import os
+import re
+import sys
+from dataclasses import dataclass
+
+from .errors import UsageError, UserCodeError
+
+_DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+_LISTED = 12  # names listed when the attribute is missing
+
+
+@dataclass(frozen=True)
+class CodeRef:
+    """`FILE.py:ATTR` (file set) or `package.module:ATTR` (module set); ATTR may be dotted (`Class.method`)."""
+
+    text: str
+    file: str | None
+    module: str | None
+    attr: str
+
+
+def first_line(e: BaseException) -> str:
+    """The exception's message, first line only (at most 300 characters), or its class's name."""
+    text = str(e).strip()
+    return text.splitlines()[0][:300] if text else type(e).__name__
+
+
+def parse_code_ref(text: str, option: str, kind: str, example: str) -> CodeRef:
+    """TEXT as a reference; OPTION names it in errors (`TARGET`, `--fn`), KIND is what ATTR is (`FACTORY`),
+    EXAMPLE an example ATTR."""
+    where, colon, attr = text.rpartition(":")
+    usage = f"write FILE.py:{kind} or package.module:{kind}, e.g. model.py:{example}"
+    if not colon or not where or not _DOTTED.fullmatch(attr):
+        raise UsageError(f"{option} {text!r}: {usage}")
+    if where.endswith(".py") or "/" in where or os.sep in where:
+        if not os.path.isfile(where):
+            raise UserCodeError(f"{option} {text}: no such file {where!r}")
+        return CodeRef(text, where, None, attr)
+    if not _DOTTED.fullmatch(where):
+        raise UsageError(f"{option} {text!r}: {where!r} is neither a .py file nor a module name; {usage}")
+    return CodeRef(text, None, where, attr)
+
+
+def _import_file(ref: CodeRef, option: str):
+    assert ref.file is not None
+    path = os.path.abspath(ref.file)
+    if not os.path.isfile(path):
+        raise UserCodeError(f"{option} {ref.text}: no such file {ref.file!r}")
+    name = "_rngaudit_user_" + re.sub(r"\W", "_", path)  # the whole path: two model.py files stay apart
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise UserCodeError(f"{option} {ref.text}: cannot import {ref.file!r}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # flax modules are dataclasses, which look their module up while the file runs
+    directory = os.path.dirname(path)
+    sys.path.insert(0, directory)  # the file's own imports of its neighbours
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        if sys.path and sys.path[0] == directory:
+            sys.path.pop(0)
+    return module
+
+
+def _raised(ref: CodeRef, option: str, where: str, e: BaseException) -> UserCodeError:
+    if isinstance(e, SyntaxError):
+        return UserCodeError(
+            f"{option} {ref.text}: importing {where} raised SyntaxError at {e.filename}:{e.lineno}: {e.msg}"
+        )
+    missing = e.name if isinstance(e, ModuleNotFoundError) else None
+    if ref.module is not None and missing and (ref.module == missing or ref.module.startswith(missing + ".")):
+        return UserCodeError(
+            f"{option} {ref.text}: no module named {missing!r} (run from the directory that holds it, or install it)"
+        )
+    return UserCodeError(f"{option} {ref.text}: importing {where} raised {type(e).__name__}: {first_line(e)}")
+
+
+def _defined(module) -> list[str]:
+    """The public functions and classes MODULE defines itself (not those it imports)."""
+    return sorted(
+        n
+        for n, v in vars(module).items()
+        if not n.startswith("_")
+        and (inspect.isfunction(v) or inspect.isclass(v))
+        and getattr(v, "__module__", None) == module.__name__
+    )
+
+
+def load(ref: CodeRef, option: str):
+    """Import REF's file or module and return its attribute."""
+    where = ref.file if ref.file is not None else ref.module
+    assert where is not None  # (parse_code_ref gives a file or a module)
+    try:
+        module = _import_file(ref, option) if ref.file is not None else importlib.import_module(where)
+    except UserCodeError:
+        raise
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - whatever the user's import raises is reported
+        raise _raised(ref, option, where, e) from None
+    obj = module
+    for part in ref.attr.split("."):
+        if not hasattr(obj, part):
+            names = _defined(module)
+            listed = ", ".join(names[:_LISTED]) + (", ..." if len(names) > _LISTED else "")
+            defines = f"; it defines {listed}" if names else "; it defines no public function or class"
+            raise UserCodeError(f"{option} {ref.text}: {where} has no {ref.attr!r}{defines}")
+        obj = getattr(obj, part)
+    return obj
