@@ -7,7 +7,7 @@ import typer
 
 from .boundary import finish, run, spec_limits
 from .defaults import configured
-from .options import CONFIG, EXIT_ZERO, MAX_SPEC_MIB, MAX_YAML_NODES, Category, Format, Phase
+from .options import CONFIG, EXIT_ZERO, FORMAT, MAX_SPEC_MIB, MAX_YAML_NODES, OUTPUT, Category, Format, Phase
 from .writing import emit
 
 
@@ -32,8 +32,8 @@ def collisions(
     inputs: list[str] = typer.Argument(
         ..., metavar="SPEC...", help="Model specs (YAML), or JSON files (*.json) of module paths or a params tree."
     ),
-    fmt: Format = typer.Option(Format.text, "--format", "-f", help="Output format."),
-    output: str | None = typer.Option(None, "--output", "-o", help="Write the report here (only if the run succeeds)."),
+    fmt: Format = FORMAT,
+    output: str | None = OUTPUT,
     phase: Phase | None = typer.Option(None, "--phase", help="Override the specs' phase."),
     keys: bool = typer.Option(
         True,

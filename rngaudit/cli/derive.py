@@ -9,7 +9,7 @@ import typer
 
 from .boundary import finish, run, spec_limits
 from .defaults import configured
-from .options import CONFIG, EXIT_ZERO, MAX_SPEC_MIB, MAX_YAML_NODES, DeriveFormat, Phase
+from .options import CONFIG, EXIT_ZERO, MAX_SPEC_MIB, MAX_YAML_NODES, OUTPUT, DeriveFormat, Phase
 from .writing import emit, write_stream
 
 
@@ -33,7 +33,7 @@ def derive(
     fmt: DeriveFormat = typer.Option(
         DeriveFormat.text, "--format", "-f", help="Output format; jsonl streams one record per call site."
     ),
-    output: str | None = typer.Option(None, "--output", "-o", help="Write the report here (only if the run succeeds)."),
+    output: str | None = OUTPUT,
     phase: Phase | None = typer.Option(None, "--phase", help="Override the spec's phase."),
     draw: str | None = typer.Option(
         None,

@@ -10,7 +10,18 @@ import typer
 from ..output.formats import DeriveFormat, Format
 from ..spec.limits import MAX_BYTES, MAX_NODES
 
-__all__ = ["CONFIG", "EXIT_ZERO", "MAX_SPEC_MIB", "MAX_YAML_NODES", "Category", "DeriveFormat", "Format", "Phase"]
+__all__ = [
+    "CONFIG",
+    "EXIT_ZERO",
+    "FORMAT",
+    "MAX_SPEC_MIB",
+    "MAX_YAML_NODES",
+    "OUTPUT",
+    "Category",
+    "DeriveFormat",
+    "Format",
+    "Phase",
+]
 
 
 class Phase(str, enum.Enum):
@@ -50,4 +61,5 @@ MAX_YAML_NODES = typer.Option(
     metavar="N",
     help=f"Accept specs of up to N YAML nodes, aliases expanded (default {MAX_NODES}).",
 )
-OUTPUT_HELP = "Write the report here (only if the run succeeds)."
+FORMAT = typer.Option(Format.text, "--format", "-f", help="Output format.")
+OUTPUT = typer.Option(None, "--output", "-o", help="Write the report here (only if the run succeeds).")

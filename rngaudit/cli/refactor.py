@@ -8,7 +8,7 @@ import typer
 
 from .boundary import finish, run, spec_limits
 from .defaults import configured
-from .options import CONFIG, EXIT_ZERO, MAX_SPEC_MIB, MAX_YAML_NODES, Format, Phase
+from .options import CONFIG, EXIT_ZERO, FORMAT, MAX_SPEC_MIB, MAX_YAML_NODES, OUTPUT, Format, Phase
 from .writing import emit, write_output
 
 _INPUT_HELP = (
@@ -106,8 +106,8 @@ def verify(
         None, "--rngs", metavar="STREAM=SEED,...", help="The keys for TARGET (default: the spec's integer seeds)."
     ),
     method: str | None = typer.Option(None, "--method", help="The module method TARGET runs."),
-    fmt: Format = typer.Option(Format.text, "--format", "-f", help="Output format."),
-    output: str | None = typer.Option(None, "--output", "-o", help="Write the report here (only if the run succeeds)."),
+    fmt: Format = FORMAT,
+    output: str | None = OUTPUT,
     exit_zero: bool = EXIT_ZERO,
     max_spec_mib: int | None = MAX_SPEC_MIB,
     max_yaml_nodes: int | None = MAX_YAML_NODES,
@@ -150,8 +150,8 @@ def diff(
     ctx: typer.Context,
     old: str = typer.Argument(..., metavar="OLD", help="The old version: a spec (YAML) or a keys file (JSON)."),
     new: str = typer.Argument(..., metavar="NEW", help="The new version: a spec (YAML) or a keys file (JSON)."),
-    fmt: Format = typer.Option(Format.text, "--format", "-f", help="Output format."),
-    output: str | None = typer.Option(None, "--output", "-o", help="Write the report here (only if the run succeeds)."),
+    fmt: Format = FORMAT,
+    output: str | None = OUTPUT,
     exit_zero: bool = EXIT_ZERO,
     max_spec_mib: int | None = MAX_SPEC_MIB,
     max_yaml_nodes: int | None = MAX_YAML_NODES,

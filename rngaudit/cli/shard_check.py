@@ -8,7 +8,7 @@ import typer
 
 from .boundary import finish, run, spec_limits
 from .defaults import configured
-from .options import CONFIG, EXIT_ZERO, MAX_SPEC_MIB, MAX_YAML_NODES, Format, Phase
+from .options import CONFIG, EXIT_ZERO, FORMAT, MAX_SPEC_MIB, MAX_YAML_NODES, OUTPUT, Format, Phase
 from .writing import emit
 
 
@@ -100,8 +100,8 @@ def shard_check(
     timeout: float | None = typer.Option(
         None, "--timeout", metavar="SECONDS", help="Give up on the device process after this long (default 300)."
     ),
-    fmt: Format = typer.Option(Format.text, "--format", "-f", help="Output format."),
-    output: str | None = typer.Option(None, "--output", "-o", help="Write the report here (only if the run succeeds)."),
+    fmt: Format = FORMAT,
+    output: str | None = OUTPUT,
     exit_zero: bool = EXIT_ZERO,
     max_spec_mib: int | None = MAX_SPEC_MIB,
     max_yaml_nodes: int | None = MAX_YAML_NODES,
