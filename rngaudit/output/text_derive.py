@@ -1,4 +1,4 @@
-"""Human-readable `derive` output with rich (the only module that imports rich)."""
+"""Human-readable `derive` output with rich."""
 
 from __future__ import annotations
 
