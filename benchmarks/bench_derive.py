@@ -1,7 +1,7 @@
 """Time `derive` (replay + exact NumPy Threefry keys) against baselines run in the same process.
 
 For each model shape (1,000,000 call sites by default):
-  rngaudit  the fast path (rngaudit.fast: blocks, columns, vectorised Threefry), replay + every key;
+  rngaudit  the fast path (rngaudit.engine.table: blocks, columns, vectorised Threefry), replay + every key;
   plain     the reference path (one Derivation per call, keys per base), for comparison;
   floor     a bare loop that only computes the SHA-1 hash words of the same inputs (the floor in
             CPython: one hashlib call per call site, on bytes prepared beforehand);

@@ -118,3 +118,36 @@ def test_the_rule_catches_a_crossing():
     assert not _allowed("shard", ["output", "text_shard"])
     assert _allowed("shard", ["output", "shard_json"])
     assert not _allowed("spec", ["engine", "keys"])
+
+
+def _readme_tree() -> set[str]:
+    """The files README's Architecture tree names, as paths below rngaudit/."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    block = text.split("## Architecture", 1)[1].split("```", 2)[1]
+    named: set[str] = set()
+    folder = ""
+    for line in block.splitlines()[1:]:
+        if not line.strip():
+            continue
+        depth = (len(line) - len(line.lstrip())) // 2
+        words = line.split()
+        if words[0].endswith("/"):
+            folder = "" if depth <= 1 else folder
+            if depth == 1:
+                folder = words[0]
+            continue
+        files = []
+        for w in words:
+            if not w.rstrip(",").endswith(".py"):
+                break
+            files.append(w.rstrip(","))
+        named.update((folder if depth >= 2 else "") + f for f in files)
+    return named
+
+
+def test_the_readme_tree_names_every_module():
+    modules = {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"}
+    modules.add("__init__.py")
+    named = _readme_tree()
+    assert not modules - named, f"README's Architecture tree lacks {sorted(modules - named)}"
+    assert not named - modules, f"README's Architecture tree names files that are gone: {sorted(named - modules)}"
