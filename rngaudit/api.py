@@ -128,16 +128,18 @@ def audit_input(
     params tree."""
     from .collision.audit import audit
     from .collision.latent import DEFAULT_LATENT_MAX_COUNT
-    from .collision.module_paths import ModuleSites, is_spec
     from .collision.spec_sites import spec_sites
-    from .spec.json_source import load_json
     from .spec.tree import Spec
 
     bound = DEFAULT_LATENT_MAX_COUNT if latent_max_count is None else latent_max_count
     path = None if isinstance(source, Spec) else os.fspath(source)
-    doc = load_json(path) if path is not None and path.lower().endswith(".json") else None
-    if doc is not None and not is_spec(doc.value):
-        return audit(ModuleSites(doc, bool(fix_rng_separator)), bound)
+    if path is not None and path.lower().endswith(".json"):  # module paths, a params tree, or a spec
+        from .collision.module_paths import ModuleSites, is_spec
+        from .spec.json_source import load_json
+
+        doc = load_json(path)
+        if not is_spec(doc.value):
+            return audit(ModuleSites(doc, bool(fix_rng_separator)), bound)
     s = load(source, phase)
     if fix_rng_separator is not None:
         s = dataclasses.replace(s, fix_rng_separator=fix_rng_separator)
@@ -307,9 +309,9 @@ def diff(old: str | os.PathLike[str] | Spec | Capture, new: str | os.PathLike[st
     return compare(_sites(old), _sites(new))
 
 
-def findings(report) -> list:
+def findings(report, *, strict: bool = True) -> list:
     """A report's findings (rngaudit.output.findings.Finding: rule, level, message, location), as the
-    `github` and `sarif` formats show them; `derive`'s are those of --strict."""
+    `github` and `sarif` formats show them. `derive` has findings only under --strict (`strict=False`: none)."""
     from .collision.results import CollisionsReport
     from .engine.derive import DeriveReport
     from .output import findings as f
@@ -317,7 +319,7 @@ def findings(report) -> list:
     from .shard.report import ShardReport
 
     if isinstance(report, DeriveReport):
-        return f.derive_findings(report, strict=True)
+        return f.derive_findings(report, strict=strict)
     if isinstance(report, CollisionsReport):
         return f.collision_findings(report)
     if isinstance(report, ShardReport):

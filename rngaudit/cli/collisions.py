@@ -1,18 +1,14 @@
 """`rngaudit collisions`: find call sites that receive identical keys, say why, and check the fixes."""
 
 # (no `from __future__ import annotations`: see cli/derive.py)
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import typer
 
-from .boundary import finish, run, spec_limits
-from .defaults import configured
 from .options import CONFIG, EXIT_ZERO, FORMAT, MAX_SPEC_MIB, MAX_YAML_NODES, OUTPUT, Category, Format, Phase
-from .writing import emit
 
 
-@dataclass(frozen=True)
-class CollisionsOptions:
+class CollisionsOptions(NamedTuple):
     """collisions' options that [tool.rngaudit] may set."""
 
     fmt: Format
@@ -74,9 +70,11 @@ def collisions(
     def go() -> None:
         from .. import api
         from ..output.collisions_json import to_json
-        from ..output.findings import COLLISION_RULES, collision_findings
         from ..output.formats import Report
         from ..output.progress import progress
+        from .boundary import finish, spec_limits
+        from .defaults import configured
+        from .writing import emit
 
         o = configured(ctx, "collisions", config, given)
         with spec_limits(o.max_spec_mib, o.max_yaml_nodes), progress(len(inputs), "collisions") as advance:
@@ -103,10 +101,11 @@ def collisions(
                 "collisions",
                 lambda: to_json(report.audits),
                 render,
-                lambda: collision_findings(report),
-                COLLISION_RULES,
+                lambda: api.findings(report),
             ),
         )
         finish(report.failing, o.exit_zero)
+
+    from .boundary import run
 
     run(go)

@@ -3,12 +3,11 @@ the command line would give it, and used where the command line did not give the
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import inspect
 import types
 import typing
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import typer
 
@@ -112,7 +111,7 @@ def _config_value(ctx: typer.Context, param, hint, s):
 
 
 def configured(ctx: typer.Context, command: str, config: str | None, options: T) -> T:
-    """`options` (a dataclass of the command's configurable options, by parameter name) with [tool.rngaudit]
+    """`options` (a NamedTuple of the command's configurable options, by parameter name) with [tool.rngaudit]
     defaults filled in where the command line did not give the option. A key for an option that is not a
     field of `options` is refused (that option is taken on the command line only)."""
     cfg = configuration.discover(config)
@@ -122,7 +121,8 @@ def configured(ctx: typer.Context, command: str, config: str | None, options: T)
     callback = ctx.command.callback
     assert callback is not None  # (every command is a function)
     hints = typing.get_type_hints(inspect.unwrap(callback))
-    fields = {f.name for f in dataclasses.fields(options)}  # type: ignore[arg-type]
+    record: Any = options  # a NamedTuple of the command's configurable options
+    fields = set(record._fields)
     values = {}
     for key, s in cfg.for_command(command).items():
         param = by_key.get(key)
@@ -135,4 +135,4 @@ def configured(ctx: typer.Context, command: str, config: str | None, options: T)
         source = ctx.get_parameter_source(param.name)
         if source is not None and source.name in ("DEFAULT", "DEFAULT_MAP"):
             values[param.name] = _config_value(ctx, param, hints.get(param.name), s)
-    return dataclasses.replace(options, **values)  # type: ignore[type-var]
+    return record._replace(**values)

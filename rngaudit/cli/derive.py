@@ -3,18 +3,14 @@
 # No `from __future__ import annotations` in cli/: typer reads every option's annotation on every run, and a
 # string annotation costs it an eval (about 5 ms of each start). Annotations must be valid at runtime.
 import os
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import typer
 
-from .boundary import finish, run, spec_limits
-from .defaults import configured
 from .options import CONFIG, EXIT_ZERO, MAX_SPEC_MIB, MAX_YAML_NODES, OUTPUT, DeriveFormat, Phase
-from .writing import emit, write_stream
 
 
-@dataclass(frozen=True)
-class DeriveOptions:
+class DeriveOptions(NamedTuple):
     """derive's options that [tool.rngaudit] may set."""
 
     fmt: DeriveFormat
@@ -74,9 +70,11 @@ def derive(
     def go() -> None:
         from .. import api
         from ..output.derive_json import jsonl_lines, to_json
-        from ..output.findings import DERIVE_RULES, derive_findings
         from ..output.formats import Report
         from ..output.progress import progress
+        from .boundary import finish, spec_limits
+        from .defaults import configured
+        from .writing import emit, write_stream
 
         o = configured(ctx, "derive", config, given)
         with spec_limits(o.max_spec_mib, o.max_yaml_nodes), progress(None, f"replaying {os.path.basename(spec)}"):
@@ -103,10 +101,10 @@ def derive(
             emit(
                 o.fmt,
                 output,
-                Report(
-                    "derive", lambda: to_json(report), render, lambda: derive_findings(report, o.strict), DERIVE_RULES
-                ),
+                Report("derive", lambda: to_json(report), render, lambda: api.findings(report, strict=o.strict)),
             )
         finish(o.strict and report.fallbacks > 0, o.exit_zero)
+
+    from .boundary import run
 
     run(go)

@@ -2,14 +2,11 @@
 model or a capture) and `diff` (two versions, call site by call site)."""
 
 # (no `from __future__ import annotations`: see cli/derive.py)
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import typer
 
-from .boundary import finish, run, spec_limits
-from .defaults import configured
 from .options import CONFIG, EXIT_ZERO, FORMAT, MAX_SPEC_MIB, MAX_YAML_NODES, OUTPUT, Format, Phase
-from .writing import emit, write_output
 
 _INPUT_HELP = (
     "An argument of init/apply as DTYPE[SHAPE] (ones), positional, or NAME=DTYPE[SHAPE]; repeatable. "
@@ -23,8 +20,7 @@ def _text(text: str):
     return lambda console: console.file.write(text)
 
 
-@dataclass(frozen=True)
-class CaptureOptions:
+class CaptureOptions(NamedTuple):
     inputs: list[str] | None
     rngs: str | None
     phase: Phase
@@ -69,6 +65,8 @@ def capture(
         from .. import api
         from ..output.formats import dumps
         from ..refactor.keys_file import capture_to_json
+        from .defaults import configured
+        from .writing import write_output
 
         o = configured(ctx, "capture", config, given)
         report = api.capture(target, inputs=o.inputs or (), rngs=o.rngs, phase=o.phase.value, method=o.method)
@@ -77,11 +75,12 @@ def capture(
             write_output(dumps(doc), keys)
         write_output(dumps(doc) if o.fmt is Format.json else report.spec, output)
 
+    from .boundary import run
+
     run(go)
 
 
-@dataclass(frozen=True)
-class VerifyOptions:
+class VerifyOptions(NamedTuple):
     inputs: list[str] | None
     rngs: str | None
     method: str | None
@@ -119,9 +118,11 @@ def verify(
     def go() -> None:
         from .. import api
         from ..output.compare_json import to_json
-        from ..output.findings import VERIFY_RULES, compare_findings
         from ..output.formats import Report
         from ..output.text_compare import render_text
+        from .boundary import finish, spec_limits
+        from .defaults import configured
+        from .writing import emit
 
         o = configured(ctx, "verify", config, given)
         with spec_limits(o.max_spec_mib, o.max_yaml_nodes):
@@ -129,17 +130,16 @@ def verify(
         emit(
             o.fmt,
             output,
-            Report(
-                "verify", lambda: to_json(cmp), _text(render_text(cmp)), lambda: compare_findings(cmp), VERIFY_RULES
-            ),
+            Report("verify", lambda: to_json(cmp), _text(render_text(cmp)), lambda: api.findings(cmp)),
         )
         finish(cmp.failing, o.exit_zero)
+
+    from .boundary import run
 
     run(go)
 
 
-@dataclass(frozen=True)
-class DiffOptions:
+class DiffOptions(NamedTuple):
     fmt: Format
     exit_zero: bool
     max_spec_mib: int | None
@@ -163,9 +163,11 @@ def diff(
     def go() -> None:
         from .. import api
         from ..output.compare_json import to_json
-        from ..output.findings import DIFF_RULES, compare_findings
         from ..output.formats import Report
         from ..output.text_compare import render_text
+        from .boundary import finish, spec_limits
+        from .defaults import configured
+        from .writing import emit
 
         o = configured(ctx, "diff", config, given)
         with spec_limits(o.max_spec_mib, o.max_yaml_nodes):
@@ -173,8 +175,10 @@ def diff(
         emit(
             o.fmt,
             output,
-            Report("diff", lambda: to_json(cmp), _text(render_text(cmp)), lambda: compare_findings(cmp), DIFF_RULES),
+            Report("diff", lambda: to_json(cmp), _text(render_text(cmp)), lambda: api.findings(cmp)),
         )
         finish(cmp.failing, o.exit_zero)
+
+    from .boundary import run
 
     run(go)

@@ -2,18 +2,14 @@
 one-device runs, and devices must not draw the same randomness by accident."""
 
 # (no `from __future__ import annotations`: see cli/derive.py)
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import typer
 
-from .boundary import finish, run, spec_limits
-from .defaults import configured
 from .options import CONFIG, EXIT_ZERO, FORMAT, MAX_SPEC_MIB, MAX_YAML_NODES, OUTPUT, Format, Phase
-from .writing import emit
 
 
-@dataclass(frozen=True)
-class ShardCheckOptions:
+class ShardCheckOptions(NamedTuple):
     """shard-check's options that [tool.rngaudit] may set."""
 
     fn: list[str] | None
@@ -132,10 +128,12 @@ def shard_check(
 
     def go() -> None:
         from .. import api
-        from ..output.findings import SHARD_CHECK_RULES, shard_findings
         from ..output.formats import Report
         from ..output.progress import progress
         from ..output.shard_json import to_json
+        from .boundary import finish, spec_limits
+        from .defaults import configured
+        from .writing import emit
 
         o = configured(ctx, "shard-check", config, given)
         with spec_limits(o.max_spec_mib, o.max_yaml_nodes), progress(None, "shard-check: running on the devices"):
@@ -166,8 +164,10 @@ def shard_check(
         emit(
             o.fmt,
             output,
-            Report("shard-check", lambda: to_json(report), render, lambda: shard_findings(report), SHARD_CHECK_RULES),
+            Report("shard-check", lambda: to_json(report), render, lambda: api.findings(report)),
         )
         finish(report.failing, o.exit_zero)
+
+    from .boundary import run
 
     run(go)

@@ -421,3 +421,12 @@ def compare_findings(cmp: Comparison) -> list[Finding]:
             related = ((e.old.location, f"{s.path_str} in {cmp.old_name}"),)
         out.append(Finding(f"{cmp.kind}/{e.status}", ERROR, msg + note, where, related))
     return out
+
+
+RULES = {
+    "derive": DERIVE_RULES,
+    "collisions": COLLISION_RULES,
+    "shard-check": SHARD_CHECK_RULES,
+    "verify": VERIFY_RULES,
+    "diff": DIFF_RULES,
+}  # each command's rules, as SARIF lists them

@@ -5,15 +5,13 @@ enum: `text` for people, `json` (the command's versioned JSON), `github` (workfl
 from __future__ import annotations
 
 import enum
-import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from .findings import Finding, Rule
+    from .findings import Finding
 
 
 class Format(str, enum.Enum):
@@ -35,19 +33,19 @@ class DeriveFormat(str, enum.Enum):
     jsonl = "jsonl"
 
 
-@dataclass(frozen=True)
-class Report:
+class Report(NamedTuple):
     """What a format needs of one command's run, each part made only when a format asks for it."""
 
     command: str
     json_doc: Callable[[], dict[str, Any]]
     render_text: Callable[[Console], None]
-    findings: Callable[[], Sequence[Finding]]
-    rules: Sequence[Rule]
+    findings: Callable[[], Sequence[Finding]]  # (its rules: output.findings.RULES[command])
 
 
 def dumps(doc: dict[str, Any]) -> str:
     """JSON as every report writes it: sorted keys, indented, UTF-8 text, one trailing newline."""
+    import json  # (not on --help's path)
+
     return json.dumps(doc, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
 
 
@@ -75,9 +73,10 @@ class GithubFormat:
 
 class SarifFormat:
     def render(self, report: Report) -> str:
+        from .findings import RULES
         from .sarif import to_sarif
 
-        return dumps(to_sarif(report.command, report.findings(), report.rules))
+        return dumps(to_sarif(report.command, report.findings(), RULES[report.command]))
 
 
 def formatter(fmt: str, to_terminal: bool | None = None) -> TextFormat | JsonFormat | GithubFormat | SarifFormat:

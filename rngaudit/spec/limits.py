@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from typing import NamedTuple
 
 # Pure-Python YAML parses about 25,000 nodes (or 3 MB of plain text) a second and holds ~1 KB per node, so
 # these defaults refuse junk within a few seconds and a few hundred MB; a real spec is far smaller (a
@@ -16,8 +16,7 @@ MAX_NODES = 100_000  # YAML nodes after alias expansion
 MAX_DEPTH = 200  # nesting levels, aliases included (fixed: deeper nesting would exhaust the stack)
 
 
-@dataclass(frozen=True)
-class Limits:
+class Limits(NamedTuple):
     """How much YAML a spec may hold; the commands' --max-spec-mib and --max-yaml-nodes raise them for a
     legitimately large spec."""
 
@@ -25,7 +24,7 @@ class Limits:
     max_nodes: int = MAX_NODES
 
 
-_LIMITS: ContextVar[Limits] = ContextVar("rngaudit_yaml_limits", default=Limits())  # noqa: B039 - frozen
+_LIMITS: ContextVar[Limits] = ContextVar("rngaudit_yaml_limits", default=Limits())  # noqa: B039 - a tuple
 
 
 def current_limits() -> Limits:
