@@ -129,42 +129,69 @@ def _explain_changed(cmp: Comparison, old: Capture, new: Capture) -> None:
             )
         for p in removed:
             e.why.append(f"the jit fork at {_p(p)} is gone: keys below it derive from the stream's key again")
+        ro, rn = _root_key(old.rngs.get(s.stream)), _root_key(new.rngs.get(s.stream))
+        root = [f"the root key of stream {s.stream!r} differs ({ro} -> {rn})"] if ro != rn else []
+        root += [
+            f"{k} differs ({old.settings.get(k)!r} -> {new.settings.get(k)!r})"
+            for k in ("fix_rng_separator", "prng_impl", "threefry_partitionable")
+            if old.settings.get(k) != new.settings.get(k)
+        ]
         if s.lane:
-            grp = (s.path, s.stream, s.count)
-            so, sn = lanes_old.get(grp), lanes_new.get(grp)
-            if so is not None and sn is not None and so != sn:
-                e.why.append(
-                    "a different split: the lanes "
-                    + (
-                        f"now share one key (split_rngs false for {s.stream!r})"
-                        if sn
-                        else f"now get split keys (split_rngs true for {s.stream!r})"
-                    )
-                )
-            elif not added and not removed:
-                e.why.append(
-                    f"a different split of {s.stream!r} over the lanes (vmap/scan axis size or split_rngs "
-                    "above it changed)"
-                )
-        if old.rngs.get(s.stream) != new.rngs.get(s.stream):
-            e.why.append(
-                f"the root key of stream {s.stream!r} differs ({old.rngs.get(s.stream)!r} -> "
-                f"{new.rngs.get(s.stream)!r})"
+            split = _split_change(
+                lanes_old.get((s.path, s.stream, s.count)), lanes_new.get((s.path, s.stream, s.count))
             )
-        for k in ("fix_rng_separator", "prng_impl", "threefry_partitionable"):
-            if old.settings.get(k) != new.settings.get(k):
-                e.why.append(f"{k} differs ({old.settings.get(k)!r} -> {new.settings.get(k)!r})")
+            if split:
+                e.why.append(split.format(stream=s.stream))
+        e.why += root
         if not e.why:
             e.why.append("the key this site folds into (its base) changed")
 
 
+def _root_key(value) -> str:
+    """A stream's root key as one text whichever side wrote it: a keys file's seed (0), a spec's seed
+    ('0') or key expression ('key(0)', 'split(key(0), 3)[1]')."""
+    from ..errors import Location, SpecError
+    from ..spec.keyexpr import parse
+
+    if value is None:
+        return "not given"
+    text = str(value).strip()
+    if re.fullmatch(r"-?\d+", text):
+        return f"key({int(text)})"
+    try:
+        return str(parse(text, Location("rngs", 1, 1)))
+    except SpecError:
+        return text
+
+
 def _lane_keys(sites: list[Site]) -> dict:
-    """(path, stream, count) -> whether every lane got the same key."""
+    """(path, stream, count) -> {lane: key} of the sites drawn in vmap/scan lanes."""
     groups: dict = {}
     for s in sites:
         if s.lane:
-            groups.setdefault((s.path, s.stream, s.count), set()).add(s.key)
-    return {g: len(keys) == 1 for g, keys in groups.items() if len(keys) >= 1}
+            groups.setdefault((s.path, s.stream, s.count), {})[s.lane] = s.key
+    return groups
+
+
+def _split_change(old: dict | None, new: dict | None) -> str | None:
+    """How the lanes of one call site are split now, if that changed: which lanes share a key."""
+    if not old or not new:
+        return None
+    if set(old) != set(new):
+        return f"the lanes changed ({len(old)} before, {len(new)} now): a vmap/scan axis size changed"
+
+    def shares(keys: dict) -> dict:
+        first: dict = {}
+        return {lane: first.setdefault(k, lane) for lane, k in sorted(keys.items())}
+
+    so, sn = shares(old), shares(new)
+    if so == sn:
+        return None
+    if len(set(sn.values())) == 1:
+        return "a different split: the lanes now share one key (split_rngs false for {stream!r})"
+    if len(set(so.values())) == 1:
+        return "a different split: the lanes now get split keys (split_rngs true for {stream!r})"
+    return "a different split: other lanes share keys now (split_rngs of {stream!r} changed in a transform above)"
 
 
 def _modules_of(cap: Capture) -> set:
@@ -255,6 +282,7 @@ def _explain_moves(cmp: Comparison, old: Capture, new: Capture) -> None:
         if e.status in ("new", "gone") and not e.why:
             e.why.append(
                 _count_shift(e, old, new)
+                or _lane_count_change(e, old, new)
                 or ("a call site that did not exist before" if e.status == "new" else "this call site no longer exists")
             )
 
@@ -265,7 +293,8 @@ def _unmatched_sibling(new: Capture, mn: tuple, matched: set, old: Capture):
     old_fields = {m.get("fields") for p, m in old.modules.items() if p[:-1] == mn[:-1]}
     for p, m in new.modules.items():
         if (
-            p[:-1] == mn[:-1]
+            p
+            and p[:-1] == mn[:-1]
             and p != mn
             and p not in matched
             and m.get("class") == cls
@@ -327,19 +356,36 @@ def _explain_insertions(cmp, old: Capture, new: Capture, mods_old, mods_new, ren
             continue
         cls, k = auto
         siblings_old = sorted(
-            i for m in mods_old if m[:-1] == mn[:-1] and (a := _auto(m[-1])) and a[0] == cls for i in [a[1]]
+            i for m in mods_old if m and m[:-1] == mn[:-1] and (a := _auto(m[-1])) and a[0] == cls for i in [a[1]]
         )
         if not siblings_old or siblings_old != list(range(len(siblings_old))) or k != len(siblings_old):
             continue
-        inserted = _inserted_index(old, new, mn[:-1], cls, k + 1)
-        where = f"{cls}_{inserted}" if inserted is not None else f"one of {cls}_0..{cls}_{k}"
+        places = _inserted_at(old, new, mn[:-1], cls, k + 1)
+        if not places:
+            continue  # the siblings changed otherwise too: no insertion to claim
+        if places == [k]:
+            for e in cmp.entries:
+                if e.status == "new" and e.site.path[: len(mn)] == mn and not e.why:
+                    e.why.append(f"a {cls} was added after the existing ones: {_p(mn)} is new")
+            continue
+        names = [_p(mn[:-1] + (f"{cls}_{i}",)) for i in places]
+        if k in places:
+            why = (
+                f"a {cls} was added: appended as {_p(mn)}, or inserted at {' or '.join(names[:-1])} (the {cls} "
+                "layers draw alike, so the keys cannot tell which)"
+            )
+            for e in cmp.entries:
+                if e.status == "new" and e.site.path[: len(mn)] == mn and not e.why:
+                    e.why.append(why)
+            continue
+        where = names[0] if len(names) == 1 else " or ".join(names)
         why = (
-            f"shifted auto-name index: a {cls} was inserted ({where}), so every later {cls} moved up one index "
+            f"shifted auto-name index: a {cls} was inserted at {where}, so every later {cls} moved up one index "
             f"and {_p(mn)} is new; the keys at the shifted paths now go to other layers"
         )
         fix = (
-            f"give the inserted {cls} an explicit name= (explicit names do not advance the auto-name counter): "
-            f"the later {cls} modules get their old names and keys back"
+            f"give the inserted {cls} (now {where}) an explicit name= (explicit names do not advance the "
+            f"auto-name counter): the later {cls} modules get their old names and keys back"
         )
         cmp.notes.append(why)
         cmp.fixes.append(fix)
@@ -349,16 +395,30 @@ def _explain_insertions(cmp, old: Capture, new: Capture, mods_old, mods_new, ren
                 e.fix = fix
 
 
-def _inserted_index(old: Capture, new: Capture, parent: tuple, cls: str, n_new: int):
-    """Which new Cls_i is the inserted one, from the modules' hyper-parameters (captures only)."""
-    fo = [old.modules.get(parent + (f"{cls}_{i}",), {}).get("fields") for i in range(n_new - 1)]
-    fn = [new.modules.get(parent + (f"{cls}_{i}",), {}).get("fields") for i in range(n_new)]
+def _inserted_at(old: Capture, new: Capture, parent: tuple, cls: str, n_new: int) -> list[int]:
+    """Where a Cls_i may have been inserted: every i whose removal from the new siblings leaves the old ones,
+    compared by their hyper-parameters where both sides record them (captures), else by the keys they draw
+    relative to their path. Empty when no single insertion explains the siblings."""
+    paths_old = [parent + (f"{cls}_{i}",) for i in range(n_new - 1)]
+    paths_new = [parent + (f"{cls}_{i}",) for i in range(n_new)]
+    fo = [old.modules.get(p, {}).get("fields") for p in paths_old]
+    fn = [new.modules.get(p, {}).get("fields") for p in paths_new]
     if None in fo or None in fn:
+        fo = [_signature(old, p) for p in paths_old]
+        fn = [_signature(new, p) for p in paths_new]
+    return [i for i in range(n_new) if fn[:i] + fn[i + 1 :] == fo]
+
+
+def _lane_count_change(e: Entry, old: Capture, new: Capture) -> str | None:
+    s = e.site
+    if not s.lane:
         return None
-    for i in range(n_new):
-        if fn[:i] + fn[i + 1 :] == fo:
-            return i
-    return None
+    n_old = len({t.lane for t in old.sites if (t.path, t.stream, t.count) == (s.path, s.stream, s.count)})
+    n_new = len({t.lane for t in new.sites if (t.path, t.stream, t.count) == (s.path, s.stream, s.count)})
+    if not n_old or not n_new or n_old == n_new:
+        return None
+    what = "more" if n_new > n_old else "fewer"
+    return f"{what} lanes: a vmap/scan axis size changed ({n_old} lanes before, {n_new} now)"
 
 
 def _count_shift(e: Entry, old: Capture, new: Capture) -> str | None:

@@ -188,6 +188,94 @@ def test_diff_of_specs_explains_rename(tmp_path, base):
     assert "renamed path (Block_0 -> encoder)" in r.output and "name='Block_0'" in r.output
 
 
+@pytest.mark.parametrize("root_draw", ["param: {name: w}", "make_rng: {stream: params}"])
+def test_a_new_top_level_module_beside_a_root_draw(tmp_path, root_draw):
+    # issue 18: a new auto-named top-level module, nothing paired as a rename, crashed (IndexError on
+    # the root path ()) whenever the root module itself drew keys
+    head = "rngaudit: 1\nrngs: {params: 0}\nmodel:\n  class: M\n  body:\n"
+    old, new = tmp_path / "old.yaml", tmp_path / "new.yaml"
+    old.write_text(head + f"    - {root_draw}\n")
+    new.write_text(head + f"    - LayerNorm: {{}}\n    - {root_draw}\n")
+    r = invoke("diff", old, new)
+    assert r.exit_code == 1, r.output + r.stderr
+    assert "internal error" not in r.stderr
+    entries = json.loads(invoke("diff", old, new, "--format", "json").output)["sites"]
+    assert [(e["status"], e["path_str"]) for e in entries if e["status"] != "kept"] == [
+        ("new", "LayerNorm_0"),
+        ("new", "LayerNorm_0"),
+    ]
+
+
+DENSES = {
+    "old": ["{features: 2, use_bias: false}", "{features: 3}"],
+    "appended": ["{features: 2, use_bias: false}", "{features: 3}", "{features: 5, use_bias: false}"],
+    "inserted_first": ["{features: 4}", "{features: 2, use_bias: false}", "{features: 3}"],
+    "inserted_alike": ["{features: 2, use_bias: false}", "{features: 4, use_bias: false}", "{features: 3}"],
+}
+
+
+def _denses(tmp_path, name):
+    body = "".join(f"    - Dense: {d}\n" for d in DENSES[name])
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(f"rngaudit: 1\nrngs: {{params: 0}}\nmodel:\n  class: M\n  body:\n{body}")
+    return path
+
+
+@pytest.mark.parametrize(
+    "new, says, never",
+    [
+        ("appended", "a Dense was added after the existing ones: Dense_2 is new", "shifted"),
+        ("inserted_first", "a Dense was inserted at Dense_0, so every later Dense moved up one index", " or "),
+        # Dense_0 and Dense_1 draw alike (kernel only): the keys cannot tell which of them is the new one
+        ("inserted_alike", "a Dense was inserted at Dense_0 or Dense_1", "added after"),
+    ],
+)
+def test_an_added_layer_is_explained_only_as_far_as_the_keys_tell(tmp_path, new, says, never):
+    # issue 18: an appended layer was called a shifted auto-name index, and an insertion named no position
+    r = invoke("diff", _denses(tmp_path, "old"), _denses(tmp_path, new))
+    assert r.exit_code == 1, r.output + r.stderr
+    assert says in r.output and never not in r.output, r.output
+
+
+def _vmap_dense(tmp_path, name, rngs="0", split="true", axis_size=3):
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(
+        f"rngaudit: 1\nrngs: {rngs}\nmodel:\n  vmap:\n    module: {{Dense: {{features: 2}}}}\n"
+        f"    axis_size: {axis_size}\n    variable_axes: {{params: 0}}\n    split_rngs: {{params: {split}}}\n"
+    )
+    return path
+
+
+@pytest.mark.parametrize(
+    "change, cause, not_claimed",
+    [
+        ({"rngs": "1"}, "the root key of stream 'params' differs (key(0) -> key(1))", "split"),
+        ({"rngs": "key(0)"}, None, None),  # the same root key written two ways: nothing changes
+        ({"split": "false"}, "the lanes now share one key (split_rngs false for 'params')", "root key"),
+        ({"axis_size": 4}, None, None),
+    ],
+)
+def test_a_changed_lane_key_names_the_cause_that_holds(tmp_path, change, cause, not_claimed):
+    # issue 18: every changed key in vmap/scan lanes was put down to "a different split" even when the seed
+    # changed; a root key written as 0 and as key(0) was reported as a different root key
+    r = invoke("diff", _vmap_dense(tmp_path, "old"), _vmap_dense(tmp_path, "new", **change), "-f", "json")
+    doc = json.loads(r.output)
+    changed = [e for e in doc["sites"] if e["status"] == "changed"]
+    if "axis_size" in change:
+        # split(key, n)[i] does not depend on n (jax_threefry_partitionable): lanes 0..2 keep their keys
+        new = [e for e in doc["sites"] if e["status"] != "kept"]
+        assert r.exit_code == 1 and not changed and [e["lane"] for e in new] == [[3], [3]]
+        assert all(e["why"] == ["more lanes: a vmap/scan axis size changed (3 lanes before, 4 now)"] for e in new)
+        return
+    if cause is None:
+        assert r.exit_code == 0 and not changed
+        return
+    assert r.exit_code == 1 and changed
+    for e in changed:
+        text = " | ".join(e["why"])
+        assert cause in text and not_claimed not in text, text
+
+
 def test_bad_diff_input_exit_2(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"format": "rngaudit.capture", "format_version": 1, "calls": [{}]}')
