@@ -24,6 +24,7 @@ class ShardCheckOptions(NamedTuple):
     input_kind: str | None
     seed: int | None
     key: str | None
+    replicated_key: bool
     allow_replicated: bool
     atol: float | None
     timeout: float | None
@@ -85,13 +86,21 @@ def shard_check(
     key: str | None = typer.Option(
         None, "--key", metavar="EXPR", help="The key for --fn as a key expression instead, e.g. 'split(key(0))[1]'."
     ),
+    replicated_key: bool = typer.Option(
+        False,
+        "--replicated-key/--no-replicated-key",
+        help="The function is called with one replicated key (inside shard_map): devices drawing the same "
+        "randomness from it is a finding. Default: information only.",
+    ),
     allow_replicated: bool = typer.Option(
         False,
         "--allow-replicated/--no-allow-replicated",
-        help="Identical randomness on every device from one key is intended: report it, but do not exit 1.",
+        help="Identical randomness on every device from one key is intended: report it as allowed.",
     ),
     atol: float | None = typer.Option(
-        None, "--atol", help="Accept jit/eager differences up to this (default 0: bit for bit)."
+        None,
+        "--atol",
+        help="Accept jit/eager differences up to this (0: bit for bit). Default: XLA's rounding, never different random values.",
     ),
     timeout: float | None = typer.Option(
         None, "--timeout", metavar="SECONDS", help="Give up on the device process after this long (default 300)."
@@ -117,6 +126,7 @@ def shard_check(
         input_kind,
         seed,
         key,
+        replicated_key,
         allow_replicated,
         atol,
         timeout,
@@ -151,6 +161,7 @@ def shard_check(
                 input=o.input_kind,
                 seed=o.seed,
                 key=o.key,
+                replicated_key=o.replicated_key,
                 allow_replicated=o.allow_replicated,
                 atol=o.atol,
                 timeout=o.timeout,

@@ -224,7 +224,7 @@ SHARD_CHECK_RULES = (
         "shard-check/jit_equals_eager",
         "JitEqualsEager",
         "the function under jax.jit differs from its eager run",
-        "With the batch sharded, jax.jit must reproduce the eager output (within --atol).",
+        "With the batch sharded, jax.jit must reproduce the eager output (up to XLA's rounding, or within --atol).",
     ),
     Rule(
         "shard-check/shard_map_split_keys",
@@ -236,8 +236,9 @@ SHARD_CHECK_RULES = (
         "shard-check/shard_map_replicated_key",
         "SameRandomnessOnEveryDevice",
         "under shard_map with one replicated key, devices drew the same values",
-        "Pass each device its own key (split with in_specs over the mesh axis) or fold in "
-        "jax.lax.axis_index; --allow-replicated if identical randomness is intended.",
+        "The function is called with one replicated key (--replicated-key): pass each device its own key "
+        "(split with in_specs over the mesh axis) or fold in jax.lax.axis_index; --allow-replicated if "
+        "identical randomness is intended.",
     ),
 )
 

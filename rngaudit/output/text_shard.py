@@ -9,6 +9,7 @@ from ..shard.report import (
     ALLOWED,
     FAIL,
     FINDING,
+    INFO,
     NOT_APPLICABLE,
     PASS,
     STATUSES,
@@ -17,7 +18,7 @@ from ..shard.report import (
     TargetResult,
 )
 
-_STYLE = {PASS: "green", FAIL: "bold red", FINDING: "bold red", ALLOWED: "yellow", NOT_APPLICABLE: "dim"}
+_STYLE = {PASS: "green", FAIL: "bold red", FINDING: "bold red", ALLOWED: "yellow", INFO: "cyan", NOT_APPLICABLE: "dim"}
 MAX_DEVICES_SHOWN = 16  # per-device values listed for a shard_map check; --format json lists them all
 _INDENT = "    "
 
@@ -128,6 +129,6 @@ def render_shard(report: ShardReport, console: Console) -> None:
     console.print()
     console.print(
         f"{len(report.checks())} checks: {counts[PASS]} pass, {counts[FAIL]} fail, {counts[FINDING]} "
-        f"finding, {counts[ALLOWED]} allowed, {counts[NOT_APPLICABLE]} n/a",
+        f"finding, {counts[ALLOWED]} allowed, {counts[INFO]} info, {counts[NOT_APPLICABLE]} n/a",
         style="bold red" if report.failing else "bold",
     )

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-PASS, FAIL, FINDING, ALLOWED, NOT_APPLICABLE = "pass", "fail", "finding", "allowed", "n/a"
-STATUSES = (PASS, FAIL, FINDING, ALLOWED, NOT_APPLICABLE)
+PASS, FAIL, FINDING, ALLOWED, INFO, NOT_APPLICABLE = "pass", "fail", "finding", "allowed", "info", "n/a"
+STATUSES = (PASS, FAIL, FINDING, ALLOWED, INFO, NOT_APPLICABLE)
 FAILING = (FAIL, FINDING)  # statuses that make the command exit 1
 
 

@@ -44,8 +44,9 @@ class ShardRequest:
     fill: str = "ones"  # x of --fn: ones | normal
     seed: int = 0  # seeds x of --input normal (the key is `key`, which --seed also sets)
     key: str = "key(0)"  # the key passed to --fn, a key expression
+    replicated_key: bool = False  # --replicated-key: the function is called with one replicated key
     allow_replicated: bool = False
-    atol: float = 0.0
+    atol: float | None = None  # None: XLA's rounding is accepted; a number: that tolerance (0: bit for bit)
     timeout: float = DEFAULT_TIMEOUT
     spec_limits: tuple[int, int] | None = None  # (bytes, YAML nodes) the specs were loaded with; None: defaults
 
@@ -99,6 +100,7 @@ def make_request(
     fill=None,
     seed=None,
     key=None,
+    replicated_key=False,
     allow_replicated=False,
     atol=None,
     timeout=None,
@@ -113,9 +115,15 @@ def make_request(
             for o, v in (("--shape", shape), ("--input", fill), ("--seed", seed), ("--key", key), ("--atol", atol))
             if v is not None
         ]
+        given += ["--replicated-key"] if replicated_key else []
         given += ["--allow-replicated"] if allow_replicated else []
         if given:
             raise UsageError(f"{given[0]} applies to --fn, and no --fn is given")
+    if replicated_key and allow_replicated:
+        raise UsageError(
+            "--replicated-key says identical randomness from one key is a finding, --allow-replicated that it "
+            "is intended; give one of them"
+        )
     if devices is not None and not 1 <= devices <= MAX_DEVICES:
         raise UsageError(f"--devices {devices}: ask for 1 to {MAX_DEVICES} CPU devices")
     if platform is not None:
@@ -160,8 +168,9 @@ def make_request(
         fill=fill or "ones",
         seed=0 if seed is None else seed,
         key=key if key is not None else f"key({0 if seed is None else seed})",
+        replicated_key=replicated_key,
         allow_replicated=allow_replicated,
-        atol=0.0 if atol is None else float(atol),
+        atol=None if atol is None else float(atol),
         timeout=DEFAULT_TIMEOUT if timeout is None else float(timeout),
     )
 
@@ -204,6 +213,7 @@ def request_from_json(j: dict) -> ShardRequest:
         fill=j["fill"],
         seed=j["seed"],
         key=j["key"],
+        replicated_key=j["replicated_key"],
         allow_replicated=j["allow_replicated"],
         atol=j["atol"],
         timeout=j["timeout"],

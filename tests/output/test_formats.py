@@ -207,11 +207,11 @@ def _run(*args: str, env_extra=None) -> subprocess.CompletedProcess:
 
 
 def test_shard_check_exit_codes_and_ci_formats(tmp_path):
-    """The real command and its device process: 1 for the same randomness on every device (SARIF at the
-    function's `def`), 0 with --exit-zero (annotations still printed), 0 when --allow-replicated says it is
-    intended (a notice)."""
+    """The real command and its device process: with --replicated-key, 1 for the same randomness on every
+    device (SARIF at the function's `def`), 0 with --exit-zero (annotations still printed), 0 when
+    --allow-replicated says it is intended (a notice); without either, 0 and no annotation (information)."""
     out = tmp_path / "shard.sarif"
-    r = _run("shard-check", "--devices", "2", "--fn", GUIDE_FN, "-f", "sarif", "-o", str(out))
+    r = _run("shard-check", "--devices", "2", "--fn", GUIDE_FN, "-f", "sarif", "-o", str(out), "--replicated-key")
     assert r.returncode == 1, r.stderr
     assert r.stdout == ""
     doc = valid_sarif(out.read_text(encoding="utf-8"))
@@ -222,7 +222,7 @@ def test_shard_check_exit_codes_and_ci_formats(tmp_path):
         if line.startswith("def forward(")
     )
     assert places == [("shard-check/shard_map_replicated_key", "fixtures/shard/guide_forward.py", def_line, 1)]
-    r = _run("shard-check", "--devices", "2", "--fn", GUIDE_FN, "-f", "github", "--exit-zero")
+    r = _run("shard-check", "--devices", "2", "--fn", GUIDE_FN, "-f", "github", "--exit-zero", "--replicated-key")
     assert r.returncode == 0, r.stderr
     ((kind, file, line, _, title, message),) = annotations(r.stdout)
     assert (kind, file, line, title) == (
@@ -235,6 +235,8 @@ def test_shard_check_exit_codes_and_ci_formats(tmp_path):
     r = _run("shard-check", "--devices", "2", "--fn", GUIDE_FN, "-f", "github", "--allow-replicated")
     assert r.returncode == 0, r.stderr
     assert [a[0] for a in annotations(r.stdout)] == ["notice"]
+    r = _run("shard-check", "--devices", "2", "--fn", GUIDE_FN, "-f", "github")
+    assert r.returncode == 0 and annotations(r.stdout) == [], r.stdout + r.stderr
 
 
 def test_shard_findings_point_at_the_first_mismatched_key():
