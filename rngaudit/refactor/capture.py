@@ -3,7 +3,8 @@ derive replays bit-exactly (checked before it is handed out)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from ..engine.keys import jax_setting
@@ -46,17 +47,73 @@ def observe(
     seeds = dict(rngs) if isinstance(rngs, dict) else parse_rngs(rngs)
     if phase not in ("init", "apply"):
         raise UsageError(f"--phase {phase!r}: use init or apply")
-    try:
-        import flax  # noqa: F401 - the hooks import it: a missing Flax is said here, in one line
-    except ImportError:
-        raise FlaxUnavailableError(
-            "this command runs real Flax, which is not installed: pip install 'rngaudit[flax]'"
-        ) from None
-    from . import flax_hooks
+    flax_hooks = _load_hooks()
 
     # installed before the user's code runs: a class transform made at import time keeps the lifting function
-    with flax_hooks.installed():
+    with flax_hooks.installed(), _whole_tracebacks():
         return _observe(target, parsed_inputs, seeds, phase, method)
+
+
+@contextlib.contextmanager
+def _whole_tracebacks() -> Iterator[None]:
+    """JAX's traceback filtering off while the model runs: it drops JAX's and Flax's frames, so an error Flax
+    raises would look raised by the hook that called Flax (see _raised_by_rngaudit)."""
+    import jax
+
+    before = jax.config.jax_traceback_filtering
+    jax.config.update("jax_traceback_filtering", "off")
+    try:
+        yield
+    finally:
+        jax.config.update("jax_traceback_filtering", before)
+
+
+SUPPORTED_FLAX = "0.10.2"  # the oldest Flax whose functions the hooks find (flax.core.lift.fold_rngs came in it)
+
+
+def _load_hooks():
+    """The Flax hooks, or one error line: Flax missing, installed but failing to import (e.g. an older Flax
+    on a newer JAX), or a release without the functions the hooks replace."""
+    try:
+        import flax
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] == "flax":
+            raise FlaxUnavailableError(
+                "this command runs real Flax, which is not installed: pip install 'rngaudit[flax]'"
+            ) from None
+        raise FlaxUnavailableError(_broken_flax(e)) from None
+    except Exception as e:  # noqa: BLE001 - whatever an installed Flax raises on import is reported in one line
+        raise FlaxUnavailableError(_broken_flax(e)) from None
+    version = getattr(flax, "__version__", "?")
+    try:
+        from . import flax_hooks
+    except (ImportError, AttributeError) as e:
+        raise FlaxUnavailableError(_old_flax(version, f"{type(e).__name__}: {e}")) from None
+    missing = flax_hooks.missing()
+    if missing:
+        raise FlaxUnavailableError(_old_flax(version, "it has no " + ", ".join(missing)))
+    return flax_hooks
+
+
+def _broken_flax(e: BaseException) -> str:
+    import importlib.metadata
+
+    try:
+        version = importlib.metadata.version("flax")
+    except importlib.metadata.PackageNotFoundError:
+        version = "?"
+    message = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return (
+        f"Flax {version} is installed but fails to import ({type(e).__name__}: {message}); an older Flax on a "
+        f"newer JAX often does: install a Flax release made for your JAX, e.g. pip install -U 'rngaudit[flax]'"
+    )
+
+
+def _old_flax(version: str, why: str) -> str:
+    return (
+        f"capture supports Flax {SUPPORTED_FLAX} and later; Flax {version} is installed ({why}): "
+        f"pip install 'flax>={SUPPORTED_FLAX}'"
+    )
 
 
 def _observe(target: CodeRef, parsed_inputs: list[InputSpec], seeds: dict, phase: str, method: str | None):
@@ -96,8 +153,13 @@ def _observe(target: CodeRef, parsed_inputs: list[InputSpec], seeds: dict, phase
         records = _every_branch(rec, run, target.text)
     except RngauditError:
         raise
-    except Exception as e:  # noqa: BLE001 - the model itself fails: the user's problem, reported in one line
+    except Exception as e:  # the model itself fails (the user's problem) or a hook does (ours)
         msg = str(e).split("\n")[0].split(" (https://flax.readthedocs.io")[0]
+        if _raised_by_rngaudit(e):
+            raise InternalError(
+                f"capture of {target.text}: rngaudit failed while recording {type(module).__name__}.{phase} "
+                f"({type(e).__name__}: {msg}); the model is not at fault (please report this model)"
+            ) from e
         raise UserCodeError(
             f"TARGET {target.text}: {type(module).__name__}.{phase} raises {type(e).__name__}: {msg}"
         ) from None
@@ -107,6 +169,22 @@ def _observe(target: CodeRef, parsed_inputs: list[InputSpec], seeds: dict, phase
         target.text, phase, seeds, settings, sites, modules, {"flax": flax.__version__, "jax": jax.__version__}
     )
     return cap, rec, type(module).__name__
+
+
+def _raised_by_rngaudit(e: BaseException) -> bool:
+    """Whether the exception comes from rngaudit's own code (its innermost frame is in the package), not from
+    the model or from Flax: a capture hook failed."""
+    import os
+
+    import rngaudit
+
+    home = os.path.dirname(os.path.abspath(rngaudit.__file__)) + os.sep
+    tb = e.__traceback__
+    last = None
+    while tb is not None:
+        last = tb
+        tb = tb.tb_next
+    return last is not None and os.path.abspath(last.tb_frame.f_code.co_filename).startswith(home)
 
 
 MAX_BRANCH_RUNS = 32  # nn.cond/switch: at most this many runs to see every branch run

@@ -61,14 +61,23 @@ def _bind(fn, args, kwargs) -> dict:
 
 
 def _axis_size(in_axes, args) -> int | None:
-    axes = in_axes if isinstance(in_axes, (tuple, list)) else (in_axes,) * len(args)
-    for ax, x in zip(axes, args):
-        if ax is None or ax is axes_scan.broadcast:
-            continue
-        for leaf in jax.tree_util.tree_leaves(x):
-            if hasattr(leaf, "shape") and len(leaf.shape) > ax:
-                return int(leaf.shape[ax])
-    return None
+    """The size of the mapped axis, from the first array an axis maps: `in_axes` is a prefix tree of `args`
+    (an int for all of them, a tuple per argument, nested tuples or dicts inside one), as jax.vmap and Flax's
+    axes_scan read it; None and axes_scan.broadcast map nothing."""
+    sizes: list[int] = []
+
+    def visit(ax, sub) -> None:
+        if isinstance(ax, int) and not isinstance(ax, bool):
+            for leaf in jax.tree_util.tree_leaves(sub):
+                shape = getattr(leaf, "shape", None)
+                if shape is not None and -len(shape) <= ax < len(shape):
+                    sizes.append(int(shape[ax]))
+
+    try:
+        jax.tree_util.tree_map(visit, in_axes, tuple(args), is_leaf=lambda a: a is None or a is axes_scan.broadcast)
+    except (ValueError, TypeError):  # in_axes is not a prefix of args: Flax itself will say so
+        return None
+    return sizes[0] if sizes else None
 
 
 # ---------------------------------------------------------------- scopes and modules
@@ -226,7 +235,7 @@ def axes_scan_scan(
             return fn(broadcast_in, carry, *xs)
 
     def run(broadcast_in, init, *args):
-        n = length if length is not None else _axis_size(tuple(in_axes), args)
+        n = length if length is not None else _axis_size(in_axes, args)
         if n is None:
             raise CaptureUnsupported("nn.scan whose length cannot be told from its inputs")
         node = next((x for x in reversed(rec.stack) if isinstance(x, LiftNode)), None)
@@ -450,6 +459,12 @@ _HOOKS: tuple[tuple[str, Any, str, Any], ...] = (
     ("while_loop", lift, "while_loop", while_loop),
 ) + tuple((name, lift, name, _unsupported(name)) for name in _UNSUPPORTED)
 _INSTALLED = [0]  # nesting depth of installed()
+
+
+def missing() -> list[str]:
+    """The Flax functions the hooks replace that this Flax does not have (an older release)."""
+    names = {lift: "flax.core.lift", axes_scan: "flax.core.axes_scan", linen_transforms: "flax.linen.transforms"}
+    return [f"{names.get(owner, owner.__name__)}.{attr}" for _, owner, attr, _ in _HOOKS if not hasattr(owner, attr)]
 
 
 @contextlib.contextmanager

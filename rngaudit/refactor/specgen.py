@@ -237,6 +237,7 @@ class _Builder:
         out: list = []
         pending_var = None
         node = _At(items, path)
+        deferred: set = set()
         for item in items:
             kind = _kind(item)
             if kind == "CallNode":
@@ -247,11 +248,28 @@ class _Builder:
                     out.extend(self.statements(item.items, path, defined, cursor, seen))
                     pending_var = None
                     continue
+                if id(item) in deferred:
+                    continue  # this call defined the module where its key-less first call was
                 name = item.path[-1]
                 if name in defined or name in seen:
-                    out.append({"call": name})
+                    if item.items:  # a call that did nothing key-related (no draw, child or transform) is left out
+                        out.append({"call": name})
                     continue
                 seen.add(name)
+                if not item.items:
+                    # a key-less method called first (nn.RNN's cell.initialize_carry before cell(...)): the
+                    # module is described by its first call that does something, where it was first called
+                    later = next(
+                        (
+                            x
+                            for x in items
+                            if _kind(x) == "CallNode" and x.path == item.path and x.method != "setup" and x.items
+                        ),
+                        None,
+                    )
+                    if later is not None:
+                        deferred.add(id(later))
+                        item = later
                 cls = item.cls
                 n = cursor.get(cls, 0)
                 info = self.rec.modules.get(item.path)

@@ -260,6 +260,36 @@ def test_missing_flax_is_a_clear_error(tmp_path, monkeypatch):
     assert r.exit_code == 2 and "pip install 'rngaudit[flax]'" in r.stderr
 
 
+def test_a_flax_that_fails_to_import_is_not_called_missing(tmp_path, monkeypatch):
+    # issue 16: an installed Flax failing to import (an old Flax on a new JAX) was reported as "not installed"
+    f = write(tmp_path, "ensemble.py", ENSEMBLE)
+    fake = tmp_path / "site" / "flax"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("from jax.random import no_such_function\n")
+    for name in [m for m in sys.modules if m == "flax" or m.startswith("flax.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    r = invoke("capture", f"{f}:make")
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "is installed but fails to import (ImportError: cannot import name 'no_such_function'" in r.stderr
+    assert "not installed" not in r.stderr
+
+
+def test_a_flax_release_without_the_hooked_functions_is_named(tmp_path, monkeypatch):
+    # issue 16: below Flax 0.10.2 (no flax.core.lift.fold_rngs) capture crashed with an internal error
+    import flax
+    from flax.core import lift
+
+    f = write(tmp_path, "ensemble.py", ENSEMBLE)
+    monkeypatch.delattr(lift, "fold_rngs")
+    r = invoke("capture", f"{f}:make")
+    assert r.exit_code == 2, r.stderr
+    assert r.stderr == (
+        f"error: capture supports Flax 0.10.2 and later; Flax {flax.__version__} is installed (it has no "
+        "flax.core.lift.fold_rngs): pip install 'flax>=0.10.2'\n"
+    )
+
+
 def _flax_functions() -> dict:
     import flax.linen as nn
     import flax.linen.transforms as linen_transforms
@@ -552,3 +582,88 @@ def test_a_loop_running_different_counts_is_refused(tmp_path):
     r = invoke("capture", f"{f}:two_loops", "--rngs", "params=0,noise=1", "-o", out)
     assert r.exit_code == 2 and "ran 2 or 3 times" in r.stderr and "one iteration count" in r.stderr, r.stderr
     assert len(r.stderr.splitlines()) == 1 and not out.exists()
+
+
+RECURRENT = textwrap.dedent("""
+    import flax.linen as nn
+    import jax.numpy as jnp
+
+    class ScanNoLength(nn.Module):
+        # issue 16: nn.scan without length= (taken from the inputs), as every nn.RNN has
+        @nn.compact
+        def __call__(self, xs):
+            f = lambda m, c, x: (c, nn.Dense(3)(x))
+            return nn.scan(f, variable_broadcast="params", split_rngs={"params": False})(self, 0.0, xs)[1]
+
+    class Cell(nn.Module):
+        def initialize(self):
+            return 0  # no key, no parameter, no child
+
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(2)(x)
+
+    class KeylessFirst(nn.Module):
+        # issue 16: a child whose first call is a key-less method lost the keys of its later __call__
+        @nn.compact
+        def __call__(self, x):
+            c = Cell()
+            c.initialize()
+            y = c(x)
+            c.initialize()
+            return c(y[:, :2] if y.shape[1] > 2 else y)
+
+    class LSTMClassifier(nn.Module):
+        @nn.compact
+        def __call__(self, tokens, train: bool = False):
+            x = nn.Embed(20, 4)(tokens)
+            x = nn.RNN(nn.LSTMCell(8))(x)
+            x = nn.Dropout(0.1, deterministic=not train)(x)
+            return nn.Dense(2)(x[:, -1])
+
+    class BiGRU(nn.Module):
+        @nn.compact
+        def __call__(self, tokens):
+            x = nn.Embed(20, 4)(tokens)
+            return nn.Bidirectional(nn.RNN(nn.GRUCell(6)), nn.RNN(nn.GRUCell(6)))(x)
+
+    def scan_no_length():
+        return ScanNoLength(), (jnp.ones((4, 2)),)
+
+    def keyless_first():
+        return KeylessFirst(), (jnp.ones((1, 2)),)
+
+    def lstm():
+        return LSTMClassifier(), (jnp.ones((2, 5), jnp.int32),)
+
+    def bigru():
+        return BiGRU(), (jnp.ones((2, 5), jnp.int32),)
+""")
+
+
+@pytest.mark.parametrize(
+    "factory, n",
+    [("scan_no_length", 2), ("keyless_first", 2), ("lstm", 15), ("bigru", 21)],
+)
+def test_recurrent_models_and_keyless_first_calls_replay_bit_exactly(tmp_path, factory, n):
+    f = write(tmp_path, "recurrent.py", RECURRENT)
+    spec, doc = capture(tmp_path, f"{f}:{factory}")
+    assert len(doc["calls"]) == n
+    assert_replays(spec, doc)
+    r = invoke("verify", spec, "--against", f"{f}:{factory}")
+    assert r.exit_code == 0 and f"{n} same, 0 differ, 0 missing, 0 extra" in r.output, r.output
+
+
+def test_a_failure_inside_rngaudit_is_not_blamed_on_the_model(tmp_path, monkeypatch):
+    # issue 16: a hook's own exception was reported as "TARGET ...: T.init raises TypeError", blaming the model
+    from rngaudit import errors
+    from rngaudit.refactor.capture import observe
+    from rngaudit.refactor.recorder import Recorder
+
+    f = write(tmp_path, "recurrent.py", RECURRENT)
+    monkeypatch.setattr(Recorder, "make_rng", staticmethod(int))  # raises TypeError inside the hook
+    with pytest.raises(errors.InternalError) as e:
+        observe(f"{f}:lstm")
+    assert e.value.exit_code == errors.EXIT_INTERNAL
+    assert "rngaudit failed while recording LSTMClassifier.init (TypeError" in e.value.message
+    assert "the model is not at fault" in e.value.message
