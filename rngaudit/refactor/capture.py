@@ -60,7 +60,7 @@ def _whole_tracebacks() -> Iterator[None]:
     raises would look raised by the hook that called Flax (see _raised_by_rngaudit)."""
     import jax
 
-    before = jax.config.jax_traceback_filtering
+    before = getattr(jax.config, "jax_traceback_filtering")  # noqa: B009 - the typed Config does not declare it
     jax.config.update("jax_traceback_filtering", "off")
     try:
         yield
@@ -270,10 +270,15 @@ def _site(r: dict) -> Site:
 
 def verify_spec_text(spec_text: str, cap: Capture) -> None:
     """Refuse to hand out a spec whose replay differs from what Flax did."""
+    from ..spec.limits import current_limits, limits
     from ..spec.parse import parse_spec
 
+    # rngaudit's own text (plain YAML, no aliases): loaded whatever its size, so a large model is checked too
+    size = len(spec_text.encode())
+    now = current_limits()
     try:
-        spec = parse_spec(spec_text, "<captured spec>")
+        with limits(max(now.max_bytes, size + 1), max(now.max_nodes, size)):
+            spec = parse_spec(spec_text, "<captured spec>")
         sites = spec_sites(spec)
     except RngauditError as e:
         raise InternalError(

@@ -17,6 +17,59 @@ _CLASS_PREFIX = {
 _FLOW = ("cond", "switch", "while_loop")  # lifted inside a method: statements of the body
 
 
+def _class_levels(kinds: list[str], outer: str, inner: str) -> list[bool] | None:
+    """Which lifted transforms (outermost first) are class transforms, each adding its prefix to the class
+    name (nn.scan(nn.remat(Block)) is ScanCheckpointBlock), and which are method decorators (no prefix), such
+    that the prefixes and `inner` spell `outer`; a class transform is preferred where both would. None when
+    no assignment spells it."""
+    if not kinds:
+        return [] if outer == inner else None
+    prefix = _CLASS_PREFIX.get(kinds[0])
+    if prefix and outer.startswith(prefix) and len(outer) > len(prefix):
+        rest = _class_levels(kinds[1:], outer[len(prefix) :], inner)
+        if rest is not None:
+            return [True, *rest]
+    rest = _class_levels(kinds[1:], outer, inner)
+    return None if rest is None else [False, *rest]
+
+
+_REPEATABLE = ("module", "vmap", "scan", "jit", "fold_rngs", "remat", "checkpoint", "map_variables", "remat_scan")
+
+
+def _compress(stmts: list) -> list:
+    """Runs of identical statements as one with `repeat: N`: auto-named modules (and transformed ones) made
+    and called in a row, and calls of one child in a row, as the spec format reads `repeat`. So a captured
+    stack of 96 identical blocks is one block long."""
+    out: list = []
+    runs: list[int] = []
+    for st in stmts:
+        if out and runs[-1] and st == out[-1]:
+            runs[-1] += 1
+            continue
+        out.append(st)
+        runs.append(1 if _repeatable(st) else 0)
+    return [_with_repeat(st, n) if n > 1 else st for st, n in zip(out, runs)]
+
+
+def _repeatable(st) -> bool:
+    if not isinstance(st, dict) or len(st) != 1:
+        return False
+    ((kind, body),) = st.items()
+    if kind == "call":
+        return isinstance(body, str)
+    return kind in _REPEATABLE and isinstance(body, dict) and "name" not in body and "repeat" not in body
+
+
+def _with_repeat(st: dict, n: int) -> dict:
+    ((kind, body),) = st.items()
+    if kind == "call":
+        return {"call": {"name": body, "repeat": n}}
+    if kind == "module":
+        head = {k: body[k] for k in ("class",) if k in body}
+        return {"module": {**head, "repeat": n, **{k: v for k, v in body.items() if k not in head}}}
+    return {kind: {**body, "repeat": n}}
+
+
 def _kind(x) -> str:
     return type(x).__name__
 
@@ -150,22 +203,22 @@ class _Builder:
             if items:
                 body["setup"] = items
         body["body"] = self.body(inner, set(defined))
-        # class transforms rename the class (VmapMLP); a method decorator keeps it
-        cls_chain = [c for _, _, c in lifts] + [inner.cls]
+        # class transforms rename the class (VmapMLP, nested: ScanCheckpointBlock); a method decorator keeps it
+        classes = _class_levels([kind for kind, _, _ in lifts], lifts[0][2] if lifts else inner.cls, inner.cls)
+        if classes is None:
+            raise _Unsupported(f"cannot tell how {lifts[0][2]} wraps {inner.cls}")
         stmt = body
         decorators: list = []
         for i in range(len(lifts) - 1, -1, -1):
-            kind, opts, outer_cls = lifts[i]
-            if outer_cls == _CLASS_PREFIX[kind] + cls_chain[i + 1]:
+            kind, opts, _ = lifts[i]
+            if classes[i]:
                 stmt = {kind: dict({"module": stmt}, **opts)}
-            elif outer_cls == cls_chain[i + 1]:
+            else:
                 if not isinstance(stmt, dict) or "class" not in stmt:
                     raise _Unsupported(
                         f"a method decorator outside a class transform at {'/'.join(node.path) or '(root)'}"
                     )
                 decorators.insert(0, {kind: opts})
-            else:
-                raise _Unsupported(f"cannot tell how {outer_cls} wraps {cls_chain[i + 1]}")
         if decorators:
             stmt["transforms"] = decorators
         if "class" in stmt:
@@ -301,7 +354,7 @@ class _Builder:
                 raise _Unsupported(
                     f"a lifted transform inside a method of {'/'.join(path) or '(root)'} that also does other work"
                 )
-        return out
+        return _compress(out)
 
     def flow(self, node, path: tuple, defined: set, cursor: dict, seen: set) -> dict:
         """nn.cond / nn.switch / nn.while_loop as a statement: each branch (cond, body) traced in order, each
@@ -383,4 +436,12 @@ def build_spec(rec, root_cls: str, phase: str, seeds: dict, settings: dict, targ
         f"# Captured by rngaudit capture {target} ({phase}) from real Flax; `rngaudit derive` on this\n"
         "# spec reproduces every key Flax handed out (checked before it was written).\n"
     )
-    return header + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=100)
+    return header + yaml.dump(doc, Dumper=_PlainDumper, sort_keys=False, default_flow_style=None, width=100)
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """safe_dump without anchors and aliases: a statement used twice is written twice, so the spec reads as
+    plain YAML and its node count is bounded by its length."""
+
+    def ignore_aliases(self, data) -> bool:
+        return True

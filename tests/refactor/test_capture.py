@@ -667,3 +667,146 @@ def test_a_failure_inside_rngaudit_is_not_blamed_on_the_model(tmp_path, monkeypa
     assert e.value.exit_code == errors.EXIT_INTERNAL
     assert "rngaudit failed while recording LSTMClassifier.init (TypeError" in e.value.message
     assert "the model is not at fault" in e.value.message
+
+
+NESTED = textwrap.dedent("""
+    import flax.linen as nn
+    import jax.numpy as jnp
+
+    SPLIT = {"params": True, "dropout": True}
+
+    class EncoderBlock(nn.Module):
+        # a ViT/BERT-style pre-LN block, called as the body of nn.scan: (carry, _) -> (carry, None)
+        heads: int = 2
+        dropout: float = 0.1
+
+        @nn.compact
+        def __call__(self, x, _=None):
+            y = nn.LayerNorm()(x)
+            y = nn.MultiHeadDotProductAttention(num_heads=self.heads, dropout_rate=self.dropout,
+                                                deterministic=False)(y, y)
+            x = x + nn.Dropout(self.dropout, deterministic=False)(y)
+            y = nn.Dense(8)(nn.LayerNorm()(x))
+            x = x + nn.Dropout(self.dropout, deterministic=False)(nn.Dense(x.shape[-1])(nn.gelu(y)))
+            return x, None
+
+    class Mlp(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dropout(0.1, deterministic=False)(nn.Dense(4)(x))
+
+    class ScanRematEncoder(nn.Module):
+        # issue 16: nn.scan(nn.remat(Block)), the scan-over-layers stack of large Transformers
+        layers: int = 3
+
+        @nn.compact
+        def __call__(self, x):
+            Stack = nn.scan(nn.remat(EncoderBlock), length=self.layers, variable_axes={"params": 0},
+                            split_rngs=SPLIT)
+            return Stack(name="layers")(x, None)[0]
+
+    class ScanJit(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.scan(nn.jit(EncoderBlock), length=2, variable_axes={"params": 0}, split_rngs=SPLIT)()(x)[0]
+
+    class VmapRematEnsemble(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            E = nn.vmap(nn.remat(Mlp), in_axes=None, out_axes=0, axis_size=3, variable_axes={"params": 0},
+                        split_rngs=SPLIT)
+            return E()(x)
+
+    class RematScan(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.remat(nn.scan(EncoderBlock, length=2, variable_axes={"params": 0}, split_rngs=SPLIT))()(x)[0]
+
+    class ScanScan(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            inner = nn.scan(EncoderBlock, length=2, variable_axes={"params": 0}, split_rngs=SPLIT)
+            return nn.scan(inner, length=2, variable_axes={"params": 0}, split_rngs=SPLIT)()(x)[0]
+
+    def make(cls):
+        return lambda: (cls(), (jnp.ones((2, 3, 4)),))
+
+    scan_remat = make(ScanRematEncoder)
+    scan_jit = make(ScanJit)
+    vmap_remat = make(VmapRematEnsemble)
+    remat_scan = make(RematScan)
+    scan_scan = make(ScanScan)
+""")
+
+
+@pytest.mark.parametrize("phase", ["init", "apply"])
+@pytest.mark.parametrize("factory", ["scan_remat", "scan_jit", "vmap_remat", "remat_scan", "scan_scan"])
+def test_nested_class_transforms_replay_bit_exactly(tmp_path, factory, phase):
+    # issue 16: scan(remat(Block)), vmap(remat), scan(jit), remat(scan) and scan(scan) were refused with
+    # "cannot tell how ScanCheckpointBlock wraps Block"
+    f = write(tmp_path, "nested.py", NESTED)
+    spec, doc = capture(tmp_path, f"{f}:{factory}", "--phase", phase, "--rngs", "params=0,dropout=1")
+    assert_replays(spec, doc)
+    text = spec.read_text()
+    outer, inner = {
+        "scan_remat": ("scan", "remat"),
+        "scan_jit": ("scan", "jit"),
+        "vmap_remat": ("vmap", "remat"),
+        "remat_scan": ("remat", "scan"),
+        "scan_scan": ("scan", "scan"),
+    }[factory]
+    assert f"- {outer}:\n      module:\n        {inner}:\n" in text, text
+    r = invoke("verify", spec, "--against", f"{f}:{factory}", "--rngs", "params=0,dropout=1")
+    assert r.exit_code == 0 and ", 0 differ, 0 missing, 0 extra" in r.output, r.output
+
+
+STACK = textwrap.dedent("""
+    import flax.linen as nn
+    import jax.numpy as jnp
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = nn.LayerNorm()(nn.Dense(4)(x))
+            return x + self.param("b", nn.initializers.zeros, (4,))
+
+    class Head(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(2)(x)
+
+    class Stack(nn.Module):
+        n: int = 200
+
+        @nn.compact
+        def __call__(self, x):
+            for _ in range(self.n):
+                x = Block()(x)
+            return Head()(Head()(x))
+
+    def make():
+        return Stack(), (jnp.ones((1, 4)),)
+
+    def make_3000():
+        return Stack(3000), (jnp.ones((1, 4)),)
+""")
+
+
+def test_identical_blocks_in_a_row_are_one_statement_with_repeat(tmp_path):
+    # issue 16: a captured spec of a 96-layer model was 96 copies of one layer
+    f = write(tmp_path, "stack.py", STACK)
+    spec, doc = capture(tmp_path, f"{f}:make")
+    text = spec.read_text()
+    assert text.count("class: Block") == 1 and "repeat: 200" in text and "repeat: 2" in text, text
+    assert len(text) < 2000
+    assert len(doc["calls"]) == 200 * 5 + 2 * 2
+    assert_replays(spec, doc)
+
+
+@pytest.mark.slow
+def test_a_model_of_3000_blocks_captures_and_its_spec_derives_without_raised_limits(tmp_path):
+    # issue 16: 3,000 blocks (15k keys) exited 2: "generated spec does not replay (... more than 100000 YAML nodes)"
+    f = write(tmp_path, "stack.py", STACK)
+    spec, doc = capture(tmp_path, f"{f}:make_3000")
+    assert len(doc["calls"]) == 3000 * 5 + 4 and "repeat: 3000" in spec.read_text()
+    assert_replays(spec, doc)  # derive with the default limits
