@@ -2,6 +2,7 @@
 model or a capture) and `diff` (two versions, call site by call site)."""
 
 # (no `from __future__ import annotations`: see cli/derive.py)
+import sys
 from typing import NamedTuple
 
 import typer
@@ -74,10 +75,27 @@ def capture(
         if keys is not None:
             write_output(dumps(doc), keys)
         write_output(dumps(doc) if o.fmt is Format.json else report.spec, output)
+        for line in fallback_warnings(report.capture):
+            sys.stderr.write(line + "\n")
 
     from .boundary import run
 
     run(go)
+
+
+def fallback_warnings(cap) -> list[str]:
+    """One warning per stream a model asked for but was not given, whose keys came from 'params' instead (Flax's
+    fallback): a captured `--phase apply` without a dropout seed draws its masks from the params stream."""
+    fell: dict = {}
+    for s in cap.sites:
+        if s.requested != s.stream:
+            fell.setdefault((s.requested, s.stream), []).append(s.path_str)
+    return [
+        f"warning: make_rng({asked!r}) fell back to stream {used!r} at {len(paths)} call site(s) (first: "
+        f"{paths[0]}): no {asked!r} in --rngs; give it (e.g. --rngs params=0,{asked}=1) if the model should draw "
+        f"its own {asked!r} randomness"
+        for (asked, used), paths in fell.items()
+    ]
 
 
 class VerifyOptions(NamedTuple):

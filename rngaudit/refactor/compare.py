@@ -76,7 +76,40 @@ def verify(spec_sites: Capture, observed: Capture) -> Comparison:
             entries.append(Entry("differs", ident, o, t, ["the spec's key differs from the key Flax hands out"]))
         else:
             entries.append(Entry("same", ident, o, t))
-    return Comparison("verify", spec_sites.target, observed.target, entries, old=spec_sites, new=observed)
+    cmp = Comparison("verify", spec_sites.target, observed.target, entries, old=spec_sites, new=observed)
+    _explain_settings(cmp, spec_sites, observed)
+    return cmp
+
+
+_SETTINGS = {
+    "threefry_partitionable": "jax_threefry_partitionable (how split and fold_in lay out Threefry's counters)",
+    "prng_impl": "jax_default_prng_impl (the PRNG implementation)",
+    "fix_rng_separator": "Flax's flax_fix_rng_separator (the bytes hashed for a module path)",
+}
+
+
+def _explain_settings(cmp: Comparison, spec: Capture, live: Capture) -> None:
+    """A setting that differs between the spec and the live run changes keys without any change of the model:
+    say so once, and on every differing key, instead of listing keys as if the model had moved them."""
+    differ = [
+        k for k in _SETTINGS if k in spec.settings and k in live.settings and spec.settings[k] != live.settings[k]
+    ]
+    if not differ:
+        return
+    for k in differ:
+        cmp.notes.append(
+            f"the spec has {k}: {spec.settings[k]!r}, the run had {live.settings[k]!r}: {_SETTINGS[k]} "
+            "differs, so keys differ although the model may not; run with the spec's setting, or capture the "
+            "spec again under this one"
+        )
+    why = (
+        "a setting differs between the spec and the run ("
+        + ", ".join(f"{k}: {spec.settings[k]!r} -> {live.settings[k]!r}" for k in differ)
+        + ")"
+    )
+    for e in cmp.entries:
+        if e.status == "differs":
+            e.why.append(why)
 
 
 def _ordered(a: dict, b: dict) -> list:

@@ -810,3 +810,32 @@ def test_a_model_of_3000_blocks_captures_and_its_spec_derives_without_raised_lim
     spec, doc = capture(tmp_path, f"{f}:make_3000")
     assert len(doc["calls"]) == 3000 * 5 + 4 and "repeat: 3000" in spec.read_text()
     assert_replays(spec, doc)  # derive with the default limits
+
+
+def test_verify_names_a_setting_that_differs_from_the_run(tmp_path):
+    # issue 16: a live JAX with another threefry_partitionable listed every lane key as different, unexplained
+    f = write(tmp_path, "ensemble.py", ENSEMBLE)
+    spec, _ = capture(tmp_path, f"{f}:make", "--rngs", "params=0,dropout=1")
+    other = tmp_path / "other.yaml"
+    other.write_text(spec.read_text().replace("threefry_partitionable: true", "threefry_partitionable: false"))
+    r = invoke("verify", other, "--against", f"{f}:make", "--rngs", "params=0,dropout=1", "-f", "json")
+    assert r.exit_code == 1
+    doc = json.loads(r.output)
+    differ = [e for e in doc["sites"] if e["status"] == "differs"]
+    assert differ and all(
+        "a setting differs between the spec and the run (threefry_partitionable: False -> True)" in e["why"]
+        for e in differ
+    )
+    assert any("jax_threefry_partitionable" in n for n in doc["notes"])
+
+
+def test_a_stream_that_falls_back_to_params_is_a_warning(tmp_path):
+    # issue 16: `capture --phase apply` without a dropout seed recorded a fallback to params without a word
+    f = write(tmp_path, "ensemble.py", ENSEMBLE)
+    r = invoke("capture", f"{f}:make", "--phase", "apply", "-o", tmp_path / "a.yaml")
+    assert r.exit_code == 0
+    assert r.stderr.startswith("warning: make_rng('dropout') fell back to stream 'params' at ") and (
+        "give it (e.g. --rngs params=0,dropout=1)" in r.stderr
+    ), r.stderr
+    r = invoke("capture", f"{f}:make", "--phase", "apply", "--rngs", "params=0,dropout=1", "-o", tmp_path / "b.yaml")
+    assert r.exit_code == 0 and r.stderr == ""
