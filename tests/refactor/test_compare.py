@@ -419,3 +419,12 @@ def test_config_defaults_for_diff_and_verify(tmp_path, base):
     cfg.write_text("[tool.rngaudit.diff]\nexit-zeros = true\n")
     r = invoke("diff", old_keys, new_keys, "--config", cfg)
     assert r.exit_code == 2 and "unknown key 'exit-zeros'" in r.stderr and "did you mean 'exit-zero'" in r.stderr
+
+
+def test_root_keys_compare_as_keys_whichever_side_wrote_them():
+    # issue 18: a spec against a keys file always added "the root key of stream 'params' differs ('0' -> 0)"
+    from rngaudit.refactor.compare import _root_key
+
+    assert _root_key(0) == _root_key("0") == _root_key("key(0)") == _root_key(" key( 0 ) ") == "key(0)"
+    assert _root_key("split(key(0))[1]") == "split(key(0), 2)[1]" != _root_key(1)
+    assert _root_key(None) == "not given"
