@@ -5,12 +5,48 @@
 import sys
 
 import typer
+from typer.core import TyperGroup
 
 from .. import __version__
 from ..errors import EXIT_ERROR, EXIT_OK
 from . import collisions, derive, refactor, shard_check
 
+
+class _Group(TyperGroup):
+    """rngaudit's command group: a usage error click finds (an unknown option, a bad choice, a missing
+    argument) is one `error:` line naming the command's --help, exit 2, as every other usage error."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except Exception as e:
+            # by class name: typer may vendor click (typer._click) or use click itself
+            kinds = {c.__name__ for c in type(e).__mro__}
+            if "NoArgsIsHelpError" in kinds:  # `rngaudit` alone: the help, as click shows it
+                e.show()
+                sys.exit(e.exit_code)
+            if "UsageError" in kinds:
+                ctx = getattr(e, "ctx", None)
+                where = ctx.command_path if ctx is not None else (prog_name or "rngaudit")
+                message = e.format_message()
+                if len(message) > 1 and message[1].islower():
+                    message = message[0].lower() + message[1:]
+                sys.stderr.write(f"error: {message.rstrip('.')}; see '{where} --help'\n")
+                sys.exit(EXIT_ERROR)
+            if "ClickException" in kinds:
+                e.show()
+                sys.exit(e.exit_code)
+            if "Abort" in kinds:
+                sys.stderr.write("error: aborted\n")
+                sys.exit(EXIT_ERROR)
+            raise
+        sys.exit(rv if isinstance(rv, int) else EXIT_OK)
+
+
 app = typer.Typer(
+    cls=_Group,
     name="rngaudit",
     help="See and check the PRNG keys Flax hands every make_rng call.\n\n"
     "Exit codes: 0 clean, 1 findings, 2 usage or input error, 3 internal error (a bug in rngaudit: please "
