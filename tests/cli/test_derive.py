@@ -315,8 +315,10 @@ def test_python_dash_m(tmp_path):
         (["derive"], "error: missing argument 'SPEC'; see 'rngaudit derive --help'"),
         (
             ["derive", GUIDE, "--format", "yaml"],
-            "error: invalid value for '--format' / '-f': 'yaml' is not one of 'text', 'json', 'github', 'sarif', "
-            "'jsonl'; see 'rngaudit derive --help'",
+            (
+                "error: invalid value for '--format' / '-f': 'yaml' is not one of 'text', 'json', 'github', "
+                "'sarif', 'jsonl'; see 'rngaudit derive --help'"
+            ),
         ),
         (["nosuchcommand"], "error: no such command 'nosuchcommand'; see 'rngaudit --help'"),
         (
