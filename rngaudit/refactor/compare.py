@@ -81,10 +81,10 @@ def verify(spec_sites: Capture, observed: Capture) -> Comparison:
     return cmp
 
 
-_SETTINGS = {
-    "threefry_partitionable": "jax_threefry_partitionable (how split and fold_in lay out Threefry's counters)",
-    "prng_impl": "jax_default_prng_impl (the PRNG implementation)",
+_SETTINGS = {  # the settings besides the model that decide keys (diff and verify name them in this order)
     "fix_rng_separator": "Flax's flax_fix_rng_separator (the bytes hashed for a module path)",
+    "prng_impl": "jax_default_prng_impl (the PRNG implementation)",
+    "threefry_partitionable": "jax_threefry_partitionable (how split and fold_in lay out Threefry's counters)",
 }
 
 
@@ -133,8 +133,9 @@ def diff(old: Capture, new: Capture) -> Comparison:
         else:
             entries.append(Entry("kept", ident, o, n))
     cmp = Comparison("diff", old.target, new.target, entries, old=old, new=new)
-    _explain_changed(cmp, old, new)
-    _explain_moves(cmp, old, new)
+    lanes = _lane_keys(old.sites), _lane_keys(new.sites)
+    _explain_changed(cmp, old, new, lanes)
+    _explain_moves(cmp, old, new, lanes)
     return cmp
 
 
@@ -142,10 +143,9 @@ def _forks(cap: Capture) -> set:
     return {s.path for s in cap.sites if s.kind in ("jit_fork", "fold_rngs_fork")}
 
 
-def _explain_changed(cmp: Comparison, old: Capture, new: Capture) -> None:
+def _explain_changed(cmp: Comparison, old: Capture, new: Capture, lanes: tuple[dict, dict]) -> None:
     old_forks, new_forks = _forks(old), _forks(new)
-    lanes_old = _lane_keys(old.sites)
-    lanes_new = _lane_keys(new.sites)
+    lanes_old, lanes_new = lanes
     for e in cmp.entries:
         if e.status != "changed":
             continue
@@ -166,7 +166,7 @@ def _explain_changed(cmp: Comparison, old: Capture, new: Capture) -> None:
         root = [f"the root key of stream {s.stream!r} differs ({ro} -> {rn})"] if ro != rn else []
         root += [
             f"{k} differs ({old.settings.get(k)!r} -> {new.settings.get(k)!r})"
-            for k in ("fix_rng_separator", "prng_impl", "threefry_partitionable")
+            for k in _SETTINGS
             if old.settings.get(k) != new.settings.get(k)
         ]
         if s.lane:
@@ -264,7 +264,7 @@ def _rename_kind(old_name: str, new_name: str) -> str:
     return f"renamed path ({old_name} -> {new_name})"
 
 
-def _explain_moves(cmp: Comparison, old: Capture, new: Capture) -> None:
+def _explain_moves(cmp: Comparison, old: Capture, new: Capture, lanes: tuple[dict, dict]) -> None:
     """Pair modules that exist on one side only (same parent, same keys drawn) as renames; explain
     auto-name shifts and new jit forks on them."""
     mods_old, mods_new = _modules_of(old), _modules_of(new)
@@ -315,7 +315,7 @@ def _explain_moves(cmp: Comparison, old: Capture, new: Capture) -> None:
         if e.status in ("new", "gone") and not e.why:
             e.why.append(
                 _count_shift(e, old, new)
-                or _lane_count_change(e, old, new)
+                or _lane_count_change(e, lanes)
                 or ("a call site that did not exist before" if e.status == "new" else "this call site no longer exists")
             )
 
@@ -396,36 +396,33 @@ def _explain_insertions(cmp, old: Capture, new: Capture, mods_old, mods_new, ren
         places = _inserted_at(old, new, mn[:-1], cls, k + 1)
         if not places:
             continue  # the siblings changed otherwise too: no insertion to claim
-        if places == [k]:
-            for e in cmp.entries:
-                if e.status == "new" and e.site.path[: len(mn)] == mn and not e.why:
-                    e.why.append(f"a {cls} was added after the existing ones: {_p(mn)} is new")
-            continue
         names = [_p(mn[:-1] + (f"{cls}_{i}",)) for i in places]
-        if k in places:
+        fix = None
+        if places == [k]:
+            why = f"a {cls} was added after the existing ones: {_p(mn)} is new"
+        elif k in places:
             why = (
                 f"a {cls} was added: appended as {_p(mn)}, or inserted at {' or '.join(names[:-1])} (the {cls} "
                 "layers draw alike, so the keys cannot tell which)"
             )
-            for e in cmp.entries:
-                if e.status == "new" and e.site.path[: len(mn)] == mn and not e.why:
-                    e.why.append(why)
-            continue
-        where = names[0] if len(names) == 1 else " or ".join(names)
-        why = (
-            f"shifted auto-name index: a {cls} was inserted at {where}, so every later {cls} moved up one index "
-            f"and {_p(mn)} is new; the keys at the shifted paths now go to other layers"
-        )
-        fix = (
-            f"give the inserted {cls} (now {where}) an explicit name= (explicit names do not advance the "
-            f"auto-name counter): the later {cls} modules get their old names and keys back"
-        )
-        cmp.notes.append(why)
-        cmp.fixes.append(fix)
+        else:
+            where = " or ".join(names)
+            why = (
+                f"shifted auto-name index: a {cls} was inserted at {where}, so every later {cls} moved up one "
+                f"index and {_p(mn)} is new; the keys at the shifted paths now go to other layers"
+            )
+            fix = (
+                f"give the inserted {cls} (now {where}) an explicit name= (explicit names do not advance the "
+                f"auto-name counter): the later {cls} modules get their old names and keys back"
+            )
+            cmp.notes.append(why)
+            cmp.fixes.append(fix)
         for e in cmp.entries:
-            if e.status == "new" and e.site.path[: len(mn)] == mn:
+            # an addition explains only what nothing else did; an insertion (with its fix) explains every site
+            if e.status == "new" and e.site.path[: len(mn)] == mn and (fix is not None or not e.why):
                 e.why.append(why)
-                e.fix = fix
+                if fix is not None:
+                    e.fix = fix
 
 
 def _inserted_at(old: Capture, new: Capture, parent: tuple, cls: str, n_new: int) -> list[int]:
@@ -442,12 +439,11 @@ def _inserted_at(old: Capture, new: Capture, parent: tuple, cls: str, n_new: int
     return [i for i in range(n_new) if fn[:i] + fn[i + 1 :] == fo]
 
 
-def _lane_count_change(e: Entry, old: Capture, new: Capture) -> str | None:
+def _lane_count_change(e: Entry, lanes: tuple[dict, dict]) -> str | None:
     s = e.site
     if not s.lane:
         return None
-    n_old = len({t.lane for t in old.sites if (t.path, t.stream, t.count) == (s.path, s.stream, s.count)})
-    n_new = len({t.lane for t in new.sites if (t.path, t.stream, t.count) == (s.path, s.stream, s.count)})
+    n_old, n_new = (len(side.get((s.path, s.stream, s.count), ())) for side in lanes)
     if not n_old or not n_new or n_old == n_new:
         return None
     what = "more" if n_new > n_old else "fewer"

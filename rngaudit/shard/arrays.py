@@ -48,3 +48,20 @@ def compare(a: np.ndarray, b: np.ndarray, atol: float = 0.0) -> dict:
         "max_abs_diff": None if np.isnan(diff).all() else float(np.nanmax(diff)),
         "max_ulp": max_ulp(a, b),
     }
+
+
+def beyond_rounding(a: np.ndarray, b: np.ndarray, ulps: int) -> int:
+    """How many values of b differ from a by more than rounding: `ulps` units in the last place of the larger
+    of the two values or of the output's scale (its largest magnitude), so that rounding in a sum that
+    cancels to near zero is not mistaken for a different value. Non-floats compare bit for bit."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return max(a.size, b.size)
+    if not is_float(a.dtype) or not a.size:
+        return compare(a, b)["mismatched"]
+    x, y = a.astype(np.float64), b.astype(np.float64)
+    finite = np.isfinite(x) & np.isfinite(y)
+    scale = float(np.max(np.abs(x[finite]))) if finite.any() else 0.0
+    eps = float(np.finfo(a.dtype).eps) if a.dtype.kind == "f" else 2.0**-7  # bfloat16 and float8: coarse
+    allowed = ulps * eps * np.maximum(np.maximum(np.abs(x), np.abs(y)), scale)
+    same = np.where(finite, np.abs(x - y) <= allowed, (x == y) | (np.isnan(x) & np.isnan(y)))
+    return int((~same).sum())

@@ -12,7 +12,7 @@ from ..errors import Location, UsageError, UserCodeError
 from ..spec.keyexpr import parse as parse_key_expr
 from ..spec.keyexpr import raw_words
 from ..usercode import CodeRef, first_line, load
-from .arrays import compare
+from .arrays import beyond_rounding, compare
 from .devices import (
     distinct_blocks,
     partition_text,
@@ -255,25 +255,6 @@ ROUNDING_ULP = 16  # XLA fuses float operations differently under jit (e.g. into
 # value may move by a few units in the last place of the values it is computed from
 
 
-def _rounding_mismatches(a: np.ndarray, b: np.ndarray) -> int:
-    """How many values of b differ from a by more than XLA's rounding: ROUNDING_ULP units in the last place
-    of the larger of the two values or of the output's scale (its largest magnitude), so that rounding in
-    a sum that cancels to near zero is not mistaken for a different value."""
-    from .arrays import is_float
-
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return max(a.size, b.size)
-    if not is_float(a.dtype) or not a.size:
-        return compare(a, b)["mismatched"]
-    x, y = a.astype(np.float64), b.astype(np.float64)
-    finite = np.isfinite(x) & np.isfinite(y)
-    scale = float(np.max(np.abs(x[finite]))) if finite.any() else 0.0
-    eps = float(np.finfo(a.dtype).eps) if a.dtype.kind == "f" else 2.0**-7  # bfloat16 and float8: coarse
-    allowed = ROUNDING_ULP * eps * np.maximum(np.maximum(np.abs(x), np.abs(y)), scale)
-    same = np.where(finite, np.abs(x - y) <= allowed, (x == y) | (np.isnan(x) & np.isnan(y)))
-    return int((~same).sum())
-
-
 def _jit_check(eager: list, jitted: list, atol: float | None, n: int, axes_text: str) -> Check:
     """jit with the batch sharded against eager on one device. atol None: values may differ by XLA's rounding
     (never by different random values); a number: by that much (0: bit for bit)."""
@@ -282,9 +263,12 @@ def _jit_check(eager: list, jitted: list, atol: float | None, n: int, axes_text:
     max_ulp: int | None = 0
     for a, b in zip(eager, jitted):
         b = np.asarray(b)
-        d = compare(a, b, atol or 0.0)
-        bits += compare(a, b)["mismatched"] if atol else d["mismatched"]
-        differ += _rounding_mismatches(a, b) if atol is None else d["mismatched"]
+        d = compare(a, b)  # bit for bit; the largest difference and ulp distance do not depend on a tolerance
+        bits += d["mismatched"]
+        if atol is None:
+            differ += beyond_rounding(a, b, ROUNDING_ULP)
+        else:
+            differ += compare(a, b, atol)["mismatched"] if atol else d["mismatched"]
         elements += a.size
         max_diff = max(max_diff, d["max_abs_diff"] or 0.0)
         max_ulp = None if max_ulp is None or d["max_ulp"] is None else max(max_ulp, d["max_ulp"])
