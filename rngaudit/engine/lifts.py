@@ -185,7 +185,18 @@ def traces(r: Replayer, lift: Lift, inst: Instance, run: Run):
 
 
 def any_mutable(run: Run, scope: Scope) -> bool:
-    return not scope.immutable and (run.mutable is True or bool(run.mutable))
+    """Whether some collection is mutable at `scope`: the run's mutable collections that every
+    enclosing lift lets out (its out filters, Scope.cols) and none makes read-only."""
+    # mirrors flax/core/lift.py pack: scope_mutable = intersect(scope.mutable, union of out filters)
+    if scope.immutable or EVERY in scope.frozen or not run.mutable:
+        return False
+    cols = scope.cols
+    if run.mutable is True:
+        if cols is None or isinstance(cols, AllBut):
+            return True  # every collection but finitely many
+        return bool(cols - scope.frozen)
+    mutable = frozenset(run.mutable)
+    return bool((mutable if cols is None else cols & mutable) - scope.frozen)
 
 
 def trace_branch(r: Replayer, inst: Instance, scope: Scope, items, cursor: dict, run: Run) -> dict:

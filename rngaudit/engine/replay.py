@@ -116,7 +116,7 @@ class Replayer:
         for inner in traces(self, lifts[0], inst, run):
             self.lifted(Instance(inst.mod, inner, clone=True), lifts[1:], run)
 
-    def new_child(self, inst: Instance, mod: ModuleDef, cursor: dict, loc: Location) -> Instance:
+    def new_child(self, inst: Instance, mod: ModuleDef, cursor: dict, loc: Location, run: Run) -> Instance:
         # mirrors flax/linen/module.py Module.__post_init__ auto-naming
         if mod.name is None:
             n = cursor.get(mod.cls, 0)
@@ -125,7 +125,16 @@ class Replayer:
         else:
             name = mod.name
         inst.reserve(name, None, "submodule", loc)
-        return Instance(mod, inst.scope.push(name))
+        return Instance(mod, self.push(inst.scope, name, run))
+
+    @staticmethod
+    def push(scope: Scope, name: str, run: Run) -> Scope:
+        child = scope.push(name)
+        # mirrors flax/core/scope.py Scope.push: the child's counters live in the parent's
+        # rng_counters under its name, made at the first push with the streams visible then, and
+        # every later push of that name (a cond handing its name back, a lift's clone) reuses them
+        run.counted.setdefault(child.path, (frozenset(child.rngs), child.path_text))
+        return child
 
     def items(self, inst: Instance, items: tuple[Item, ...], local: dict, cursor: dict, run: Run) -> None:
         for item in items:
@@ -140,11 +149,11 @@ class Replayer:
             elif isinstance(item, (Child, Transform)):
                 mod = item.module if isinstance(item, Child) else item.target
                 for _ in range(item.repeat):
-                    child = self.new_child(inst, mod, cursor, item.loc)
+                    child = self.new_child(inst, mod, cursor, item.loc, run)
                     local[child.path[-1]] = child
                     self.call(child, run)
             elif isinstance(item, Define):
-                child = self.new_child(inst, item.module, cursor, item.loc)
+                child = self.new_child(inst, item.module, cursor, item.loc, run)
                 local[child.path[-1]] = child
             elif isinstance(item, Call):
                 target = local.get(item.name) or inst.setup_children.get(item.name)
@@ -171,7 +180,7 @@ class Replayer:
     def sequential(self, inst: Instance, item: Sequential, local: dict, cursor: dict, run: Run) -> None:
         if item.in_setup:
             # Built in setup(): the layers are adopted under the Sequential's `layers` field.
-            seq = self.new_child(inst, ModuleDef("Sequential", item.name, (), (), item.loc), cursor, item.loc)
+            seq = self.new_child(inst, ModuleDef("Sequential", item.name, (), (), item.loc), cursor, item.loc, run)
             seq.seq_layers = []
             for i, layer in enumerate(item.layers):
                 if layer.name is not None:
@@ -180,16 +189,16 @@ class Replayer:
                         "drop `name:` from this layer",
                         layer.loc,
                     )
-                seq.seq_layers.append(Instance(layer, seq.scope.push(f"layers_{i}")))
+                seq.seq_layers.append(Instance(layer, self.push(seq.scope, f"layers_{i}", run)))
             local[seq.path[-1]] = seq
             return
         # Built in @compact: the layers are created (and auto-named) in the enclosing module first.
         layers = []
         for layer in item.layers:
-            child = self.new_child(inst, layer, cursor, layer.loc)
+            child = self.new_child(inst, layer, cursor, layer.loc, run)
             local[child.path[-1]] = child
             layers.append(child)
-        seq = self.new_child(inst, ModuleDef("Sequential", item.name, (), (), item.loc), cursor, item.loc)
+        seq = self.new_child(inst, ModuleDef("Sequential", item.name, (), (), item.loc), cursor, item.loc, run)
         seq.seq_layers = layers
         local[seq.path[-1]] = seq
         self.call(seq, run)
@@ -253,6 +262,18 @@ class Replayer:
                     ),
                     loc,
                 )
+        counted = run.counted.get(scope.path)
+        if counted is not None and used not in counted[0]:
+            name = scope.path[-1]
+            raise FlaxError(
+                "KeyError",
+                f"{used!r}: {name} asks for a {used!r} key, but its scope was first created at "
+                f"{counted[1]} where {used!r} was hidden by a transform's rng filter; Flax keeps that "
+                f"scope's rng counters, which have no {used!r}, for every later module of that name. "
+                f"Give the later module another name, or let the transform pass {used!r} "
+                "(its rngs= or split_rngs)",
+                loc,
+            )
         ckey = (scope.path, used)
         count = run.counters.get(ckey, 0) + 1
         run.counters[ckey] = count + n - 1

@@ -142,5 +142,8 @@ class Run:
     discover: bool
     store: dict = field(default_factory=dict)  # (path, collection, name) -> is a variable (not a subtree)
     counters: dict = field(default_factory=dict)
+    # path -> (the streams its counters have, the debug path it was first created at): Flax keeps a
+    # child scope's counters in its parent, made once, at the first push of that name
+    counted: dict = field(default_factory=dict)
     carry_error: FlaxError | None = None  # raised when the scan body's trace ends
     lane_errors: dict = field(default_factory=dict)  # lane axis -> broadcast error, raised when its trace ends

@@ -1124,3 +1124,119 @@ def test_a_shared_variable_depends_on_a_split_key_only_through_a_draw(lift, draw
     assert a.error == error
     if error is None:
         assert a.keys + a.discarded > 0  # (keys were compared: kept in the model, or in a thrown-away trace)
+
+
+# ---------------------------------------------------------------- a reused scope's counters (issue 21)
+@pytest.mark.parametrize(
+    "flow",
+    [
+        "{cond: {true_fun: [{module: {class: Z, body: [make_rng]}}], false_fun: [], rngs: params}}",
+        "{switch: {branches: [[], [{module: {class: Z, body: [make_rng]}}], []], rngs: [params]}}",
+        "{cond: {true_fun: [{Dropout: {rate: 0.5, deterministic: false}}], false_fun: [], rngs: params}}",
+    ],
+)
+@pytest.mark.parametrize("later", ["noise", "params"])
+def test_a_scope_made_again_keeps_the_counters_of_its_first_push(flow, later):
+    """A child first created in a branch whose rngs filter hides a stream, then created again under
+    the same auto-name (the branch hands the name cursor back): Flax reuses the counters made at the
+    first push, which lack the hidden stream, so make_rng of it raises KeyError; a stream the branch
+    let through keeps counting where the branch left it."""
+    cls = "Dropout" if "Dropout" in flow else "Z"
+    a = agree(f"""
+        rngaudit: 1
+        rngs: {{params: 0, noise: 1, dropout: 2}}
+        model:
+          class: Root
+          body:
+            - {flow}
+            - module: {{class: {cls}, body: [{{make_rng: {later}}}]}}
+        """)
+    assert a.error == ("KeyError" if later == "noise" else None)
+    if later == "params":
+        assert a.keys == 2  # the branch's key and the later one, counts 1 and 2 of one counter
+
+
+def test_a_scope_made_again_explains_the_key_error():
+    spec = spec_of("""
+        rngaudit: 1
+        rngs: {params: 0, noise: 1}
+        model:
+          class: Root
+          body:
+            - cond: {true_fun: [{module: {class: Z, body: [make_rng]}}], false_fun: [], rngs: params}
+            - module: {class: Z, body: [{make_rng: noise}]}
+        """)
+    from rngaudit import FlaxError
+
+    with pytest.raises(FlaxError) as e:
+        derive(spec)
+    assert e.value.flax_error == "KeyError"
+    assert "first created at /cond()/Z_0" in e.value.message
+    assert "Give the later module another name" in e.value.message
+    # and the fix it names works, in Flax too
+    agree("""
+        rngaudit: 1
+        rngs: {params: 0, noise: 1}
+        model:
+          class: Root
+          body:
+            - cond: {true_fun: [{module: {class: Z, body: [make_rng]}}], false_fun: [], rngs: params}
+            - module: {class: Z, name: later, body: [{make_rng: noise}]}
+        """)
+
+
+MAPPED = "{class: Dec, body: [{param: p1}, {make_rng: noise}]}"
+
+
+@pytest.mark.parametrize("lift", ["vmap", "scan", "remat_scan"])
+@pytest.mark.parametrize("mutable", ["[state]", "[params]", "true", "false", "[params, state]"])
+def test_map_variables_under_a_lift_sees_the_mutable_collections_the_lift_lets_out(lift, mutable):
+    """nn.map_variables(init=True) runs its body first only where some collection is mutable: the
+    apply's mutable collections that every enclosing lift lets out (a vmap of params alone lets no
+    `state` out, so with mutable=[state] the body runs once)."""
+    size = {"vmap": "axis_size: 2", "scan": "length: 2", "remat_scan": "lengths: [2]"}[lift]
+    a = agree(f"""
+        rngaudit: 1
+        rngs: {{params: 0, noise: 1}}
+        phase: apply
+        mutable: {mutable}
+        model:
+          class: Root
+          body:
+            - {lift}:
+                module:
+                  class: Enc
+                  body:
+                    - map_variables: {{module: {MAPPED}, init: true, mutable: true}}
+                {size}
+                variable_axes: {{params: 0}}
+                split_rngs: {{params: true, noise: true}}
+        """)
+    assert a.error is None and a.keys == a.lanes == 2
+    # the keys Flax throws away: the scan's constancy-check trace, plus the map's first run (one
+    # key per lane, and per trace under a scan) only where params are mutable
+    checked = 0 if lift == "vmap" else 1
+    first_run = 0 if mutable in ("[state]", "false") else 2 if lift == "vmap" else 3
+    assert a.discarded == checked + first_run
+
+
+@pytest.mark.parametrize("axes", ["{}", "{params: 0}", "{state: 0}"])
+def test_map_variables_in_init_under_a_vmap_that_lifts_no_collection(axes):
+    """In init every collection is mutable, but only those the vmap lets out are mutable inside it:
+    with variable_axes {} or {state: 0} map_variables(init=True) creating params fails or runs once,
+    as Flax does."""
+    agree(f"""
+        rngaudit: 1
+        rngs: {{params: 0, noise: 1}}
+        model:
+          class: Root
+          body:
+            - vmap:
+                module:
+                  class: Enc
+                  body:
+                    - map_variables: {{module: {{class: Dec, body: [{{make_rng: noise}}, {{variable: {{collection: state, name: s}}}}]}}, init: true, mutable: true}}
+                axis_size: 2
+                variable_axes: {axes}
+                split_rngs: {{noise: true}}
+        """)

@@ -392,7 +392,7 @@ def lift_options(draw, kind: str, streams, ctx: _Ctx) -> dict:
         if maybe(draw, 0.4):
             o["rngs"] = _filter_value(draw, streams, ctx)
     elif kind == "map_variables":
-        o["init"] = draw(st.booleans())
+        o["init"] = maybe(draw, 0.7 if ctx.apply else 0.5)
         if maybe(draw, 0.4):
             o["mutable"] = True
         if maybe(draw, 0.3):
@@ -405,6 +405,15 @@ def lift_options(draw, kind: str, streams, ctx: _Ctx) -> dict:
 def _next_req(kind: str, req: str) -> str:
     """What the wrapped call must return: 'any', 'carry' (remat_scan's body) or 'scanbody' (scan's)."""
     return {"scan": "scanbody", "remat_scan": "carry"}.get(kind, req)
+
+
+def _draw_kind(draw, req: str, nested: bool) -> str:
+    """The next transform of a chain; nested in another lift, often nn.map_variables (whose first
+    run depends on which collections the lifts around it let out)."""
+    kinds = _kinds_for(req)
+    if nested and maybe(draw, 0.25):
+        return "map_variables"
+    return draw(st.sampled_from(kinds))
 
 
 def _kinds_for(req: str) -> tuple[str, ...]:
@@ -422,7 +431,7 @@ def transform_item(draw, depth: int, made: _Names, streams, ctx: _Ctx, top: bool
     chain = []
     req, vmapped = "any", False
     for _ in range(draw(st.integers(1, max(1, 3 - ctx.tdepth)))):
-        kind = draw(st.sampled_from(_kinds_for(req)))
+        kind = _draw_kind(draw, req, bool(chain) or ctx.tdepth > 0)
         chain.append((kind, draw(lift_options(kind, streams, ctx))))
         vmapped = vmapped or (kind == "vmap" and req != "any")
         req = _next_req(kind, req)
@@ -459,7 +468,7 @@ def transform_item(draw, depth: int, made: _Names, streams, ctx: _Ctx, top: bool
 def decorators(draw, streams, ctx: _Ctx) -> tuple[list, _Ctx, str]:
     out, req = [], "any"
     for _ in range(draw(st.integers(1, max(1, 3 - ctx.tdepth)))):
-        kind = draw(st.sampled_from(_kinds_for(req)))
+        kind = _draw_kind(draw, req, bool(out) or ctx.tdepth > 0)
         opts = draw(lift_options(kind, streams, ctx))
         if kind == "remat_scan" and len(opts["lengths"]) == 1:
             opts["lengths"].append(1)  # (one level parses to the same Lift as a scan)
@@ -556,6 +565,15 @@ def titems(draw, depth: int, in_setup: bool, made: _Names, min_size: int, max_si
             item = draw(sequential_item(depth, made, in_setup))
         elif kind == "flow":
             item = draw(flow_item(depth - 1, streams, ctx))
+            if maybe(draw, 0.4):
+                # a module of a class the branches make, created again after the flow: it takes the
+                # auto-name the flow's last branch hands back, maybe one a branch used (a reused scope)
+                out.append(item)
+                cls = draw(st.sampled_from(FLOW_CLASSES + ("Dropout",)))
+                if cls == "Dropout":
+                    item = {"Dropout": {"rate": 0.5, "deterministic": False}}
+                else:
+                    item = {"module": {"class": cls, "body": draw(flow_items(depth - 1, streams, ctx))}}
         elif kind == "transform":
             item = draw(transform_item(depth, made, streams, ctx))
         else:
