@@ -63,9 +63,7 @@ def traces(r: Replayer, lift: Lift, inst: Instance, run: Run):
         if kind == "vmap":
             bset = vmap_broadcast(lift.opt("variable_axes", ()))
         lanes = scope.lanes + ((axis, kind, bset),)
-        carry = scope.carry | (filter_set(lift.opt("variable_carry", False)) or frozenset({EVERY}))
-        if lift.opt("variable_carry", False) is False:
-            carry = scope.carry
+        carry = scope.carry | carried(lift.opt("variable_carry", False), broadcast)
         if kind == "scan" and lift.opt("check_constancy_invariants", True):
             # mirrors flax/core/axes_scan.py scan_fn: trace 1 (pe.trace_to_jaxpr) only checks that
             # broadcast values are loop invariant; its keys are thrown away, except initialisers
@@ -182,6 +180,21 @@ def traces(r: Replayer, lift: Lift, inst: Instance, run: Run):
         yield inner
     else:
         raise AssertionError(kind)
+
+
+def carried(carry, broadcast) -> frozenset:
+    """The collections a scan carries: those its variable_carry filter takes and variable_broadcast does not
+    (broadcast comes first: flax/core/lift.py scan packs (variable_broadcast, variable_carry, ...) and
+    group_collections gives each collection to the first filter that takes it). Names, EVERY, or an
+    AllBut (every collection but the broadcast ones)."""
+    if carry is False:
+        return frozenset()
+    cset, bset = filter_set(carry), filter_set(broadcast)
+    if bset is None:
+        return frozenset()
+    if cset is None:
+        return frozenset({AllBut(bset)}) if bset else frozenset({EVERY})
+    return cset - bset
 
 
 def any_mutable(run: Run, scope: Scope) -> bool:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import FlaxError, Location
 from ..spec.tree import Param, Variable
-from .filters import EVERY
+from .filters import EVERY, AllBut
 from .records import Template
 from .refs import Discovered, ForkOf, RootKey
 from .scope import Instance, Run, Scope
@@ -141,7 +141,8 @@ def variable(r: Replayer, inst: Instance, item: Variable, run: Run) -> None:
 
 
 def check_create(scope: Scope, col: str, name: str, loc: Location, run: Run) -> None:
-    if (col in scope.carry or EVERY in scope.carry) and run.carry_error is None:
+    carried = col in scope.carry or EVERY in scope.carry or any(isinstance(c, AllBut) and col in c for c in scope.carry)
+    if carried and run.carry_error is None:
         # mirrors jax.lax.scan: the carry must keep its structure from step to step; jax checks
         # that once the body is traced, so errors of the rest of the body come first
         run.carry_error = FlaxError(

@@ -1240,3 +1240,29 @@ def test_map_variables_in_init_under_a_vmap_that_lifts_no_collection(axes):
                 variable_axes: {axes}
                 split_rngs: {{noise: true}}
         """)
+
+
+@pytest.mark.parametrize(
+    "broadcast, error",
+    [("all", None), ("[cache]", None), ("params", "TypeError"), ("false", "TypeError")],
+)
+def test_scan_broadcast_takes_a_collection_before_carry(broadcast, error):
+    """nn.scan groups collections broadcast first, then carry: a collection both filters take is broadcast,
+    so the body may create it (no carry structure error); one only the carry takes may not."""
+    a = agree(f"""
+        rngaudit: 1
+        rngs: {{params: 0}}
+        model:
+          class: M
+          body:
+            - scan:
+                module:
+                  class: B
+                  body: [{{variable: {{collection: cache, name: w, make_rng: [params]}}}}, make_rng]
+                length: 2
+                split_rngs: {{params: true}}
+                variable_axes: {{params: 0}}
+                variable_broadcast: {broadcast}
+                variable_carry: {"all" if broadcast != "[cache]" else "cache"}
+        """)
+    assert a.error == error

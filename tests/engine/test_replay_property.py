@@ -568,12 +568,16 @@ def titems(draw, depth: int, in_setup: bool, made: _Names, min_size: int, max_si
             if maybe(draw, 0.4):
                 # a module of a class the branches make, created again after the flow: it takes the
                 # auto-name the flow's last branch hands back, maybe one a branch used (a reused scope)
+                ((fkind, fbody),) = item.items()
+                if fkind != "while_loop" and "rngs" not in fbody and maybe(draw, 0.5):
+                    fbody["rngs"] = _filter_value(draw, streams, ctx)  # (a filter that may hide a stream)
                 out.append(item)
                 cls = draw(st.sampled_from(FLOW_CLASSES + ("Dropout",)))
                 if cls == "Dropout":
                     item = {"Dropout": {"rate": 0.5, "deterministic": False}}
                 else:
-                    item = {"module": {"class": cls, "body": draw(flow_items(depth - 1, streams, ctx))}}
+                    body = [{"make_rng": draw(st.sampled_from(streams))}] + draw(flow_items(depth - 1, streams, ctx))
+                    item = {"module": {"class": cls, "body": body}}
         elif kind == "transform":
             item = draw(transform_item(depth, made, streams, ctx))
         else:
