@@ -21,19 +21,21 @@ from .errors import Location, UsageError
 if TYPE_CHECKING:
     from .collision.results import Audit, CollisionsReport
     from .engine.derive import DeriveReport
+    from .engine.nnx import NnxDeriveReport
     from .refactor.capture import CaptureReport
     from .refactor.compare import Comparison
     from .refactor.keys_file import Capture
     from .shard.report import ShardReport
+    from .spec.nnx import NnxSpec
     from .spec.tree import Draw, Spec
 
 
-def load(spec: str | os.PathLike[str] | Spec, phase: str | None = None) -> Spec:
-    """A spec from a path (or as it is), with its phase replaced by `phase` if given."""
-    from .spec.parse import load_spec
+def load(spec: str | os.PathLike[str] | Spec, phase: str | None = None, command: str = "this command") -> Spec:
+    """A Linen spec from a path (or as it is), with its phase replaced by `phase` if given."""
+    from .spec.parse import linen_only, load_spec
     from .spec.tree import PHASES, Spec
 
-    s = spec if isinstance(spec, Spec) else load_spec(os.fspath(spec))
+    s = spec if isinstance(spec, Spec) else linen_only(load_spec(os.fspath(spec)), command)
     if phase is not None:
         if phase not in PHASES:
             raise UsageError(f"phase {phase!r}: use init or apply")
@@ -81,7 +83,7 @@ def _check_draw_budget(spec: Spec, default_draw: Draw, text: str) -> None:
 
 # ---------------------------------------------------------------- derive
 def derive(
-    spec: str | os.PathLike[str] | Spec,
+    spec: str | os.PathLike[str] | Spec | NnxSpec,
     *,
     phase: str | None = None,
     values: bool = True,
@@ -90,13 +92,20 @@ def derive(
     paths: Sequence[str] = (),
     limit: int | None = None,
     engine: str = "fast",
-) -> DeriveReport:
+) -> DeriveReport | NnxDeriveReport:
     """Every key the spec's model receives (`report.calls`), and the values of its draws. `draw` (e.g.
     "normal:2,2") is drawn from every key without a `draw:`; `streams`, `paths` (globs) and `limit` select
-    call sites before any key is computed; `engine` "plain" is the reference path (no filters)."""
+    call sites before any key is computed; `engine` "plain" is the reference path (no filters). An NNX spec
+    (`flavour: nnx`) gives an NnxDeriveReport: every key its streams hand out, construction and steps."""
     from .engine.derive import derive as run_derive
+    from .spec.nnx import NnxSpec
+    from .spec.parse import load_spec
+    from .spec.tree import Spec
 
-    s = load(spec, phase)
+    loaded = spec if isinstance(spec, (Spec, NnxSpec)) else load_spec(os.fspath(spec))
+    if isinstance(loaded, NnxSpec):
+        return _derive_nnx(loaded, phase, values, draw, streams, paths, limit)
+    s = load(loaded, phase)
     default_draw, text = _draw(draw)
     if default_draw is not None and values:
         _check_draw_budget(s, default_draw, text)
@@ -112,6 +121,20 @@ def derive(
         streams=tuple(streams),
         paths=tuple(paths),
         limit=limit,
+    )
+
+
+def _derive_nnx(spec, phase, values, draw, streams, paths, limit) -> NnxDeriveReport:
+    from .engine.nnx import derive_nnx
+
+    if phase is not None:
+        raise UsageError(
+            "--phase applies to Linen specs; an NNX spec (flavour: nnx) replays construction and its `steps` calls",
+            Location("--phase", 1, 1),
+        )
+    default_draw, _ = _draw(draw)
+    return derive_nnx(
+        spec, values=values, default_draw=default_draw, streams=tuple(streams), paths=tuple(paths), limit=limit
     )
 
 
@@ -140,7 +163,7 @@ def audit_input(
         doc = load_json(path)
         if not is_spec(doc.value):
             return audit(ModuleSites(doc, bool(fix_rng_separator)), bound)
-    s = load(source, phase)
+    s = load(source, phase, "collisions")
     if fix_rng_separator is not None:
         s = dataclasses.replace(s, fix_rng_separator=fix_rng_separator)
     return audit(spec_sites(s, keys=keys), bound)
@@ -216,7 +239,7 @@ def shard_check(
     for p in specs:
         if isinstance(p, Spec) and not os.path.isfile(p.file):
             raise UsageError(f"shard_check needs spec files (the device process loads them); {p.file!r} is not one")
-        s = load(p, phase)
+        s = load(p, phase, "shard-check")
         if default_draw is not None:
             _check_draw_budget(s, default_draw, text)
         file = s.file if isinstance(p, Spec) else os.fspath(p)
@@ -292,7 +315,7 @@ def verify(
     else:
         seeds = rngs
         if seeds is None:
-            s = load(spec)
+            s = load(spec, command="verify")
             try:
                 seeds = {k: int(src.text) for k, src in s.rngs.items()}
             except ValueError:
@@ -316,11 +339,12 @@ def findings(report, *, strict: bool = True) -> list:
     `github` and `sarif` formats show them. `derive` has findings only under --strict (`strict=False`: none)."""
     from .collision.results import CollisionsReport
     from .engine.derive import DeriveReport
+    from .engine.nnx import NnxDeriveReport
     from .output import findings as f
     from .refactor.compare import Comparison
     from .shard.report import ShardReport
 
-    if isinstance(report, DeriveReport):
+    if isinstance(report, (DeriveReport, NnxDeriveReport)):
         return f.derive_findings(report, strict=strict)
     if isinstance(report, CollisionsReport):
         return f.collision_findings(report)

@@ -94,9 +94,9 @@ def derive(
         else:
 
             def render(console) -> None:
-                from ..output.text_derive import render_derive
+                from ..output.text_nnx import render_any_derive
 
-                render_derive(report, console)
+                render_any_derive(report, console)
 
             emit(
                 o.fmt,

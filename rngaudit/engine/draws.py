@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import numpy as np
 
+    from ..spec.nnx import NnxSpec
     from ..spec.tree import Draw, Spec
     from .keys import KeyData
 
@@ -37,7 +38,7 @@ def draw(key, d: Draw):
     return getattr(jax.nn.initializers, kind)(in_axis=p["in_axis"], out_axis=p["out_axis"])(key, shape, dtype)
 
 
-def draw_values(spec: Spec, key: KeyData, d: Draw) -> np.ndarray:
+def draw_values(spec: Spec | NnxSpec, key: KeyData, d: Draw) -> np.ndarray:
     """The values drawn for `d` from the key whose data is `key`, eagerly, under the spec's settings."""
     import jax
     import jax.numpy as jnp

@@ -163,7 +163,7 @@ def traces(r: Replayer, lift: Lift, inst: Instance, run: Run):
             mapped = filter_set(lift.opt("mapped_collections", True))
             cols = inner.cols
             if isinstance(run.mutable, tuple):
-                mutable = frozenset(run.mutable)
+                mutable = frozenset(run.mutable) if isinstance(run.mutable, tuple) else frozenset()
                 seen = mutable if mapped is None else AllBut(mapped - mutable)
                 cols = seen if cols is None else cols & seen
             # Only the mapped collections of that run are kept (`target, _ = repack(scopes)`):
@@ -208,7 +208,7 @@ def any_mutable(run: Run, scope: Scope) -> bool:
         if cols is None or isinstance(cols, AllBut):
             return True  # every collection but finitely many
         return bool(cols - scope.frozen)
-    mutable = frozenset(run.mutable)
+    mutable = frozenset(run.mutable) if isinstance(run.mutable, tuple) else frozenset()
     return bool((mutable if cols is None else cols & mutable) - scope.frozen)
 
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 
 import numpy as np
 
 from .. import __version__
 from ..engine.derive import DeriveReport, KeyedCall, TableCalls
 from ..engine.hashing import hash_input
+from ..engine.nnx import NnxDeriveReport, NnxKeyedCall
 from ..engine.table import KeyTable
 
 JSON_FORMAT = "rngaudit.derive"
@@ -71,26 +73,79 @@ def _meta(report: DeriveReport) -> dict:
     }
 
 
-def _summary(report: DeriveReport) -> dict:
+def _summary(report: DeriveReport | NnxDeriveReport) -> dict:
     out = {"calls": len(report.calls), "fallbacks": report.fallbacks, "discarded": report.discarded}
     if report.total is not None:
         out["selected_from"] = report.total
     return out
 
 
-def to_json(report: DeriveReport) -> dict:
+def to_json(report: DeriveReport | NnxDeriveReport) -> dict:
+    if isinstance(report, NnxDeriveReport):
+        return {**_nnx_meta(report), "calls": [nnx_call_json(c) for c in report.calls], "summary": _summary(report)}
     return {**_meta(report), "calls": [call_json(c) for c in report.calls], "summary": _summary(report)}
 
 
-def jsonl_lines(report: DeriveReport, advance=None):
+# ---------------------------------------------------------------- NNX
+def _nnx_meta(report: NnxDeriveReport) -> dict:
+    spec = report.spec
+    return {
+        "format": JSON_FORMAT,
+        "format_version": JSON_FORMAT_VERSION,
+        "rngaudit_version": __version__,
+        "spec": spec.file,
+        "flavour": "nnx",
+        "rules": report.rules,
+        "steps": spec.steps,
+        "jax": {"prng_impl": spec.prng_impl, "threefry_partitionable": spec.threefry_partitionable},
+        "rngs": {s: {"expr": spec.rngs[s].text, "key": list(report.roots[s])} for s in sorted(spec.rngs)},
+    }
+
+
+def nnx_call_json(c: NnxKeyedCall) -> dict:
+    d = c.derivation
+    out = {
+        "index": c.index,
+        "step": d.step,
+        "site": d.site,
+        "kind": d.kind,
+        "label": d.label,
+        "stream_requested": d.requested,
+        "stream": d.tag,
+        "stream_path": d.stream,
+        "fallback": d.fallback,
+        "count": d.count,
+        "chain": list(d.chain),
+        "key": list(c.key),
+        "location": d.loc.as_json(),
+    }
+    if c.values is not None:
+        assert c.draw is not None
+        out["values"] = {
+            "draw": c.draw.describe(),
+            "kind": c.draw.kind,
+            "shape": list(c.draw.shape),
+            "dtype": c.draw.dtype,
+            "data": _values_json(c.values),
+        }
+    return out
+
+
+def jsonl_lines(report: DeriveReport | NnxDeriveReport, advance=None):
     """`--format jsonl`: one JSON object a line, made as it is written (flat memory): a `header`
     record (the JSON format's fields but calls and summary), one `call` record per call site (the
     JSON format's call objects), and a closing `summary` record."""
     dumps = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":")).encode
-    yield dumps({"record": "header", **_meta(report)}) + "\n"
+    if isinstance(report, NnxDeriveReport):
+        yield dumps({"record": "header", **_nnx_meta(report)}) + "\n"
+    else:
+        yield dumps({"record": "header", **_meta(report)}) + "\n"
     chunk: list[str] = []
-    calls = report.calls
-    if isinstance(calls, TableCalls):
+    records: Iterable[str]
+    if isinstance(report, NnxDeriveReport):
+        records = (dumps({"record": "call", **nnx_call_json(c)}) for c in report.calls)
+    elif isinstance(report.calls, TableCalls):
+        calls = report.calls
         # the fast path: lines straight from the columns; rows with drawn values the generic way
         lines = table_call_lines(calls.table, calls.rows, calls.keys, dumps, calls.values)
         records = (
@@ -98,7 +153,7 @@ def jsonl_lines(report: DeriveReport, advance=None):
             for j, line in enumerate(lines)
         )
     else:
-        records = (dumps({"record": "call", **call_json(c)}) for c in calls)
+        records = (dumps({"record": "call", **call_json(c)}) for c in report.calls)
     for line in records:
         chunk.append(line)
         if len(chunk) == 4096:

@@ -55,6 +55,8 @@ def derive_findings(report, strict: bool) -> list[Finding]:
     """`derive` has findings only with --strict: each statement whose keys fall back to 'params', once."""
     if not strict:
         return []
+    if getattr(report.spec, "flavour", "linen") == "nnx":
+        return _nnx_fallbacks(report)
     rows: dict = {}
     for c in report.calls:
         d = c.derivation
@@ -69,6 +71,28 @@ def derive_findings(report, strict: bool) -> list[Finding]:
                 ERROR,
                 f"{path}: make_rng({stream!r}) falls back to 'params' ({keys}): the stream is not in "
                 f"rngs; pass it to init/apply or ask for 'params' on purpose",
+                loc,
+            )
+        )
+    return out
+
+
+def _nnx_fallbacks(report) -> list[Finding]:
+    """NNX: each statement whose keys a `default` stream serves for another stream's name, once."""
+    rows: dict = {}
+    for c in report.calls:
+        d = c.derivation
+        if d.fallback:
+            rows.setdefault((d.loc, d.requested, d.site), []).append(c.index)
+    out = []
+    for (loc, stream, site), idx in rows.items():
+        keys = f"{len(idx)} keys, rows #{idx[0]}-#{idx[-1]}" if len(idx) > 1 else f"row #{idx[0]}"
+        out.append(
+            Finding(
+                "derive/stream-fallback",
+                ERROR,
+                f"{site}: stream {stream!r} is served by 'default' ({keys}), sharing its counter: the Rngs has "
+                f"no {stream!r}; add `{stream}:` to rngs, or draw from 'default' on purpose",
                 loc,
             )
         )

@@ -271,14 +271,14 @@ def _site(r: dict) -> Site:
 def verify_spec_text(spec_text: str, cap: Capture) -> None:
     """Refuse to hand out a spec whose replay differs from what Flax did."""
     from ..spec.limits import current_limits, limits
-    from ..spec.parse import parse_spec
+    from ..spec.parse import linen_only, parse_spec
 
     # rngaudit's own text (plain YAML, no aliases): loaded whatever its size, so a large model is checked too
     size = len(spec_text.encode())
     now = current_limits()
     try:
         with limits(max(now.max_bytes, size + 1), max(now.max_nodes, size)):
-            spec = parse_spec(spec_text, "<captured spec>")
+            spec = linen_only(parse_spec(spec_text, "<captured spec>"), "capture")
         sites = spec_sites(spec)
     except RngauditError as e:
         raise InternalError(

@@ -193,7 +193,7 @@ def capture_from_json(doc: dict, file: str, source=None) -> Capture:
 def load_sites(path: str) -> Capture:
     """A spec (derived) or a capture keys file, as sites."""
     from ..spec.json_source import load_json
-    from ..spec.parse import load_spec
+    from ..spec.parse import linen_only, load_spec
 
     if path.lower().endswith(".json"):
         doc = load_json(path)
@@ -201,7 +201,7 @@ def load_sites(path: str) -> Capture:
             cap = capture_from_json(doc.value, path, doc)
             cap.target = path  # reports name (and annotate) the file given
             return cap
-    return spec_capture(path, load_spec(path))
+    return spec_capture(path, linen_only(load_spec(path), "verify and diff"))
 
 
 def spec_capture(name: str, spec) -> Capture:

@@ -128,9 +128,9 @@ def check_spec(t: SpecTarget, mesh) -> TargetResult:
     from ..engine.derive import derive
     from ..engine.keys import engine_for
     from ..engine.refs import ForkKey, RootKey
-    from ..spec.parse import load_spec
+    from ..spec.parse import linen_only, load_spec
 
-    spec = load_spec(t.file)
+    spec = linen_only(load_spec(t.file), "shard-check --spec")
     if t.phase is not None and t.phase != spec.phase:
         spec = dataclasses.replace(spec, phase=t.phase, mutable=t.phase == "init")
     devices = list(mesh.devices.flat)

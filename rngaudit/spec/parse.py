@@ -7,11 +7,13 @@ from ..errors import SpecError
 from . import keyexpr
 from .budget import check_budget
 from .fields import Fields, as_str, suggest, type_name
+from .nnx import NnxSpec, nnx_spec
 from .statements import BodyParser
 from .tree import PHASES, RngSource, Spec
 from .yaml_source import YNode, load_file, load_text
 
 FORMAT_VERSION = 1
+FLAVOURS = ("linen", "nnx")
 PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 KEY_WIDTH = {"threefry2x32": 2, "rbg": 4, "unsafe_rbg": 4}
 MAX_UNSAFE_RBG_SPLIT = 65_536
@@ -61,9 +63,14 @@ def _rng_source(n: YNode, impl_width: int, impl: str = "threefry2x32") -> RngSou
     return RngSource(expr, text, n.loc)
 
 
-def spec_from_node(root: YNode) -> Spec:
+def spec_from_node(root: YNode) -> Spec | NnxSpec:
     file = root.loc.file
-    top = Fields(root, "the spec", ("rngaudit", "flax", "jax", "phase", "mutable", "rngs", "model"), ())
+    top = Fields(
+        root,
+        "the spec",
+        ("rngaudit", "flavour", "flax", "jax", "phase", "mutable", "rngs", "model", "steps", "run"),
+        (),
+    )
     vn = top.get("rngaudit")
     if vn is None:
         raise SpecError("the spec needs `rngaudit: 1` (the spec format version) at the top", root.loc)
@@ -73,10 +80,24 @@ def spec_from_node(root: YNode) -> Spec:
             f"{FORMAT_VERSION}: write `rngaudit: {FORMAT_VERSION}`",
             vn.loc,
         )
+    flavour = top.text("flavour", "linen")
+    if flavour not in FLAVOURS:
+        raise SpecError(
+            f"unknown flavour {flavour!r}{suggest(flavour, FLAVOURS)}; use linen (the default) or nnx",
+            top.need("flavour").loc,
+        )
     if not top.has("model"):
-        raise SpecError("the spec needs `model:` (the root module: class, body)", root.loc)
+        what = "class, init, call" if flavour == "nnx" else "class, body"
+        raise SpecError(f"the spec needs `model:` (the root module: {what})", root.loc)
+    if flavour == "linen":
+        _no_nnx(top)
 
     fix = False
+    if top.has("flax") and flavour == "nnx":
+        raise SpecError(
+            "`flax:` settings (fix_rng_separator) are Linen's; an NNX spec (`flavour: nnx`) has none",
+            top.need("flax").loc,
+        )
     if top.has("flax"):
         ff = Fields(top.need("flax"), "flax", ("fix_rng_separator",))
         fix = ff.flag("fix_rng_separator", False)
@@ -120,7 +141,10 @@ def spec_from_node(root: YNode) -> Spec:
             for stream, kn in rn.value.items():
                 rngs[stream] = _rng_source(kn, width, impl)
         else:
-            rngs["params"] = _rng_source(rn, width, impl)  # a bare key means {'params': key}, as in Flax
+            # a bare key means {'params': key} in Linen, and nnx.Rngs(key) (the `default` stream) in NNX
+            rngs["default" if flavour == "nnx" else "params"] = _rng_source(rn, width, impl)
+    if flavour == "nnx":
+        return nnx_spec(top, file, impl, part, rngs, lambda kn: _rng_source(kn, width, impl))
 
     parser = BodyParser()
     model = parser.root(top.need("model"))
@@ -128,11 +152,39 @@ def spec_from_node(root: YNode) -> Spec:
     return Spec(file, fix, impl, part, phase, mutable, rngs, model)
 
 
-def load_spec(path: str) -> Spec:
-    """Load and validate a spec file."""
+def _no_nnx(top: Fields) -> None:
+    """A Linen spec holds no NNX statement: say which flavour they belong to."""
+    for key in ("steps", "run"):
+        if top.has(key):
+            raise SpecError(
+                f"`{key}` applies to `flavour: nnx` specs (Linen replays one init or apply)", top.need(key).loc
+            )
+    model = top.need("model")
+    if model.is_map:
+        for key in ("init", "call", "keep_rngs"):
+            if key in model.value:
+                raise SpecError(
+                    f"`{key}:` is an NNX statement (a module's __init__/__call__); add `flavour: nnx` at the top "
+                    "for an NNX model, or write a Linen module (class, setup, body)",
+                    model.key_locs[key],
+                )
+
+
+def load_spec(path: str) -> Spec | NnxSpec:
+    """Load and validate a spec file (either flavour)."""
     return spec_from_node(load_file(path))
 
 
-def parse_spec(text: str, file: str = "<spec>") -> Spec:
+def parse_spec(text: str, file: str = "<spec>") -> Spec | NnxSpec:
     """Parse spec text (for tests and tools that build specs in memory)."""
     return spec_from_node(load_text(text, file))
+
+
+def linen_only(spec: Spec | NnxSpec, command: str) -> Spec:
+    """The spec, for a command that reads Linen specs only; an NNX spec is an input error naming what reads it."""
+    if isinstance(spec, NnxSpec):
+        raise SpecError(
+            f"{command} reads Linen specs, and this one is `flavour: nnx`; NNX specs work with `rngaudit derive`",
+            spec.model.loc,
+        )
+    return spec

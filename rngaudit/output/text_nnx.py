@@ -1,0 +1,69 @@
+"""Human-readable `derive` output of an NNX spec, with rich: every key a stream hands out, with the chain its
+stream key was made by."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ..engine.derive import DeriveReport
+from ..engine.nnx import NnxDeriveReport
+from .text_derive import _values, render_derive
+
+
+def render_any_derive(report: DeriveReport | NnxDeriveReport, console: Console) -> None:
+    """derive's text report of either flavour."""
+    if isinstance(report, NnxDeriveReport):
+        render_nnx_derive(report, console)
+    else:
+        render_derive(report, console)
+
+
+def chain_text(chain: tuple[str, ...], count: int) -> str:
+    return " -> ".join(chain + (f"fold_in {count}",))
+
+
+def render_nnx_derive(report: NnxDeriveReport, console: Console) -> None:
+    spec = report.spec
+    head = Text()
+    head.append(spec.file, style="bold")
+    head.append(
+        f"  flavour=nnx  steps={spec.steps}  impl={spec.prng_impl}  "
+        f"threefry_partitionable={str(spec.threefry_partitionable).lower()}"
+    )
+    console.print(head)
+    console.print(f"  rules: {report.rules}")
+    for s in sorted(report.roots):
+        console.print(f"  rngs[{s!r}] = {spec.rngs[s].text} -> {list(report.roots[s])}")
+    table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
+    for col, just in (
+        ("#", "right"),
+        ("step", "left"),
+        ("site", "left"),
+        ("stream", "left"),
+        ("count", "right"),
+        ("chain", "left"),
+        ("key", "left"),
+    ):
+        table.add_column(col, justify=just, no_wrap=col != "chain")  # type: ignore[arg-type]
+    for c in report.calls:
+        d = c.derivation
+        stream = d.requested if d.requested == d.tag else f"{d.requested}->{d.tag}"
+        table.add_row(
+            str(c.index),
+            "init" if d.step == 0 else str(d.step),
+            d.site + (f" ({d.kind})" if d.kind in ("fork", "draw") else ""),
+            Text(stream, style="yellow" if d.fallback else ""),
+            str(d.count),
+            chain_text(d.chain, d.count),
+            "[" + " ".join(str(w) for w in c.key) + "]",
+        )
+    console.print(table)
+    for c in report.calls:
+        if c.values is not None and c.draw is not None:
+            d = c.derivation
+            console.print(f"#{c.index} {d.site} {d.label or d.requested} {c.draw.describe()}:")
+            console.print(Text(_values(c.values)))
+    shown = f"{len(report.calls)} keys" + (f" (of {report.total})" if report.total is not None else "")
+    console.print(f"{shown}, {report.fallbacks} served by 'default' for another stream")

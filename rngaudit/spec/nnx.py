@@ -1,0 +1,341 @@
+"""The NNX flavour of a spec (`flavour: nnx`): the streams an `nnx.Rngs` is built with, a module tree in
+construction order (`init:`, what `__init__` does) and call order (`call:`, what `__call__` does), and how many
+times the model is called. Parsed into frozen dataclasses, every node with its file:line:col.
+
+NNX keys are not path-hashed: every `RngStream` call returns `fold_in(stream_key, count)` and counts up, so a
+spec states the order in which streams are drawn and which objects share a stream (a layer built from the
+caller's `Rngs` shares its counters; a Dropout forks its own stream)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import Location, SpecError
+from .draws import parse_draw
+from .fields import Fields, as_int, as_str, suggest, type_name
+from .statements import MAX_REPEAT
+from .tree import Draw, RngSource
+from .yaml_source import YNode
+
+MAX_STEPS = 1_000_000
+LINEN_STATEMENTS = ("body", "setup", "transforms", "make_rng", "param", "variable", "phase", "mutable")
+
+# The standard layers' construction-time draws (FLAX_NNX_RULES.md §3, flax/nnx/nn/*.py): the params keys
+# each takes in order, given its options. A layer's options with their defaults.
+LAYER_OPTIONS: dict[str, dict[str, object]] = {
+    "Linear": {"use_bias": True},
+    "LinearGeneral": {"use_bias": True},
+    "Conv": {"use_bias": True},
+    "ConvTranspose": {"use_bias": True},
+    "Embed": {},
+    "LayerNorm": {"use_scale": True, "use_bias": True},
+    "BatchNorm": {"use_scale": True, "use_bias": True},
+    "GroupNorm": {"use_scale": True, "use_bias": True},
+    "InstanceNorm": {"use_scale": True, "use_bias": True},
+    "RMSNorm": {"use_scale": True},
+    "Dropout": {"rate": None, "rng_collection": "dropout", "deterministic": False},
+    "MultiHeadAttention": {
+        "use_bias": True,
+        "normalize_qk": False,
+        "dropout_rate": 0.0,
+        "keep_rngs": True,
+        "deterministic": False,
+    },
+}
+LAYERS = tuple(LAYER_OPTIONS)
+RNGS_MODES = ("shared", "fork")
+
+
+@dataclass(frozen=True)
+class NnxStatement:
+    loc: Location
+
+
+@dataclass(frozen=True)
+class NnxLayer(NnxStatement):
+    """A standard layer built in `__init__` from the module's Rngs, stored as attribute `name`."""
+
+    kind: str
+    name: str
+    options: tuple[tuple[str, object], ...]
+
+    def opt(self, key: str):
+        return dict(self.options)[key]
+
+
+@dataclass(frozen=True)
+class NnxChild(NnxStatement):
+    """A submodule built in `__init__`: from the module's own Rngs (`shared`) or from `rngs.fork()`."""
+
+    name: str
+    module: NnxModule
+    rngs: str = "shared"
+
+
+@dataclass(frozen=True)
+class NnxDraw(NnxStatement):
+    """`rngs.<stream>()` (in `__init__`) or `self.rngs.<stream>()` (in `__call__`), `repeat` times."""
+
+    stream: str
+    repeat: int = 1
+    label: str | None = None
+    draw: Draw | None = None
+
+
+@dataclass(frozen=True)
+class NnxCall(NnxStatement):
+    """`self.<name>(x)` in `__call__`, `repeat` times: a Dropout or attention draws, a submodule runs its call."""
+
+    name: str
+    repeat: int = 1
+
+
+@dataclass(frozen=True)
+class NnxStep(NnxStatement):
+    """`n` calls of the model; `stale`: each in a pure jax.jit step whose returned state is dropped (the
+    next step starts from the same RNG counts)."""
+
+    n: int = 1
+    stale: bool = False
+
+
+@dataclass(frozen=True)
+class NnxReseed(NnxStatement):
+    """`nnx.reseed(model, stream=key, ...)` between calls."""
+
+    streams: tuple[tuple[str, RngSource], ...]
+
+
+@dataclass(frozen=True)
+class NnxModule:
+    cls: str
+    init: tuple[NnxStatement, ...]
+    call: tuple[NnxStatement, ...]
+    keep_rngs: bool
+    loc: Location
+
+
+@dataclass(frozen=True)
+class NnxSpec:
+    """An NNX spec: the JAX settings, the root `nnx.Rngs` streams, the model and how often it is called."""
+
+    file: str
+    prng_impl: str
+    threefry_partitionable: bool
+    rngs: dict[str, RngSource]
+    model: NnxModule
+    run: tuple[NnxStep | NnxReseed, ...]
+    flavour: str = "nnx"
+
+    @property
+    def steps(self) -> int:
+        """How many times the model is called."""
+        return sum(e.n for e in self.run if isinstance(e, NnxStep))
+
+
+def _mixed(key: str, loc) -> SpecError:
+    return SpecError(
+        f"`{key}:` is a Linen statement, and this spec is `flavour: nnx`; an NNX module has `init:` "
+        "(what __init__ builds and draws, in order) and `call:` (what __call__ does); write one flavour per spec",
+        loc,
+    )
+
+
+class NnxParser:
+    def module(self, node: YNode, what: str = "`model`") -> NnxModule:
+        if node.is_map:
+            for key in node.value:
+                if key in LINEN_STATEMENTS:
+                    raise _mixed(key, node.key_locs[key])
+        f = Fields(node, what, ("class", "init", "call", "keep_rngs"), ("class",))
+        cls = f.name("class")
+        keep = f.flag("keep_rngs", False)
+        init = tuple(self.statements(f.get("init"), cls, "init"))
+        names: dict[str, NnxStatement] = {}
+        for st in init:
+            if isinstance(st, (NnxLayer, NnxChild)) and keep and st.name == "rngs":
+                raise SpecError(
+                    f"{cls} keeps its Rngs as `self.rngs` (keep_rngs: true); name this attribute otherwise", st.loc
+                )
+            if isinstance(st, (NnxLayer, NnxChild)):
+                if st.name in names:
+                    raise SpecError(
+                        f"attribute {st.name!r} of {cls} is assigned twice in __init__; give it another `name:`",
+                        st.loc,
+                    )
+                names[st.name] = st
+        call = tuple(self.statements(f.get("call"), cls, "call"))
+        for st in call:
+            if isinstance(st, NnxCall) and st.name not in names:
+                known = ", ".join(names) or "none"
+                raise SpecError(
+                    f"`call: {st.name}`: {cls} builds no attribute {st.name!r} in `init:` (attributes: {known})",
+                    st.loc,
+                )
+            if isinstance(st, NnxDraw) and not keep:
+                raise SpecError(
+                    f"`draw:` in `call:` draws from self.rngs, which {cls} does not keep; add `keep_rngs: true` "
+                    "(its __init__ stores `self.rngs = rngs`)",
+                    st.loc,
+                )
+        return NnxModule(cls, init, call, keep, node.loc)
+
+    def statements(self, node: YNode | None, cls: str, where: str):
+        if node is None or node.value is None:
+            return
+        if not node.is_seq:
+            raise SpecError(f"`{where}` of {cls} must be a list of statements, not {type_name(node.value)}", node.loc)
+        counts: dict[str, int] = {}
+        for item in node.value:
+            yield self.statement(item, cls, where, counts)
+
+    def statement(self, item: YNode, cls: str, where: str, counts: dict) -> NnxStatement:
+        allowed = ("draw", "call") if where == "call" else ("draw", "module") + LAYERS
+        if isinstance(item.value, str):
+            key, arg = item.value, None
+        elif item.is_map and len(item.value) == 1:
+            ((key, arg),) = item.value.items()
+        else:
+            raise SpecError(
+                f"a statement of `{where}` is one of {', '.join(allowed)}, as `name` or `name: options`", item.loc
+            )
+        loc = item.key_locs.get(key, item.loc) if item.is_map else item.loc
+        if key in LINEN_STATEMENTS:
+            raise _mixed(key, loc)
+        if key not in allowed:
+            hint = ""
+            if where == "call" and key in LAYERS + ("module",):
+                hint = "; build it in `init:` and call it here with `call: NAME`"
+            elif where == "init" and key == "call":
+                hint = "; __init__ builds, __call__ calls: move it to `call:`"
+            raise SpecError(
+                f"unknown statement {key!r} in `{where}` of {cls}{suggest(key, allowed)}; allowed: "
+                f"{', '.join(allowed)}{hint}",
+                loc,
+            )
+        if key == "draw":
+            return self.draw(arg, loc)
+        if key == "call":
+            return self.call(arg, loc)
+        n = counts.get(key, 0)
+        counts[key] = n + 1
+        if key == "module":
+            if arg is None or not arg.is_map:
+                raise SpecError("`module` takes a mapping: class, name, rngs, init, call", loc)
+            for k in arg.value:
+                if k in LINEN_STATEMENTS:
+                    raise _mixed(k, arg.key_locs[k])
+            f = Fields(arg, "`module`", ("class", "name", "rngs", "init", "call", "keep_rngs"), ("class",))
+            mode = f.text("rngs", "shared")
+            if mode not in RNGS_MODES:
+                raise SpecError(
+                    f"`rngs` of a module is shared (the caller's Rngs) or fork (rngs.fork()), not {mode!r}"
+                    f"{suggest(mode, RNGS_MODES)}",
+                    f.need("rngs").loc,
+                )
+            inner = YNode({k: v for k, v in arg.value.items() if k not in ("name", "rngs")}, arg.loc, arg.key_locs)
+            mod = self.module(inner, "`module`")
+            return NnxChild(loc, f.text("name", f"{mod.cls.lower()}_{n}"), mod, mode)
+        return self.layer(key, arg, loc, n)
+
+    def layer(self, kind: str, arg: YNode | None, loc, n: int) -> NnxLayer:
+        defaults = LAYER_OPTIONS[kind]
+        if arg is None or arg.value is None:
+            values: dict = {}
+            f = None
+        else:
+            f = Fields(arg, f"`{kind}`", ("name",) + tuple(defaults))
+            values = {k: v for k, v in arg.value.items()}
+        opts: list[tuple[str, object]] = []
+        for k, default in defaults.items():
+            node = values.get(k)
+            if node is None:
+                if default is None:
+                    raise SpecError(f"`{kind}` needs `{k}`", arg.loc if arg is not None else loc)
+                opts.append((k, default))
+                continue
+            v = node.value
+            if isinstance(default, bool):
+                if not isinstance(v, bool):
+                    raise SpecError(f"`{k}` must be true or false, not {type_name(v)}", node.loc)
+            elif k in ("rate", "dropout_rate"):
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+                    raise SpecError(f"`{k}` must be a number from 0 to 1, not {v!r}", node.loc)
+                v = float(v)
+            else:
+                v = as_str(node, f"`{k}`")
+            opts.append((k, v))
+        name = f.text("name") if f is not None else None
+        return NnxLayer(loc, kind, name if name is not None else f"{kind.lower()}_{n}", tuple(opts))
+
+    def draw(self, arg: YNode | None, loc) -> NnxDraw:
+        if arg is None:
+            raise SpecError("`draw` names a stream: `draw: params` or `draw: {stream: noise, repeat: 2}`", loc)
+        if isinstance(arg.value, str):
+            return NnxDraw(loc, arg.value)
+        f = Fields(arg, "`draw`", ("stream", "repeat", "label", "draw"), ("stream",))
+        dn = f.get("draw")
+        return NnxDraw(
+            loc,
+            f.name("stream"),
+            f.integer("repeat", 1, 1, MAX_REPEAT),
+            f.text("label"),
+            None if dn is None else parse_draw(dn),
+        )
+
+    def call(self, arg: YNode | None, loc) -> NnxCall:
+        if arg is None:
+            raise SpecError("`call` names an attribute built in `init:`: `call: drop` or `call: {name: drop}`", loc)
+        if isinstance(arg.value, str):
+            return NnxCall(loc, arg.value)
+        f = Fields(arg, "`call`", ("name", "repeat"), ("name",))
+        return NnxCall(loc, f.name("name"), f.integer("repeat", 1, 1, MAX_REPEAT))
+
+
+RUN_EVENTS = ("call", "stale_call", "reseed")
+
+
+def _run(node: YNode, key_source) -> tuple[NnxStep | NnxReseed, ...]:
+    if not node.is_seq:
+        raise SpecError(
+            f"`run` must be a list of events ({', '.join(RUN_EVENTS)}), not {type_name(node.value)}", node.loc
+        )
+    out: list[NnxStep | NnxReseed] = []
+    for item in node.value:
+        if isinstance(item.value, str):
+            key, arg, loc = item.value, None, item.loc
+        elif item.is_map and len(item.value) == 1:
+            ((key, arg),) = item.value.items()
+            loc = item.key_locs[key]
+        else:
+            raise SpecError(f"an event of `run` is one of {', '.join(RUN_EVENTS)}", item.loc)
+        if key not in RUN_EVENTS:
+            raise SpecError(
+                f"unknown event {key!r} in `run`{suggest(key, RUN_EVENTS)}; use {', '.join(RUN_EVENTS)}", loc
+            )
+        if key in ("call", "stale_call"):
+            n = 1 if arg is None else as_int(arg, f"`{key}` (how many calls)", 1, MAX_STEPS)
+            out.append(NnxStep(loc, n, key == "stale_call"))
+        else:
+            if arg is None or not arg.is_map or not arg.value:
+                raise SpecError("`reseed` takes the streams to reseed and their new keys: `reseed: {dropout: 5}`", loc)
+            out.append(NnxReseed(loc, tuple((s, key_source(kn)) for s, kn in arg.value.items())))
+    return tuple(out)
+
+
+def nnx_spec(top: Fields, file: str, impl: str, partitionable: bool, rngs: dict[str, RngSource], key_source) -> NnxSpec:
+    """The NNX spec of a top-level mapping that says `flavour: nnx` (its jax settings and rngs already read);
+    `key_source` reads a key (a seed, raw key data or a key expression) as `rngs:` does."""
+    for key in top.node.value:
+        if key in LINEN_STATEMENTS:
+            raise _mixed(key, top.node.key_locs[key])
+    sn, rn = top.get("steps"), top.get("run")
+    if sn is not None and rn is not None:
+        raise SpecError("give `steps: N` (N calls of the model) or `run:` (calls and events), not both", rn.loc)
+    if rn is not None:
+        run = _run(rn, key_source)
+    else:
+        steps = 1 if sn is None else as_int(sn, "`steps`", 0, MAX_STEPS)
+        run = (NnxStep(sn.loc if sn is not None else top.node.loc, steps),) if steps else ()
+    model = NnxParser().module(top.need("model"))
+    return NnxSpec(file, impl, partitionable, rngs, model, run)

@@ -1,0 +1,286 @@
+"""derive of NNX specs (`flavour: nnx`) against real Flax NNX: the constructs of the NNX "Randomness" guide
+(../shared/seeds, 003) and of FLAX_NNX_RULES.md, each built in real NNX by tests/nnx_oracle.py and compared key
+for key. Where a test names a relation (two keys equal or not), it is between keys real NNX handed out."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+from nnx_oracle import check_against_nnx, nnx_keys
+from support import REPO, invoke, write
+
+from rngaudit import FlaxError, SpecError, UsageError, derive, parse_spec
+
+NNX_GUIDE = REPO / "rngaudit" / "examples" / "nnx_guide.yaml"
+
+MODEL = """
+  class: Model
+  init:
+    - Linear: {name: linear}
+    - Dropout: {name: drop, rate: 0.1}
+  call:
+    - call: drop
+"""
+
+
+def spec_of(text: str):
+    return parse_spec(textwrap.dedent(text))
+
+
+def agree(text: str) -> dict:
+    return check_against_nnx(spec_of(text))
+
+
+def keys_at(report, site: str) -> list:
+    return [c.key for c in report.calls if c.derivation.site == site]
+
+
+def test_the_guides_model_streams_and_counts():
+    """Rngs(params=0, dropout=1); Linear then Dropout in __init__; the Dropout draws on every call."""
+    text = f"rngaudit: 1\nflavour: nnx\nrngs: {{params: 0, dropout: 1}}\nsteps: 3\nmodel:{MODEL}"
+    assert agree(text) == {"keys": 2 + 1 + 3, "values": 0}
+    r = derive(spec_of(text))
+    drops = [c.derivation for c in r.calls if c.derivation.site == "drop" and c.derivation.kind == "dropout"]
+    assert [d.count for d in drops] == [0, 1, 2]
+    assert drops[0].chain == ("key 1", "fold_in 0 (Dropout fork at drop)")
+
+
+def test_the_bundled_nnx_example_matches_nnx():
+    from rngaudit import load_spec
+
+    result = check_against_nnx(load_spec(str(NNX_GUIDE)))
+    assert result["keys"] > 10
+
+
+def test_default_stream_serves_missing_streams_with_one_counter():
+    """The guide's Rngs(0, params=1): params() from its own stream, dropout() and rngs() from `default`, whose
+    counter they share; the Model built from that Rngs forks its Dropout from `default` too."""
+    text = """
+        rngaudit: 1
+        flavour: nnx
+        rngs: {default: 0, params: 1}
+        steps: 1
+        model:
+          class: Root
+          init:
+            - draw: params
+            - draw: dropout
+            - draw: default
+            - module:
+                name: model
+                class: Model
+                init: [{Linear: {name: linear}}, {Dropout: {name: drop, rate: 0.1}}]
+                call: [{call: drop}]
+          call: [{call: model}]
+        """
+    agree(text)
+    r = derive(spec_of(text))
+    d = [c.derivation for c in r.calls]
+    assert [(x.requested, x.tag, x.count) for x in d[:3]] == [
+        ("params", "params", 0),
+        ("dropout", "default", 0),
+        ("default", "default", 1),
+    ]
+    # the root's dropout(), the Dropout's fork, and its call (its own stream, forked from `default`)
+    assert r.fallbacks == 3
+    fork = next(x for x in d if x.kind == "fork")
+    assert (fork.tag, fork.count) == ("default", 2)
+
+
+def test_reseed_gives_the_first_calls_mask_again():
+    """The guide: y1 != y2, then nnx.reseed(model, dropout=1) and y3 == y1 (the Dropout's stream is back at
+    the key it forked at construction, count 0)."""
+    text = f"""rngaudit: 1
+flavour: nnx
+rngs: {{params: 0, dropout: 1}}
+run: [call, call, {{reseed: {{dropout: 1}}}}, call]
+model:{MODEL}"""
+    agree(text)
+    y = keys_at(derive(spec_of(text)), "drop")[1:]  # (the first is the fork at construction)
+    assert y[0] != y[1] and y[2] == y[0]
+
+
+def test_reseed_follows_sorted_attribute_order_not_construction_order():
+    """FLAX_NNX_RULES §6: zeta is built first, alpha second; reseed visits alpha first, so with the
+    construction seed the two Dropouts swap keys."""
+    text = """
+        rngaudit: 1
+        flavour: nnx
+        rngs: {dropout: 1}
+        run: [call, {reseed: {dropout: 1}}, call]
+        model:
+          class: Two
+          init: [{Dropout: {name: zeta, rate: 0.5}}, {Dropout: {name: alpha, rate: 0.5}}]
+          call: [{call: zeta}, {call: alpha}]
+        """
+    agree(text)
+    r = derive(spec_of(text))
+    zeta, alpha = keys_at(r, "zeta"), keys_at(r, "alpha")
+    assert zeta[2] == alpha[1] and alpha[2] == zeta[1]  # step 2's keys are step 1's, swapped
+
+
+def test_a_stale_jitted_step_draws_the_same_key_every_step():
+    """FLAX_NNX_RULES §5: a pure jax.jit step fed the old state (its returned state dropped) repeats the mask."""
+    text = f"""rngaudit: 1
+flavour: nnx
+rngs: {{params: 0, dropout: 1}}
+run: [{{stale_call: 3}}, call, call]
+model:{MODEL}"""
+    agree(text)
+    y = keys_at(derive(spec_of(text)), "drop")[1:]
+    assert y[0] == y[1] == y[2] == y[3] != y[4]
+
+
+@pytest.mark.parametrize(
+    "layer, params",
+    [
+        ("Linear", 2),
+        ("{Linear: {use_bias: false}}", 1),
+        ("Conv", 2),
+        ("Embed", 1),
+        ("LayerNorm", 2),
+        ("{LayerNorm: {use_bias: false}}", 1),
+        ("RMSNorm", 1),
+        ("BatchNorm", 2),
+        ("GroupNorm", 2),
+        ("{MultiHeadAttention: {dropout_rate: 0.1}}", 8),
+        ("{MultiHeadAttention: {normalize_qk: true}}", 10),
+    ],
+)
+def test_layer_key_orders(layer, params):
+    """FLAX_NNX_RULES §3: how many params keys each layer draws, in order (and attention's dropout fork)."""
+    text = f"""
+        rngaudit: 1
+        flavour: nnx
+        rngs: {{params: 0, dropout: 1}}
+        steps: 0
+        model: {{class: M, init: [{layer}]}}
+        """
+    agree(text)
+    assert sum(1 for c in derive(spec_of(text)).calls if c.derivation.tag == "params") == params
+
+
+def test_a_forked_rngs_per_submodule():
+    """rngs.fork() draws one key from every stream for the submodule; the parent's counts go on."""
+    agree("""
+        rngaudit: 1
+        flavour: nnx
+        rngs: {params: 0, dropout: 1}
+        model:
+          class: M
+          init:
+            - Linear: {name: a}
+            - module: {name: b, class: B, rngs: fork, init: [Linear, {Dropout: {rate: 0.5}}], call: [{call: dropout_0}]}
+            - Linear: {name: c}
+          call: [{call: b}]
+        """)
+
+
+# ---------------------------------------------------------------- errors, as NNX raises them
+@pytest.mark.parametrize(
+    "init, error",
+    [
+        ("[Linear]", "AttributeError"),  # no params, no default: rngs.params()
+        ("[{Dropout: {rate: 0.5}}]", "KeyError"),  # rngs['dropout'] at construction
+        ("[{draw: noise}]", "AttributeError"),
+        ("[{MultiHeadAttention: {dropout_rate: 0.5}}]", "AttributeError"),
+    ],
+)
+def test_a_stream_that_does_not_exist(init, error):
+    text = f"""
+        rngaudit: 1
+        flavour: nnx
+        rngs: {{noise_only: 0}}
+        model: {{class: M, init: {init}}}
+        """
+    assert agree(text) == {"error": error}
+    with pytest.raises(FlaxError, match="No RngStream named"):
+        derive(spec_of(text))
+
+
+def test_attention_without_kept_rngs_needs_call_time_rngs():
+    assert agree("""
+        rngaudit: 1
+        flavour: nnx
+        rngs: {params: 0, dropout: 1}
+        model:
+          class: M
+          init: [{MultiHeadAttention: {name: attn, dropout_rate: 0.5, keep_rngs: false}}]
+          call: [{call: attn}]
+        """) == {"error": "ValueError"}
+
+
+def test_the_oracle_sees_keys_as_nnx_hands_them_out():
+    """The oracle itself: Dropout's fork key and first mask key are those FLAX_NNX_RULES §4 printed."""
+    spec = spec_of(f"rngaudit: 1\nflavour: nnx\nrngs: {{params: 0, dropout: 1}}\nsteps: 1\nmodel:{MODEL}")
+    keys = nnx_keys(spec)
+    assert keys[2]["key"] == (507451445, 1853169794)  # fold_in(key(1), 0), the fork
+    assert keys[3]["key"] == (3704974950, 1863054868)  # fold_in(fold_in(key(1), 0), 0), call 0
+
+
+# ---------------------------------------------------------------- bad input: one error line, exit 2
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("model: {class: M, body: [make_rng]}", "`body:` is a Linen statement"),
+        ("model: {class: M, init: [{make_rng: params}]}", "`make_rng:` is a Linen statement"),
+        ("phase: apply\nmodel: {class: M}", "`phase:` is a Linen statement"),
+        ("model: {class: M, init: [{Dense: {}}]}", "unknown statement 'Dense'"),
+        ("model: {class: M, call: [{call: nope}]}", "builds no attribute 'nope'"),
+        ("model: {class: M, call: [{draw: params}]}", "add `keep_rngs: true`"),
+        ("model: {class: M, init: [{Dropout: {}}]}", "`Dropout` needs `rate`"),
+        ("model: {class: M, init: [{Dropout: {rate: 2}}]}", "from 0 to 1"),
+        ("run: [walk]\nmodel: {class: M}", "unknown event 'walk'"),
+        ("steps: 2\nrun: [call]\nmodel: {class: M}", "not both"),
+        ("model: {class: M, init: [Linear, {Linear: {name: linear_0}}]}", "assigned twice"),
+    ],
+)
+def test_bad_nnx_specs(tmp_path, text, message):
+    path = write(tmp_path, "bad.yaml", f"rngaudit: 1\nflavour: nnx\nrngs: {{params: 0}}\n{text}\n")
+    with pytest.raises(SpecError, match=message.replace("(", r"\(").replace("`", "`")):
+        derive(path)
+    out = tmp_path / "out.json"
+    r = invoke("derive", path, "-f", "json", "-o", out)
+    assert r.exit_code == 2 and r.stderr.startswith(f"error: {path}:") and len(r.stderr.splitlines()) == 1
+    assert not out.exists()
+
+
+def test_nnx_statements_in_a_linen_spec(tmp_path):
+    path = write(tmp_path, "l.yaml", "rngaudit: 1\nmodel: {class: M, init: [Linear]}\n")
+    r = invoke("derive", path)
+    assert r.exit_code == 2 and "add `flavour: nnx`" in r.stderr
+
+
+def test_commands_that_read_linen_specs_say_so(tmp_path):
+    r = invoke("collisions", NNX_GUIDE)
+    assert r.exit_code == 2 and "reads Linen specs" in r.stderr and "flavour: nnx" in r.stderr
+    with pytest.raises(UsageError, match="--phase applies to Linen specs"):
+        derive(NNX_GUIDE, phase="apply")
+
+
+# ---------------------------------------------------------------- the command
+def test_derive_prints_and_writes_nnx_keys(tmp_path):
+    r = invoke("derive", NNX_GUIDE)
+    assert r.exit_code == 0 and "flavour=nnx" in r.stdout and "Dropout fork at" in r.stdout
+    assert "rules: flax>=0.11" in r.stdout
+    out = tmp_path / "k.json"
+    assert invoke("derive", NNX_GUIDE, "-f", "json", "-o", out).exit_code == 0
+    doc = json.loads(out.read_text())
+    assert doc["flavour"] == "nnx" and doc["rules"].startswith("flax>=0.11")
+    ours = derive(NNX_GUIDE)
+    assert [c["key"] for c in doc["calls"]] == [list(c.key) for c in ours.calls]
+    lines = invoke("derive", NNX_GUIDE, "-f", "jsonl").stdout.splitlines()
+    assert json.loads(lines[0])["record"] == "header" and len(lines) == len(ours.calls) + 2
+
+
+def test_strict_finds_the_default_fallback(tmp_path):
+    path = write(
+        tmp_path,
+        "d.yaml",
+        "rngaudit: 1\nflavour: nnx\nrngs: {default: 0, params: 1}\nmodel: {class: M, init: [{Dropout: {rate: 0.5}}]}\n",
+    )
+    assert invoke("derive", path).exit_code == 0
+    r = invoke("derive", path, "--strict", "-f", "github")
+    assert r.exit_code == 1 and "served by 'default'" in r.stdout

@@ -1,0 +1,238 @@
+"""The NNX oracle: builds an NNX spec's model in real Flax NNX, constructs it and calls it `steps` times, and
+records every key an RngStream hands out (its tag, the count it folded in, the key data), in order.
+
+Keys are observed, never replaced: `nnx.RngStream.__call__` is wrapped to read the count before the call and
+the key it returned. The builder knows which statement runs, so each key also carries its site (the module
+path and the attribute being built or called), to compare with derive's `site` up to the layer (derive names
+the parameter inside a layer too: `linear.kernel`)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from flax_oracle import eval_key, key_words
+
+from rngaudit.spec.nnx import NnxCall, NnxChild, NnxDraw, NnxLayer, NnxModule, NnxReseed, NnxSpec
+
+
+@contextlib.contextmanager
+def nnx_settings(spec: NnxSpec):
+    saved = (jax.config.jax_threefry_partitionable, jax.config.jax_default_prng_impl)
+    jax.config.update("jax_threefry_partitionable", spec.threefry_partitionable)
+    jax.config.update("jax_default_prng_impl", spec.prng_impl)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_threefry_partitionable", saved[0])
+        jax.config.update("jax_default_prng_impl", saved[1])
+
+
+class _Recorder:
+    def __init__(self):
+        self.records: list[dict] = []
+        self.site = ""
+        self.step = 0
+        self.off = False
+
+    @contextlib.contextmanager
+    def installed(self):
+        original = nnx.RngStream.__call__
+        rec = self
+
+        def call(stream):
+            count = stream.count[...]
+            key = original(stream)
+            if isinstance(count, jax.core.Tracer):  # inside a jitted step: recorded when it runs
+                step, site, tag = rec.step, rec.site, stream.tag
+
+                def record(c, k):
+                    words = tuple(int(w) for w in np.asarray(k).ravel())
+                    rec.records.append({"step": step, "site": site, "tag": tag, "count": int(c), "key": words})
+
+                jax.debug.callback(record, count, jax.random.key_data(key), ordered=True)
+            elif not rec.off:
+                rec.records.append(
+                    {"step": rec.step, "site": rec.site, "tag": stream.tag, "count": int(count), "key": key_words(key)}
+                )
+            return key
+
+        nnx.RngStream.__call__ = call
+        try:
+            yield self
+        finally:
+            nnx.RngStream.__call__ = original
+
+
+def _layer(st: NnxLayer, rngs):
+    o = dict(st.options)
+    k = st.kind
+    if k == "Linear":
+        return nnx.Linear(2, 3, use_bias=o["use_bias"], rngs=rngs)
+    if k == "LinearGeneral":
+        return nnx.LinearGeneral(2, 3, use_bias=o["use_bias"], rngs=rngs)
+    if k == "Conv":
+        return nnx.Conv(2, 3, kernel_size=(2,), use_bias=o["use_bias"], rngs=rngs)
+    if k == "ConvTranspose":
+        return nnx.ConvTranspose(2, 3, kernel_size=(2,), use_bias=o["use_bias"], rngs=rngs)
+    if k == "Embed":
+        return nnx.Embed(5, 3, rngs=rngs)
+    if k in ("LayerNorm", "BatchNorm", "InstanceNorm"):
+        return getattr(nnx, k)(4, use_scale=o["use_scale"], use_bias=o["use_bias"], rngs=rngs)
+    if k == "GroupNorm":
+        return nnx.GroupNorm(4, num_groups=2, use_scale=o["use_scale"], use_bias=o["use_bias"], rngs=rngs)
+    if k == "RMSNorm":
+        return nnx.RMSNorm(4, use_scale=o["use_scale"], rngs=rngs)
+    if k == "Dropout":
+        return nnx.Dropout(o["rate"], rng_collection=o["rng_collection"], deterministic=o["deterministic"], rngs=rngs)
+    if k == "MultiHeadAttention":
+        return nnx.MultiHeadAttention(
+            num_heads=1,
+            in_features=2,
+            qkv_features=2,
+            use_bias=o["use_bias"],
+            normalize_qk=o["normalize_qk"],
+            dropout_rate=o["dropout_rate"],
+            keep_rngs=o["keep_rngs"],
+            deterministic=o["deterministic"],
+            decode=False,
+            rngs=rngs,
+        )
+    raise AssertionError(k)
+
+
+def _class(mod: NnxModule, rec: _Recorder, path: str, cache: dict):
+    def join(name: str) -> str:
+        return f"{path}.{name}" if path else name
+
+    def __init__(self, rngs):
+        for st in mod.init:
+            if isinstance(st, NnxLayer):
+                rec.site = join(st.name)
+                setattr(self, st.name, _layer(st, rngs))
+            elif isinstance(st, NnxChild):
+                rec.site = join(st.name)
+                child_rngs = rngs.fork() if st.rngs == "fork" else rngs
+                setattr(self, st.name, _class(st.module, rec, join(st.name), cache)(child_rngs))
+            elif isinstance(st, NnxDraw):
+                for _ in range(st.repeat):
+                    rec.site = path or "(root)"
+                    getattr(rngs, st.stream)()
+        if mod.keep_rngs:
+            self.rngs = rngs
+
+    def __call__(self, x):
+        for st in mod.call:
+            if isinstance(st, NnxCall):
+                target = getattr(self, st.name)
+                for _ in range(st.repeat):
+                    rec.site = join(st.name)
+                    if isinstance(target, nnx.Dropout):
+                        target(jnp.ones((4,)))
+                    elif isinstance(target, nnx.MultiHeadAttention):
+                        target(jnp.ones((1, 2, 2)))
+                    elif isinstance(target, nnx.Module) and not type(target).__module__.startswith("flax"):
+                        target(x)
+            elif isinstance(st, NnxDraw):
+                for _ in range(st.repeat):
+                    rec.site = path or "(root)"
+                    getattr(self.rngs, st.stream)()
+        return x
+
+    return type(mod.cls, (nnx.Module,), {"__init__": __init__, "__call__": __call__})
+
+
+def nnx_keys(spec: NnxSpec) -> list[dict]:
+    """Every key real NNX hands out for the spec's model: construction (step 0), then steps 1..N."""
+    rec = _Recorder()
+    with nnx_settings(spec), rec.installed():
+        streams = {name: eval_key(src.expr, raw=False) for name, src in spec.rngs.items()}
+        default = streams.pop("default", None)
+        rngs = nnx.Rngs(default, **streams)
+        model = _class(spec.model, rec, "", {})(rngs)
+        x = jnp.ones((1,))
+        for event in spec.run:
+            if isinstance(event, NnxReseed):
+                # (reseed's own Rngs hands out the new stream keys: not keys the model draws)
+                rec.off = True
+                nnx.reseed(model, **{s: eval_key(src.expr, raw=False) for s, src in event.streams})
+                rec.off = False
+                continue
+            for _ in range(event.n):
+                rec.step += 1
+                if event.stale:
+                    # the pure jitted step: split, merge inside jax.jit, run, and drop the state it returns
+                    graphdef, state = nnx.split(model)
+
+                    def pure(state, x, graphdef=graphdef):
+                        m = nnx.merge(graphdef, state)
+                        m(x)
+                        return nnx.state(m)
+
+                    jax.jit(pure)(state, x)
+                    jax.effects_barrier()
+                else:
+                    model(x)
+    return rec.records
+
+
+def derive_records(report) -> list[dict]:
+    out = []
+    for c in report.calls:
+        d = c.derivation
+        out.append({"step": d.step, "site": d.site, "tag": d.tag, "count": d.count, "key": tuple(c.key)})
+    return out
+
+
+def _same_site(ours: str, theirs: str) -> bool:
+    return ours == theirs or ours.startswith(theirs + ".")
+
+
+def check_against_nnx(spec: NnxSpec) -> dict:
+    """Asserts that rngaudit's derive and real NNX agree on every key (step, site, tag, count, key data) in
+    order, or raise the same error class. Returns {'keys': n} or {'error': name}."""
+    from rngaudit import FlaxError, derive
+
+    ours_error = theirs_error = None
+    try:
+        report = derive(spec)
+    except FlaxError as e:
+        ours_error = e
+    try:
+        theirs = nnx_keys(spec)
+    except (AttributeError, KeyError, ValueError) as e:
+        theirs_error = e
+    if ours_error is not None or theirs_error is not None:
+        assert theirs_error is not None, f"rngaudit predicts an error NNX does not raise: {ours_error}"
+        assert ours_error is not None, (
+            f"NNX raises {type(theirs_error).__name__}: {theirs_error}; rngaudit derived keys"
+        )
+        name = type(theirs_error).__name__
+        assert ours_error.flax_error == name, f"rngaudit: {ours_error}; nnx: {name}: {theirs_error}"
+        core = str(theirs_error).strip("'\"").split(" (")[0]
+        assert core[:40] in ours_error.message, f"rngaudit: {ours_error.message!r}; nnx: {core!r}"
+        return {"error": name}
+    ours = derive_records(report)
+    assert len(ours) == len(theirs), f"rngaudit has {len(ours)} keys, nnx {len(theirs)}: {ours[:3]} / {theirs[:3]}"
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        same = (a["step"], a["tag"], a["count"], a["key"]) == (b["step"], b["tag"], b["count"], b["key"])
+        assert same and _same_site(a["site"], b["site"]), f"key {i}: rngaudit {a} != nnx {b}"
+    return {"keys": len(ours), "values": _check_values(report)}
+
+
+def _check_values(report) -> int:
+    """derive's drawn values against jax.random on the key NNX handed out (the key already matched)."""
+    from flax_oracle import draw_fn
+
+    n = 0
+    with nnx_settings(report.spec):
+        for c in report.calls:
+            if c.values is None or c.draw is None:
+                continue
+            key = jax.random.wrap_key_data(jnp.asarray(c.key, jnp.uint32))
+            assert np.array_equal(np.asarray(draw_fn(c.draw)(key)), c.values), f"values of key {c.index} differ"
+            n += 1
+    return n
