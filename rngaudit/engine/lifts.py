@@ -62,7 +62,7 @@ def traces(r: Replayer, lift: Lift, inst: Instance, run: Run):
         bset = filter_set(broadcast)  # None: every collection is broadcast
         if kind == "vmap":
             bset = vmap_broadcast(lift.opt("variable_axes", ()))
-        lanes = scope.lanes + ((axis, kind, bset),)
+        lanes = scope.lanes + ((axis, kind, bset, frozenset()),)
         carry = scope.carry | carried(lift.opt("variable_carry", False), broadcast)
         if kind == "scan" and lift.opt("check_constancy_invariants", True):
             # mirrors flax/core/axes_scan.py scan_fn: trace 1 (pe.trace_to_jaxpr) only checks that
@@ -92,7 +92,8 @@ def traces(r: Replayer, lift: Lift, inst: Instance, run: Run):
             # broadcast outputs are dropped, so broadcast variables the body made do not persist
             before = set(run.store)
             # and the broadcast variables are never checked against the body: no dependency error
-            lanes = scope.lanes + ((axis, kind, frozenset()),)
+            # (and the broadcast variables the body makes never reach the lifts around it)
+            lanes = scope.lanes + ((axis, kind, frozenset(), bset),)
             yield scope.lifted(kind, rngs=rngs, axes=scope.axes + (axis,), cols=cols, lanes=lanes, carry=carry)
             raise_carry(run, axis)
             for key in set(run.store) - before:

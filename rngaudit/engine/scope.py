@@ -44,7 +44,9 @@ class Scope:
     frozen: frozenset = frozenset()  # collections a lift makes read-only here
     debug: tuple[str, ...] = ()  # Flax's debug_path: the path with transform names, for messages
     root: tuple[str, ...] = ()  # path of the scope that is root here (a lift's scope has no parent)
-    lanes: tuple = ()  # (axis, transform, collections broadcast over its lanes or None for all)
+    # (axis, transform, collections broadcast over its lanes, collections whose variables made inside never
+    # reach the enclosing lifts (a scan without the constancy check drops its broadcast outputs); None: all)
+    lanes: tuple = ()
     carry: frozenset = frozenset()  # scan carry collections: the body cannot create them
     abstract: bool = False  # Flax's TestScope root: make_rng hands out a dummy key, counts nothing
 

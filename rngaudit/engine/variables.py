@@ -172,7 +172,7 @@ def check_broadcast(
     if t is None:
         return
     depends = lane_axes(r.templates, t.ref if isinstance(t, Discovered) else r.templates[t].ref)
-    for axis, kind, bset in scope.lanes:
+    for axis, kind, bset, drops in reversed(scope.lanes):
         if axis in depends and (bset is None or col in bset):
             what = (
                 "vmap has mapped output but out_axes is None"
@@ -191,6 +191,8 @@ def check_broadcast(
             )
             # (no return: each lift whose axis the key depends on finds it when its own trace ends,
             # the innermost first)
+        if drops is None or col in drops:
+            break  # the variable never leaves this lift: the lifts around it do not see it
 
 
 def lane_axes(templates: list[Template], ref) -> set:

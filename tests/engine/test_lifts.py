@@ -1266,3 +1266,29 @@ def test_scan_broadcast_takes_a_collection_before_carry(broadcast, error):
                 variable_carry: {"all" if broadcast != "[cache]" else "cache"}
         """)
     assert a.error == error
+
+
+@pytest.mark.parametrize("inner_check", [False, True])
+def test_a_scan_without_constancy_check_keeps_its_broadcast_variables_from_the_outer_scan(inner_check):
+    """An inner nn.scan without the constancy check drops its broadcast outputs, so a broadcast param made
+    from a split key inside it never reaches the outer scan's check: no dependency error (with the inner
+    check, the inner scan itself finds the dependency)."""
+    a = agree(f"""
+        rngaudit: 1
+        rngs: {{params: 0}}
+        model:
+          scan:
+            module:
+              scan:
+                module: {{class: Block, body: [{{Dense: {{use_bias: false}}}}]}}
+                length: 1
+                split_rngs: all
+                variable_axes: {{all: 0}}
+                variable_broadcast: params
+                check_constancy_invariants: {str(inner_check).lower()}
+            length: 2
+            split_rngs: all
+            variable_axes: {{all: 0}}
+            variable_broadcast: params
+        """)
+    assert a.error == ("ValueError" if inner_check else None)
