@@ -15,6 +15,7 @@ The rules (FLAX_NNX_RULES.md, flax/nnx/rnglib.py, flax/nnx/nn/*.py, Flax 0.11 an
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -39,11 +40,12 @@ class Stream:
     key: KeyData
     chain: tuple[str, ...]  # how the key was made: key(1), fold_in 0 (Dropout fork at drop), ...
     count: int = 0
+    key_ix: int = -1  # the key's number among the replay's stream keys (set when the key is)
 
 
 @dataclass(frozen=True)
 class NnxKey:
-    """One key an RngStream handed out."""
+    """A key an RngStream handed out (or, in the replay, a block of `n` in a row)."""
 
     step: int  # 0: construction (__init__), n: the n-th call of the model
     site: str  # module path and what drew: linear.kernel, drop (call), block (rngs.fork)
@@ -53,10 +55,11 @@ class NnxKey:
     stream: str  # that stream's path
     count: int
     chain: tuple[str, ...]  # the stream key's chain; the key is fold_in(stream key, count)
-    key: KeyData
+    key_ix: int  # which stream key (NnxReplayer.stream_keys) it folds into
     loc: Location
     label: str | None = None
     draw: Draw | None = None
+    n: int = 1  # a block of n calls in a row: counts count .. count + n - 1 (a row of the report has n = 1)
 
     @property
     def fallback(self) -> bool:
@@ -93,6 +96,8 @@ class NnxReplayer:
         self.spec = spec
         self.engine = engine
         self.keys: list[NnxKey] = []
+        self.stream_keys: list[KeyData] = []  # every key a stream has had, numbered
+        self.total = 0  # keys drawn so far
         self.step = 0
         # every RngStream the model's graph holds, at each attribute path that reaches it
         self.graph: list[tuple[tuple[str, ...], Stream]] = []
@@ -103,7 +108,7 @@ class NnxReplayer:
         root = Rngs(
             "rngs",
             {
-                name: Stream(f"rngs.{name}", name, self.engine.eval(src.expr), (f"key {src.text}",))
+                name: self.stream(f"rngs.{name}", name, self.engine.eval(src.expr), (f"key {src.text}",))
                 for name, src in ((n, self.spec.rngs[n]) for n in order)
             },
         )
@@ -115,10 +120,10 @@ class NnxReplayer:
                     if event.stale:
                         # a pure jax.jit step (split/merge) whose returned state is dropped: every stream of
                         # the model is back at its count (and key) when the next step starts
-                        saved = [(s, s.key, s.chain, s.count) for _, s in self.graph]
+                        saved = [(s, s.key, s.key_ix, s.chain, s.count) for _, s in self.graph]
                         self.call(model)
-                        for s, key, chain, count in saved:
-                            s.key, s.chain, s.count = key, chain, count
+                        for s, key, ix, chain, count in saved:
+                            s.key, s.key_ix, s.chain, s.count = key, ix, chain, count
                     else:
                         self.call(model)
             elif isinstance(event, NnxReseed):
@@ -140,7 +145,7 @@ class NnxReplayer:
         # mirrors flax/nnx/rnglib.py reseed: a fresh Rngs(**stream_keys); every stream of the graph whose
         # tag is given takes that Rngs' next key, in graph order, and count 0
         fresh = {
-            name: Stream(f"reseed {name}", name, self.engine.eval(src.expr), (f"key {src.text}",))
+            name: self.stream(f"reseed {name}", name, self.engine.eval(src.expr), (f"key {src.text}",))
             for name, src in event.streams
         }
         for path, s in self.streams_in_graph_order():
@@ -148,29 +153,42 @@ class NnxReplayer:
             if new is None:
                 continue
             s.chain = new.chain + (f"fold_in {new.count} (nnx.reseed: {'.'.join(path)} in graph order)",)
-            s.key = self.engine.fold_in(new.key, new.count)
+            self.set_key(s, self.engine.fold_in(new.key, new.count))
             new.count += 1
             s.count = 0
 
     # ---------------------------------------------------------------- drawing
-    def draw(self, s: Stream, site: str, kind: str, requested: str, loc: Location, label=None, draw=None) -> KeyData:
-        # mirrors flax/nnx/rnglib.py RngStream.__call__: fold_in(key, count); count += 1
-        if len(self.keys) >= MAX_NNX_DRAWS:
+    def stream(self, path: str, tag: str, key: KeyData, chain: tuple[str, ...]) -> Stream:
+        s = Stream(path, tag, key, chain)
+        self.set_key(s, key)
+        return s
+
+    def set_key(self, s: Stream, key: KeyData) -> None:
+        s.key = key
+        s.key_ix = len(self.stream_keys)
+        self.stream_keys.append(key)
+
+    def draw(
+        self, s: Stream, site: str, kind: str, requested: str, loc: Location, label=None, draw=None, n: int = 1
+    ) -> None:
+        # mirrors flax/nnx/rnglib.py RngStream.__call__: fold_in(key, count); count += 1. `n` calls in a row
+        # are one block of consecutive counts; the keys are computed with every other one, vectorised, when
+        # the replay ends
+        self.total += n
+        if self.total > MAX_NNX_DRAWS:
             from ..errors import SpecError
 
             raise SpecError(f"the model draws more than {MAX_NNX_DRAWS} keys; reduce `repeat` or `steps`", loc)
-        key = self.engine.fold_in(s.key, s.count)
         self.keys.append(
-            NnxKey(self.step, site, kind, requested, s.tag, s.path, s.count, s.chain, key, loc, label, draw)
+            NnxKey(self.step, site, kind, requested, s.tag, s.path, s.count, s.chain, s.key_ix, loc, label, draw, n)
         )
-        s.count += 1
-        return key
+        s.count += n
 
     def fork(self, s: Stream, site: str, requested: str, path: str, why: str, loc: Location) -> Stream:
         # mirrors RngStream.fork: one key from the stream becomes a new stream's key, count 0, same tag
         count = s.count
-        key = self.draw(s, site, "fork", requested, loc)
-        return Stream(path, s.tag, key, s.chain + (f"fold_in {count} ({why})",))
+        self.draw(s, site, "fork", requested, loc)
+        return self.stream(path, s.tag, self.engine.fold_in(s.key, count), s.chain + (f"fold_in {count} ({why})",))
 
     # ---------------------------------------------------------------- construction
     def build(self, mod: NnxModule, path: str, rngs: Rngs) -> Instance:
@@ -204,9 +222,8 @@ class NnxReplayer:
                     )
                 inst.attrs[st.name] = self.build(st.module, child_path, child_rngs)
             elif isinstance(st, NnxDraw):
-                for _ in range(st.repeat):
-                    s = rngs.get(st.stream, "AttributeError", st.loc)
-                    self.draw(s, path or "(root)", "draw", st.stream, st.loc, st.label, st.draw)
+                s = rngs.get(st.stream, "AttributeError", st.loc)
+                self.draw(s, path or "(root)", "draw", st.stream, st.loc, st.label, st.draw, st.repeat)
         return inst
 
     def layer(self, st: NnxLayer, path: str, rngs: Rngs) -> Layer:
@@ -245,18 +262,18 @@ class NnxReplayer:
         for st in inst.mod.call:
             if isinstance(st, NnxCall):
                 target = inst.attrs[st.name]
-                for _ in range(st.repeat):
-                    if isinstance(target, Layer):
-                        self.call_layer(target, st.loc)
-                    else:
+                if isinstance(target, Layer):
+                    self.call_layer(target, st.loc, st.repeat)
+                else:
+                    for _ in range(st.repeat):
                         self.call(target)
             elif isinstance(st, NnxDraw):
                 assert inst.rngs is not None  # the parser asks for keep_rngs
-                for _ in range(st.repeat):
-                    s = inst.rngs.get(st.stream, "AttributeError", st.loc)
-                    self.draw(s, inst.path or "(root)", "draw", st.stream, st.loc, st.label, st.draw)
+                s = inst.rngs.get(st.stream, "AttributeError", st.loc)
+                self.draw(s, inst.path or "(root)", "draw", st.stream, st.loc, st.label, st.draw, st.repeat)
 
-    def call_layer(self, layer: Layer, loc: Location) -> None:
+    def call_layer(self, layer: Layer, loc: Location, n: int = 1) -> None:
+        """`n` calls of a standard layer in a row (each draws the next key of the same stream, or none)."""
         st = layer.st
         if st.kind == "Dropout":
             rate = st.opt("rate")
@@ -264,7 +281,7 @@ class NnxReplayer:
             if rate == 0.0 or st.opt("deterministic") or rate == 1.0:
                 return
             assert layer.own is not None
-            self.draw(layer.own, layer.path, "dropout", str(st.opt("rng_collection")), loc)
+            self.draw(layer.own, layer.path, "dropout", str(st.opt("rng_collection")), loc, n=n)
         elif st.kind == "MultiHeadAttention":
             if not st.opt("dropout_rate") > 0 or st.opt("deterministic"):
                 return
@@ -275,7 +292,7 @@ class NnxReplayer:
                     "with keep_rngs=False. (set keep_rngs: true, or deterministic: true)",
                     loc,
                 )
-            self.draw(layer.own, layer.path, "attention_dropout", "dropout", loc)
+            self.draw(layer.own, layer.path, "attention_dropout", "dropout", loc, n=n)
 
 
 @dataclass
@@ -299,9 +316,34 @@ def _join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 
 
-def replay_nnx(spec: NnxSpec, engine: KeyEngine) -> list[NnxKey]:
-    """Every key the NNX model hands out, construction first, then each step's calls."""
-    return NnxReplayer(spec, engine).run()
+@dataclass(frozen=True)
+class NnxTable:
+    """The replay as columns: its blocks, and per key the block it is in, its count and its key data."""
+
+    blocks: list[NnxKey]
+    block: np.ndarray  # row -> block
+    count: np.ndarray  # row -> count (uint32, as NNX folds it)
+    keys: np.ndarray  # row -> key data (rows, width)
+
+
+def replay_nnx(spec: NnxSpec, engine: KeyEngine) -> NnxTable:
+    """Every key the NNX model hands out, construction first, then each step's calls: fold_in(stream key,
+    count) for all rows at once."""
+    import numpy as np
+
+    r = NnxReplayer(spec, engine)
+    blocks = r.run()
+    sizes = np.fromiter((k.n for k in blocks), dtype=np.int64, count=len(blocks))
+    block = np.repeat(np.arange(len(blocks), dtype=np.int64), sizes)
+    first = np.fromiter((k.count for k in blocks), dtype=np.int64, count=len(blocks))
+    starts = np.cumsum(sizes) - sizes
+    count = (first[block] + (np.arange(len(block), dtype=np.int64) - starts[block])).astype(np.uint64)
+    count = count.astype(np.uint32)  # (NNX's RngCount is uint32)
+    if not len(block):
+        return NnxTable(blocks, block, count, np.zeros((0, engine.width), dtype=np.uint32))
+    bases = np.asarray(r.stream_keys, dtype=np.uint32)
+    ix = np.fromiter((k.key_ix for k in blocks), dtype=np.int64, count=len(blocks))
+    return NnxTable(blocks, block, count, engine.fold_in_rows(bases[ix[block]], count))
 
 
 # ---------------------------------------------------------------- the derive stage for NNX
@@ -320,14 +362,20 @@ class NnxKeyedCall:
 class NnxDeriveReport:
     spec: NnxSpec
     roots: dict[str, KeyData]
-    calls: list[NnxKeyedCall]
+    calls: NnxCalls
     total: int | None = None  # keys before --stream/--path/--limit; None: no filter
     rules: str = RULES
 
     @property
     def fallbacks(self) -> int:
         """Keys served by the `default` stream for another stream's name (the findings of --strict)."""
-        return sum(1 for c in self.calls if c.derivation.fallback)
+        table = self.calls.table
+        fb = [k.fallback for k in table.blocks]
+        if not fb:
+            return 0
+        import numpy as np
+
+        return int(np.asarray(fb, dtype=bool)[table.block[self.calls.rows()]].sum())
 
     @property
     def discarded(self) -> int:
@@ -350,24 +398,78 @@ def derive_nnx(
     from .draws import draw_values
 
     engine = KeyEngine(spec.prng_impl, spec.threefry_partitionable)
-    keys = replay_nnx(spec, engine)
-    chosen = list(enumerate(keys))
-    if streams:
-        chosen = [(i, k) for i, k in chosen if k.requested in streams or k.tag in streams]
-    if paths:
-        chosen = [(i, k) for i, k in chosen if any(fnmatchcase(k.site, g) for g in paths)]
-    if limit is not None:
-        chosen = chosen[:limit]
-    calls = []
-    for i, k in chosen:
-        draw = k.draw or (default_draw if k.kind != "fork" else None)
-        vals = None
-        if values and draw is not None:
+    import numpy as np
+
+    table = replay_nnx(spec, engine)
+    blocks = table.blocks
+    filtered = bool(streams or paths or limit is not None)
+    selected = None
+    if filtered:
+        keep = np.ones(len(blocks), dtype=bool)
+        for b, k in enumerate(blocks):
+            if (
+                streams
+                and not (k.requested in streams or k.tag in streams)
+                or paths
+                and not any(fnmatchcase(k.site, g) for g in paths)
+            ):
+                keep[b] = False
+        selected = np.flatnonzero(keep[table.block]) if len(table.block) else np.zeros(0, dtype=np.int64)
+        if limit is not None:
+            selected = selected[:limit]
+    calls = NnxCalls(table, selected, default_draw, {})
+    if values:
+        draws = [k.draw or (default_draw if k.kind != "fork" else None) for k in blocks]
+        has = np.array([d is not None for d in draws], dtype=bool)
+        rows = np.arange(len(table.block)) if selected is None else selected
+        for j in np.flatnonzero(has[table.block[rows]] if len(rows) else np.zeros(0, dtype=bool)).tolist():
+            i = int(rows[j])
+            draw = draws[int(table.block[i])]
+            assert draw is not None
             try:
-                vals = draw_values(spec, k.key, draw)
+                calls.values[j] = draw_values(spec, tuple(int(w) for w in table.keys[i]), draw)
             except (ValueError, TypeError, ArithmeticError, IndexError) as e:
                 raise SpecError(f"cannot draw {draw.describe()}: {e}", draw.loc) from None
-        calls.append(NnxKeyedCall(k, k.key, draw, vals, i))
-    filtered = bool(streams or paths or limit is not None)
     roots = {name: engine.eval(src.expr) for name, src in spec.rngs.items()}
-    return NnxDeriveReport(spec, roots, calls, len(keys) if filtered else None)
+    return NnxDeriveReport(spec, roots, calls, len(table.block) if filtered else None)
+
+
+class NnxCalls(Sequence[NnxKeyedCall]):
+    """A report's keys: an NnxKeyedCall made when one is read (a million stay columns)."""
+
+    def __init__(self, table: NnxTable, selected, default_draw: Draw | None, values: dict):
+        self.table = table
+        self.selected = selected  # row numbers kept by the filters; None: every row
+        self.default_draw = default_draw
+        self.values = values  # position -> drawn values
+
+    def row(self, j: int) -> int:
+        return j if self.selected is None else int(self.selected[j])
+
+    def rows(self) -> np.ndarray:
+        import numpy as np
+
+        return np.arange(len(self.table.block)) if self.selected is None else self.selected
+
+    def __len__(self) -> int:
+        return len(self.table.block) if self.selected is None else len(self.selected)
+
+    def __getitem__(self, j):
+        if isinstance(j, slice):
+            return [self[k] for k in range(*j.indices(len(self)))]
+        if j < 0:
+            j += len(self)
+        if not 0 <= j < len(self):
+            raise IndexError(j)
+        import dataclasses
+
+        i = self.row(j)
+        k = self.table.blocks[int(self.table.block[i])]
+        if k.n != 1:
+            k = dataclasses.replace(k, count=int(self.table.count[i]), n=1)
+        draw = k.draw or (self.default_draw if k.kind != "fork" else None)
+        return NnxKeyedCall(k, tuple(int(w) for w in self.table.keys[i]), draw, self.values.get(j), i)
+
+    def __iter__(self):
+        for j in range(len(self)):
+            yield self[j]

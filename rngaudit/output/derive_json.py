@@ -102,6 +102,48 @@ def _nnx_meta(report: NnxDeriveReport) -> dict:
     }
 
 
+def nnx_call_lines(report: NnxDeriveReport, encode):
+    """`{"record": "call", ...}` lines of an NNX report: byte for byte what `encode` (sorted keys, compact)
+    makes of nnx_call_json's objects, with what a block of consecutive draws fixes encoded once."""
+    calls = report.calls
+    table = calls.table
+    consts: dict = {}
+    rows = calls.rows()
+    step = 1 << 15
+    for j0 in range(0, len(rows), step):
+        r = rows[j0 : j0 + step]
+        for j, i, b, c, key in zip(
+            range(j0, j0 + len(r)),
+            r.tolist(),
+            table.block[r].tolist(),
+            table.count[r].tolist(),
+            table.keys[r].tolist(),
+        ):
+            if j in calls.values:
+                yield encode({"record": "call", **nnx_call_json(calls[j])})
+                continue
+            const = consts.get(b)
+            if const is None:
+                k = table.blocks[b]
+                head = encode({"chain": list(k.chain)})[1:-1]
+                rest = encode(
+                    {
+                        "kind": k.kind,
+                        "label": k.label,
+                        "location": k.loc.as_json(),
+                        "record": "call",
+                        "site": k.site,
+                        "step": k.step,
+                        "stream": k.tag,
+                        "stream_path": k.stream,
+                        "stream_requested": k.requested,
+                    }
+                )[1:-1]
+                const = consts[b] = (head, "true" if k.fallback else "false", rest)
+            head, fallback, rest = const
+            yield (f'{{{head},"count":{c},"fallback":{fallback},"index":{i},"key":[{",".join(map(str, key))}],{rest}}}')
+
+
 def nnx_call_json(c: NnxKeyedCall) -> dict:
     d = c.derivation
     out = {
@@ -143,7 +185,7 @@ def jsonl_lines(report: DeriveReport | NnxDeriveReport, advance=None):
     chunk: list[str] = []
     records: Iterable[str]
     if isinstance(report, NnxDeriveReport):
-        records = (dumps({"record": "call", **nnx_call_json(c)}) for c in report.calls)
+        records = nnx_call_lines(report, dumps)
     elif isinstance(report.calls, TableCalls):
         calls = report.calls
         # the fast path: lines straight from the columns; rows with drawn values the generic way
