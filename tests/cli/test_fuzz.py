@@ -94,6 +94,23 @@ WORDS = [
     "a",
     "ab",
     "abc",
+    "flavour",
+    "nnx",
+    "linen",
+    "keep_rngs",
+    "steps",
+    "run",
+    "stale_call",
+    "reseed",
+    "fork",
+    "shared",
+    "Linear",
+    "MultiHeadAttention",
+    "LayerNorm",
+    "rng_collection",
+    "dropout_rate",
+    "normalize_qk",
+    "default",
 ]
 scalars = st.one_of(
     st.sampled_from(WORDS),
@@ -131,6 +148,38 @@ documents = st.fixed_dictionaries(
 )
 
 
+nnx_statement = st.one_of(
+    st.sampled_from(["Linear", "Dropout", "draw", "call", "module", "MultiHeadAttention", "LayerNorm"]),
+    st.dictionaries(st.sampled_from(WORDS), values, min_size=1, max_size=1),
+)
+nnx_module = st.recursive(
+    st.fixed_dictionaries(
+        {"class": st.one_of(st.just("M"), scalars)},
+        optional={
+            "init": st.one_of(st.lists(nnx_statement, max_size=4), values),
+            "call": st.one_of(st.lists(nnx_statement, max_size=3), values),
+            "keep_rngs": st.one_of(st.booleans(), scalars),
+        },
+    ),
+    lambda inner: st.fixed_dictionaries(
+        {"class": st.just("M"), "init": st.lists(st.fixed_dictionaries({"module": inner}), max_size=2)},
+        optional={"call": st.lists(st.sampled_from(["call", {"call": "module_0"}, {"call": "m_0"}]), max_size=2)},
+    ),
+    max_leaves=6,
+)
+nnx_documents = st.fixed_dictionaries(
+    {"rngaudit": st.just(1), "flavour": st.one_of(st.just("nnx"), scalars), "model": nnx_module},
+    optional={
+        "rngs": st.one_of(st.dictionaries(st.sampled_from(["params", "dropout", "default", "x"]), scalars), values),
+        "steps": st.one_of(st.integers(-1, 3), scalars),
+        "run": st.one_of(
+            st.lists(st.one_of(st.sampled_from(["call", "stale_call", "reseed"]), values), max_size=3), values
+        ),
+        "jax": values,
+    },
+)
+
+
 def _dump(doc) -> str:
     def fix(v):  # YAML cannot write every float the same way back; keep the document loadable
         if isinstance(v, float) and not math.isfinite(v):
@@ -160,6 +209,19 @@ def test_fuzz_random_spec_documents(tmp_path_factory):
 
     @FUZZ
     @given(documents)
+    def check(doc):
+        path = folder / "spec.yaml"
+        path.write_text(_dump(doc), encoding="utf-8")
+        check_every_command(path)
+
+    check()
+
+
+def test_fuzz_random_nnx_spec_documents(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("fuzz_nnx")
+
+    @FUZZ
+    @given(nnx_documents)
     def check(doc):
         path = folder / "spec.yaml"
         path.write_text(_dump(doc), encoding="utf-8")
