@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from .errors import Location, UsageError
 
 if TYPE_CHECKING:
+    from .collision.nnx import NnxAudit
     from .collision.results import Audit, CollisionsReport
     from .engine.derive import DeriveReport
     from .engine.nnx import NnxDeriveReport
@@ -138,23 +139,38 @@ def _derive_nnx(spec, phase, values, draw, streams, paths, limit) -> NnxDeriveRe
     )
 
 
+def _audit_nnx(spec: NnxSpec, phase: str | None) -> NnxAudit:
+    from .collision.nnx import audit_nnx
+
+    if phase is not None:
+        raise UsageError(
+            "--phase applies to Linen specs; an NNX spec (flavour: nnx) replays construction and its `steps` calls",
+            Location("--phase", 1, 1),
+        )
+    return audit_nnx(spec)
+
+
 # ---------------------------------------------------------------- collisions
 def audit_input(
-    source: str | os.PathLike[str] | Spec,
+    source: str | os.PathLike[str] | Spec | NnxSpec,
     *,
     phase: str | None = None,
     keys: bool = True,
     fix_rng_separator: bool | None = None,
     latent_max_count: int | None = None,
-) -> Audit:
+) -> Audit | NnxAudit:
     """The audit of one input: a spec (YAML, or JSON holding a spec), or a JSON file of module paths or of a
-    params tree."""
+    params tree. An NNX spec gets an NnxAudit (`keys`, `fix_rng_separator` and `latent_max_count` are Linen's)."""
     from .collision.audit import audit
     from .collision.latent import DEFAULT_LATENT_MAX_COUNT
     from .collision.spec_sites import spec_sites
     from .spec.tree import Spec
 
     bound = DEFAULT_LATENT_MAX_COUNT if latent_max_count is None else latent_max_count
+    from .spec.nnx import NnxSpec
+
+    if isinstance(source, NnxSpec):
+        return _audit_nnx(source, phase)
     path = None if isinstance(source, Spec) else os.fspath(source)
     if path is not None and path.lower().endswith(".json"):  # module paths, a params tree, or a spec
         from .collision.module_paths import ModuleSites, is_spec
@@ -163,6 +179,13 @@ def audit_input(
         doc = load_json(path)
         if not is_spec(doc.value):
             return audit(ModuleSites(doc, bool(fix_rng_separator)), bound)
+    if not isinstance(source, Spec):
+        from .spec.parse import load_spec
+
+        loaded = load_spec(os.fspath(source))
+        if isinstance(loaded, NnxSpec):
+            return _audit_nnx(loaded, phase)
+        source = loaded
     s = load(source, phase, "collisions")
     if fix_rng_separator is not None:
         s = dataclasses.replace(s, fix_rng_separator=fix_rng_separator)
@@ -170,7 +193,7 @@ def audit_input(
 
 
 def collisions(
-    *inputs: str | os.PathLike[str] | Spec,
+    *inputs: str | os.PathLike[str] | Spec | NnxSpec,
     phase: str | None = None,
     keys: bool = True,
     fix_rng_separator: bool | None = None,

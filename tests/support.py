@@ -17,6 +17,10 @@ REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "fixtures"
 BAD_SPECS = REPO / "tests" / "bad_specs"
 GUIDE = REPO / "rngaudit" / "examples" / "guide.yaml"
+# the bundled example specs of the Linen flavour (the NNX ones say `flavour: nnx`; tests/engine/test_nnx.py)
+LINEN_EXAMPLES = sorted(
+    p for p in (REPO / "rngaudit" / "examples").glob("*.yaml") if "flavour: nnx" not in p.read_text(encoding="utf-8")
+)
 
 
 def write(directory: Path, name: str, text: str) -> str:

@@ -38,6 +38,11 @@ class Category(str, enum.Enum):
     shared_seed = "shared_seed"
     unsplit_lanes = "unsplit_lanes"
     latent = "latent"
+    shared_stream_key = "shared_stream_key"
+    count_rewind = "count_rewind"
+    reseed_order = "reseed_order"
+    reseed_repeat = "reseed_repeat"
+    default_fallback = "default_fallback"
 
 
 EXIT_ZERO = typer.Option(False, "--exit-zero/--no-exit-zero", help="Report findings but exit 0 (errors still exit 2).")

@@ -5,8 +5,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..errors import Location
+
+if TYPE_CHECKING:
+    from .nnx import NnxAudit
 
 # The collision classes (issue 4). 1-3 are decided by hashing alone; 4 needs key data.
 CONCATENATION = 1  # identical hash input from different string items
@@ -22,8 +26,22 @@ CATEGORIES = {
 SHARED_SEED = "shared_seed"  # class 4, failing: streams (or bases) seeded with the same key
 UNSPLIT_LANES = "unsplit_lanes"  # class 4, information: the lanes of one call share a key (split_rngs false)
 # The kinds of finding `--fail-on` names; by default the failing ones make the command exit 1.
-FAILING_CATEGORIES = ("concatenation", "count_meets_name", "hash_word", "shared_seed")
-FINDING_CATEGORIES = FAILING_CATEGORIES + ("unsplit_lanes", "latent")
+# (NNX specs have their own: rngaudit.collision.nnx)
+FAILING_CATEGORIES = (
+    "concatenation",
+    "count_meets_name",
+    "hash_word",
+    "shared_seed",
+    "shared_stream_key",
+    "count_rewind",
+)
+FINDING_CATEGORIES = FAILING_CATEGORIES + (
+    "unsplit_lanes",
+    "latent",
+    "reseed_order",
+    "reseed_repeat",
+    "default_fallback",
+)
 
 
 @dataclass(frozen=True)
@@ -185,7 +203,7 @@ def fail_categories(strict: bool, fail_on: Sequence[str] | None) -> frozenset[st
 class CollisionsReport:
     """The audits of every input of one `collisions` run, and the categories that make it fail."""
 
-    audits: tuple[Audit, ...]
+    audits: tuple[Audit | NnxAudit, ...]
     fail_on: frozenset[str] = frozenset(FAILING_CATEGORIES)
 
     @property

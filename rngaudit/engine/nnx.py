@@ -60,6 +60,7 @@ class NnxKey:
     label: str | None = None
     draw: Draw | None = None
     n: int = 1  # a block of n calls in a row: counts count .. count + n - 1 (a row of the report has n = 1)
+    stale: bool = False  # drawn in a jitted step whose returned state is dropped
 
     @property
     def fallback(self) -> bool:
@@ -98,6 +99,7 @@ class NnxReplayer:
         self.keys: list[NnxKey] = []
         self.stream_keys: list[KeyData] = []  # every key a stream has had, numbered
         self.total = 0  # keys drawn so far
+        self.stale = False  # in a step whose returned state is dropped
         self.step = 0
         # every RngStream the model's graph holds, at each attribute path that reaches it
         self.graph: list[tuple[tuple[str, ...], Stream]] = []
@@ -121,7 +123,9 @@ class NnxReplayer:
                         # a pure jax.jit step (split/merge) whose returned state is dropped: every stream of
                         # the model is back at its count (and key) when the next step starts
                         saved = [(s, s.key, s.key_ix, s.chain, s.count) for _, s in self.graph]
+                        self.stale = True
                         self.call(model)
+                        self.stale = False
                         for s, key, ix, chain, count in saved:
                             s.key, s.key_ix, s.chain, s.count = key, ix, chain, count
                     else:
@@ -180,7 +184,22 @@ class NnxReplayer:
 
             raise SpecError(f"the model draws more than {MAX_NNX_DRAWS} keys; reduce `repeat` or `steps`", loc)
         self.keys.append(
-            NnxKey(self.step, site, kind, requested, s.tag, s.path, s.count, s.chain, s.key_ix, loc, label, draw, n)
+            NnxKey(
+                self.step,
+                site,
+                kind,
+                requested,
+                s.tag,
+                s.path,
+                s.count,
+                s.chain,
+                s.key_ix,
+                loc,
+                label,
+                draw,
+                n,
+                self.stale,
+            )
         )
         s.count += n
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .. import __version__
+from ..collision.nnx import NnxAudit
 from ..collision.results import (
     Audit,
     CallSite,
@@ -117,12 +118,50 @@ def audit_json(a: Audit) -> dict:
     }
 
 
-def to_json(audits: Sequence[Audit]) -> dict:
+def nnx_audit_json(a: NnxAudit) -> dict:
+    return {
+        "file": a.source,
+        "input": a.input_kind,
+        "flavour": "nnx",
+        "rules": a.rules,
+        "call_sites": a.call_sites,
+        "prng_impl": a.prng_impl,
+        "collisions": [
+            {
+                "category": c.category,
+                "failing": c.failing,
+                "key": list(c.key) if c.key is not None else None,
+                "why": c.why,
+                "fix": c.fix,
+                "sites": [
+                    {
+                        "index": s.index,
+                        "step": s.step,
+                        "site": s.site,
+                        "stream_requested": s.requested,
+                        "stream": s.stream,
+                        "stream_path": s.stream_path,
+                        "count": s.count,
+                        "chain": list(s.chain),
+                        "key": list(s.key),
+                        "location": s.location.as_json(),
+                    }
+                    for s in c.sites
+                ],
+            }
+            for c in a.collisions
+        ],
+        "latent": [],
+        "summary": {"failing": a.failing, "info": a.info, "latent": 0},
+    }
+
+
+def to_json(audits: Sequence[Audit | NnxAudit]) -> dict:
     return {
         "format": JSON_FORMAT,
         "format_version": JSON_FORMAT_VERSION,
         "rngaudit_version": __version__,
-        "inputs": [audit_json(a) for a in audits],
+        "inputs": [nnx_audit_json(a) if isinstance(a, NnxAudit) else audit_json(a) for a in audits],
         "summary": {
             "inputs": len(audits),
             "failing": sum(a.failing for a in audits),

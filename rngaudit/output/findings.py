@@ -8,6 +8,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..collision.nnx import NnxAudit
 from ..errors import Location
 
 if TYPE_CHECKING:
@@ -135,6 +136,37 @@ COLLISION_RULES = (
         "draw its own randomness.",
     ),
     Rule(
+        "collisions/shared-stream-key",
+        "SharedStreamKey",
+        "NNX: draws of different streams get the same key: the streams hold the same key",
+        "NNX keys are fold_in(stream key, count), the stream name is not hashed: give each stream its own seed.",
+    ),
+    Rule(
+        "collisions/count-rewind",
+        "CountRewind",
+        "NNX: a stream hands out a key again: its count went back",
+        "A jitted step whose returned state is dropped starts from the same RNG counts: keep the state it "
+        "returns (nnx.update), or use nnx.jit.",
+    ),
+    Rule(
+        "collisions/reseed-order",
+        "ReseedOrder",
+        "NNX: after nnx.reseed a stream draws the keys another stream drew",
+        "nnx.reseed visits streams in sorted attribute order, not construction order (information).",
+    ),
+    Rule(
+        "collisions/reseed-repeat",
+        "ReseedRepeat",
+        "NNX: after nnx.reseed a stream draws the keys it drew before",
+        "Reseeding with a seed used before repeats keys; intended when reproducing a call (information).",
+    ),
+    Rule(
+        "collisions/default-fallback",
+        "DefaultFallback",
+        "NNX: a stream the Rngs lacks is served by `default`, sharing its counter",
+        "Add the stream to the Rngs, or draw from `default` on purpose (information).",
+    ),
+    Rule(
         "collisions/latent",
         "LatentCollision",
         "module paths whose keys would be equal at higher counts",
@@ -143,6 +175,11 @@ COLLISION_RULES = (
     ),
 )
 _CATEGORY_RULE = {
+    "shared_stream_key": "collisions/shared-stream-key",
+    "count_rewind": "collisions/count-rewind",
+    "reseed_order": "collisions/reseed-order",
+    "reseed_repeat": "collisions/reseed-repeat",
+    "default_fallback": "collisions/default-fallback",
     "concatenation": "collisions/concatenation",
     "count_meets_name": "collisions/count-meets-name",
     "hash_word": "collisions/hash-word",
@@ -173,11 +210,35 @@ def _fix_text(separator, renames, rename_note: str) -> str:
     return ". Fix: " + ". ".join(parts) if parts else ""
 
 
+def _nnx_collision_findings(a: NnxAudit, failing) -> list[Finding]:
+    out = []
+    for c in a.collisions:
+        level = ERROR if c.category in failing else (WARNING if c.failing else NOTE)
+        sites = c.sites
+        if c.key is None:
+            msg = f"{c.category}: {sites[0].site} (stream {sites[0].requested!r}): {c.why}. Fix: {c.fix}"
+        else:
+            msg = f"{c.category}: {len(sites)} draws get the same key: {c.why}. Fix: {c.fix}"
+        out.append(
+            Finding(
+                _CATEGORY_RULE[c.category],
+                level,
+                msg,
+                sites[0].location,
+                tuple((s.location, f"{s.site} {s.stream_path} count {s.count}") for s in sites[1:]),
+            )
+        )
+    return out
+
+
 def collision_findings(report: CollisionsReport) -> list[Finding]:
     """One finding per collision and per latent collision, at its first call site; the others are related."""
     out = []
     failing = report.fail_on
     for a in report.audits:
+        if isinstance(a, NnxAudit):
+            out.extend(_nnx_collision_findings(a, failing))
+            continue
         for c in a.collisions:
             sites = c.sites
             level = ERROR if c.category in failing else (WARNING if c.failing else NOTE)

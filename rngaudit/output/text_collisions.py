@@ -10,6 +10,7 @@ from rich.cells import cell_len
 from rich.console import Console
 from rich.text import Text
 
+from ..collision.nnx import NnxAudit
 from ..collision.results import (
     COUNT_MEETS_NAME,
     SHARED_KEY,
@@ -292,11 +293,48 @@ def render_audit(a: Audit, console: Console) -> None:
     _print(console, Text(f"{a.failing} failing, {a.info} information, {len(a.latent)} latent ({latent})"))
 
 
-def render_collisions(audits: Sequence[Audit], console: Console) -> None:
+def render_nnx_audit(a: NnxAudit, console: Console) -> None:
+    head = Text()
+    head.append(_shown(a.source), style="bold")
+    head.append(f"  (nnx spec, {a.call_sites} draws, {a.prng_impl}, rules {a.rules})")
+    _print(console, head)
+    for c in a.collisions:
+        line = Text()
+        line.append("FAIL  " if c.failing else "INFO  ", style="bold red" if c.failing else "bold cyan")
+        line.append(f"{c.category}: ", style="bold")
+        if c.key is None:
+            s = c.sites[0]
+            line.append(f"{s.site}: stream {_shown(s.requested)} is served by 'default' ({s.location})")
+            _print(console, line)
+        else:
+            line.append(f"{len(c.sites)} draws get the key {_key(c.key)}")
+            _print(console, line)
+            rows = [
+                [
+                    _INDENT,
+                    "init" if s.step == 0 else f"step {s.step}",
+                    s.site,
+                    _shown(s.stream_path),
+                    f"count {s.count}",
+                    str(s.location),
+                ]
+                for s in c.sites[:MAX_SHOWN]
+            ]
+            _print_rows(rows, console)
+            _more(len(c.sites) - MAX_SHOWN, "draws", console)
+        _print(console, _line("why", c.why))
+        _print(console, _line("fix", c.fix))
+    _print(console, Text(f"{a.failing} failing, {a.info} information"))
+
+
+def render_collisions(audits: Sequence[Audit | NnxAudit], console: Console) -> None:
     for k, a in enumerate(audits):
         if k:
             _print(console, Text())
-        render_audit(a, console)
+        if isinstance(a, NnxAudit):
+            render_nnx_audit(a, console)
+        else:
+            render_audit(a, console)
     if len(audits) > 1:
         _print(console, Text())
         _print(

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 from hypothesis import given, reject, settings
 from hypothesis import strategies as st
-from support import REPO
+from support import LINEN_EXAMPLES, REPO
 
 import rngaudit.collision.sites as collision_sites
 import rngaudit.collision.spec_sites as collision_spec_sites
@@ -32,7 +32,7 @@ SPECS = sorted(
         *REPO.glob("fixtures/collisions/*.yaml"),
         *REPO.glob("fixtures/guide/*.yaml"),
         *REPO.glob("fixtures/shard/*.yaml"),
-        *REPO.glob("rngaudit/examples/*.yaml"),
+        *LINEN_EXAMPLES,
     ]
 )
 JSONS = [REPO / "fixtures" / "collisions" / name for name in ("paths.json", "params_tree.json")]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from support import REPO
+from support import LINEN_EXAMPLES, REPO
 
 from rngaudit import load_spec
 from rngaudit.engine.keys import derive_keys, derive_keys_exact
@@ -18,7 +18,7 @@ SPECS = sorted(
         *REPO.glob("fixtures/collisions/*.yaml"),
         *REPO.glob("fixtures/guide/*.yaml"),
         *REPO.glob("fixtures/shard/*.yaml"),
-        *REPO.glob("rngaudit/examples/*.yaml"),
+        *LINEN_EXAMPLES,
     ]
 )
 

@@ -254,8 +254,10 @@ def test_nnx_statements_in_a_linen_spec(tmp_path):
 
 
 def test_commands_that_read_linen_specs_say_so(tmp_path):
-    r = invoke("collisions", NNX_GUIDE)
+    r = invoke("shard-check", "--devices", "0", NNX_GUIDE)
     assert r.exit_code == 2 and "reads Linen specs" in r.stderr and "flavour: nnx" in r.stderr
+    r = invoke("diff", NNX_GUIDE, NNX_GUIDE)
+    assert r.exit_code == 2 and "reads Linen specs" in r.stderr
     with pytest.raises(UsageError, match="--phase applies to Linen specs"):
         derive(NNX_GUIDE, phase="apply")
 
@@ -284,3 +286,97 @@ def test_strict_finds_the_default_fallback(tmp_path):
     assert invoke("derive", path).exit_code == 0
     r = invoke("derive", path, "--strict", "-f", "github")
     assert r.exit_code == 1 and "served by 'default'" in r.stdout
+
+
+# ---------------------------------------------------------------- collisions of NNX specs
+def _audit(text: str):
+    from rngaudit.api import audit_input
+
+    return audit_input(spec_of(text))
+
+
+LINEAR_DROP = "model: {class: M, init: [Linear, {Dropout: {name: d, rate: 0.5}}], call: [{call: d}]}"
+
+
+@pytest.mark.parametrize(
+    "category, broken, fixed",
+    [
+        (
+            "shared_stream_key",
+            f"rngs: {{params: 0, dropout: 0}}\n{LINEAR_DROP}",
+            f"rngs: {{params: 0, dropout: 1}}\n{LINEAR_DROP}",
+        ),
+        (
+            "count_rewind",
+            f"rngs: {{params: 0, dropout: 1}}\nrun: [{{stale_call: 2}}]\n{LINEAR_DROP}",
+            f"rngs: {{params: 0, dropout: 1}}\nrun: [{{call: 2}}]\n{LINEAR_DROP}",
+        ),
+        (
+            "reseed_order",
+            (
+                "rngs: {dropout: 1}\nrun: [call, {reseed: {dropout: 1}}, call]\n"
+                "model: {class: Two, init: [{Dropout: {name: zeta, rate: 0.5}}, {Dropout: {name: alpha, rate: 0.5}}],"
+                " call: [{call: zeta}, {call: alpha}]}"
+            ),
+            (
+                "rngs: {dropout: 1}\nrun: [call, {reseed: {dropout: 7}}, call]\n"
+                "model: {class: Two, init: [{Dropout: {name: zeta, rate: 0.5}}, {Dropout: {name: alpha, rate: 0.5}}],"
+                " call: [{call: zeta}, {call: alpha}]}"
+            ),
+        ),
+        (
+            "reseed_repeat",
+            f"rngs: {{params: 0, dropout: 1}}\nrun: [call, call, {{reseed: {{dropout: 1}}}}, call]\n{LINEAR_DROP}",
+            f"rngs: {{params: 0, dropout: 1}}\nrun: [call, call, {{reseed: {{dropout: 9}}}}, call]\n{LINEAR_DROP}",
+        ),
+        (
+            "default_fallback",
+            f"rngs: {{default: 0, params: 1}}\n{LINEAR_DROP}",
+            f"rngs: {{default: 0, params: 1, dropout: 2}}\n{LINEAR_DROP}",
+        ),
+    ],
+)
+def test_each_nnx_collision_class_is_caught_and_absent_when_fixed(category, broken, fixed):
+    head = "rngaudit: 1\nflavour: nnx\n"
+    for text, expect in ((broken, True), (fixed, False)):
+        agree(head + text)  # the keys are real NNX's
+        a = _audit(head + text)
+        found = [c for c in a.collisions if c.category == category]
+        assert bool(found) == expect, (text, [c.category for c in a.collisions])
+        for c in found:
+            if c.key is not None:
+                assert len({s.key for s in c.sites}) == 1 and c.sites[0].key == c.key
+                assert c.why and c.fix
+    a = _audit(head + broken)
+    assert a.failing == sum(1 for c in a.collisions if c.category in ("shared_stream_key", "count_rewind"))
+
+
+def test_nnx_collisions_keys_are_the_keys_nnx_hands_out():
+    """Every site of every finding holds the key NNX handed out at that draw (the oracle's record)."""
+    text = (NNX_GUIDE).read_text()
+    spec = parse_spec(text, str(NNX_GUIDE))
+    theirs = nnx_keys(spec)
+    a = _audit(text)
+    assert a.collisions
+    for c in a.collisions:
+        for s in c.sites:
+            assert theirs[s.index]["key"] == s.key and theirs[s.index]["count"] == s.count
+
+
+def test_collisions_command_on_nnx_specs(tmp_path):
+    r = invoke("collisions", NNX_GUIDE)
+    assert r.exit_code == 1 and "count_rewind" in r.stdout and "why" in r.stdout
+    assert invoke("collisions", NNX_GUIDE, "--exit-zero").exit_code == 0
+    doc = json.loads(invoke("collisions", NNX_GUIDE, "-f", "json").stdout)
+    (inp,) = doc["inputs"]
+    assert inp["flavour"] == "nnx" and {c["category"] for c in inp["collisions"]} == {"reseed_order", "count_rewind"}
+    gh = invoke("collisions", NNX_GUIDE, "-f", "github").stdout
+    assert "::error" in gh and "count_rewind" in gh
+    sarif = json.loads(invoke("collisions", NNX_GUIDE, "-f", "sarif").stdout)
+    assert any(r["ruleId"] == "collisions/count-rewind" for r in sarif["runs"][0]["results"])
+    clean = write(tmp_path, "c.yaml", f"rngaudit: 1\nflavour: nnx\nrngs: {{params: 0, dropout: 1}}\n{LINEAR_DROP}\n")
+    assert invoke("collisions", clean).exit_code == 0
+    # --fail-on an information category makes it fail; a Linen and an NNX spec in one run
+    assert invoke("collisions", NNX_GUIDE, "--fail-on", "reseed_order").exit_code == 1
+    both = invoke("collisions", NNX_GUIDE, REPO / "rngaudit" / "examples" / "guide.yaml")
+    assert both.exit_code == 1 and "total:" in both.stdout

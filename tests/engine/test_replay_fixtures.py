@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 from flax_oracle import check_against_flax
-from support import REPO
+from support import LINEN_EXAMPLES, REPO
 
 from rngaudit import load_spec
 
 ROOT = REPO
-SPECS = sorted((ROOT / "fixtures").rglob("*.yaml")) + sorted((ROOT / "rngaudit" / "examples").glob("*.yaml"))
+SPECS = sorted((ROOT / "fixtures").rglob("*.yaml")) + LINEN_EXAMPLES
 
 
 @pytest.mark.parametrize("path", SPECS, ids=lambda p: str(p.relative_to(ROOT)))

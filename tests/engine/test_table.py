@@ -18,12 +18,11 @@ from rngaudit.engine.derive import derive
 from rngaudit.output.derive_json import to_json
 
 EXAMPLES = int(os.environ.get("RNGAUDIT_FASTPATH_EXAMPLES", "150"))
-from support import REPO
+from support import LINEN_EXAMPLES, REPO
 
 ROOT = str(REPO)
 FIXTURES = sorted(
-    glob.glob(os.path.join(ROOT, "fixtures", "**", "*.yaml"), recursive=True)
-    + glob.glob(os.path.join(ROOT, "rngaudit", "examples", "*.yaml"))
+    glob.glob(os.path.join(ROOT, "fixtures", "**", "*.yaml"), recursive=True) + [str(p) for p in LINEN_EXAMPLES]
 )
 
 

@@ -1,0 +1,197 @@
+"""`collisions` of an NNX spec: draws that receive identical keys, grouped, with the reason and the fix.
+
+NNX keys are fold_in(stream key, count) with no path hashing, so two draws share a key when two streams hold the
+same key at the same count, or when one stream's count (or key) goes back to a state it had: a jitted step whose
+returned state is dropped, or nnx.reseed. Each group is one finding, in the category of its cause:
+
+  shared_stream_key  (failing)      two streams seeded with the same key (Rngs(params=0, dropout=0), ...)
+  count_rewind       (failing)      a stale jitted step re-emits the keys of the step before
+  reseed_order       (information)  nnx.reseed hands a stream the keys another one drew (graph order)
+  reseed_repeat      (information)  nnx.reseed hands a stream back the keys it drew (often intended)
+  default_fallback   (information)  a stream the Rngs lacks is served by `default`, sharing its counter
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..engine.keys import KeyEngine
+from ..engine.nnx import RULES, NnxKey, replay_nnx
+from ..errors import Location
+from ..spec.nnx import NnxSpec
+
+NNX_FAILING = ("shared_stream_key", "count_rewind")
+NNX_CATEGORIES = NNX_FAILING + ("reseed_order", "reseed_repeat", "default_fallback")
+
+
+@dataclass(frozen=True)
+class NnxSite:
+    """One draw: when (step, 0 for construction) and where, from which stream, its count, chain and key."""
+
+    index: int
+    step: int
+    site: str
+    requested: str
+    stream: str  # the tag of the stream that served it
+    stream_path: str
+    count: int
+    chain: tuple[str, ...]
+    key: tuple[int, ...]
+    location: Location
+    stale: bool = False
+
+    @property
+    def path_str(self) -> str:
+        return self.site
+
+
+@dataclass(frozen=True)
+class NnxCollision:
+    category: str
+    failing: bool  # whether the category fails by default
+    why: str
+    fix: str
+    sites: tuple[NnxSite, ...]  # in draw order; for default_fallback the statement's first draws
+    key: tuple[int, ...] | None  # the shared key (None for default_fallback)
+    collision_class: int = 0  # (Linen's class numbers do not apply)
+
+
+@dataclass(frozen=True)
+class NnxAudit:
+    source: str
+    call_sites: int
+    prng_impl: str
+    rules: str
+    collisions: tuple[NnxCollision, ...]
+    input_kind: str = "nnx_spec"
+    latent: tuple = ()
+    keys_checked: bool = True
+    fix_rng_separator: bool = False
+    latent_max_count: int = 0
+
+    @property
+    def failing(self) -> int:
+        return sum(1 for c in self.collisions if c.failing)
+
+    @property
+    def info(self) -> int:
+        return sum(1 for c in self.collisions if not c.failing)
+
+
+def _site(i: int, k: NnxKey, count: int, key) -> NnxSite:
+    return NnxSite(
+        i, k.step, k.site, k.requested, k.tag, k.stream, count, k.chain, tuple(int(w) for w in key), k.loc, k.stale
+    )
+
+
+def _when(s: NnxSite) -> str:
+    return "construction" if s.step == 0 else f"step {s.step}"
+
+
+def _cause(s: NnxSite, earlier: list[NnxSite]) -> str:
+    """Why draw `s` repeats a key one of `earlier` drew: stale, reseed (the same stream went back),
+    reseed_order (nnx.reseed gave it another stream's key), or shared (two streams hold one key)."""
+    same = [e for e in earlier if e.stream_path == s.stream_path]
+    if same:
+        return "stale" if s.stale or any(e.stale for e in same) else "reseed"
+    reseeded = any("nnx.reseed" in c for c in s.chain) or any("nnx.reseed" in c for e in earlier for c in e.chain)
+    return "reseed_order" if reseeded else "shared"
+
+
+_BECAUSE = {
+    "stale": "a jitted step whose returned state was dropped started from the same RNG counts",
+    "reseed": "nnx.reseed set the stream back to a key it had, count 0",
+    "reseed_order": "nnx.reseed gave it another stream's key: it visits streams in sorted attribute order, "
+    "not in the order they were built",
+    "shared": "the two streams hold the same key",
+}
+_FIX = {
+    "stale": "keep the state a jitted step returns (nnx.update(model, state)), or call the model through nnx.jit, "
+    "which updates it in place",
+    "reseed": "reseeding with a seed used before repeats keys (intended when reproducing a call, as the guide's "
+    "y3 == y1); otherwise fold the step into the seed",
+    "reseed_order": "reseed with a seed not used at construction, or name the attributes so that sorted order is "
+    "construction order",
+    "shared": "give every stream its own seed (e.g. Rngs(params=0, dropout=1)), or fork one stream from another",
+}
+# the category of a group: its most serious cause
+_CATEGORY = (
+    ("shared", "shared_stream_key"),
+    ("stale", "count_rewind"),
+    ("reseed_order", "reseed_order"),
+    ("reseed", "reseed_repeat"),
+)
+
+
+def _classify(sites: list[NnxSite]) -> tuple[str, str, str]:
+    first = sites[0]
+    causes = [_cause(s, sites[:j]) for j, s in enumerate(sites) if j]
+    parts = []
+    for s, cause in list(zip(sites[1:], causes))[:4]:
+        parts.append(f"{s.stream_path} ({s.site}) at {_when(s)} count {s.count}, because {_BECAUSE[cause]}")
+    more = f"; and {len(causes) - 4} more" if len(causes) > 4 else ""
+    if "shared" in causes and len({s.stream_path for s in sites}) > 1:
+        chains = sorted({" -> ".join(s.chain) for s in sites})
+        head = f"{' and '.join(sorted({s.stream_path for s in sites}))} hold the same key ({'; '.join(chains)}): "
+    else:
+        head = ""
+    why = (
+        f"{head}{first.stream_path} ({first.site}) drew this key at {_when(first)} count {first.count}; "
+        + "; ".join(parts)
+        + more
+    )
+    category = next(c for cause, c in _CATEGORY if cause in causes)
+    fix = "; ".join(_FIX[c] for c in dict.fromkeys(cause for cause, _ in _CATEGORY if cause in causes))
+    return category, why, fix
+
+
+def audit_nnx(spec: NnxSpec) -> NnxAudit:
+    import numpy as np
+
+    engine = KeyEngine(spec.prng_impl, spec.threefry_partitionable)
+    table = replay_nnx(spec, engine)
+    n = len(table.block)
+    found: list[tuple[int, NnxCollision]] = []
+    if n > 1:
+        keys = np.ascontiguousarray(table.keys)
+        flat = keys.view(np.dtype((np.void, keys.dtype.itemsize * keys.shape[1]))).ravel()
+        order = np.argsort(flat, kind="stable")
+        same = flat[order][1:] == flat[order][:-1]
+        if same.any():
+            starts = np.flatnonzero(np.concatenate(([True], ~same)))
+            ends = np.append(starts[1:], n)
+            for a, b in zip(starts.tolist(), ends.tolist()):
+                if b - a < 2:
+                    continue
+                rows = sorted(order[a:b].tolist())
+                sites = [_site(i, table.blocks[int(table.block[i])], int(table.count[i]), keys[i]) for i in rows]
+                category, why, fix = _classify(sites)
+                c = NnxCollision(category, category in NNX_FAILING, why, fix, tuple(sites), sites[0].key)
+                found.append((rows[0], c))
+    # a stream the Rngs lacks, served by `default`: once per statement
+    seen: dict = {}
+    for b, k in enumerate(table.blocks):
+        if k.fallback and (k.loc, k.requested) not in seen:
+            seen[(k.loc, k.requested)] = b
+    sizes = np.asarray([k.n for k in table.blocks], dtype=np.int64)
+    starts_of = np.cumsum(sizes) - sizes
+    for (loc, requested), b in seen.items():
+        k = table.blocks[b]
+        i = int(starts_of[b])
+        site = _site(i, k, k.count, table.keys[i])
+        found.append(
+            (
+                i,
+                NnxCollision(
+                    "default_fallback",
+                    False,
+                    f"the Rngs has no {requested!r} stream, so `default` serves it and its counter is shared with "
+                    "every other stream `default` serves",
+                    f"add `{requested}:` to rngs (nnx.Rngs({requested}=...)), or draw from `default` on purpose",
+                    (site,),
+                    None,
+                ),
+            )
+        )
+    found.sort(key=lambda t: t[0])
+    return NnxAudit(spec.file, n, spec.prng_impl, RULES, tuple(c for _, c in found))
