@@ -156,29 +156,27 @@ def traces(r: Replayer, lift: Lift, inst: Instance, run: Run):
             # init=True or mutable=True
             mapped = filter_set(lift.opt("mapped_collections", True))
             inner.frozen = scope.frozen | (mapped if mapped is not None else {EVERY})
+        second = inner
         if kind == "map_variables" and lift.opt("init", False) and any_mutable(run, scope):
-            # mirrors flax/linen/transforms.py map_variables: with init=True and a mutable
-            # collection the body runs once to create the variables, then again.
-            # In apply with a `mutable` list, that first run sees the mapped collections only where
-            # they are mutable, and every other collection whole (measured against Flax)
+            # mirrors flax/core/lift.py map_variables: with init=True and a collection mutable here, the body
+            # runs once to create the variables (its keys thrown away), on every collection, then again on
+            # what that run's repack returns: in apply with a `mutable` list, a mapped collection only
+            # where it is mutable, and every other collection whole (measured against Flax)
             mapped = filter_set(lift.opt("mapped_collections", True))
-            cols = inner.cols
-            if isinstance(run.mutable, tuple):
-                mutable = frozenset(run.mutable) if isinstance(run.mutable, tuple) else frozenset()
-                seen = mutable if mapped is None else AllBut(mapped - mutable)
-                cols = seen if cols is None else cols & seen
             # Only the mapped collections of that run are kept (`target, _ = repack(scopes)`):
             # variables it made in the others (their initialisers did run) are made again, with
             # new counts, in the second run.
             before = set(run.store)
-            yield inner.lifted(
-                discard=combine_discard(scope.discard, True), context=scope.context + (MAP_RUN1,), cols=cols
-            )
+            yield inner.lifted(discard=combine_discard(scope.discard, True), context=scope.context + (MAP_RUN1,))
             if mapped is not None:
                 for key in set(run.store) - before:
                     if key[1] not in mapped:
                         del run.store[key]
-        yield inner
+            if isinstance(run.mutable, tuple):
+                mutable = frozenset(run.mutable)
+                seen = mutable if mapped is None else AllBut(mapped - mutable)
+                second = inner.lifted(cols=seen if inner.cols is None else inner.cols & seen)
+        yield second
     else:
         raise AssertionError(kind)
 

@@ -1292,3 +1292,25 @@ def test_a_scan_without_constancy_check_keeps_its_broadcast_variables_from_the_o
             variable_broadcast: params
         """)
     assert a.error == ("ValueError" if inner_check else None)
+
+
+@pytest.mark.parametrize(
+    "body, error",
+    [
+        ("[param: w]", "ScopeCollectionNotFound"),
+        ("[param: w, {param: {name: w, when: apply}}]", "NameInUseError"),
+        ("[param: w, {param: {name: v, when: apply}}]", "ScopeParamNotFoundError"),
+        ("[{variable: {collection: state, name: s}}, make_rng]", None),
+    ],
+)
+def test_map_variables_first_run_sees_every_collection_the_second_only_what_it_returned(body, error):
+    """apply(mutable=[state]) with map_variables(init=True): the first run sees params (so a second `w` is a
+    name clash, a missing `v` is not found); the second runs on what the first returned, params gone."""
+    a = agree(f"""
+        rngaudit: 1
+        phase: apply
+        mutable: [state]
+        rngs: {{params: 0}}
+        model: {{class: B, transforms: [jit: {{}}, {{map_variables: {{init: true, mutable: true}}}}], body: {body}}}
+        """)
+    assert a.error == error

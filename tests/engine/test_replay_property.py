@@ -643,6 +643,11 @@ def transform_specs(draw) -> str:
 )
 @given(transform_specs(), st.booleans())
 def test_random_transformed_models_match_flax(text, raw_keys):
+    if AVOID_KNOWN and "prng_impl: unsafe_rbg" in text and text.count("vmap") >= 2:
+        # known: under unsafe_rbg, JAX's batching of a split inside an nn.vmap whose key is already
+        # batched by an outer one is not the per-lane split (jax.vmap(split) differs from split per key
+        # for lanes >= 1); rngaudit splits per lane, so outer lanes >= 1 of nested split vmaps differ
+        reject()
     if LAST_EXAMPLE:  # for a crash of the process (XLA): the example it was running
         with open(LAST_EXAMPLE, "w", encoding="utf-8") as f:
             f.write(f"# raw_keys: {raw_keys}\n{text}")
