@@ -11,7 +11,7 @@ from ..errors import SpecError
 from ..spec.tree import Draw, Spec
 from .draws import draw_values
 from .keys import KeyData, KeyEngine, derive_keys, engine_for, root_keys
-from .records import Derivation
+from .records import Derivation, LazyRows
 from .replay import replay
 from .table import KeyTable, key_table
 
@@ -49,7 +49,7 @@ class ListCalls(Calls):
         return self.calls[j]
 
 
-class TableCalls(Calls):
+class TableCalls(LazyRows, Calls):
     """The fast path's calls: a KeyedCall made when a row is read (1,000,000 rows stay columns)."""
 
     def __init__(self, table: KeyTable, rows: np.ndarray, keys: np.ndarray, default_draw: Draw | None, values: dict):
@@ -62,20 +62,10 @@ class TableCalls(Calls):
     def __len__(self) -> int:
         return len(self.rows)
 
-    def __getitem__(self, j):
-        if isinstance(j, slice):
-            return [self[k] for k in range(*j.indices(len(self)))]
-        if j < 0:
-            j += len(self)
-        if not 0 <= j < len(self):
-            raise IndexError(j)
+    def _at(self, j: int) -> KeyedCall:
         d = self.table.derivation(int(self.rows[j]))
         key = tuple(int(w) for w in self.keys[j]) if d.base is not None else None
         return KeyedCall(d, key, d.draw or self.default_draw, self.values.get(j))
-
-    def __iter__(self):
-        for j in range(len(self)):
-            yield self[j]
 
     def fallbacks(self) -> int:
         table = self.table

@@ -23,6 +23,7 @@ from ..errors import FlaxError, Location
 from ..spec.nnx import NnxCall, NnxChild, NnxDraw, NnxLayer, NnxModule, NnxReseed, NnxSpec, NnxStep
 from ..spec.tree import Draw
 from .keys import KeyData, KeyEngine
+from .records import LazyRows
 
 if TYPE_CHECKING:
     import numpy as np
@@ -453,7 +454,7 @@ def derive_nnx(
     return NnxDeriveReport(spec, roots, calls, len(table.block) if filtered else None)
 
 
-class NnxCalls(Sequence[NnxKeyedCall]):
+class NnxCalls(LazyRows, Sequence[NnxKeyedCall]):
     """A report's keys: an NnxKeyedCall made when one is read (a million stay columns)."""
 
     def __init__(self, table: NnxTable, selected, default_draw: Draw | None, values: dict):
@@ -473,13 +474,7 @@ class NnxCalls(Sequence[NnxKeyedCall]):
     def __len__(self) -> int:
         return len(self.table.block) if self.selected is None else len(self.selected)
 
-    def __getitem__(self, j):
-        if isinstance(j, slice):
-            return [self[k] for k in range(*j.indices(len(self)))]
-        if j < 0:
-            j += len(self)
-        if not 0 <= j < len(self):
-            raise IndexError(j)
+    def _at(self, j: int) -> NnxKeyedCall:
         import dataclasses
 
         i = self.row(j)
@@ -488,7 +483,3 @@ class NnxCalls(Sequence[NnxKeyedCall]):
             k = dataclasses.replace(k, count=int(self.table.count[i]), n=1)
         draw = k.draw or (self.default_draw if k.kind != "fork" else None)
         return NnxKeyedCall(k, tuple(int(w) for w in self.table.keys[i]), draw, self.values.get(j), i)
-
-    def __iter__(self):
-        for j in range(len(self)):
-            yield self[j]

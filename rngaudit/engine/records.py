@@ -59,3 +59,26 @@ class Template(NamedTuple):
     axes: tuple[int, ...]  # lane axes (indices into Replayer.axis_size), outermost first
     discarded: bool  # made in a trace whose keys Flax throws away
     n: int = 1
+
+
+class LazyRows:
+    """Indexing for a report's calls made when read: an int (negative from the end) or a slice, then `_at`."""
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def _at(self, j: int):
+        raise NotImplementedError
+
+    def __getitem__(self, j):
+        if isinstance(j, slice):
+            return [self._at(k) for k in range(*j.indices(len(self)))]
+        if j < 0:
+            j += len(self)
+        if not 0 <= j < len(self):
+            raise IndexError(j)
+        return self._at(j)
+
+    def __iter__(self):
+        for j in range(len(self)):
+            yield self._at(j)

@@ -25,6 +25,16 @@ def _values_json(v: np.ndarray):
     return v.astype(np.float64).tolist()
 
 
+def _drawn_json(draw, values: np.ndarray) -> dict:
+    return {
+        "draw": draw.describe(),
+        "kind": draw.kind,
+        "shape": list(draw.shape),
+        "dtype": draw.dtype,
+        "data": _values_json(values),
+    }
+
+
 def call_json(c: KeyedCall) -> dict:
     d = c.derivation
     out = {
@@ -49,13 +59,7 @@ def call_json(c: KeyedCall) -> dict:
     }
     if c.values is not None:
         assert c.draw is not None  # (values are drawn for a draw)
-        out["values"] = {
-            "draw": c.draw.describe(),
-            "kind": c.draw.kind,
-            "shape": list(c.draw.shape),
-            "dtype": c.draw.dtype,
-            "data": _values_json(c.values),
-        }
+        out["values"] = _drawn_json(c.draw, c.values)
     return out
 
 
@@ -162,14 +166,8 @@ def nnx_call_json(c: NnxKeyedCall) -> dict:
         "location": d.loc.as_json(),
     }
     if c.values is not None:
-        assert c.draw is not None
-        out["values"] = {
-            "draw": c.draw.describe(),
-            "kind": c.draw.kind,
-            "shape": list(c.draw.shape),
-            "dtype": c.draw.dtype,
-            "data": _values_json(c.values),
-        }
+        assert c.draw is not None  # (values are drawn for a draw)
+        out["values"] = _drawn_json(c.draw, c.values)
     return out
 
 

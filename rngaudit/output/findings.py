@@ -53,50 +53,28 @@ DERIVE_RULES = (
 
 
 def derive_findings(report, strict: bool) -> list[Finding]:
-    """`derive` has findings only with --strict: each statement whose keys fall back to 'params', once."""
+    """`derive` has findings only with --strict: each statement whose keys fall back to another stream
+    ('params' in Linen, 'default' in NNX), once."""
     if not strict:
         return []
-    if getattr(report.spec, "flavour", "linen") == "nnx":
-        return _nnx_fallbacks(report)
+    nnx = getattr(report.spec, "flavour", "linen") == "nnx"
     rows: dict = {}
     for c in report.calls:
         d = c.derivation
         if d.fallback:
-            rows.setdefault((d.location, d.stream_requested, d.path_str), []).append(d.index)
+            where = (d.loc, d.requested, d.site) if nnx else (d.location, d.stream_requested, d.path_str)
+            rows.setdefault(where, []).append(c.index if nnx else d.index)
     out = []
     for (loc, stream, path), idx in rows.items():
         keys = f"{len(idx)} keys, rows #{idx[0]}-#{idx[-1]}" if len(idx) > 1 else f"row #{idx[0]}"
-        out.append(
-            Finding(
-                "derive/stream-fallback",
-                ERROR,
-                f"{path}: make_rng({stream!r}) falls back to 'params' ({keys}): the stream is not in "
-                f"rngs; pass it to init/apply or ask for 'params' on purpose",
-                loc,
-            )
+        msg = (
+            f"{path}: stream {stream!r} is served by 'default' ({keys}), sharing its counter: the Rngs has "
+            f"no {stream!r}; add `{stream}:` to rngs, or draw from 'default' on purpose"
+            if nnx
+            else f"{path}: make_rng({stream!r}) falls back to 'params' ({keys}): the stream is not in "
+            f"rngs; pass it to init/apply or ask for 'params' on purpose"
         )
-    return out
-
-
-def _nnx_fallbacks(report) -> list[Finding]:
-    """NNX: each statement whose keys a `default` stream serves for another stream's name, once."""
-    rows: dict = {}
-    for c in report.calls:
-        d = c.derivation
-        if d.fallback:
-            rows.setdefault((d.loc, d.requested, d.site), []).append(c.index)
-    out = []
-    for (loc, stream, site), idx in rows.items():
-        keys = f"{len(idx)} keys, rows #{idx[0]}-#{idx[-1]}" if len(idx) > 1 else f"row #{idx[0]}"
-        out.append(
-            Finding(
-                "derive/stream-fallback",
-                ERROR,
-                f"{site}: stream {stream!r} is served by 'default' ({keys}), sharing its counter: the Rngs has "
-                f"no {stream!r}; add `{stream}:` to rngs, or draw from 'default' on purpose",
-                loc,
-            )
-        )
+        out.append(Finding("derive/stream-fallback", ERROR, msg, loc))
     return out
 
 
