@@ -16,7 +16,7 @@ import numpy as np
 from flax import nnx
 from flax_oracle import eval_key, key_words
 
-from rngaudit.spec.nnx import NnxCall, NnxChild, NnxDraw, NnxLayer, NnxModule, NnxReseed, NnxSpec
+from rngaudit.spec.nnx import NnxCall, NnxChild, NnxDraw, NnxLayer, NnxModule, NnxReseed, NnxSpec, NnxTransform
 
 
 @contextlib.contextmanager
@@ -46,7 +46,8 @@ class _Recorder:
         def call(stream):
             count = stream.count[...]
             key = original(stream)
-            if isinstance(count, jax.core.Tracer):  # inside a jitted step: recorded when it runs
+            traced = isinstance(count, jax.core.Tracer) or isinstance(jax.random.key_data(key), jax.core.Tracer)
+            if traced:  # inside a jitted step or a transform: recorded when it runs
                 step, site, tag = rec.step, rec.site, stream.tag
 
                 def record(c, k):
@@ -113,6 +114,9 @@ def _class(mod: NnxModule, rec: _Recorder, path: str, cache: dict):
             if isinstance(st, NnxLayer):
                 rec.site = join(st.name)
                 setattr(self, st.name, _layer(st, rngs))
+            elif isinstance(st, NnxChild) and st.stack:
+                rec.site = join(st.name)
+                setattr(self, st.name, _stacked(_class(st.module, rec, join(st.name), cache), st.stack)(rngs))
             elif isinstance(st, NnxChild):
                 rec.site = join(st.name)
                 child_rngs = rngs.fork() if st.rngs == "fork" else rngs
@@ -130,12 +134,10 @@ def _class(mod: NnxModule, rec: _Recorder, path: str, cache: dict):
                 target = getattr(self, st.name)
                 for _ in range(st.repeat):
                     rec.site = join(st.name)
-                    if isinstance(target, nnx.Dropout):
-                        target(jnp.ones((4,)))
-                    elif isinstance(target, nnx.MultiHeadAttention):
-                        target(jnp.ones((1, 2, 2)))
-                    elif isinstance(target, nnx.Module) and not type(target).__module__.startswith("flax"):
-                        target(x)
+                    if st.transform is not None:
+                        transformed(st.transform, _run_target, target, x, rec, join(st.name))
+                    else:
+                        _run_target(target, x)
             elif isinstance(st, NnxDraw):
                 for _ in range(st.repeat):
                     rec.site = path or "(root)"
@@ -143,6 +145,81 @@ def _class(mod: NnxModule, rec: _Recorder, path: str, cache: dict):
         return x
 
     return type(mod.cls, (nnx.Module,), {"__init__": __init__, "__call__": __call__})
+
+
+def _stacked(cls, n: int):
+    """The scan-over-layers / ensemble idiom: split_rngs around vmap at construction."""
+
+    @nnx.split_rngs(splits=n)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def create(rngs):
+        return cls(rngs)
+
+    return create
+
+
+def _run_target(target, x):
+    if isinstance(target, nnx.Dropout):
+        target(jnp.ones((4,)))
+    elif isinstance(target, nnx.MultiHeadAttention):
+        target(jnp.ones((1, 2, 2)))
+    elif isinstance(target, nnx.Module) and not type(target).__module__.startswith("flax"):
+        target(x)
+
+
+def _tags(streams: tuple[str, ...]):
+    return streams[0] if len(streams) == 1 else streams
+
+
+def transformed(t: NnxTransform, run, target, x, rec: _Recorder, site: str) -> None:
+    """`run(target, x)` under the nnx.vmap / nnx.scan the transform describes, written as users write it."""
+    if t.kind == "scan" and not t.lanes:
+
+        @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+        def over_layers(h, layer):
+            run(layer, h)
+            return h
+
+        over_layers(x, target)
+    elif t.kind == "vmap" and not t.lanes:
+
+        @nnx.vmap(in_axes=(0, None), out_axes=0)
+        def over_members(member, h):
+            run(member, h)
+            return h
+
+        over_members(target, x)
+    elif t.kind == "scan":
+        axes = nnx.StateAxes({_tags(t.streams): None, ...: nnx.Carry} if t.streams else {...: nnx.Carry})
+
+        @nnx.scan(in_axes=(axes, nnx.Carry, 0), out_axes=(nnx.Carry, 0))
+        def unroll(m, h, xs):
+            run(m, h)
+            return h, xs
+
+        unroll(target, x, jnp.zeros((t.lanes,)))
+    else:
+        xs = jnp.ones((t.lanes,) + x.shape)
+        if t.streams:
+            axes = nnx.StateAxes({_tags(t.streams): 0, ...: None})
+
+            @nnx.split_rngs(splits=t.lanes, only=_tags(t.streams))
+            @nnx.vmap(in_axes=(axes, 0), out_axes=0)
+            def lanes(m, h):
+                run(m, h)
+                return h
+
+            rec.site = site
+            lanes(target, xs)
+        else:
+
+            @nnx.vmap(in_axes=(None, 0), out_axes=0)
+            def broadcast(m, h):
+                run(m, h)
+                return h
+
+            broadcast(target, xs)
+    jax.effects_barrier()
 
 
 def nnx_keys(spec: NnxSpec) -> list[dict]:
@@ -174,15 +251,22 @@ def nnx_keys(spec: NnxSpec) -> list[dict]:
 
                     jax.jit(pure)(state, x)
                     jax.effects_barrier()
+                elif event.transform is not None:
+                    rec.site = "(root)"
+                    transformed(event.transform, lambda m, h: m(h), model, x, rec, "(root)")
                 else:
                     model(x)
     return rec.records
 
 
 def derive_records(report) -> list[dict]:
+    """derive's keys as the oracle records them. A stream nnx.vmap broadcasts hands every lane the same key,
+    which JAX computes once (unbatched), so NNX's wrapped RngStream.__call__ sees it once: lane 0 only."""
     out = []
     for c in report.calls:
         d = c.derivation
+        if d.mapped == "broadcast" and d.lane > 0:
+            continue
         out.append({"step": d.step, "site": d.site, "tag": d.tag, "count": d.count, "key": tuple(c.key)})
     return out
 
@@ -217,10 +301,24 @@ def check_against_nnx(spec: NnxSpec) -> dict:
         return {"error": name}
     ours = derive_records(report)
     assert len(ours) == len(theirs), f"rngaudit has {len(ours)} keys, nnx {len(theirs)}: {ours[:3]} / {theirs[:3]}"
+    if _has_lanes(report.spec):
+        # under nnx.vmap NNX hands out a draw's keys for every lane at once (rngaudit lists lane by lane)
+        order = lambda r: (r["step"], r["tag"], r["count"], r["key"])
+        ours, theirs = sorted(ours, key=order), sorted(theirs, key=order)
     for i, (a, b) in enumerate(zip(ours, theirs)):
         same = (a["step"], a["tag"], a["count"], a["key"]) == (b["step"], b["tag"], b["count"], b["key"])
         assert same and _same_site(a["site"], b["site"]), f"key {i}: rngaudit {a} != nnx {b}"
     return {"keys": len(ours), "values": _check_values(report)}
+
+
+def _has_lanes(spec: NnxSpec) -> bool:
+    def module(m: NnxModule) -> bool:
+        for st in m.init:
+            if isinstance(st, NnxChild) and (st.stack or module(st.module)):
+                return True
+        return any(isinstance(st, NnxCall) and st.transform is not None for st in m.call)
+
+    return module(spec.model) or any(getattr(e, "transform", None) is not None for e in spec.run)
 
 
 def _check_values(report) -> int:

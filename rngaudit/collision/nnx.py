@@ -4,11 +4,15 @@ NNX keys are fold_in(stream key, count) with no path hashing, so two draws share
 same key at the same count, or when one stream's count (or key) goes back to a state it had: a jitted step whose
 returned state is dropped, or nnx.reseed. Each group is one finding, in the category of its cause:
 
-  shared_stream_key  (failing)      two streams seeded with the same key (Rngs(params=0, dropout=0), ...)
-  count_rewind       (failing)      a stale jitted step re-emits the keys of the step before
-  reseed_order       (information)  nnx.reseed hands a stream the keys another one drew (graph order)
-  reseed_repeat      (information)  nnx.reseed hands a stream back the keys it drew (often intended)
-  default_fallback   (information)  a stream the Rngs lacks is served by `default`, sharing its counter
+  shared_stream_key      (failing)      two streams seeded with the same key (Rngs(params=0, dropout=0), ...)
+  count_rewind           (failing)      a stale jitted step re-emits the keys of the step before
+  broadcast_lanes        (failing)      every lane of an nnx.vmap draws one key: the stream is not split
+  frozen_scan_broadcast  (failing)      a stream broadcast into nnx.scan draws the same keys at every call
+  reseed_order           (information)  nnx.reseed hands a stream the keys another one drew (graph order)
+  reseed_repeat          (information)  nnx.reseed hands a stream back the keys it drew (often intended)
+  scan_broadcast         (information)  the steps of one nnx.scan share a broadcast stream's key (recurrent
+                                        dropout's one mask per sequence)
+  default_fallback       (information)  a stream the Rngs lacks is served by `default`, sharing its counter
 """
 
 from __future__ import annotations
@@ -20,8 +24,8 @@ from ..engine.nnx import RULES, NnxKey, replay_nnx
 from ..errors import Location
 from ..spec.nnx import NnxSpec
 
-NNX_FAILING = ("shared_stream_key", "count_rewind")
-NNX_CATEGORIES = NNX_FAILING + ("reseed_order", "reseed_repeat", "default_fallback")
+NNX_FAILING = ("shared_stream_key", "count_rewind", "broadcast_lanes", "frozen_scan_broadcast")
+NNX_CATEGORIES = NNX_FAILING + ("reseed_order", "reseed_repeat", "scan_broadcast", "default_fallback")
 
 
 @dataclass(frozen=True)
@@ -39,10 +43,22 @@ class NnxSite:
     key: tuple[int, ...]
     location: Location
     stale: bool = False
+    lane: int = -1  # the vmap lane or stacked member (-1: none)
+    iteration: int = -1  # the nnx.scan step (-1: none)
+    mapped: str = ""  # lane, broadcast (vmap), frozen (scan broadcast)
+    scan: int = -1  # which nnx.scan call
 
     @property
     def path_str(self) -> str:
         return self.site
+
+    @property
+    def where(self) -> str:
+        """The site with its lane and scan step, as `derive` shows them."""
+        parts = ([f"lane {self.lane}"] if self.lane >= 0 else []) + (
+            [f"scan {self.iteration}"] if self.iteration >= 0 else []
+        )
+        return self.site + (f" [{', '.join(parts)}]" if parts else "")
 
 
 @dataclass(frozen=True)
@@ -80,7 +96,21 @@ class NnxAudit:
 
 def _site(i: int, k: NnxKey, count: int, key) -> NnxSite:
     return NnxSite(
-        i, k.step, k.site, k.requested, k.tag, k.stream, count, k.chain, tuple(int(w) for w in key), k.loc, k.stale
+        i,
+        k.step,
+        k.site,
+        k.requested,
+        k.tag,
+        k.stream,
+        count,
+        k.chain,
+        tuple(int(w) for w in key),
+        k.loc,
+        k.stale,
+        k.lane,
+        k.iteration,
+        k.mapped,
+        k.scan,
     )
 
 
@@ -93,7 +123,18 @@ def _cause(s: NnxSite, earlier: list[NnxSite]) -> str:
     reseed_order (nnx.reseed gave it another stream's key), or shared (two streams hold one key)."""
     same = [e for e in earlier if e.stream_path == s.stream_path]
     if same:
-        return "stale" if s.stale or any(e.stale for e in same) else "reseed"
+        if s.stale or any(e.stale for e in same):
+            return "stale"
+        if s.mapped == "broadcast" and any(
+            e.mapped == "broadcast" and e.step == s.step and e.lane != s.lane and e.chain == s.chain for e in same
+        ):
+            return "broadcast_lanes"
+        # a stream nnx.scan broadcasts goes back to its count after the scan: a later draw repeats its keys
+        frozen = [e for e in same if e.chain == s.chain and "frozen" in (e.mapped, s.mapped)]
+        if frozen:
+            both = s.mapped == "frozen" and any(e.mapped == "frozen" and e.scan == s.scan for e in frozen)
+            return "scan_broadcast" if both else "frozen"
+        return "reseed"
     reseeded = any("nnx.reseed" in c for c in s.chain) or any("nnx.reseed" in c for e in earlier for c in e.chain)
     return "reseed_order" if reseeded else "shared"
 
@@ -104,6 +145,12 @@ _BECAUSE = {
     "reseed_order": "nnx.reseed gave it another stream's key: it visits streams in sorted attribute order, "
     "not in the order they were built",
     "shared": "the two streams hold the same key",
+    "broadcast_lanes": "nnx.vmap broadcast the stream (not split, or not mapped by StateAxes), so every lane "
+    "folds the same count into the same key",
+    "frozen": "the stream was broadcast into nnx.scan, which drops its count update, so every call of the scan "
+    "draws the keys the call before drew",
+    "scan_broadcast": "the stream is broadcast into nnx.scan, so every step of one scan draws the same key "
+    "(the recurrent-dropout pattern: one mask per sequence)",
 }
 _FIX = {
     "stale": "keep the state a jitted step returns (nnx.update(model, state)), or call the model through nnx.jit, "
@@ -113,22 +160,38 @@ _FIX = {
     "reseed_order": "reseed with a seed not used at construction, or name the attributes so that sorted order is "
     "construction order",
     "shared": "give every stream its own seed (e.g. Rngs(params=0, dropout=1)), or fork one stream from another",
+    "broadcast_lanes": "split the stream per lane: nnx.split_rngs(splits=N, only='<stream>') around the vmap, "
+    "with nnx.StateAxes({'<stream>': 0, ...: None}) in in_axes",
+    "frozen": "for one mask per sequence and a new one per call, draw one key per call outside the scan (key = "
+    "rngs.<stream>()) and pass it to the Dropout in every step (drop(h, rngs=key)); for a mask per step, carry "
+    "the stream (StateAxes {...: nnx.Carry})",
+    "scan_broadcast": "intended for recurrent dropout; carry the stream (StateAxes {...: nnx.Carry}) if each "
+    "step should draw its own key",
 }
 # the category of a group: its most serious cause
 _CATEGORY = (
     ("shared", "shared_stream_key"),
     ("stale", "count_rewind"),
+    ("broadcast_lanes", "broadcast_lanes"),
+    ("frozen", "frozen_scan_broadcast"),
     ("reseed_order", "reseed_order"),
     ("reseed", "reseed_repeat"),
+    ("scan_broadcast", "scan_broadcast"),
 )
 
 
 def _classify(sites: list[NnxSite]) -> tuple[str, str, str]:
     first = sites[0]
     causes = [_cause(s, sites[:j]) for j, s in enumerate(sites) if j]
+    pairs = list(zip(sites[1:], causes))
+    # the first draw of each cause, most serious first, then the rest in order (up to 4 are told)
+    rank = {cause: r for r, (cause, _) in enumerate(_CATEGORY)}
+    firsts = {cause: j for j, cause in reversed(list(enumerate(causes)))}
+    shown = sorted(firsts.values(), key=lambda j: rank[causes[j]])
+    shown += [j for j in range(len(pairs)) if j not in firsts.values()]
     parts = []
-    for s, cause in list(zip(sites[1:], causes))[:4]:
-        parts.append(f"{s.stream_path} ({s.site}) at {_when(s)} count {s.count}, because {_BECAUSE[cause]}")
+    for s, cause in (pairs[j] for j in sorted(shown[:4])):
+        parts.append(f"{s.stream_path} ({s.where}) at {_when(s)} count {s.count}, because {_BECAUSE[cause]}")
     more = f"; and {len(causes) - 4} more" if len(causes) > 4 else ""
     if "shared" in causes and len({s.stream_path for s in sites}) > 1:
         chains = sorted({" -> ".join(s.chain) for s in sites})
@@ -136,12 +199,13 @@ def _classify(sites: list[NnxSite]) -> tuple[str, str, str]:
     else:
         head = ""
     why = (
-        f"{head}{first.stream_path} ({first.site}) drew this key at {_when(first)} count {first.count}; "
+        f"{head}{first.stream_path} ({first.where}) drew this key at {_when(first)} count {first.count}; "
         + "; ".join(parts)
         + more
     )
     category = next(c for cause, c in _CATEGORY if cause in causes)
     fix = "; ".join(_FIX[c] for c in dict.fromkeys(cause for cause, _ in _CATEGORY if cause in causes))
+    fix = fix.replace("<stream>", first.stream)
     return category, why, fix
 
 

@@ -34,12 +34,15 @@ FAILING_CATEGORIES = (
     "shared_seed",
     "shared_stream_key",
     "count_rewind",
+    "broadcast_lanes",
+    "frozen_scan_broadcast",
 )
 FINDING_CATEGORIES = FAILING_CATEGORIES + (
     "unsplit_lanes",
     "latent",
     "reseed_order",
     "reseed_repeat",
+    "scan_broadcast",
     "default_fallback",
 )
 

@@ -11,7 +11,14 @@ The rules (FLAX_NNX_RULES.md, flax/nnx/rnglib.py, flax/nnx/nn/*.py, Flax 0.11 an
 - Dropout forks one key from its rng_collection at construction (its own stream, count 0, the tag of the
   stream it forked from); each call that is not deterministic, with 0 < rate < 1, draws one key from it.
 - MultiHeadAttention forks `rngs.dropout` after its params when dropout_rate > 0 and keep_rngs.
-- `rngs.fork()` draws one key from every stream, in the Rngs' order, into a new Rngs of count-0 streams."""
+- `rngs.fork()` draws one key from every stream, in the Rngs' order, into a new Rngs of count-0 streams.
+- `nnx.split_rngs(splits=N)` draws one key from every matching stream it finds (graph order: sorted
+  attributes), sets the stream's key to split(key, N) and its counts to zeros(N), and on exit puts back the key
+  and the count it had after that draw. Under `nnx.vmap` lane i of a split stream folds its counts into
+  split(key, N)[i]; a stream the vmap broadcasts gives every lane fold_in(key, count) and advances as one lane
+  does. A stacked module (split_rngs around vmap at construction) holds per-member streams; nnx.scan or
+  nnx.vmap over its axis gives member i its own. nnx.scan carries counts through the steps; a stream it
+  broadcasts draws the same keys every step and its count update is dropped."""
 
 from __future__ import annotations
 
@@ -19,8 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..errors import FlaxError, Location
-from ..spec.nnx import NnxCall, NnxChild, NnxDraw, NnxLayer, NnxModule, NnxReseed, NnxSpec, NnxStep
+from ..errors import FlaxError, Location, SpecError
+from ..spec.nnx import NnxCall, NnxChild, NnxDraw, NnxLayer, NnxModule, NnxReseed, NnxSpec, NnxStep, NnxTransform
 from ..spec.tree import Draw
 from .keys import KeyData, KeyEngine
 from .records import LazyRows
@@ -30,6 +37,7 @@ if TYPE_CHECKING:
 
 RULES = "flax>=0.11 (NNX: Dropout and attention fork their stream at construction)"
 MAX_NNX_DRAWS = 50_000_000
+MAX_NNX_CALLS = 10_000_000  # module calls (and members built) the replay makes, draws or not
 
 
 @dataclass
@@ -42,6 +50,8 @@ class Stream:
     chain: tuple[str, ...]  # how the key was made: key(1), fold_in 0 (Dropout fork at drop), ...
     count: int = 0
     key_ix: int = -1  # the key's number among the replay's stream keys (set when the key is)
+    lanes: int = 0  # a stacked module's stream: its key is lane `lane` of a (lanes,) key array
+    lane: int = -1
 
 
 @dataclass(frozen=True)
@@ -62,6 +72,10 @@ class NnxKey:
     draw: Draw | None = None
     n: int = 1  # a block of n calls in a row: counts count .. count + n - 1 (a row of the report has n = 1)
     stale: bool = False  # drawn in a jitted step whose returned state is dropped
+    lane: int = -1  # the vmap lane or stacked member it was drawn in (-1: none)
+    iteration: int = -1  # the nnx.scan step it was drawn in (-1: none)
+    mapped: str = ""  # lane (own key per lane), broadcast (every vmap lane the same), frozen (scan broadcast)
+    scan: int = -1  # which nnx.scan call of the replay it was drawn in (-1: none)
 
     @property
     def fallback(self) -> bool:
@@ -102,6 +116,13 @@ class NnxReplayer:
         self.total = 0  # keys drawn so far
         self.stale = False  # in a step whose returned state is dropped
         self.step = 0
+        self.lane = -1  # the vmap lane or stacked member being run
+        self.iteration = -1  # the nnx.scan step being run
+        self.scan = -1  # the nnx.scan call being run (numbered)
+        self.scans = 0
+        self.calls = 0  # module calls made (see MAX_NNX_CALLS)
+        self.frozen: set[int] = set()  # streams an nnx.scan broadcasts (ids)
+        self.broadcast: set[int] = set()  # streams an nnx.vmap broadcasts (ids)
         # every RngStream the model's graph holds, at each attribute path that reaches it
         self.graph: list[tuple[tuple[str, ...], Stream]] = []
 
@@ -129,19 +150,22 @@ class NnxReplayer:
                         self.stale = False
                         for s, key, ix, chain, count in saved:
                             s.key, s.key_ix, s.chain, s.count = key, ix, chain, count
+                    elif event.transform is not None:
+                        self.transformed(model, event.transform, event.loc)
                     else:
                         self.call(model)
             elif isinstance(event, NnxReseed):
                 self.reseed(event)
         return self.keys
 
-    def streams_in_graph_order(self) -> list[tuple[tuple[str, ...], Stream]]:
-        """The model's RngStreams as nnx.graph.iter_graph visits them: depth first, attributes in sorted
-        order, each object once (at its first path)."""
+    def streams_in_graph_order(self, under: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Stream]]:
+        """The model's RngStreams (those at paths under `under`) as nnx.graph.iter_graph visits them: depth
+        first, attributes in sorted order, each object once (at its first path); a stacked stream's lanes
+        together."""
         seen: set[int] = set()
         out = []
         for path, s in sorted(self.graph, key=lambda ps: ps[0]):
-            if id(s) not in seen:
+            if path[: len(under)] == under and id(s) not in seen:
                 seen.add(id(s))
                 out.append((path, s))
         return out
@@ -157,6 +181,14 @@ class NnxReplayer:
             new = fresh.get(s.tag)
             if new is None:
                 continue
+            if s.lanes:
+                # (reseed's default policy, 'scalars_only')
+                raise FlaxError(
+                    "ValueError",
+                    f"Cannot reseed stream at path {path!r} becuase it has a non-scalar key, found key with shape "
+                    f"({s.lanes},) (a stacked module's stream: pass policy='match_shape' to nnx.reseed)",
+                    event.loc,
+                )
             s.chain = new.chain + (f"fold_in {new.count} (nnx.reseed: {'.'.join(path)} in graph order)",)
             self.set_key(s, self.engine.fold_in(new.key, new.count))
             new.count += 1
@@ -181,9 +213,25 @@ class NnxReplayer:
         # the replay ends
         self.total += n
         if self.total > MAX_NNX_DRAWS:
-            from ..errors import SpecError
-
             raise SpecError(f"the model draws more than {MAX_NNX_DRAWS} keys; reduce `repeat` or `steps`", loc)
+        if s.lanes and self.lane < 0:
+            # a stacked module's stream outside nnx.vmap/nnx.scan over its axis: a (lanes,) key array
+            raise FlaxError(
+                "ValueError",
+                f"fold_in accepts a single key, but was given a key array of shape ({s.lanes},) != (). Use "
+                f"jax.vmap for batching. ({s.path} belongs to a stacked module: call it under `scan: true` or "
+                "`vmap: true`)",
+                loc,
+            )
+        mapped = (
+            "frozen"
+            if id(s) in self.frozen
+            else "broadcast"
+            if id(s) in self.broadcast
+            else "lane"
+            if self.lane >= 0
+            else ""
+        )
         self.keys.append(
             NnxKey(
                 self.step,
@@ -200,15 +248,27 @@ class NnxReplayer:
                 draw,
                 n,
                 self.stale,
+                self.lane,
+                self.iteration,
+                mapped,
+                self.scan,
             )
         )
         s.count += n
 
     def fork(self, s: Stream, site: str, requested: str, path: str, why: str, loc: Location) -> Stream:
-        # mirrors RngStream.fork: one key from the stream becomes a new stream's key, count 0, same tag
+        # mirrors RngStream.fork: one key from the stream becomes a new stream's key, count 0, same tag (a
+        # stacked stream forks lane by lane)
         count = s.count
         self.draw(s, site, "fork", requested, loc)
-        return self.stream(path, s.tag, self.engine.fold_in(s.key, count), s.chain + (f"fold_in {count} ({why})",))
+        new = self.stream(
+            path + (f"[{s.lane}]" if s.lanes else ""),
+            s.tag,
+            self.engine.fold_in(s.key, count),
+            s.chain + (f"fold_in {count} ({why})",),
+        )
+        new.lanes, new.lane = s.lanes, s.lane
+        return new
 
     # ---------------------------------------------------------------- construction
     def build(self, mod: NnxModule, path: str, rngs: Rngs) -> Instance:
@@ -221,6 +281,8 @@ class NnxReplayer:
                 layer = inst.attrs[st.name] = self.layer(st, _join(path, st.name), rngs)
                 if layer.own is not None:
                     self.graph.append((where + (st.name, "rngs"), layer.own))
+            elif isinstance(st, NnxChild) and st.stack:
+                inst.attrs[st.name] = self.stacked(st, _join(path, st.name), rngs)
             elif isinstance(st, NnxChild):
                 child_path = _join(path, st.name)
                 child_rngs = rngs
@@ -245,6 +307,50 @@ class NnxReplayer:
                 s = rngs.get(st.stream, "AttributeError", st.loc)
                 self.draw(s, path or "(root)", "draw", st.stream, st.loc, st.label, st.draw, st.repeat)
         return inst
+
+    def stacked(self, st: NnxChild, path: str, rngs: Rngs) -> Stacked:
+        """`nnx.split_rngs(splits=N)` around `nnx.vmap(in_axes=0)` building st.module from `rngs`: one key
+        from every stream of the Rngs (sorted, as iter_graph visits them), split N ways; member i is built from
+        lane i of each (count 0). On exit split_rngs puts the keys back, with the counts after the split draw."""
+        self.no_nesting(st.loc, f"the stacked module {path}")
+        if not rngs.streams:
+            raise FlaxError(
+                "ValueError",
+                "vmap wrapped function must be passed at least one argument containing an array or axis_size must "
+                f"be specified (the Rngs that builds {path} has no streams to split)",
+                st.loc,
+            )
+        n = st.stack
+        lanes: dict[str, tuple[np.ndarray, tuple[str, ...]]] = {}
+        for name in sorted(rngs.streams):
+            s = rngs.streams[name]
+            count = s.count
+            self.draw(s, path, "split", name, st.loc)
+            chain = s.chain + (f"fold_in {count} (nnx.split_rngs for {path})",)
+            lanes[name] = (self.engine.split_all(self.engine.fold_in(s.key, count), n), chain)
+        members = []
+        for i in range(n):
+            self.tick(st.loc)
+            self.lane = i
+            member: dict[str, Stream] = {}
+            for name, s in rngs.streams.items():
+                keys, chain = lanes[name]
+                ms = self.stream(
+                    f"{s.path}[{i}]", s.tag, tuple(int(w) for w in keys[i]), chain + (f"split {n} [lane {i}]",)
+                )
+                ms.lanes, ms.lane = n, i
+                member[name] = ms
+            members.append(self.build(st.module, path, Rngs(f"lane {i} of {rngs.name} (split for {path})", member)))
+        self.lane = -1
+        return Stacked(st, path, members)
+
+    def no_nesting(self, loc: Location, what: str) -> None:
+        if self.lane >= 0:
+            raise SpecError(
+                f"{what} runs inside another nnx.vmap lane or stacked member; rngaudit does not model nested "
+                "lanes yet (flatten them into one stack, or file an issue with the model)",
+                loc,
+            )
 
     def layer(self, st: NnxLayer, path: str, rngs: Rngs) -> Layer:
         kind = st.kind
@@ -275,22 +381,126 @@ class NnxReplayer:
         elif kind == "MultiHeadAttention" and st.opt("dropout_rate") > 0 and st.opt("keep_rngs"):
             s = rngs.get("dropout", "AttributeError", st.loc)
             own = self.fork(s, path, "dropout", f"{path}.rngs", f"attention fork at {path}", st.loc)
-        return Layer(st, path, own)
+        return Layer(st, path, own, len(params))
 
     # ---------------------------------------------------------------- calls
+    def tick(self, loc: Location) -> None:
+        """Counts a module call (or a member built): a spec's repeats, steps and lanes multiply, drawing or not."""
+        self.calls += 1
+        if self.calls > MAX_NNX_CALLS:
+            raise SpecError(
+                f"the model makes more than {MAX_NNX_CALLS} module calls; reduce `repeat`, `steps`, `scan:`, "
+                "`vmap:` or `stack:`",
+                loc,
+            )
+
     def call(self, inst: Instance) -> None:
+        self.tick(inst.mod.loc)
         for st in inst.mod.call:
             if isinstance(st, NnxCall):
                 target = inst.attrs[st.name]
-                if isinstance(target, Layer):
+                if st.transform is not None:
+                    for _ in range(st.repeat):
+                        self.transformed(target, st.transform, st.loc)
+                elif isinstance(target, Layer):
                     self.call_layer(target, st.loc, st.repeat)
                 else:
                     for _ in range(st.repeat):
-                        self.call(target)
+                        self.call_target(target, st.loc)
             elif isinstance(st, NnxDraw):
                 assert inst.rngs is not None  # the parser asks for keep_rngs
                 s = inst.rngs.get(st.stream, "AttributeError", st.loc)
                 self.draw(s, inst.path or "(root)", "draw", st.stream, st.loc, st.label, st.draw, st.repeat)
+
+    def call_target(self, target: Layer | Instance | Stacked, loc: Location) -> None:
+        if isinstance(target, Layer):
+            self.tick(loc)
+            self.call_layer(target, loc)
+        elif isinstance(target, Instance):
+            self.call(target)
+        else:
+            # a stacked module called as it is: its streams hold key arrays, so a draw fails (in draw())
+            self.call(target.members[0])
+
+    def transformed(self, target: Layer | Instance | Stacked, t: NnxTransform, loc: Location) -> None:
+        """One call of `target` under nnx.vmap or nnx.scan."""
+        if isinstance(target, Stacked):
+            # over the stacked axis: member i with its own streams (counts persist per member)
+            self.no_nesting(loc, f"nnx.{t.kind} over {target.path}")
+            if not target.members[0].stateful:
+                # a stack of modules with no arrays gives the transform nothing to map over
+                raise FlaxError(
+                    "ValueError",
+                    (
+                        "scan got no values to scan over and `length` not provided."
+                        if t.kind == "scan"
+                        else "vmap must have at least one non-None value in in_axes or axis_size must be specified"
+                    )
+                    + f" ({target.path}'s members hold no parameters, statistics or RNG streams)",
+                    loc,
+                )
+            for i, member in enumerate(target.members):
+                self.lane = i
+                self.call(member)
+            self.lane = -1
+            return
+        under = tuple(target.path.split(".")) if target.path else ()
+        streams = [s for _, s in self.streams_in_graph_order(under)]
+        if t.kind == "scan":
+            # mirrors nnx.scan with StateAxes({broadcast: None, ...: nnx.Carry}): carried counts thread through
+            # the steps; a broadcast stream starts every step at its count and its update is dropped
+            frozen = [s for s in streams if s.tag in t.streams]
+            start = [s.count for s in frozen]
+            outer = self.iteration, self.frozen, self.scan
+            self.frozen = self.frozen | {id(s) for s in frozen}
+            self.scan, self.scans = self.scans, self.scans + 1
+            for it in range(t.lanes):
+                self.iteration = it
+                for s, c in zip(frozen, start):
+                    s.count = c
+                self.call_target(target, loc)
+            for s, c in zip(frozen, start):
+                s.count = c
+            self.iteration, self.frozen, self.scan = outer
+            return
+        # mirrors nnx.split_rngs(splits=N, only=split) around nnx.vmap(in_axes=(StateAxes({split: 0, ...:
+        # None}), ...)): the split streams draw one key each (graph order) and lane i folds into its split; the
+        # others are broadcast: every lane starts at the same count, and they advance as one lane does
+        self.no_nesting(loc, f"nnx.vmap over {target.path or 'the model'}")
+        for s in streams:
+            if s.lanes:
+                raise SpecError(
+                    f"nnx.vmap over {target.path or 'the model'} maps a stacked module's streams too; rngaudit "
+                    "does not model nested lanes yet",
+                    loc,
+                )
+        n = t.lanes
+        where = target.path or "(root)"
+        split = []
+        for s in streams:
+            if s.tag in t.streams:
+                count = s.count
+                self.draw(s, where, "split", s.tag, loc)
+                chain = s.chain + (f"fold_in {count} (nnx.split_rngs for {where})",)
+                keys = self.engine.split_all(self.engine.fold_in(s.key, count), n)
+                split.append((s, s.key, s.key_ix, s.chain, s.count, keys, chain))
+        shared = [s for s in streams if s.tag not in t.streams]
+        start = [s.count for s in shared]
+        outer_broadcast = self.broadcast
+        self.broadcast = self.broadcast | {id(s) for s in shared}
+        for i in range(n):
+            self.lane = i
+            for s, _, _, _, _, keys, chain in split:
+                self.set_key(s, tuple(int(w) for w in keys[i]))
+                s.chain = chain + (f"split {n} [lane {i}]",)
+                s.count = 0
+            for s, c in zip(shared, start):
+                s.count = c
+            self.call_target(target, loc)
+        self.lane = -1
+        self.broadcast = outer_broadcast
+        for s, key, ix, chain, count, _, _ in split:
+            s.key, s.key_ix, s.chain, s.count = key, ix, chain, count
 
     def call_layer(self, layer: Layer, loc: Location, n: int = 1) -> None:
         """`n` calls of a standard layer in a row (each draws the next key of the same stream, or none)."""
@@ -320,6 +530,21 @@ class Layer:
     st: NnxLayer
     path: str
     own: Stream | None  # the stream it forked (Dropout, attention)
+    params: int = 0
+
+    @property
+    def stateful(self) -> bool:
+        """Whether it holds arrays: parameters, BatchNorm's statistics or an RNG stream."""
+        return bool(self.params) or self.own is not None or self.st.kind == "BatchNorm"
+
+
+@dataclass
+class Stacked:
+    """A stacked module: its members, built from lane i of every stream."""
+
+    st: NnxChild
+    path: str
+    members: list[Instance]
 
 
 class Instance:
@@ -329,7 +554,14 @@ class Instance:
         self.mod = mod
         self.path = path
         self.rngs = rngs
-        self.attrs: dict[str, Layer | Instance] = {}
+        self.attrs: dict[str, Layer | Instance | Stacked] = {}
+
+    @property
+    def stateful(self) -> bool:
+        return self.rngs is not None or any(
+            isinstance(a, Stacked) or a.stateful
+            for a in self.attrs.values()  # (a stack holds its members')
+        )
 
 
 def _join(path: str, name: str) -> str:

@@ -144,6 +144,9 @@ def nnx_audit_json(a: NnxAudit) -> dict:
                         "count": s.count,
                         "chain": list(s.chain),
                         "key": list(s.key),
+                        "lane": None if s.lane < 0 else s.lane,
+                        "iteration": None if s.iteration < 0 else s.iteration,
+                        "mapped": s.mapped or None,
                         "location": s.location.as_json(),
                     }
                     for s in c.sites

@@ -134,7 +134,9 @@ def nnx_call_lines(report: NnxDeriveReport, encode):
                     {
                         "kind": k.kind,
                         "label": k.label,
+                        "lane": None if k.lane < 0 else k.lane,
                         "location": k.loc.as_json(),
+                        "mapped": k.mapped or None,
                         "record": "call",
                         "site": k.site,
                         "step": k.step,
@@ -143,9 +145,13 @@ def nnx_call_lines(report: NnxDeriveReport, encode):
                         "stream_requested": k.requested,
                     }
                 )[1:-1]
-                const = consts[b] = (head, "true" if k.fallback else "false", rest)
-            head, fallback, rest = const
-            yield (f'{{{head},"count":{c},"fallback":{fallback},"index":{i},"key":[{",".join(map(str, key))}],{rest}}}')
+                it = "null" if k.iteration < 0 else str(k.iteration)
+                const = consts[b] = (head, "true" if k.fallback else "false", it, rest)
+            head, fallback, it, rest = const
+            yield (
+                f'{{{head},"count":{c},"fallback":{fallback},"index":{i},"iteration":{it},'
+                f'"key":[{",".join(map(str, key))}],{rest}}}'
+            )
 
 
 def nnx_call_json(c: NnxKeyedCall) -> dict:
@@ -163,6 +169,9 @@ def nnx_call_json(c: NnxKeyedCall) -> dict:
         "count": d.count,
         "chain": list(d.chain),
         "key": list(c.key),
+        "lane": None if d.lane < 0 else d.lane,
+        "iteration": None if d.iteration < 0 else d.iteration,
+        "mapped": d.mapped or None,
         "location": d.loc.as_json(),
     }
     if c.values is not None:

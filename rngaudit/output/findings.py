@@ -127,6 +127,19 @@ COLLISION_RULES = (
         "returns (nnx.update), or use nnx.jit.",
     ),
     Rule(
+        "collisions/broadcast-lanes",
+        "BroadcastLanes",
+        "NNX: every lane of an nnx.vmap draws the same key: the stream is broadcast, not split",
+        "Split the stream per lane with nnx.split_rngs and map it with nnx.StateAxes in the vmap's in_axes.",
+    ),
+    Rule(
+        "collisions/frozen-scan-broadcast",
+        "FrozenScanBroadcast",
+        "NNX: a stream broadcast into nnx.scan draws the same keys at every call",
+        "nnx.scan drops the count update of a broadcast stream, so each call repeats the keys of the call before: "
+        "draw the key outside the scan and pass it in.",
+    ),
+    Rule(
         "collisions/reseed-order",
         "ReseedOrder",
         "NNX: after nnx.reseed a stream draws the keys another stream drew",
@@ -137,6 +150,12 @@ COLLISION_RULES = (
         "ReseedRepeat",
         "NNX: after nnx.reseed a stream draws the keys it drew before",
         "Reseeding with a seed used before repeats keys; intended when reproducing a call (information).",
+    ),
+    Rule(
+        "collisions/scan-broadcast",
+        "ScanBroadcast",
+        "NNX: the steps of one nnx.scan share a broadcast stream's key",
+        "The recurrent-dropout pattern, one mask per sequence (information); carry the stream for a key per step.",
     ),
     Rule(
         "collisions/default-fallback",
@@ -155,6 +174,9 @@ COLLISION_RULES = (
 _CATEGORY_RULE = {
     "shared_stream_key": "collisions/shared-stream-key",
     "count_rewind": "collisions/count-rewind",
+    "broadcast_lanes": "collisions/broadcast-lanes",
+    "frozen_scan_broadcast": "collisions/frozen-scan-broadcast",
+    "scan_broadcast": "collisions/scan-broadcast",
     "reseed_order": "collisions/reseed-order",
     "reseed_repeat": "collisions/reseed-repeat",
     "default_fallback": "collisions/default-fallback",

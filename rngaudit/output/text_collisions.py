@@ -313,7 +313,7 @@ def render_nnx_audit(a: NnxAudit, console: Console) -> None:
                 [
                     _INDENT,
                     "init" if s.step == 0 else f"step {s.step}",
-                    s.site,
+                    s.where,
                     _shown(s.stream_path),
                     f"count {s.count}",
                     str(s.location),

@@ -24,6 +24,20 @@ def chain_text(chain: tuple[str, ...], count: int) -> str:
     return " -> ".join(chain + (f"fold_in {count}",))
 
 
+def site_text(d) -> str:
+    """A draw's site with what drew (fork, draw, split) and where under a transform: `[lane 2]`, `[scan 3]`,
+    and whether the stream was broadcast there."""
+    where = []
+    if d.lane >= 0:
+        where.append(f"lane {d.lane}")
+    if d.iteration >= 0:
+        where.append(f"scan {d.iteration}")
+    if d.mapped in ("broadcast", "frozen"):
+        where.append("broadcast")
+    kind = f" ({d.kind})" if d.kind in ("fork", "draw", "split") else ""
+    return d.site + kind + (f" [{', '.join(where)}]" if where else "")
+
+
 def render_nnx_derive(report: NnxDeriveReport, console: Console) -> None:
     spec = report.spec
     head = Text()
@@ -53,10 +67,10 @@ def render_nnx_derive(report: NnxDeriveReport, console: Console) -> None:
         table.add_row(
             str(c.index),
             "init" if d.step == 0 else str(d.step),
-            d.site + (f" ({d.kind})" if d.kind in ("fork", "draw") else ""),
+            Text(site_text(d)),
             Text(stream, style="yellow" if d.fallback else ""),
             str(d.count),
-            chain_text(d.chain, d.count),
+            Text(chain_text(d.chain, d.count)),
             "[" + " ".join(str(w) for w in c.key) + "]",
         )
     console.print(table)

@@ -18,6 +18,7 @@ from .tree import Draw, RngSource
 from .yaml_source import YNode
 
 MAX_STEPS = 1_000_000
+MAX_LANES = 65_536
 LINEN_STATEMENTS = ("body", "setup", "transforms", "make_rng", "param", "variable", "phase", "mutable")
 
 # The standard layers' construction-time draws (FLAX_NNX_RULES.md §3, flax/nnx/nn/*.py): the params keys
@@ -65,11 +66,32 @@ class NnxLayer(NnxStatement):
 
 @dataclass(frozen=True)
 class NnxChild(NnxStatement):
-    """A submodule built in `__init__`: from the module's own Rngs (`shared`) or from `rngs.fork()`."""
+    """A submodule built in `__init__`: from the module's own Rngs (`shared`) or from `rngs.fork()`; `stack`
+    N > 0: N of them at once, `nnx.split_rngs(splits=N)` around `nnx.vmap(in_axes=0)` (an ensemble, or the
+    layers of a scan-over-layers stack), member i built from lane i of every stream of the Rngs."""
 
     name: str
     module: NnxModule
     rngs: str = "shared"
+    stack: int = 0
+
+
+@dataclass(frozen=True)
+class NnxTransform:
+    """How a call is transformed. `vmap`: `lanes` lanes (0: over a stacked module's members), the streams
+    whose tag is in `streams` split per lane by nnx.split_rngs and mapped with StateAxes, the rest broadcast.
+    `scan`: `lanes` steps (0: over a stacked module's layers), state carried, the streams whose tag is in
+    `streams` broadcast (frozen)."""
+
+    kind: str  # vmap or scan
+    lanes: int  # 0: over the stacked axis of the module
+    streams: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        over = "its stacked axis" if not self.lanes else f"{self.lanes} {'lanes' if self.kind == 'vmap' else 'steps'}"
+        what = "split" if self.kind == "vmap" else "broadcast"
+        streams = f", {what} {', '.join(self.streams)}" if self.streams else ""
+        return f"nnx.{self.kind} over {over}{streams}"
 
 
 @dataclass(frozen=True)
@@ -88,15 +110,17 @@ class NnxCall(NnxStatement):
 
     name: str
     repeat: int = 1
+    transform: NnxTransform | None = None
 
 
 @dataclass(frozen=True)
 class NnxStep(NnxStatement):
     """`n` calls of the model; `stale`: each in a pure jax.jit step whose returned state is dropped (the
-    next step starts from the same RNG counts)."""
+    next step starts from the same RNG counts); `transform`: each call under nnx.vmap or nnx.scan."""
 
     n: int = 1
     stale: bool = False
+    transform: NnxTransform | None = None
 
 
 @dataclass(frozen=True)
@@ -172,6 +196,25 @@ class NnxParser:
                     f"`call: {st.name}`: {cls} builds no attribute {st.name!r} in `init:` (attributes: {known})",
                     st.loc,
                 )
+            if isinstance(st, NnxCall) and st.transform is not None:
+                target = names[st.name]
+                size = target.stack if isinstance(target, NnxChild) else 0
+                stacked = size > 0
+                t = st.transform
+                if stacked and t.lanes:
+                    raise SpecError(
+                        f"{st.name} is a stack of {size} (`stack:`): call it with `{t.kind}: true` "
+                        f"(nnx.{t.kind} over its stacked axis); rngaudit does not model a new {t.kind} axis around "
+                        "a stacked module",
+                        st.loc,
+                    )
+                if not stacked and not t.lanes:
+                    raise SpecError(
+                        f"`{t.kind}: true` maps over a stacked module's axis, and {st.name} is not stacked; build it "
+                        f"with `stack: N`, or give the number of {'lanes' if t.kind == 'vmap' else 'steps'} "
+                        f"(`{t.kind}: 4`)",
+                        st.loc,
+                    )
             if isinstance(st, NnxDraw) and not keep:
                 raise SpecError(
                     f"`draw:` in `call:` draws from self.rngs, which {cls} does not keep; add `keep_rngs: true` "
@@ -225,7 +268,7 @@ class NnxParser:
             for k in arg.value:
                 if k in LINEN_STATEMENTS:
                     raise _mixed(k, arg.key_locs[k])
-            f = Fields(arg, "`module`", ("class", "name", "rngs", "init", "call", "keep_rngs"), ("class",))
+            f = Fields(arg, "`module`", ("class", "name", "rngs", "init", "call", "keep_rngs", "stack"), ("class",))
             mode = f.text("rngs", "shared")
             if mode not in RNGS_MODES:
                 raise SpecError(
@@ -233,9 +276,27 @@ class NnxParser:
                     f"{suggest(mode, RNGS_MODES)}",
                     f.need("rngs").loc,
                 )
-            inner = YNode({k: v for k, v in arg.value.items() if k not in ("name", "rngs")}, arg.loc, arg.key_locs)
+            stack = f.integer("stack", 0, 1, MAX_LANES)
+            if stack and mode != "shared":
+                raise SpecError(
+                    "a stacked module (`stack:`) is built by nnx.split_rngs around nnx.vmap from the caller's "
+                    "Rngs; drop `rngs: fork`",
+                    f.need("rngs").loc,
+                )
+            inner = YNode(
+                {k: v for k, v in arg.value.items() if k not in ("name", "rngs", "stack")}, arg.loc, arg.key_locs
+            )
             mod = self.module(inner, "`module`")
-            return NnxChild(loc, f.text("name", f"{mod.cls.lower()}_{n}"), mod, mode)
+            if stack:
+                kept = _keeps_shared(mod)
+                if kept is not None:
+                    raise SpecError(
+                        f"{kept} keeps the Rngs of a stacked module (keep_rngs: true): inside nnx.vmap that is the "
+                        "caller's Rngs object, which nnx.split_rngs puts back unsplit; rngaudit does not model it. "
+                        "Draw in the stacked module from a Dropout, or from a child built with `rngs: fork`",
+                        arg.loc,
+                    )
+            return NnxChild(loc, f.text("name", f"{mod.cls.lower()}_{n}"), mod, mode, stack)
         return self.layer(key, arg, loc, n)
 
     def layer(self, kind: str, arg: YNode | None, loc, n: int) -> NnxLayer:
@@ -288,8 +349,68 @@ class NnxParser:
             raise SpecError("`call` names an attribute built in `init:`: `call: drop` or `call: {name: drop}`", loc)
         if isinstance(arg.value, str):
             return NnxCall(loc, arg.value)
-        f = Fields(arg, "`call`", ("name", "repeat"), ("name",))
-        return NnxCall(loc, f.name("name"), f.integer("repeat", 1, 1, MAX_REPEAT))
+        f = Fields(arg, "`call`", ("name", "repeat") + TRANSFORM_KEYS, ("name",))
+        return NnxCall(loc, f.name("name"), f.integer("repeat", 1, 1, MAX_REPEAT), transform(f, stacked_ok=True))
+
+
+TRANSFORM_KEYS = ("vmap", "scan", "split", "broadcast")
+
+
+def _keeps_shared(mod: NnxModule) -> str | None:
+    """The class of the first module in `mod` (itself, or a child given the same Rngs) that keeps its Rngs."""
+    if mod.keep_rngs:
+        return mod.cls
+    for st in mod.init:
+        if isinstance(st, NnxChild) and st.rngs == "shared":
+            found = _keeps_shared(st.module)
+            if found is not None:
+                return found
+    return None
+
+
+def _streams(node: YNode, what: str) -> tuple[str, ...]:
+    items = [node] if isinstance(node.value, str) else node.value if node.is_seq else None
+    if items is None:
+        raise SpecError(f"{what} is a stream name or a list of them, not {type_name(node.value)}", node.loc)
+    return tuple(as_str(i, f"a stream of {what}") for i in items)
+
+
+def transform(f: Fields, stacked_ok: bool) -> NnxTransform | None:
+    """`vmap:`/`scan:` with `split:`/`broadcast:` of a call, or None."""
+    vn, sn = f.get("vmap"), f.get("scan")
+    if vn is not None and sn is not None:
+        raise SpecError("a call is under `vmap:` or `scan:`, not both (nest them in two modules)", sn.loc)
+    tn = vn if vn is not None else sn
+    kind = "vmap" if vn is not None else "scan"
+    other = "broadcast" if kind == "vmap" else "split"
+    on = f.get(other)
+    if on is not None:
+        if tn is None:
+            raise SpecError(f"`{other}:` belongs to {'`scan:`' if other == 'broadcast' else '`vmap:`'}", on.loc)
+        raise SpecError(
+            f"`{other}:` belongs to `{'scan' if kind == 'vmap' else 'vmap'}:`; under `{kind}:` give "
+            f"`{'split' if kind == 'vmap' else 'broadcast'}:`",
+            on.loc,
+        )
+    if tn is None:
+        return None
+    if tn.value is True and stacked_ok:
+        lanes = 0
+    else:
+        what = "lanes" if kind == "vmap" else "steps"
+        over = " or true (over a stacked module's axis)" if stacked_ok else ""
+        if isinstance(tn.value, bool) or not isinstance(tn.value, int):
+            raise SpecError(f"`{kind}:` is the number of {what}{over}, not {type_name(tn.value)}", tn.loc)
+        lanes = as_int(tn, f"`{kind}:` (the number of {what})", 1, MAX_LANES if kind == "vmap" else MAX_STEPS)
+    key = "split" if kind == "vmap" else "broadcast"
+    sl = f.get(key)
+    streams = () if sl is None else _streams(sl, f"`{key}:`")
+    if streams and not lanes:
+        raise SpecError(
+            f"`{key}:` applies to {kind} over a new axis; a stacked module's streams are already split per member",
+            f.need(key).loc,
+        )
+    return NnxTransform(kind, lanes, streams)
 
 
 RUN_EVENTS = ("call", "stale_call", "reseed")
@@ -313,7 +434,10 @@ def _run(node: YNode, key_source) -> tuple[NnxStep | NnxReseed, ...]:
             raise SpecError(
                 f"unknown event {key!r} in `run`{suggest(key, RUN_EVENTS)}; use {', '.join(RUN_EVENTS)}", loc
             )
-        if key in ("call", "stale_call"):
+        if key == "call" and arg is not None and arg.is_map:
+            f = Fields(arg, "`call`", ("n",) + TRANSFORM_KEYS)
+            out.append(NnxStep(loc, f.integer("n", 1, 1, MAX_STEPS), False, transform(f, stacked_ok=False)))
+        elif key in ("call", "stale_call"):
             n = 1 if arg is None else as_int(arg, f"`{key}` (how many calls)", 1, MAX_STEPS)
             out.append(NnxStep(loc, n, key == "stale_call"))
         else:

@@ -111,6 +111,13 @@ WORDS = [
     "dropout_rate",
     "normalize_qk",
     "default",
+    "stack",
+    "vmap",
+    "scan",
+    "split",
+    "broadcast",
+    "name",
+    "n",
 ]
 scalars = st.one_of(
     st.sampled_from(WORDS),
@@ -148,6 +155,12 @@ documents = st.fixed_dictionaries(
 )
 
 
+TRANSFORM = {
+    "vmap": st.one_of(st.integers(0, 3), st.booleans(), scalars),
+    "scan": st.one_of(st.integers(0, 3), st.booleans(), scalars),
+    "split": st.one_of(st.sampled_from(["dropout", "params", "x"]), values),
+    "broadcast": st.one_of(st.sampled_from(["dropout", "params"]), values),
+}
 nnx_statement = st.one_of(
     st.sampled_from(["Linear", "Dropout", "draw", "call", "module", "MultiHeadAttention", "LayerNorm"]),
     st.dictionaries(st.sampled_from(WORDS), values, min_size=1, max_size=1),
@@ -163,7 +176,22 @@ nnx_module = st.recursive(
     ),
     lambda inner: st.fixed_dictionaries(
         {"class": st.just("M"), "init": st.lists(st.fixed_dictionaries({"module": inner}), max_size=2)},
-        optional={"call": st.lists(st.sampled_from(["call", {"call": "module_0"}, {"call": "m_0"}]), max_size=2)},
+        optional={
+            "call": st.lists(
+                st.one_of(
+                    st.sampled_from(["call", {"call": "module_0"}, {"call": "m_0"}]),
+                    st.fixed_dictionaries(
+                        {
+                            "call": st.fixed_dictionaries(
+                                {"name": st.sampled_from(["module_0", "m_0"])}, optional=TRANSFORM
+                            )
+                        }
+                    ),
+                ),
+                max_size=2,
+            ),
+            "stack": st.one_of(st.integers(0, 3), scalars),
+        },
     ),
     max_leaves=6,
 )
@@ -173,7 +201,15 @@ nnx_documents = st.fixed_dictionaries(
         "rngs": st.one_of(st.dictionaries(st.sampled_from(["params", "dropout", "default", "x"]), scalars), values),
         "steps": st.one_of(st.integers(-1, 3), scalars),
         "run": st.one_of(
-            st.lists(st.one_of(st.sampled_from(["call", "stale_call", "reseed"]), values), max_size=3), values
+            st.lists(
+                st.one_of(
+                    st.sampled_from(["call", "stale_call", "reseed"]),
+                    st.fixed_dictionaries({"call": st.fixed_dictionaries({}, optional={"n": scalars, **TRANSFORM})}),
+                    values,
+                ),
+                max_size=3,
+            ),
+            values,
         ),
         "jax": values,
     },

@@ -12,6 +12,7 @@ from nnx_oracle import check_against_nnx, nnx_keys
 from support import REPO, invoke, write
 
 from rngaudit import FlaxError, SpecError, UsageError, derive, parse_spec
+from rngaudit.collision.nnx import NNX_FAILING
 
 NNX_GUIDE = REPO / "rngaudit" / "examples" / "nnx_guide.yaml"
 
@@ -330,6 +331,21 @@ LINEAR_DROP = "model: {class: M, init: [Linear, {Dropout: {name: d, rate: 0.5}}]
             f"rngs: {{params: 0, dropout: 1}}\nrun: [call, call, {{reseed: {{dropout: 9}}}}, call]\n{LINEAR_DROP}",
         ),
         (
+            "broadcast_lanes",
+            f"rngs: {{params: 0, dropout: 1}}\nrun: [{{call: {{vmap: 4}}}}]\n{LINEAR_DROP}",
+            f"rngs: {{params: 0, dropout: 1}}\nrun: [{{call: {{vmap: 4, split: dropout}}}}]\n{LINEAR_DROP}",
+        ),
+        (
+            "frozen_scan_broadcast",
+            f"rngs: {{params: 0, dropout: 1}}\nrun: [{{call: {{n: 2, scan: 3, broadcast: dropout}}}}]\n{LINEAR_DROP}",
+            f"rngs: {{params: 0, dropout: 1}}\nrun: [{{call: {{n: 2, scan: 3}}}}]\n{LINEAR_DROP}",
+        ),
+        (
+            "scan_broadcast",
+            f"rngs: {{params: 0, dropout: 1}}\nrun: [{{call: {{scan: 3, broadcast: dropout}}}}]\n{LINEAR_DROP}",
+            f"rngs: {{params: 0, dropout: 1}}\nrun: [{{call: {{scan: 3}}}}]\n{LINEAR_DROP}",
+        ),
+        (
             "default_fallback",
             f"rngs: {{default: 0, params: 1}}\n{LINEAR_DROP}",
             f"rngs: {{default: 0, params: 1, dropout: 2}}\n{LINEAR_DROP}",
@@ -348,7 +364,7 @@ def test_each_nnx_collision_class_is_caught_and_absent_when_fixed(category, brok
                 assert len({s.key for s in c.sites}) == 1 and c.sites[0].key == c.key
                 assert c.why and c.fix
     a = _audit(head + broken)
-    assert a.failing == sum(1 for c in a.collisions if c.category in ("shared_stream_key", "count_rewind"))
+    assert a.failing == sum(1 for c in a.collisions if c.category in NNX_FAILING)
 
 
 def test_nnx_collisions_keys_are_the_keys_nnx_hands_out():

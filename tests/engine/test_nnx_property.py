@@ -3,8 +3,10 @@
 Each example draws a tree of user modules whose __init__ builds standard layers (every option that changes
 what they draw), Dropout and attention (which fork their stream), submodules given the caller's Rngs or
 `rngs.fork()`, and `rngs.<stream>()` draws (streams that exist, fall back to `default`, or do not exist); whose
-__call__ calls those layers and submodules (some more than once) and draws from a kept Rngs; then calls the
-model several times (`steps`), or runs calls, stale jitted steps and nnx.reseed events (`run`). Every key NNX hands out (construction and each step) must be derive's, in order, or both
+__call__ calls those layers and submodules (some more than once, some under nnx.scan with streams carried or
+broadcast, or nnx.vmap with streams split or broadcast) and draws from a kept Rngs; stacked modules (split_rngs
+around vmap at construction) called by nnx.scan or nnx.vmap over their axis; then calls the model several
+times (`steps`), or runs calls, stale jitted steps, nnx.reseed events and calls under nnx.vmap/nnx.scan (`run`). Every key NNX hands out (construction and each step) must be derive's, in order, or both
 must raise the same error. RNGAUDIT_NNX_EXAMPLES sets how many (default 40, a fixed set)."""
 
 from __future__ import annotations
@@ -87,35 +89,82 @@ def rng_draw(draw):
     return {"draw": stream}
 
 
+TAGS = ("params", "dropout", "noise", "default")
+
+
+def lane_safe(mod: dict) -> bool:
+    """Whether a module can run in a vmap lane: no stacked module and no nnx.vmap of a new axis inside (rngaudit
+    does not model nested lanes)."""
+    for st_ in mod.get("init", []):
+        child = st_.get("module") if isinstance(st_, dict) else None
+        if child is not None and ("stack" in child or not lane_safe(child)):
+            return False
+    return not any(
+        isinstance(c, dict)
+        and isinstance(c.get("call"), dict)
+        and "split" in c["call"]
+        or (
+            isinstance(c, dict)
+            and isinstance(c.get("call"), dict)
+            and isinstance(c["call"].get("vmap"), int)
+            and not isinstance(c["call"].get("vmap"), bool)
+        )
+        for c in mod.get("call", [])
+    )
+
+
+def transform(draw, lanes_ok: bool) -> dict:
+    """`scan: N` with some streams broadcast, or (where lanes may start) `vmap: N` with some split."""
+    tags = draw(st.lists(st.sampled_from(TAGS), unique=True, max_size=2))
+    if lanes_ok and maybe(draw, 0.5):
+        return {"vmap": draw(st.integers(1, 3)), **({"split": tags} if tags else {})}
+    return {"scan": draw(st.integers(1, 3)), **({"broadcast": tags} if tags else {})}
+
+
 @st.composite
-def module(draw, depth: int, n: list):
+def module(draw, depth: int, n: list, lanes: bool = False, no_keep: bool = False):
+    """A user module; `lanes`: it runs in a vmap lane or as a stack's member (no new lanes inside); `no_keep`:
+    it shares a stacked module's Rngs (which it may not keep)."""
     n[0] += 1
     mod: dict = {"class": f"M{n[0]}"}
-    keep = maybe(draw, 0.3)
+    keep = not no_keep and maybe(draw, 0.3)
     if keep:
         mod["keep_rngs"] = True
     init, names = [], []
+    children: dict[str, dict] = {}
     for i in range(draw(st.integers(1 if depth == 2 else 0, 5))):
-        what = draw(st.sampled_from(("layer", "layer", "layer", "draw") + (("module",) if depth > 0 else ())))
+        kinds = ("layer", "layer", "layer", "draw") + (("module",) if depth > 0 else ())
+        what = draw(st.sampled_from(kinds + (("stack",) if depth > 0 and not lanes else ())))
         name = f"a{i}"
         if what == "layer":
             kind, o = draw(layer())
             init.append({kind: {"name": name, **o}})
             names.append(name)
-        elif what == "module":
-            child = draw(module(depth - 1, n))
+        elif what in ("module", "stack"):
+            fork = what == "module" and maybe(draw, 0.4)
+            child = draw(module(depth - 1, n, lanes or what == "stack", (no_keep and not fork) or what == "stack"))
             child["name"] = name
-            if maybe(draw, 0.4):
+            if fork:
                 child["rngs"] = "fork"
+            if what == "stack":
+                child["stack"] = draw(st.integers(1, 3))
             init.append({"module": child})
             names.append(name)
+            children[name] = child
         else:
             init.append(rng_draw(draw))
     call = []
     for _ in range(draw(st.integers(1 if depth == 2 else 0, 4))):
         if names and (not keep or maybe(draw, 0.7)):
             target = draw(st.sampled_from(names))
-            call.append({"call": target} if maybe(draw, 0.8) else {"call": {"name": target, "repeat": 2}})
+            child = children.get(target)
+            if child is not None and "stack" in child:
+                call.append({"call": {"name": target, draw(st.sampled_from(("scan", "vmap"))): True}})
+            elif maybe(draw, 0.25):
+                safe = not lanes and (child is None or lane_safe(child))
+                call.append({"call": {"name": target, **transform(draw, safe)}})
+            else:
+                call.append({"call": target} if maybe(draw, 0.8) else {"call": {"name": target, "repeat": 2}})
         elif keep:
             call.append(rng_draw(draw))
     if init:
@@ -131,26 +180,29 @@ def nnx_specs(draw) -> str:
     streams = draw(st.lists(st.sampled_from(STREAMS), unique=True, max_size=4))
     if maybe(draw, 0.6) and "params" not in streams:
         streams.insert(0, "params")
+    model = draw(module(2, [0]))
     doc = {
         "rngaudit": 1,
         "flavour": "nnx",
         "jax": {"prng_impl": impl, "threefry_partitionable": draw(st.booleans())},
         "rngs": {s: draw(st.one_of(st.integers(0, 5), st.integers(0, 2**63 - 1))) for s in streams},
-        "model": draw(module(2, [0])),
+        "model": model,
     }
     if maybe(draw, 0.5):
         doc["steps"] = draw(st.integers(0, 3))
     else:
-        doc["run"] = draw(st.lists(run_event(), min_size=1, max_size=5))
+        doc["run"] = draw(st.lists(run_event(lane_safe(model)), min_size=1, max_size=5))
     return yaml.safe_dump(doc, sort_keys=False)
 
 
 @st.composite
-def run_event(draw):
-    kind = draw(st.sampled_from(("call", "call", "stale_call", "reseed")))
+def run_event(draw, lanes_ok: bool):
+    kind = draw(st.sampled_from(("call", "call", "stale_call", "reseed", "transformed")))
     if kind == "reseed":
         names = draw(st.lists(st.sampled_from(ASKED), unique=True, min_size=1, max_size=3))
         return {"reseed": {s: draw(st.integers(0, 5)) for s in names}}
+    if kind == "transformed":
+        return {"call": {"n": draw(st.integers(1, 2)), **transform(draw, lanes_ok)}}
     return kind if maybe(draw, 0.6) else {kind: draw(st.integers(1, 2))}
 
 
@@ -159,3 +211,6 @@ def run_event(draw):
 def test_random_nnx_models_match_nnx(text):
     result = check_against_nnx(parse_spec(text, "<hypothesis>"))
     event(f"nnx raises {result['error']}" if "error" in result else "keys" if result["keys"] else "no keys")
+    for word in ("stack:", "vmap:", "scan:", "split:", "broadcast:"):
+        if word in text:
+            event(f"has {word[:-1]}")
