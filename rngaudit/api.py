@@ -294,12 +294,14 @@ def capture(
     rngs: str | dict[str, int] | None = None,
     phase: str = "init",
     method: str | None = None,
+    steps: int | None = None,
 ) -> CaptureReport:
     """Run a live Flax model (`FILE.py:FACTORY` or `package.module:FACTORY`), record every key it hands out
-    (`report.capture`) and a spec that derive replays bit-exactly (`report.spec`, YAML text)."""
+    (`report.capture`) and a spec that derive replays bit-exactly (`report.spec`, YAML text). An NNX model (an
+    nnx.Module class, or a function of an nnx.Rngs) is built and called `steps` times (default 1)."""
     from .refactor.capture import CaptureReport, run_capture
 
-    cap, spec_text = run_capture(target, list(inputs), rngs, phase, method)
+    cap, spec_text = run_capture(target, list(inputs), rngs, phase, method, steps)
     return CaptureReport(cap, spec_text)
 
 
@@ -328,6 +330,9 @@ def verify(
     from .refactor.capture import observe
     from .refactor.compare import verify as compare
 
+    nnx = _nnx_spec(spec)
+    if nnx is not None and isinstance(against, (str, os.PathLike)) and not os.fspath(against).lower().endswith(".json"):
+        return _verify_nnx(nnx, os.fspath(against), inputs, rngs, method)
     ours = _sites(spec)
     if not isinstance(against, str) and not isinstance(against, os.PathLike):
         theirs = against
@@ -347,6 +352,52 @@ def verify(
                 ) from None
         theirs, _, _ = observe(os.fspath(against), list(inputs), seeds, ours.phase, method)
     return compare(ours, theirs)
+
+
+def _nnx_spec(spec) -> NnxSpec | None:
+    from .spec.nnx import NnxSpec
+    from .spec.parse import load_spec
+
+    if isinstance(spec, NnxSpec):
+        return spec
+    if isinstance(spec, (str, os.PathLike)):
+        loaded = load_spec(os.fspath(spec))
+        return loaded if isinstance(loaded, NnxSpec) else None
+    return None
+
+
+def _verify_nnx(spec: NnxSpec, target: str, inputs, rngs, method) -> Comparison:
+    """An NNX spec against a live NNX model: the model captured (built from the spec's seeds and called as many
+    times as the spec's `steps`), then compared key by key."""
+    from .refactor.compare import verify as compare
+    from .refactor.keys_file import spec_capture
+    from .refactor.nnx_capture import is_nnx_target, run_nnx_capture
+    from .refactor.target import parse_input, parse_rngs, parse_target
+    from .spec.nnx import NnxStep
+
+    if method is not None:
+        raise UsageError("--method is Linen's: an NNX model is built and called")
+    if any(not isinstance(e, NnxStep) or e.stale or e.transform is not None for e in spec.run):
+        raise UsageError(
+            f"{spec.file}: verify against a live NNX model runs plain calls; this spec's `run:` has other events "
+            "(reseed, stale_call, vmap or scan calls): compare it with a keys file instead"
+        )
+    ref = parse_target(target)
+    if not is_nnx_target(ref):
+        raise UsageError(
+            f"{spec.file} is an NNX spec and TARGET {target} is not an NNX model (a function of an nnx.Rngs)"
+        )
+    seeds = dict(rngs) if isinstance(rngs, dict) else parse_rngs(rngs) if rngs is not None else None
+    if seeds is None:
+        try:
+            seeds = {k: int(src.text) for k, src in spec.rngs.items()}
+        except ValueError:
+            raise UsageError(
+                f"{spec.file}: its rngs are not all integer seeds; give --rngs STREAM=SEED,... for the TARGET"
+            ) from None
+    theirs, _ = run_nnx_capture(ref, [parse_input(t) for t in inputs], seeds, spec.steps)
+    theirs.target = target
+    return compare(spec_capture(spec.file, spec), theirs)
 
 
 def diff(old: str | os.PathLike[str] | Spec | Capture, new: str | os.PathLike[str] | Spec | Capture) -> Comparison:

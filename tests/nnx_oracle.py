@@ -265,7 +265,7 @@ def derive_records(report) -> list[dict]:
     out = []
     for c in report.calls:
         d = c.derivation
-        if d.mapped == "broadcast" and d.lane > 0:
+        if "vmap" in d.broadcast and d.lane > 0:
             continue
         out.append({"step": d.step, "site": d.site, "tag": d.tag, "count": d.count, "key": tuple(c.key)})
     return out

@@ -28,6 +28,7 @@ class CaptureOptions(NamedTuple):
     method: str | None
     fmt: Format
     exit_zero: bool
+    steps: int | None
 
 
 def capture(
@@ -42,6 +43,13 @@ def capture(
     rngs: str | None = typer.Option(None, "--rngs", metavar="STREAM=SEED,...", help=_RNGS_HELP),
     phase: Phase = typer.Option(Phase.init, "--phase", help="Run init, or init then apply (keys of apply)."),
     method: str | None = typer.Option(None, "--method", help="The module method to run (default __call__)."),
+    steps: int | None = typer.Option(
+        None,
+        "--steps",
+        min=0,
+        metavar="N",
+        help="NNX models: call the model N times after building it (default 1); every key of each call is recorded.",
+    ),
     keys: str | None = typer.Option(
         None, "--keys", metavar="FILE.json", help="Also write the observed keys (format rngaudit.capture) here."
     ),
@@ -60,7 +68,7 @@ def capture(
     config: str | None = CONFIG,
 ) -> None:
     """Run a live Flax model, record every key it hands out, and write a spec derive replays bit-exactly."""
-    given = CaptureOptions(inputs, rngs, phase, method, fmt, exit_zero)
+    given = CaptureOptions(inputs, rngs, phase, method, fmt, exit_zero, steps)
 
     def go() -> None:
         from .. import api
@@ -70,7 +78,9 @@ def capture(
         from .writing import write_output
 
         o = configured(ctx, "capture", config, given)
-        report = api.capture(target, inputs=o.inputs or (), rngs=o.rngs, phase=o.phase.value, method=o.method)
+        report = api.capture(
+            target, inputs=o.inputs or (), rngs=o.rngs, phase=o.phase.value, method=o.method, steps=o.steps
+        )
         doc = capture_to_json(report.capture, output if o.fmt is not Format.json else None)
         if keys is not None:
             write_output(dumps(doc), keys)
@@ -90,6 +100,12 @@ def fallback_warnings(cap) -> list[str]:
     for s in cap.sites:
         if s.requested != s.stream:
             fell.setdefault((s.requested, s.stream), []).append(s.path_str)
+    if cap.flavour == "nnx":
+        return [
+            f"warning: stream {asked!r} is served by 'default' at {len(paths)} draw(s) (first: {'.'.join(p for p in paths[0].split('/'))}), "
+            f"sharing its counter: no {asked!r} in --rngs"
+            for (asked, used), paths in fell.items()
+        ]
     return [
         f"warning: make_rng({asked!r}) fell back to stream {used!r} at {len(paths)} call site(s) (first: "
         f"{paths[0]}): no {asked!r} in --rngs; give it (e.g. --rngs params=0,{asked}=1) if the model should draw "

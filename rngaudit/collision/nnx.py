@@ -45,7 +45,7 @@ class NnxSite:
     stale: bool = False
     lane: int = -1  # the vmap lane or stacked member (-1: none)
     iteration: int = -1  # the nnx.scan step (-1: none)
-    mapped: str = ""  # lane, broadcast (vmap), frozen (scan broadcast)
+    broadcast: str = ""  # vmap, scan, vmap+scan: the transforms that broadcast its stream
     scan: int = -1  # which nnx.scan call
 
     @property
@@ -109,7 +109,7 @@ def _site(i: int, k: NnxKey, count: int, key) -> NnxSite:
         k.stale,
         k.lane,
         k.iteration,
-        k.mapped,
+        k.broadcast,
         k.scan,
     )
 
@@ -125,14 +125,14 @@ def _cause(s: NnxSite, earlier: list[NnxSite]) -> str:
     if same:
         if s.stale or any(e.stale for e in same):
             return "stale"
-        if s.mapped == "broadcast" and any(
-            e.mapped == "broadcast" and e.step == s.step and e.lane != s.lane and e.chain == s.chain for e in same
+        if "vmap" in s.broadcast and any(
+            "vmap" in e.broadcast and e.step == s.step and e.lane != s.lane and e.chain == s.chain for e in same
         ):
             return "broadcast_lanes"
         # a stream nnx.scan broadcasts goes back to its count after the scan: a later draw repeats its keys
-        frozen = [e for e in same if e.chain == s.chain and "frozen" in (e.mapped, s.mapped)]
+        frozen = [e for e in same if e.chain == s.chain and "scan" in e.broadcast + s.broadcast]
         if frozen:
-            both = s.mapped == "frozen" and any(e.mapped == "frozen" and e.scan == s.scan for e in frozen)
+            both = "scan" in s.broadcast and any("scan" in e.broadcast and e.scan == s.scan for e in frozen)
             return "scan_broadcast" if both else "frozen"
         return "reseed"
     reseeded = any("nnx.reseed" in c for c in s.chain) or any("nnx.reseed" in c for e in earlier for c in e.chain)

@@ -74,7 +74,8 @@ class NnxKey:
     stale: bool = False  # drawn in a jitted step whose returned state is dropped
     lane: int = -1  # the vmap lane or stacked member it was drawn in (-1: none)
     iteration: int = -1  # the nnx.scan step it was drawn in (-1: none)
-    mapped: str = ""  # lane (own key per lane), broadcast (every vmap lane the same), frozen (scan broadcast)
+    broadcast: str = ""  # the transforms that broadcast its stream: vmap (every lane the same key), scan
+    # (every step the same key, update dropped), vmap+scan, or ""
     scan: int = -1  # which nnx.scan call of the replay it was drawn in (-1: none)
 
     @property
@@ -223,15 +224,7 @@ class NnxReplayer:
                 "`vmap: true`)",
                 loc,
             )
-        mapped = (
-            "frozen"
-            if id(s) in self.frozen
-            else "broadcast"
-            if id(s) in self.broadcast
-            else "lane"
-            if self.lane >= 0
-            else ""
-        )
+        broadcast = "+".join(t for t, ids in (("vmap", self.broadcast), ("scan", self.frozen)) if id(s) in ids)
         self.keys.append(
             NnxKey(
                 self.step,
@@ -250,7 +243,7 @@ class NnxReplayer:
                 self.stale,
                 self.lane,
                 self.iteration,
-                mapped,
+                broadcast,
                 self.scan,
             )
         )

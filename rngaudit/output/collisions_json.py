@@ -146,7 +146,7 @@ def nnx_audit_json(a: NnxAudit) -> dict:
                         "key": list(s.key),
                         "lane": None if s.lane < 0 else s.lane,
                         "iteration": None if s.iteration < 0 else s.iteration,
-                        "mapped": s.mapped or None,
+                        "broadcast": s.broadcast or None,
                         "location": s.location.as_json(),
                     }
                     for s in c.sites

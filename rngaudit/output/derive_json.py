@@ -129,14 +129,13 @@ def nnx_call_lines(report: NnxDeriveReport, encode):
             const = consts.get(b)
             if const is None:
                 k = table.blocks[b]
-                head = encode({"chain": list(k.chain)})[1:-1]
+                head = encode({"broadcast": k.broadcast or None, "chain": list(k.chain)})[1:-1]
                 rest = encode(
                     {
                         "kind": k.kind,
                         "label": k.label,
                         "lane": None if k.lane < 0 else k.lane,
                         "location": k.loc.as_json(),
-                        "mapped": k.mapped or None,
                         "record": "call",
                         "site": k.site,
                         "step": k.step,
@@ -171,7 +170,7 @@ def nnx_call_json(c: NnxKeyedCall) -> dict:
         "key": list(c.key),
         "lane": None if d.lane < 0 else d.lane,
         "iteration": None if d.iteration < 0 else d.iteration,
-        "mapped": d.mapped or None,
+        "broadcast": d.broadcast or None,
         "location": d.loc.as_json(),
     }
     if c.values is not None:

@@ -32,7 +32,7 @@ def site_text(d) -> str:
         where.append(f"lane {d.lane}")
     if d.iteration >= 0:
         where.append(f"scan {d.iteration}")
-    if d.mapped in ("broadcast", "frozen"):
+    if d.broadcast:
         where.append("broadcast")
     kind = f" ({d.kind})" if d.kind in ("fork", "draw", "split") else ""
     return d.site + kind + (f" [{', '.join(where)}]" if where else "")

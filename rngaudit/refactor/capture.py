@@ -29,9 +29,26 @@ def run_capture(
     rngs: str | dict[str, int] | None = None,
     phase: str = "init",
     method: str | None = None,
+    steps: int | None = None,
 ) -> tuple[Capture, str]:
     """Capture the keys of TARGET's init (or apply) and a spec that replays them. Returns the capture and
-    the spec's YAML text, verified: derive on the spec reproduces every captured key."""
+    the spec's YAML text, verified: derive on the spec reproduces every captured key. An NNX TARGET is built
+    and called `steps` times (default 1)."""
+    target = parse_target(target_text)
+    _load_hooks()  # (Flax importable and new enough: the same errors for both flavours)
+    from .nnx_capture import is_nnx_target, run_nnx_capture
+
+    if is_nnx_target(target):
+        if phase != "init" or method is not None:
+            raise UsageError(
+                f"TARGET {target_text} is an NNX model: --phase and --method are Linen's (an NNX capture builds "
+                "the model and calls it --steps times)"
+            )
+        seeds = dict(rngs) if isinstance(rngs, dict) else parse_rngs(rngs)
+        with _whole_tracebacks():
+            return run_nnx_capture(target, [parse_input(t) for t in inputs], seeds, 1 if steps is None else steps)
+    if steps is not None:
+        raise UsageError("--steps applies to NNX models (TARGET builds an nnx.Module from an nnx.Rngs)")
     cap, rec, root_cls = observe(target_text, inputs, rngs, phase, method)
     spec_text = build_spec(rec, root_cls, cap.phase, cap.rngs, cap.settings, cap.target)
     verify_spec_text(spec_text, cap)

@@ -133,10 +133,106 @@ def diff(old: Capture, new: Capture) -> Comparison:
         else:
             entries.append(Entry("kept", ident, o, n))
     cmp = Comparison("diff", old.target, new.target, entries, old=old, new=new)
+    if "nnx" in (old.flavour, new.flavour):
+        if old.flavour != new.flavour:
+            from ..errors import UsageError
+
+            raise UsageError(
+                f"{old.target} is {old.flavour} and {new.target} is {new.flavour}: diff compares two versions of "
+                "one model (both Linen, or both NNX)"
+            )
+        _explain_nnx(cmp, old, new)
+        return cmp
     lanes = _lane_keys(old.sites), _lane_keys(new.sites)
     _explain_changed(cmp, old, new, lanes)
     _explain_moves(cmp, old, new, lanes)
     return cmp
+
+
+def _explain_nnx(cmp: Comparison, old: Capture, new: Capture) -> None:
+    """Why an NNX site's key changed. An NNX key is fold_in(stream key, count): names are not hashed, so a site
+    keeps its key unless its stream's key or its count changes, and a count changes when the stream handed out
+    more or fewer keys before it (a layer inserted or removed earlier in construction order)."""
+    for e in cmp.entries:
+        if e.status == "changed":
+            o, n = e.old, e.new
+            assert o is not None and n is not None
+            if o.chain != n.chain:
+                e.why.append(
+                    f"the stream {n.stream_path} it draws from was made differently: "
+                    f"{' -> '.join(o.chain)}  became  {' -> '.join(n.chain)}"
+                )
+            e.why += [
+                f"{k} differs ({old.settings.get(k)!r} -> {new.settings.get(k)!r})"
+                for k in _SETTINGS
+                if old.settings.get(k) != new.settings.get(k)
+            ]
+            if not e.why:
+                e.why.append("the key of the stream it draws from changed")
+        elif e.status in ("new", "gone"):
+            shift = _nnx_count_shift(e, old, new)
+            if shift:
+                e.why.append(shift)
+                continue
+            moved = _nnx_same_key(e, cmp)
+            if moved:
+                e.why.append(moved)
+
+
+def _nnx_same_key(e: Entry, cmp: Comparison) -> str | None:
+    """A site gone and one new with the same key, stream and count: the same draw under another name."""
+    s = e.site
+    want = "gone" if e.status == "new" else "new"
+    for f in cmp.entries:
+        t = f.site
+        if f.status == want and t.key == s.key and t.stream_path == s.stream_path and t.count == s.count:
+            a, b = (t, s) if e.status == "new" else (s, t)
+            return (
+                f"the same key, drawn at {'.'.join(b.path)} now and at {'.'.join(a.path)} before (a rename or a "
+                "move: NNX keys do not depend on names)"
+            )
+    return None
+
+
+def _nnx_count_shift(e: Entry, old: Capture, new: Capture) -> str | None:
+    """The same site drawing the same stream at another count: which draws were added (or removed) before it."""
+    s = e.site
+    other = old if e.status == "new" else new
+    match = [
+        t
+        for t in other.sites
+        if t.path == s.path and t.stream == s.stream and t.step == s.step and t.lane == s.lane and t.kind == s.kind
+    ]
+    if not match:
+        return None
+    before, after = (match[0], s) if e.status == "new" else (s, match[0])
+    if before.count == after.count:
+        return None
+    delta = after.count - before.count
+    # the draws of that stream that exist on one side only, before the site: what moved it
+    side, gone_side = (new, old) if delta > 0 else (old, new)
+    known = {(t.path, t.stream_path, t.step, t.lane) for t in gone_side.sites}
+    site = after if delta > 0 else before
+    moved = [
+        t
+        for t in side.sites
+        if t.stream_path == site.stream_path
+        and t.step == site.step
+        and t.count < site.count
+        and (t.path, t.stream_path, t.step, t.lane) not in known
+    ]
+    where = ""
+    if moved and len(moved) == abs(delta):
+        paths = list(dict.fromkeys(".".join(t.path) for t in moved))
+        shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+        where = f": {'added' if delta > 0 else 'removed'} before it: {shown}"
+    return (
+        f"count shift: {'.'.join(s.path)} drew {s.stream!r} count {before.count} before and {after.count} now, "
+        f"{abs(delta)} {'more' if delta > 0 else 'fewer'} keys of {site.stream_path} handed out before it{where}. "
+        "An NNX key depends on how many keys its stream handed out before it, not on names: add new layers after "
+        "the others in __init__, or build each submodule from rngs.fork(), so that layers added inside one "
+        "submodule leave the other submodules' keys as they were"
+    )
 
 
 def _forks(cap: Capture) -> set:

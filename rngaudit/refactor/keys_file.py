@@ -30,9 +30,14 @@ class Site:
     label: str | None = None
     context: tuple[str, ...] = ()  # the transforms around it, outermost first, e.g. ("scan", "jit")
     location: Location | None = None  # a spec's row: the Location of the statement that draws the key
+    step: int = -1  # NNX: 0 construction, n the n-th call (-1: Linen)
+    stream_path: str = ""  # NNX: the RngStream that drew it (rngs.params, drop.rngs)
+    chain: tuple[str, ...] = ()  # NNX: how that stream's key was made
 
     @property
     def ident(self) -> tuple:
+        if self.step >= 0:
+            return (self.path, self.stream, self.count, self.lane, self.step)
         return (self.path, self.stream, self.count, self.lane)
 
     @property
@@ -51,7 +56,7 @@ class Site:
             "kind": self.kind,
             "label": self.label,
             "context": list(self.context),
-        }
+        } | ({"step": self.step, "stream_path": self.stream_path, "chain": list(self.chain)} if self.step >= 0 else {})
 
 
 @dataclass
@@ -66,6 +71,7 @@ class Capture:
     modules: dict = field(default_factory=dict)  # path tuple -> {"class", "naming", "fields"}
     versions: dict = field(default_factory=dict)
     source: JsonDoc | None = None  # a keys file's JsonDoc: where each record is, found on request
+    flavour: str = "linen"
 
     def locate(self) -> None:
         """Give each site of a keys file the line:col of its record (one pass over the file)."""
@@ -120,6 +126,7 @@ def capture_to_json(cap: Capture, spec_file: str | None = None) -> dict:
         "format_version": CAPTURE_FORMAT_VERSION,
         "rngaudit_version": __version__,
         "target": cap.target,
+        "flavour": cap.flavour,
         "phase": cap.phase,
         "spec": spec_file,
         "versions": dict(cap.versions),
@@ -162,6 +169,10 @@ def capture_from_json(doc: dict, file: str, source=None) -> Capture:
                     str(c.get("kind", "make_rng")),
                     c.get("label"),
                     tuple(c.get("context", ())),
+                    None,
+                    int(c.get("step", -1)),
+                    str(c.get("stream_path", "")),
+                    tuple(str(x) for x in c.get("chain", ())),
                 )
             )
         modules = {
@@ -182,6 +193,7 @@ def capture_from_json(doc: dict, file: str, source=None) -> Capture:
             modules,
             dict(doc.get("versions", {})),
             source,
+            str(doc.get("flavour", "linen")),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise InputError(
@@ -193,7 +205,7 @@ def capture_from_json(doc: dict, file: str, source=None) -> Capture:
 def load_sites(path: str) -> Capture:
     """A spec (derived) or a capture keys file, as sites."""
     from ..spec.json_source import load_json
-    from ..spec.parse import linen_only, load_spec
+    from ..spec.parse import load_spec
 
     if path.lower().endswith(".json"):
         doc = load_json(path)
@@ -201,11 +213,22 @@ def load_sites(path: str) -> Capture:
             cap = capture_from_json(doc.value, path, doc)
             cap.target = path  # reports name (and annotate) the file given
             return cap
-    return spec_capture(path, linen_only(load_spec(path), "verify and diff"))
+    return spec_capture(path, load_spec(path))
 
 
 def spec_capture(name: str, spec) -> Capture:
     """A spec's derived keys as a Capture named `name`."""
+    if getattr(spec, "flavour", "linen") == "nnx":
+        from ..engine.nnx import derive_nnx
+        from .nnx_capture import nnx_sites
+
+        settings = {
+            "fix_rng_separator": False,
+            "prng_impl": spec.prng_impl,
+            "threefry_partitionable": spec.threefry_partitionable,
+        }
+        rngs = {s: src.text for s, src in spec.rngs.items()}
+        return Capture(name, "call", rngs, settings, nnx_sites(derive_nnx(spec, values=False)), {}, flavour="nnx")
     settings = {
         "fix_rng_separator": spec.fix_rng_separator,
         "prng_impl": spec.prng_impl,

@@ -85,7 +85,7 @@ def test_vmap_without_split_gives_every_lane_one_mask():
     r = derive(spec_of(text))
     lanes = [c for c in drawn(r, "drop", "dropout") if c.derivation.step == 1]
     assert len(lanes) == 3 and len({c.key for c in lanes}) == 1
-    assert {c.derivation.mapped for c in lanes} == {"broadcast"}
+    assert {c.derivation.broadcast for c in lanes} == {"vmap"}
     assert [c.derivation.count for c in drawn(r, "drop", "dropout") if c.derivation.step == 2] == [1]
     (finding,) = audit_input(spec_of(text)).collisions
     assert finding.category == "broadcast_lanes" and finding.failing and "split_rngs" in finding.fix
@@ -282,12 +282,19 @@ def test_stacked_calls_take_true_and_new_axes_take_a_size(tmp_path):
 def test_lanes_and_steps_in_json_and_text(tmp_path):
     import json
 
+    # jsonl is byte for byte the JSON report's calls, encoded compactly with sorted keys
+    text = "rngs: {params: 0, dropout: 1}\nrun: [{call: {vmap: 2}}, {call: {scan: 2, broadcast: dropout}}]\n"
+    both = write(tmp_path, "b.yaml", HEAD + text + GUIDE_MODEL)
+    calls = json.loads(invoke("derive", both, "-f", "json").stdout)["calls"]
+    lines = invoke("derive", both, "-f", "jsonl").stdout.splitlines()[1:-1]
+    assert lines == [json.dumps({**c, "record": "call"}, sort_keys=True, separators=(",", ":")) for c in calls]
+    assert [c["broadcast"] for c in calls if c["kind"] == "dropout"] == ["vmap", "vmap", "scan", "scan"]
     path = write(tmp_path, "s.yaml", HEAD + STACK)
     doc = json.loads(invoke("derive", path, "-f", "json").stdout)
     lanes = [c["lane"] for c in doc["calls"] if c["site"] == "blocks.drop" and c["kind"] == "dropout"]
     assert lanes == [0, 1, 2, 0, 1, 2]
     lines = [json.loads(x) for x in invoke("derive", path, "-f", "jsonl").stdout.splitlines()[1:-1]]
     assert [x["lane"] for x in lines] == [c["lane"] for c in doc["calls"]]
-    assert {x["mapped"] for x in lines} == {None, "lane"}
+    assert {x["broadcast"] for x in lines} == {None}
     text = invoke("derive", path).stdout
     assert "blocks.drop [lane 2]" in text and "split 3 [lane 2]" in text

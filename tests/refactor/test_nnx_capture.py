@@ -1,0 +1,268 @@
+"""`rngaudit capture`, `verify` and `diff` of Flax NNX models: models written the way NNX projects write them,
+built and called in real NNX under capture; the captured spec must replay every key NNX handed out (capture
+checks it, and the tests check it again by building the captured spec in NNX with the oracle)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+from nnx_oracle import check_against_nnx
+from support import invoke, write
+
+from rngaudit import load_spec
+
+HEADER = "import jax\nimport jax.numpy as jnp\nfrom flax import nnx\n"
+
+MLP = HEADER + textwrap.dedent("""
+    class MLP(nnx.Module):
+        def __init__(self, din, dhidden, dout, *, rngs: nnx.Rngs):
+            self.linear1 = nnx.Linear(din, dhidden, rngs=rngs)
+            self.dropout = nnx.Dropout(0.2, rngs=rngs)
+            self.bn = nnx.BatchNorm(dhidden, rngs=rngs)
+            self.linear2 = nnx.Linear(dhidden, dout, rngs=rngs)
+
+        def __call__(self, x):
+            x = nnx.gelu(self.dropout(self.bn(self.linear1(x))))
+            return self.linear2(x)
+
+    def make_model(rngs):
+        return MLP(4, 8, 2, rngs=rngs), (jnp.ones((3, 4)),)
+""")
+
+ENCODER = HEADER + textwrap.dedent("""
+    class FeedForward(nnx.Module):
+        def __init__(self, d, hidden, rate, rngs):
+            self.up = nnx.Linear(d, hidden, rngs=rngs)
+            self.down = nnx.Linear(hidden, d, rngs=rngs)
+            self.drop = nnx.Dropout(rate, rngs=rngs)
+
+        def __call__(self, x):
+            return self.drop(self.down(nnx.relu(self.up(x))))
+
+    class Block(nnx.Module):
+        def __init__(self, d, heads, rate, *, rngs):
+            self.ln1 = nnx.LayerNorm(d, rngs=rngs)
+            self.attn = nnx.MultiHeadAttention(
+                num_heads=heads, in_features=d, dropout_rate=rate, decode=False, rngs=rngs)
+            self.ln2 = nnx.LayerNorm(d, rngs=rngs)
+            self.ff = FeedForward(d, 4 * d, rate, rngs.fork())
+            self.drop = nnx.Dropout(rate, rngs=rngs)
+
+        def __call__(self, x):
+            x = x + self.drop(self.attn(self.ln1(x), deterministic=False))
+            return x + self.ff(self.ln2(x))
+
+    class Encoder(nnx.Module):
+        def __init__(self, vocab, d, heads, layers, rate, *, rngs):
+            self.embed = nnx.Embed(vocab, d, rngs=rngs)
+            self.blocks = nnx.List([Block(d, heads, rate, rngs=rngs) for _ in range(layers)])
+            self.norm = nnx.RMSNorm(d, rngs=rngs)
+
+        def __call__(self, tokens):
+            x = self.embed(tokens)
+            for block in self.blocks:
+                x = block(x)
+            return self.norm(x)
+
+    def make_model(rngs):
+        return Encoder(100, 16, 2, 3, 0.1, rngs=rngs), (jnp.ones((2, 5), jnp.int32),)
+""")
+
+RNN = HEADER + textwrap.dedent("""
+    class RNNCell(nnx.Module):
+        def __init__(self, din, dout, rngs):
+            self.linear = nnx.Linear(dout + din, dout, rngs=rngs)
+            self.drop = nnx.Dropout(0.1, rngs=rngs, rng_collection='recurrent_dropout')
+            self.dout = dout
+
+        def __call__(self, h, x):
+            h = self.drop(h)
+            y = nnx.relu(self.linear(jnp.concatenate([h, x], axis=-1)))
+            return y, y
+
+    class RNN(nnx.Module):
+        def __init__(self, din, dout, *, rngs):
+            self.cell = RNNCell(din, dout, rngs)
+            self.head = nnx.Linear(dout, 1, rngs=rngs)
+            self.rngs = rngs
+
+        def __call__(self, xs):
+            h = jnp.zeros((xs.shape[0], self.cell.dout))
+            for t in range(xs.shape[1]):
+                h, _ = self.cell(h, xs[:, t])
+            h = h + 0.01 * jax.random.normal(self.rngs.noise(), h.shape)
+            return self.head(h)
+
+    def make_model(rngs):
+        return RNN(3, 8, rngs=rngs), (jnp.ones((2, 4, 3)),)
+""")
+
+ENSEMBLE = HEADER + textwrap.dedent("""
+    class MLP(nnx.Module):
+        def __init__(self, rngs):
+            self.linear = nnx.Linear(4, 4, rngs=rngs)
+            self.drop = nnx.Dropout(0.5, rngs=rngs)
+
+        def __call__(self, x):
+            return self.drop(self.linear(x))
+
+    class Ensemble(nnx.Module):
+        def __init__(self, n, rngs):
+            @nnx.split_rngs(splits=n)
+            @nnx.vmap(in_axes=(0,), out_axes=0)
+            def create(r):
+                return MLP(r)
+            self.members = create(rngs)
+
+        def __call__(self, x):
+            return nnx.vmap(lambda m, x: m(x), in_axes=(0, None))(self.members, x)
+
+    def make_model(rngs):
+        return Ensemble(3, rngs), (jnp.ones((1, 4)),)
+""")
+
+
+def capture(tmp_path, target: str, *args: str):
+    spec, keys = tmp_path / "captured.yaml", tmp_path / "keys.json"
+    r = invoke("capture", target, "-o", spec, "--keys", keys, *args)
+    assert r.exit_code == 0, r.stderr
+    return spec, json.loads(keys.read_text())
+
+
+def assert_real_nnx_agrees(spec_path, doc) -> None:
+    """The captured spec built in real NNX by the oracle hands out exactly the keys in the keys file."""
+    spec = load_spec(str(spec_path))
+    result = check_against_nnx(spec)
+    assert result["keys"] == len(doc["calls"])
+    derived = invoke("derive", spec_path, "-f", "json")
+    assert [c["key"] for c in json.loads(derived.stdout)["calls"]] == [c["key"] for c in doc["calls"]]
+
+
+@pytest.mark.parametrize(
+    "source, rngs, steps, draws",
+    [
+        (MLP, "params=0,dropout=1", 3, 2 + 1 + 2 + 2 + 3),  # linear1, dropout fork, bn, linear2; 3 masks
+        (ENCODER, "params=0,dropout=1", 2, None),
+        (RNN, "params=0,recurrent_dropout=1,noise=2", 2, 2 + 1 + 2 + 2 * (4 + 1)),
+    ],
+)
+def test_nnx_models_capture_and_replay(tmp_path, source, rngs, steps, draws):
+    f = write(tmp_path, "model.py", source)
+    spec, doc = capture(tmp_path, f"{f}:make_model", "--rngs", rngs, "--steps", str(steps))
+    assert doc["flavour"] == "nnx" and doc["format"] == "rngaudit.capture"
+    assert {c["step"] for c in doc["calls"]} == set(range(steps + 1))
+    if draws is not None:
+        assert len(doc["calls"]) == draws
+    assert all(c["stream_path"] and c["chain"] for c in doc["calls"])
+    assert "flavour: nnx" in spec.read_text() and f"steps: {steps}" in spec.read_text()
+    assert_real_nnx_agrees(spec, doc)
+    # the spec verifies against the live model and against the keys file
+    for against in (f"{f}:make_model", tmp_path / "keys.json"):
+        r = invoke("verify", spec, "--against", against)
+        assert r.exit_code == 0 and "0 differ, 0 missing, 0 extra" in r.stdout, r.stdout + r.stderr
+
+
+def test_the_encoders_spec_says_what_the_model_does(tmp_path):
+    f = write(tmp_path, "encoder.py", ENCODER)
+    spec, doc = capture(tmp_path, f"{f}:make_model", "--rngs", "params=0,dropout=1")
+    text = spec.read_text()
+    for piece in ("name: blocks.2", "rngs: fork", "MultiHeadAttention", "dropout_rate: 0.1", "RMSNorm"):
+        assert piece in text
+    forks = [c for c in doc["calls"] if c["kind"] == "fork" and c["path_str"] == "blocks/1/ff"]
+    assert [c["stream"] for c in forks] == ["params", "dropout"]
+
+
+def test_a_stream_the_model_needs_but_rngs_lacks(tmp_path):
+    f = write(tmp_path, "mlp.py", MLP)
+    r = invoke("capture", f"{f}:make_model")
+    assert r.exit_code == 2 and "KeyError" in r.stderr and "dropout" in r.stderr and len(r.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "body, args, message",
+    [
+        (ENSEMBLE, ("--rngs", "params=0,dropout=1"), "inside a transform"),
+        (HEADER + "def make_model(rngs):\n    return 3\n", (), "not an nnx.Module"),
+        (HEADER + "def make_model(rngs):\n    raise RuntimeError('no')\n", (), "RuntimeError: no"),
+        (MLP, ("--rngs", "params=0,dropout=1", "--phase", "apply"), "--phase and --method are Linen's"),
+        (
+            HEADER + "M = nnx.Linear(2, 3, rngs=nnx.Rngs(0))\ndef make_model(rngs):\n    return M\n",
+            (),
+            "was not built by the factory",
+        ),
+        (
+            HEADER
+            + "class M(nnx.Module):\n    def __init__(self, rngs):\n        self.l = nnx.Linear(2, 3, rngs=nnx.Rngs(5))\n"
+            + "    def __call__(self, x):\n        return x\n"
+            + "def make_model(rngs):\n    return M(rngs), (jnp.ones(2),)\n",
+            (),
+            "another Rngs",
+        ),
+    ],
+)
+def test_what_capture_cannot_read_is_an_error_and_nothing_is_written(tmp_path, body, args, message):
+    f = write(tmp_path, "m.py", body)
+    spec, keys = tmp_path / "out.yaml", tmp_path / "keys.json"
+    r = invoke("capture", f"{f}:make_model", "-o", spec, "--keys", keys, *args)
+    assert r.exit_code == 2 and message in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+    assert not spec.exists() and not keys.exists()
+
+
+def test_diff_explains_a_layer_inserted_and_a_rename(tmp_path):
+    old = write(tmp_path, "old.py", ENCODER)
+    new = write(
+        tmp_path,
+        "new.py",
+        ENCODER.replace(
+            "self.ln2 = nnx.LayerNorm(d, rngs=rngs)",
+            "self.ln2 = nnx.LayerNorm(d, rngs=rngs)\n        self.gate = nnx.Linear(d, d, rngs=rngs)",
+        )
+        .replace("self.norm = nnx.RMSNorm", "self.final_norm = nnx.RMSNorm")
+        .replace("return self.norm(x)", "return self.final_norm(x)"),
+    )
+    keys = {}
+    for name, path in (("old", old), ("new", new)):
+        keys[name] = tmp_path / f"{name}.json"
+        r = invoke("capture", f"{path}:make_model", "--rngs", "params=0,dropout=1", "-f", "json", "-o", keys[name])
+        assert r.exit_code == 0, r.stderr
+    r = invoke("diff", keys["old"], keys["new"])
+    assert r.exit_code == 1
+    assert "count shift: blocks.0.ff drew 'params' count 13 before and 15 now" in r.stdout
+    assert "added before it: blocks.0.gate.kernel, blocks.0.gate.bias" in r.stdout
+    # the fork of blocks.0.ff moved, so every key below it changed: said with the two chains
+    assert "fold_in 13 (rngs.fork() for blocks.0.ff)  became  key 0 -> fold_in 15" in r.stdout
+    doc = json.loads(invoke("diff", keys["old"], keys["new"], "-f", "json").stdout)
+    assert doc["summary"]["changed"] > 0
+    # a rename alone keeps every key: the draw is the same, under another name
+    renamed = write(tmp_path, "renamed.py", ENCODER.replace("self.norm", "self.final_norm"))
+    rk = tmp_path / "renamed.json"
+    assert (
+        invoke("capture", f"{renamed}:make_model", "--rngs", "params=0,dropout=1", "-f", "json", "-o", rk).exit_code
+        == 0
+    )
+    r = invoke("diff", keys["old"], rk)
+    assert "NNX keys do not depend on names" in r.stdout and "CHANGED" not in r.stdout
+
+
+def test_verify_finds_a_spec_that_no_longer_matches_the_model(tmp_path):
+    f = write(tmp_path, "encoder.py", ENCODER)
+    spec, _ = capture(tmp_path, f"{f}:make_model", "--rngs", "params=0,dropout=1")
+    # (the spec written before the first block's attention got its dropout: one dropout fork fewer)
+    text = spec.read_text()
+    assert "dropout_rate: 0.1" in text
+    stale = write(tmp_path, "stale.yaml", text.replace("dropout_rate: 0.1", "dropout_rate: 0.0", 1))
+    r = invoke("verify", stale, "--against", f"{f}:make_model")
+    assert r.exit_code == 1 and "DIFFERS" in r.stdout
+
+
+def test_the_python_api_captures_nnx_models(tmp_path):
+    import rngaudit
+
+    f = write(tmp_path, "mlp.py", MLP)
+    report = rngaudit.capture(f"{f}:make_model", rngs="params=0,dropout=1", steps=2)
+    assert report.capture.flavour == "nnx" and "flavour: nnx" in report.spec
+    assert [s.step for s in report.capture.sites].count(2) == 1
+    with pytest.raises(rngaudit.UsageError, match="--steps applies to NNX"):
+        rngaudit.capture(f"{write(tmp_path, 'lin.py', 'import flax.linen as nn')}:nn.Dense", steps=2)
