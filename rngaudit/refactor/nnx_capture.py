@@ -15,6 +15,7 @@ behaves differently from call to call) is refused with an error that names it.""
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from .keys_file import Capture, Site
 from .target import InputSpec
 
 MAX_STEPS = 10_000
+_MISSING = object()
 
 
 @dataclass
@@ -37,13 +39,39 @@ class Built:
     rngs: object | None
     events: list = field(default_factory=list)  # ("draw", tag) | ("fork", rngs) | ("child", Built)
     obj: object | None = None
+    stack: int = 0  # built by nnx.split_rngs(splits=stack) around nnx.vmap; -1: by a vmap without split_rngs
+    split_of: object | None = None  # the Rngs that nnx.split_rngs split for it
+
+
+@dataclass
+class Split:
+    """An nnx.split_rngs decorator at work: its splits and filter; `body` once the function it wraps runs."""
+
+    n: int
+    only: object
+    node: tuple  # the arguments it split
+    body: bool = False
+
+
+@dataclass
+class Transform:
+    """An nnx.vmap or nnx.scan call: its axes, its arguments (outside), the split_rngs around it."""
+
+    kind: str
+    in_axes: object
+    length: int | None
+    outer: tuple
+    split: Split | None
+    depth: int  # how many modules were being built when it started
+    inner_out: object = None
 
 
 @dataclass
 class Called:
     obj: object
-    events: list = field(default_factory=list)  # ("call", obj) | ("draw", tag)
+    events: list = field(default_factory=list)  # ("call", Called, how) | ("draw", tag)
     drew: bool = False
+    transforms: int = 0  # how many transforms were running when the call started
 
 
 class NnxRecorder:
@@ -57,23 +85,44 @@ class NnxRecorder:
         self.traced = False
         self.calls: dict[int, list] = {}  # id(module) -> what its first call did
         self.differs: str | None = None
-        self.classes: set[type] = set()
+        self.transforms: list[Transform] = []
+        self.splits: list[Split] = []
+        self.alias: dict[int, object] = {}  # id(an object inside a transform) -> the object outside
+        self.inner: list = []  # (keeps those objects alive, so their ids stay theirs)
+        self.lanes = False  # a transform ran: keys come lane by lane, in JAX's order
+        self.unsupported: str | None = None
 
-    def draw(self, stream, count, key) -> None:
+    def resolve(self, obj):
+        return self.alias.get(id(obj), obj)
+
+    def draw(self, stream, count, key, traced: bool = False) -> None:
         import jax
         import numpy as np
 
         tag = stream.tag
-        self.records.append(
-            {
-                "step": self.step,
-                "tag": tag,
-                "count": int(count),
-                "key": tuple(int(w) for w in np.asarray(jax.random.key_data(key)).ravel()),
-            }
-        )
+        if traced:
+            # inside a transform: the key exists when the computation runs (per lane under vmap)
+            step = self.step
+
+            def record(c, k):
+                self.records.append(
+                    {"step": step, "tag": tag, "count": int(c), "key": tuple(int(w) for w in np.asarray(k).ravel())}
+                )
+
+            jax.debug.callback(record, count, jax.random.key_data(key))
+        else:
+            self.records.append(
+                {
+                    "step": self.step,
+                    "tag": tag,
+                    "count": int(count),
+                    "key": tuple(int(w) for w in np.asarray(jax.random.key_data(key)).ravel()),
+                }
+            )
         if self.forks:
             return
+        if self.splits and not self.splits[-1].body:
+            return  # nnx.split_rngs drawing the keys it splits
         if self.calling:
             frame = self.calling[-1]
             frame.drew = True
@@ -103,6 +152,15 @@ def observing() -> Iterator[NnxRecorder]:
             return construct(cls, self, *args, **kwargs)
         given = next((a for a in (*args, *kwargs.values()) if isinstance(a, nnx.Rngs)), None)
         built = Built(cls, given)
+        t = rec.transforms[-1] if rec.transforms else None
+        if t is not None and len(rec.building) == t.depth:
+            # built by the function a transform runs: a stack when nnx.split_rngs splits for a vmap
+            if t.kind == "vmap" and t.split is not None:
+                built.stack = t.split.n
+                split_of = next((a for a in t.split.node if isinstance(a, nnx.Rngs)), None)
+                built.split_of = rec.resolve(split_of)
+            else:
+                built.stack = -1
         parent = rec.building[-1] if rec.building else None
         rec.building.append(built)
         try:
@@ -123,11 +181,75 @@ def observing() -> Iterator[NnxRecorder]:
     def stream_hook(stream):
         count = stream.count[...]
         key = stream_call(stream)
-        if isinstance(count, jax.core.Tracer) or isinstance(jax.random.key_data(key), jax.core.Tracer):
-            rec.traced = True
-            return key
-        rec.draw(stream, count, key)
+        traced = isinstance(count, jax.core.Tracer) or isinstance(jax.random.key_data(key), jax.core.Tracer)
+        if traced and not rec.transforms:
+            rec.traced = True  # (nnx.jit, or a transform capture does not follow)
+        rec.draw(stream, count, key, traced)
         return key
+
+    def split_hook(node=_MISSING, /, **kw):
+        if node is not _MISSING or "splits" not in kw:
+            rec.unsupported = rec.unsupported or "nnx.split_rngs used as a function or context manager"
+            return split_rngs(**kw) if node is _MISSING else split_rngs(node, **kw)
+
+        def decorator(f):
+            def body(*a, **k):
+                rec.splits[-1].body = True
+                return f(*a, **k)
+
+            functools.update_wrapper(body, f)
+            wrapped = split_rngs(**kw)(body)
+
+            @functools.wraps(f)
+            def outer(*a, **k):
+                n = kw["splits"]
+                rec.splits.append(Split(n if isinstance(n, int) else -1, kw.get("only", ...), a))
+                try:
+                    return wrapped(*a, **k)
+                finally:
+                    rec.splits.pop()
+
+            return outer
+
+        return decorator
+
+    def transform_hook(kind: str, original):
+        def hook(*args, **kw):
+            if not args:
+                return lambda f: hook(f, **kw)
+            f = args[0]
+
+            def inner(*a, **k):
+                t = rec.transforms[-1]
+                for i, o in zip(a, t.outer):
+                    _pair(rec, i, o)
+                out = f(*a, **k)
+                t.inner_out = out
+                return out
+
+            functools.update_wrapper(inner, f)
+            transformed = original(inner, *args[1:], **kw)
+
+            @functools.wraps(f)
+            def outer(*a, **k):
+                split = rec.splits[-1] if rec.splits and rec.splits[-1].body else None
+                default = 0 if kind == "vmap" else (nnx.Carry, 0)
+                t = Transform(kind, kw.get("in_axes", default), kw.get("length"), a, split, len(rec.building))
+                rec.transforms.append(t)
+                rec.lanes = True
+                try:
+                    out = transformed(*a, **k)
+                finally:
+                    rec.transforms.pop()
+                if t.inner_out is not None:
+                    _pair(rec, t.inner_out, out)
+                return out
+
+            return outer
+
+        return hook
+
+    split_rngs, vmap, scan = nnx.split_rngs, nnx.vmap, nnx.scan
 
     def fork_hook(self, *args, **kwargs):
         rec.forks += 1
@@ -142,12 +264,18 @@ def observing() -> Iterator[NnxRecorder]:
     _patch(meta, "_pytree_meta_construct", construct_hook)
     _patch(nnx.RngStream, "__call__", stream_hook)
     _patch(nnx.Rngs, "fork", fork_hook)
+    _patch(nnx, "split_rngs", split_hook)
+    _patch(nnx, "vmap", transform_hook("vmap", vmap))
+    _patch(nnx, "scan", transform_hook("scan", scan))
     try:
         yield rec
     finally:
         _patch(meta, "_pytree_meta_construct", construct)
         _patch(nnx.RngStream, "__call__", stream_call)
         _patch(nnx.Rngs, "fork", fork)
+        _patch(nnx, "split_rngs", split_rngs)
+        _patch(nnx, "vmap", vmap)
+        _patch(nnx, "scan", scan)
         for klass, original in patched.items():
             _patch(klass, "__call__", original)
 
@@ -158,11 +286,19 @@ def _patch(owner: object, name: str, value: object) -> None:
 
 def _call_hook(rec: NnxRecorder, original):
     def __call__(self, *args, **kwargs):
-        if rec.calling and rec.calling[-1].obj is self:  # super().__call__ of the same module
+        outside = rec.resolve(self)
+        if rec.calling and rec.calling[-1].obj is outside:  # super().__call__ of the same module
             return original(self, *args, **kwargs)
-        frame = Called(self)
+        frame = Called(outside, transforms=len(rec.transforms))
         if rec.calling:
-            rec.calling[-1].events.append(("call", frame))
+            parent = rec.calling[-1]
+            how = None
+            if frame.transforms > parent.transforms:
+                # called by the function of a transform that the parent's call started
+                t = rec.transforms[-1]
+                pos = next((i for i, a in enumerate(t.outer) if rec.resolve(a) is outside), None)
+                how = (t, pos, frame.transforms - parent.transforms)
+            parent.events.append(("call", frame, how))
         rec.calling.append(frame)
         try:
             return original(self, *args, **kwargs)
@@ -179,22 +315,51 @@ def _remember(rec: NnxRecorder, frame: Called) -> None:
 
     def flat(f: Called) -> list:
         out = []
-        for kind, what in f.events:
+        for kind, what, *how in f.events:
             if kind == "draw":
-                out.append(("draw", what))
+                out.append(("draw", what, None))
             elif what.drew or not _is_layer(what.obj):
-                out.append(("call", id(what.obj)))
+                out.append(("call", id(what.obj), how[0]))
         return out
+
+    def sig(x: list) -> list:
+        return [(k, w, None if h is None else (h[0].kind, h[1], h[2])) for k, w, h in x]
 
     def walk(f: Called) -> None:
         seen = rec.calls.setdefault(id(f.obj), flat(f))
-        if seen != flat(f) and rec.differs is None:
+        if sig(seen) != sig(flat(f)) and rec.differs is None:
             rec.differs = type(f.obj).__name__
-        for kind, what in f.events:
+        for kind, what, *_ in f.events:
             if kind == "call":
                 walk(what)
 
     walk(frame)
+
+
+def _pair(rec: NnxRecorder, inner, outer) -> None:
+    """Note that `inner` (an object a transform's function sees, or returns) stands for `outer`, and so do
+    the modules and Rngs inside them, attribute by attribute."""
+    from flax import nnx
+
+    lists, dicts = _containers()
+
+    def visit(i: Any, o: Any, depth: int) -> None:
+        if i is o or depth > 12 or o is None:
+            return
+        if isinstance(i, (nnx.Module, nnx.Rngs)):
+            rec.alias[id(i)] = rec.resolve(o)
+            rec.inner.append(i)
+            for name, v in vars(i).items():
+                if not name.startswith("_") and isinstance(v, (nnx.Module, nnx.Rngs, *lists, *dicts, list, tuple)):
+                    visit(v, getattr(o, name, None), depth + 1)
+        seq: tuple[type, ...] = (list, tuple, *lists)
+        if isinstance(i, seq) and isinstance(o, seq):
+            ii: Any = i
+            oo: Any = o
+            for a, b in zip(ii, oo):
+                visit(a, b, depth + 1)
+
+    visit(inner, outer, 0)
 
 
 def _is_layer(obj) -> bool:
@@ -254,9 +419,18 @@ def _attribute_names(obj) -> dict[int, str]:
 
 
 class _SpecBuilder:
-    def __init__(self, rec: NnxRecorder, target: str):
+    def __init__(self, rec: NnxRecorder, target: str, root: Built):
         self.rec = rec
         self.target = target
+        self.built_of: dict[int, Built] = {}  # id(module, outside any transform) -> its construction
+        todo = [root]
+        while todo:
+            b = todo.pop()
+            self.built_of[id(rec.resolve(b.obj))] = b
+            todo += [e[1] for e in b.events if e[0] == "child"]
+
+    def transform(self, how, target_id: int, where: str) -> dict:
+        return _transform_of(self, how, target_id, where)
 
     def unsupported(self, what: str) -> UnsupportedError:
         return UnsupportedError(
@@ -264,7 +438,7 @@ class _SpecBuilder:
         )
 
     def module(self, b: Built) -> dict:
-        obj = b.obj
+        obj = self.rec.resolve(b.obj)
         cls = type(obj).__name__
         names = _attribute_names(obj)
         out: dict = {"class": cls}
@@ -283,15 +457,29 @@ class _SpecBuilder:
                 forks.append(what)
             else:
                 child: Built = what
+                if type(child.obj).__name__ in ("ToNNX", "ToLinen") and "bridge" in type(child.obj).__module__:
+                    raise self.unsupported(
+                        f"{cls} holds a flax.nnx.bridge.{type(child.obj).__name__} (Linen inside NNX), which capture "
+                        "does not read yet"
+                    )
                 if isinstance(child.obj, _containers()[0] + _containers()[1]) and not child.events:
                     continue  # nnx.List / nnx.Dict holding modules built here: they are named through it
-                name = names.get(id(child.obj))
+                name = names.get(id(self.rec.resolve(child.obj)))
                 if name is None:
                     raise self.unsupported(
                         f"{cls}.__init__ builds a {type(child.obj).__name__} it does not keep as an attribute "
                         "(or keeps it inside another module)"
                     )
-                built[id(child.obj)] = name
+                built[id(self.rec.resolve(child.obj))] = name
+                if child.stack:
+                    if child.stack < 0 or child.split_of is not b.rngs:
+                        raise self.unsupported(
+                            f"{cls}.{name} is built inside nnx.vmap/nnx.scan other than as a stack (nnx.split_rngs"
+                            f"(splits=N) around nnx.vmap(in_axes=0), given {cls}'s Rngs)"
+                        )
+                    sub = self.module(child)
+                    init.append({"module": {"name": name, "stack": child.stack, **sub}})
+                    continue
                 if _is_layer(child.obj):
                     if child.rngs is None:
                         if any(child.events):
@@ -321,7 +509,7 @@ class _SpecBuilder:
         if init:
             out["init"] = _runs(init)
         call = []
-        for kind, what in self.rec.calls.get(id(obj), []):
+        for kind, what, how in self.rec.calls.get(id(obj), []):
             if kind == "draw":
                 if not kept:
                     raise self.unsupported(f"{cls}.__call__ draws from an Rngs it does not keep")
@@ -330,33 +518,105 @@ class _SpecBuilder:
                 name = built.get(what)
                 if name is None:
                     raise self.unsupported(f"{cls}.__call__ calls a module that {cls}.__init__ did not build")
-                call.append({"call": name})
+                call.append({"call": {"name": name, **self.transform(how, what, f"{cls}.{name}")} if how else name})
         if call:
             out["call"] = _runs(call)
         return out
 
 
+def _axis_of(in_axes, pos: int):
+    return in_axes[pos] if isinstance(in_axes, (tuple, list)) else in_axes
+
+
+def _size(t: Transform) -> int | None:
+    """The size of the axis a transform maps: its length, or the first array argument's mapped axis."""
+    if t.length is not None:
+        return int(t.length)
+    for i, a in enumerate(t.outer):
+        ax = _axis_of(t.in_axes, i)
+        if isinstance(ax, int) and not isinstance(ax, bool) and hasattr(a, "shape") and len(a.shape) > ax:
+            return int(a.shape[ax])
+    return None
+
+
+def _tags(flt) -> tuple[str, ...] | None:
+    """The stream tags a filter names (a tag, or a tuple of them), or None for any other filter."""
+    if isinstance(flt, str):
+        return (flt,)
+    if isinstance(flt, (tuple, list)) and all(isinstance(f, str) for f in flt):
+        return tuple(flt)
+    return None
+
+
+def _transform_of(builder, how, target_id: int, where: str) -> dict:
+    from flax import nnx
+
+    t, pos, depth = how
+    if depth != 1:
+        raise builder.unsupported(f"{where} is called under nested transforms")
+    if pos is None:
+        raise builder.unsupported(f"{where} is called inside nnx.{t.kind} without being one of its arguments")
+    axis = _axis_of(t.in_axes, pos)
+    target = builder.built_of.get(target_id)
+    stacked = target is not None and target.stack > 0
+    if stacked:
+        if axis != 0:
+            raise builder.unsupported(f"{where} is a stack, mapped by nnx.{t.kind} on axis {axis!r} (not 0)")
+        return {t.kind: True}
+    carried = nnx.Carry if t.kind == "scan" else 0
+    if axis is (nnx.Carry if t.kind == "scan" else None):
+        streams: tuple[str, ...] = ()
+    elif isinstance(axis, nnx.StateAxes):
+        other = dict(zip(axis.filters, axis.axes)).get(...)
+        special = [(f, a) for f, a in zip(axis.filters, axis.axes) if f is not ...]
+        want = None if t.kind == "scan" else carried
+        if (other is not (nnx.Carry if t.kind == "scan" else None)) or any(a != want for _, a in special):
+            raise builder.unsupported(f"{where}: nnx.{t.kind} with StateAxes {dict(zip(axis.filters, axis.axes))!r}")
+        found = [_tags(f) for f, _ in special]
+        if any(x is None for x in found):
+            raise builder.unsupported(f"{where}: nnx.{t.kind} StateAxes filters other than stream names")
+        streams = tuple(tag for x in found if x is not None for tag in x)
+    else:
+        raise builder.unsupported(f"{where} is mapped by nnx.{t.kind} with in_axes {axis!r}")
+    n = _size(t)
+    if t.kind == "vmap":
+        if streams:
+            if t.split is None or _tags(t.split.only) is None or set(_tags(t.split.only) or ()) != set(streams):
+                raise builder.unsupported(
+                    f"{where}: the StateAxes of nnx.vmap map {list(streams)} and nnx.split_rngs around it splits "
+                    f"{t.split.only if t.split else 'nothing'!r}"
+                )
+            n = t.split.n
+        if n is None:
+            raise builder.unsupported(f"{where}: the size of the nnx.vmap axis is not known")
+        return {"vmap": n, **({"split": list(streams)} if streams else {})}
+    if n is None:
+        raise builder.unsupported(f"{where}: the length of the nnx.scan is not known")
+    return {"scan": n, **({"broadcast": list(streams)} if streams else {})}
+
+
 def _runs(statements: list) -> list:
-    """Consecutive equal statements as one with `repeat`."""
+    """Consecutive equal statements (draws, calls with the same transform) as one with `repeat`."""
+
+    def parts(st: dict) -> tuple[str, str, dict, int]:
+        ((k, v),) = st.items()
+        field = "stream" if k == "draw" else "name"
+        if not isinstance(v, dict):
+            return k, v, {}, 1
+        extra = {x: y for x, y in v.items() if x not in (field, "repeat")}
+        return k, v[field], extra, v.get("repeat", 1)
+
     out: list = []
-    for s in statements:
-        if out and _base(out[-1]) == s and ("draw" in s or "call" in s):
-            last = out[-1]
-            ((k, v),) = last.items()
-            n = v.get("repeat", 1) if isinstance(v, dict) else 1
-            name = "stream" if k == "draw" else "name"
-            base = v[name] if isinstance(v, dict) else v
-            out[-1] = {k: {name: base, "repeat": n + 1}}
-        else:
-            out.append(s)
+    for st in statements:
+        k, base, extra, n = parts(st)
+        if out and k in ("draw", "call"):
+            k0, base0, extra0, n0 = parts(out[-1])
+            if (k0, base0, extra0) == (k, base, extra):
+                field = "stream" if k == "draw" else "name"
+                out[-1] = {k: {field: base, **extra, "repeat": n0 + n}}
+                continue
+        out.append(st)
     return out
-
-
-def _base(s: dict) -> dict:
-    ((k, v),) = s.items()
-    if isinstance(v, dict) and "repeat" in v:
-        return {k: v["stream" if k == "draw" else "name"]}
-    return s
 
 
 # ---------------------------------------------------------------- running the target
@@ -467,11 +727,11 @@ def run_nnx_capture(target: CodeRef, inputs: list[InputSpec], seeds: dict[str, i
         "jax": {"prng_impl": settings["prng_impl"], "threefry_partitionable": settings["threefry_partitionable"]},
         "rngs": dict(seeds),
         "steps": steps,
-        "model": _SpecBuilder(rec, target.text).module(root),
+        "model": _SpecBuilder(rec, target.text, root).module(root),
     }
     header = f"# captured from {target.text} by rngaudit (flax {flax.__version__}, jax {jax.__version__})\n"
     spec_text = header + yaml.safe_dump(doc, sort_keys=False)
-    sites = check_replay(spec_text, rec.records, target.text)
+    sites = check_replay(spec_text, rec.records, target.text, rec.lanes)
     versions = {"flax": flax.__version__, "jax": jax.__version__}
     cap = Capture(target.text, "call", dict(seeds), settings, sites, {}, versions, flavour="nnx")
     return cap, spec_text
@@ -508,7 +768,7 @@ def _unpack(made, target: CodeRef):
     return model, tuple(args), dict(kwargs)
 
 
-def check_replay(spec_text: str, records: list[dict], target: str) -> list[Site]:
+def check_replay(spec_text: str, records: list[dict], target: str, lanes: bool = False) -> list[Site]:
     """derive of the spec against what NNX handed out, key by key in order; the sites (from the replay, which
     names each key's site) if every one agrees, else an error and nothing written."""
     from ..engine.nnx import derive_nnx
@@ -524,6 +784,12 @@ def check_replay(spec_text: str, records: list[dict], target: str) -> list[Site]
         ) from None
     calls = list(report.calls)
     sites = nnx_sites(report)
+    if lanes:
+        # under transforms NNX hands out a draw's keys lane by lane, in JAX's order, and a stream nnx.vmap
+        # broadcasts once for all lanes: compared step by step, in one order
+        calls = [c for c in calls if not ("vmap" in c.derivation.broadcast and c.derivation.lane > 0)]
+        calls.sort(key=lambda c: (c.derivation.step, c.derivation.tag, c.derivation.count, tuple(c.key)))
+        records = sorted(records, key=lambda r: (r["step"], r["tag"], r["count"], r["key"]))
     for i, (c, r) in enumerate(zip(calls, records)):
         d = c.derivation
         if (d.step, d.tag, d.count, tuple(c.key)) != (r["step"], r["tag"], r["count"], r["key"]):

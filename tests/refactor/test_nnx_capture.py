@@ -124,6 +124,125 @@ ENSEMBLE = HEADER + textwrap.dedent("""
 """)
 
 
+SCAN_STACK = HEADER + textwrap.dedent("""
+    class Block(nnx.Module):
+        def __init__(self, d, rngs):
+            self.norm = nnx.LayerNorm(d, rngs=rngs)
+            self.attn = nnx.MultiHeadAttention(
+                num_heads=2, in_features=d, dropout_rate=0.1, decode=False, deterministic=False, rngs=rngs)
+            self.mlp = nnx.Linear(d, d, rngs=rngs)
+            self.drop = nnx.Dropout(0.1, rngs=rngs)
+
+        def __call__(self, x):
+            x = x + self.attn(self.norm(x))
+            return x + self.drop(self.mlp(x))
+
+    class Transformer(nnx.Module):
+        def __init__(self, d, layers, *, rngs):
+            self.embed = nnx.Linear(3, d, rngs=rngs)
+
+            @nnx.split_rngs(splits=layers)
+            @nnx.vmap(in_axes=(0,), out_axes=0)
+            def make(r):
+                return Block(d, r)
+
+            self.blocks = make(rngs)
+            self.head = nnx.Linear(d, 2, rngs=rngs)
+
+        def __call__(self, x):
+            x = self.embed(x)
+
+            @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+            def body(h, block):
+                return block(h)
+
+            return self.head(body(x, self.blocks))
+
+    def make_model(rngs):
+        return Transformer(8, 4, rngs=rngs), (jnp.ones((2, 5, 3)),)
+""")
+
+RNN_SCAN = HEADER + textwrap.dedent("""
+    class RNNCell(nnx.Module):  # the NNX guide's recurrent dropout
+        def __init__(self, din, dout, rngs):
+            self.linear = nnx.Linear(dout + din, dout, rngs=rngs)
+            self.drop = nnx.Dropout(0.1, rngs=rngs, rng_collection='recurrent_dropout')
+            self.dout = dout
+
+        def __call__(self, h, x):
+            h = self.drop(h)
+            y = nnx.relu(self.linear(jnp.concatenate([h, x], axis=-1)))
+            return y, y
+
+    class RNN(nnx.Module):
+        def __init__(self, din, dout, *, rngs):
+            self.cell = RNNCell(din, dout, rngs)
+
+        def __call__(self, x):
+            h = jnp.zeros((x.shape[0], self.cell.dout))
+            state_axes = nnx.StateAxes({'recurrent_dropout': None, ...: nnx.Carry})
+
+            @nnx.scan(in_axes=(state_axes, nnx.Carry, 1), out_axes=(nnx.Carry, 1))
+            def unroll(cell, h, x):
+                h, y = cell(h, x)
+                return h, y
+
+            h, y = unroll(self.cell, h, x)
+            return y
+
+    def make_model(rngs):
+        return RNN(8, 16, rngs=rngs), (jnp.ones((4, 20, 8)),)
+""")
+
+DATA_PARALLEL = HEADER + textwrap.dedent("""
+    class Model(nnx.Module):
+        def __init__(self, rngs):
+            self.linear = nnx.Linear(20, 10, rngs=rngs)
+            self.drop = nnx.Dropout(0.1, rngs=rngs)
+
+        def __call__(self, x):
+            return self.drop(self.linear(x))
+
+    class DataParallel(nnx.Module):  # the NNX guide's data-parallel dropout (vmap for pmap)
+        def __init__(self, rngs):
+            self.model = Model(rngs)
+
+        def __call__(self, x):
+            state_axes = nnx.StateAxes({'dropout': 0, ...: None})
+
+            @nnx.split_rngs(splits=4, only='dropout')
+            @nnx.vmap(in_axes=(state_axes, 0), out_axes=0)
+            def forward(model, x):
+                return model(x)
+
+            return forward(self.model, x)
+
+    def make_model(rngs):
+        return DataParallel(rngs), (jnp.ones((4, 16, 20)),)
+""")
+
+BRIDGE = HEADER + textwrap.dedent("""
+    import flax.linen as nn
+    from flax.nnx import bridge
+
+    class LinenBlock(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dropout(0.5, deterministic=False)(nn.Dense(4)(x))
+
+    class Model(nnx.Module):
+        def __init__(self, rngs):
+            self.block = bridge.ToNNX(LinenBlock(), rngs=rngs)
+            bridge.lazy_init(self.block, jnp.ones((1, 4)))
+
+        def __call__(self, x):
+            return self.block(x)
+
+    def make_model(rngs):
+        return Model(rngs), (jnp.ones((1, 4)),)
+""")
+
+
 def capture(tmp_path, target: str, *args: str):
     spec, keys = tmp_path / "captured.yaml", tmp_path / "keys.json"
     r = invoke("capture", target, "-o", spec, "--keys", keys, *args)
@@ -146,6 +265,10 @@ def assert_real_nnx_agrees(spec_path, doc) -> None:
         (MLP, "params=0,dropout=1", 3, 2 + 1 + 2 + 2 + 3),  # linear1, dropout fork, bn, linear2; 3 masks
         (ENCODER, "params=0,dropout=1", 2, None),
         (RNN, "params=0,recurrent_dropout=1,noise=2", 2, 2 + 1 + 2 + 2 * (4 + 1)),
+        (ENSEMBLE, "params=0,dropout=1", 2, 2 + 3 * 3 + 2 * 3),  # the split draws, 3 members, 3 masks a call
+        (SCAN_STACK, "params=0,dropout=1", 2, None),
+        (RNN_SCAN, "params=0,recurrent_dropout=1", 2, 2 + 1 + 2 * 20),
+        (DATA_PARALLEL, "params=0,dropout=1", 2, 2 + 1 + 2 * (1 + 4)),
     ],
 )
 def test_nnx_models_capture_and_replay(tmp_path, source, rngs, steps, draws):
@@ -162,6 +285,52 @@ def test_nnx_models_capture_and_replay(tmp_path, source, rngs, steps, draws):
     for against in (f"{f}:make_model", tmp_path / "keys.json"):
         r = invoke("verify", spec, "--against", against)
         assert r.exit_code == 0 and "0 differ, 0 missing, 0 extra" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize(
+    "source, pieces",
+    [
+        (ENSEMBLE, ("stack: 3", "vmap: true")),
+        (SCAN_STACK, ("stack: 4", "scan: true", "dropout_rate: 0.1")),
+        (RNN_SCAN, ("scan: 20", "- recurrent_dropout")),
+        (DATA_PARALLEL, ("vmap: 4", "split:\n      - dropout")),
+    ],
+)
+def test_transforms_are_read_as_the_spec_writes_them(tmp_path, source, pieces):
+    f = write(tmp_path, "model.py", source)
+    spec, _ = capture(tmp_path, f"{f}:make_model", "--rngs", "params=0,dropout=1,recurrent_dropout=2")
+    text = spec.read_text()
+    assert all(p in text for p in pieces), text
+
+
+BROADCAST = HEADER + textwrap.dedent("""
+    class Model(nnx.Module):
+        def __init__(self, rngs):
+            self.linear = nnx.Linear(20, 10, rngs=rngs)
+            self.drop = nnx.Dropout(0.1, rngs=rngs)
+
+        def __call__(self, x):
+            return self.drop(self.linear(x))
+
+    class Wrap(nnx.Module):
+        def __init__(self, rngs):
+            self.model = Model(rngs)
+
+        def __call__(self, x):
+            return nnx.vmap(lambda m, x: m(x), in_axes=(None, 0))(self.model, x)
+
+    def make_model(rngs):
+        return Wrap(rngs), (jnp.ones((4, 16, 20)),)
+""")
+
+
+def test_a_captured_broadcast_vmap_is_a_collision(tmp_path):
+    """A model mapped by nnx.vmap with its state broadcast: captured, then `collisions` on the captured spec
+    finds every lane drawing one dropout mask."""
+    f = write(tmp_path, "m.py", BROADCAST)
+    spec, _ = capture(tmp_path, f"{f}:make_model", "--rngs", "params=0,dropout=1")
+    r = invoke("collisions", spec)
+    assert r.exit_code == 1 and "broadcast_lanes" in r.stdout and "model.drop [lane 3]" in r.stdout
 
 
 def test_the_encoders_spec_says_what_the_model_does(tmp_path):
@@ -183,7 +352,7 @@ def test_a_stream_the_model_needs_but_rngs_lacks(tmp_path):
 @pytest.mark.parametrize(
     "body, args, message",
     [
-        (ENSEMBLE, ("--rngs", "params=0,dropout=1"), "inside a transform"),
+        (BRIDGE, ("--rngs", "params=0,dropout=1"), "bridge.ToNNX (Linen inside NNX)"),
         (HEADER + "def make_model(rngs):\n    return 3\n", (), "not an nnx.Module"),
         (HEADER + "def make_model(rngs):\n    raise RuntimeError('no')\n", (), "RuntimeError: no"),
         (MLP, ("--rngs", "params=0,dropout=1", "--phase", "apply"), "--phase and --method are Linen's"),
