@@ -31,6 +31,12 @@ def nnx_settings(spec: NnxSpec):
         jax.config.update("jax_default_prng_impl", saved[1])
 
 
+def _tag(stream) -> str:
+    """A stream's tag (flax < 0.11 keeps it on the key variable only)."""
+    tag = getattr(stream, "tag", None)
+    return tag if tag is not None else stream.key.tag
+
+
 class _Recorder:
     def __init__(self):
         self.records: list[dict] = []
@@ -48,7 +54,7 @@ class _Recorder:
             key = original(stream)
             traced = isinstance(count, jax.core.Tracer) or isinstance(jax.random.key_data(key), jax.core.Tracer)
             if traced:  # inside a jitted step or a transform: recorded when it runs
-                step, site, tag = rec.step, rec.site, stream.tag
+                step, site, tag = rec.step, rec.site, _tag(stream)
 
                 def record(c, k):
                     words = tuple(int(w) for w in np.asarray(k).ravel())
@@ -57,7 +63,13 @@ class _Recorder:
                 jax.debug.callback(record, count, jax.random.key_data(key), ordered=True)
             elif not rec.off:
                 rec.records.append(
-                    {"step": rec.step, "site": rec.site, "tag": stream.tag, "count": int(count), "key": key_words(key)}
+                    {
+                        "step": rec.step,
+                        "site": rec.site,
+                        "tag": _tag(stream),
+                        "count": int(count),
+                        "key": key_words(key),
+                    }
                 )
             return key
 
@@ -90,6 +102,14 @@ def _layer(st: NnxLayer, rngs):
     if k == "Dropout":
         return nnx.Dropout(o["rate"], rng_collection=o["rng_collection"], deterministic=o["deterministic"], rngs=rngs)
     if k == "MultiHeadAttention":
+        import inspect
+
+        # (keep_rngs is flax >= 0.11's: older specs leave it at its default)
+        keep = (
+            {"keep_rngs": o["keep_rngs"]}
+            if "keep_rngs" in inspect.signature(nnx.MultiHeadAttention.__init__).parameters
+            else {}
+        )
         return nnx.MultiHeadAttention(
             num_heads=1,
             in_features=2,
@@ -97,10 +117,10 @@ def _layer(st: NnxLayer, rngs):
             use_bias=o["use_bias"],
             normalize_qk=o["normalize_qk"],
             dropout_rate=o["dropout_rate"],
-            keep_rngs=o["keep_rngs"],
             deterministic=o["deterministic"],
             decode=False,
             rngs=rngs,
+            **keep,
         )
     raise AssertionError(k)
 

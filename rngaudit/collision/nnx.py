@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..engine.keys import KeyEngine
-from ..engine.nnx import RULES, NnxKey, replay_nnx
+from ..engine.nnx import NnxKey, replay_nnx, rules_of
 from ..errors import Location
 from ..spec.nnx import NnxSpec
 
@@ -258,4 +258,4 @@ def audit_nnx(spec: NnxSpec) -> NnxAudit:
             )
         )
     found.sort(key=lambda t: t[0])
-    return NnxAudit(spec.file, n, spec.prng_impl, RULES, tuple(c for _, c in found))
+    return NnxAudit(spec.file, n, spec.prng_impl, rules_of(spec), tuple(c for _, c in found))

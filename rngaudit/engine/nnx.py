@@ -36,6 +36,16 @@ if TYPE_CHECKING:
     import numpy as np
 
 RULES = "flax>=0.11 (NNX: Dropout and attention fork their stream at construction)"
+RULES_SHARED = (
+    "flax<0.11 (NNX: Dropout and attention draw from the caller's Rngs at each call; nnx.reseed sets a stream "
+    "to the key it is given)"
+)
+
+
+def rules_of(spec: NnxSpec) -> str:
+    return RULES_SHARED if spec.shared_dropout else RULES
+
+
 MAX_NNX_DRAWS = 50_000_000
 MAX_NNX_CALLS = 10_000_000  # module calls (and members built) the replay makes, draws or not
 
@@ -86,9 +96,10 @@ class NnxKey:
 class Rngs:
     """An nnx.Rngs: its streams in order (vars(self) order)."""
 
-    def __init__(self, name: str, streams: dict[str, Stream]):
+    def __init__(self, name: str, streams: dict[str, Stream], old: bool = False):
         self.name = name
         self.streams = streams
+        self.old = old  # flax < 0.11 (its error text)
 
     def get(self, stream: str, error: str, loc: Location) -> Stream:
         # mirrors flax/nnx/rnglib.py Rngs._get_stream
@@ -97,10 +108,15 @@ class Rngs:
             s = self.streams.get("default")
         if s is None:
             have = ", ".join(self.streams) or "none"
+            said = (
+                f"No RNG named '{stream}' or 'default' found in Rngs."
+                if self.old
+                else f"No RngStream named '{stream}' found in Rngs."
+            )
             raise FlaxError(
                 error,
-                f"No RngStream named '{stream}' found in Rngs. ({self.name} has {have}: add `{stream}:` "
-                "(or `default:`) to rngs, or give the module an Rngs that has it)",
+                f"{said} ({self.name} has {have}: add `{stream}:` (or `default:`) to rngs, or give the module an "
+                "Rngs that has it)",
                 loc,
             )
         return s
@@ -112,6 +128,7 @@ class NnxReplayer:
     def __init__(self, spec: NnxSpec, engine: KeyEngine):
         self.spec = spec
         self.engine = engine
+        self.old = spec.shared_dropout
         self.keys: list[NnxKey] = []
         self.stream_keys: list[KeyData] = []  # every key a stream has had, numbered
         self.total = 0  # keys drawn so far
@@ -136,6 +153,7 @@ class NnxReplayer:
                 name: self.stream(f"rngs.{name}", name, self.engine.eval(src.expr), (f"key {src.text}",))
                 for name, src in ((n, self.spec.rngs[n]) for n in order)
             },
+            self.old,
         )
         model = self.build(self.spec.model, "", root)
         for event in self.spec.run:
@@ -172,6 +190,24 @@ class NnxReplayer:
         return out
 
     def reseed(self, event: NnxReseed) -> None:
+        if self.old:
+            # mirrors flax 0.10's reseed: every stream of the graph whose tag is given takes that key, count 0
+            given = dict(event.streams)
+            for path, s in self.streams_in_graph_order():
+                src = given.get(s.tag)
+                if src is None:
+                    continue
+                if s.lanes:
+                    raise FlaxError(
+                        "ValueError",
+                        f"Cannot reseed stream {s.tag!r} with a non-scalar key, found key with shape ({s.lanes},) "
+                        f"(a stacked module's stream, at {'.'.join(path)})",
+                        event.loc,
+                    )
+                s.chain = (f"key {src.text} (nnx.reseed)",)
+                self.set_key(s, self.engine.eval(src.expr))
+                s.count = 0
+            return
         # mirrors flax/nnx/rnglib.py reseed: a fresh Rngs(**stream_keys); every stream of the graph whose
         # tag is given takes that Rngs' next key, in graph order, and count 0
         fresh = {
@@ -274,6 +310,9 @@ class NnxReplayer:
                 layer = inst.attrs[st.name] = self.layer(st, _join(path, st.name), rngs)
                 if layer.own is not None:
                     self.graph.append((where + (st.name, "rngs"), layer.own))
+                if layer.shared is not None:
+                    # (flax < 0.11: the layer keeps the caller's Rngs as `self.rngs`)
+                    self.graph.extend((where + (st.name, "rngs", name), s) for name, s in layer.shared.streams.items())
             elif isinstance(st, NnxChild) and st.stack:
                 inst.attrs[st.name] = self.stacked(st, _join(path, st.name), rngs)
             elif isinstance(st, NnxChild):
@@ -333,7 +372,9 @@ class NnxReplayer:
                 )
                 ms.lanes, ms.lane = n, i
                 member[name] = ms
-            members.append(self.build(st.module, path, Rngs(f"lane {i} of {rngs.name} (split for {path})", member)))
+            members.append(
+                self.build(st.module, path, Rngs(f"lane {i} of {rngs.name} (split for {path})", member, self.old))
+            )
         self.lane = -1
         return Stacked(st, path, members)
 
@@ -366,6 +407,10 @@ class NnxReplayer:
             s = rngs.get("params", "AttributeError", st.loc)
             self.draw(s, f"{path}.{p}", "param", "params", st.loc)
         own: Stream | None = None
+        if self.old:
+            # flax < 0.11: Dropout keeps the Rngs it is given; attention keeps it when dropout_rate > 0
+            keeps = kind == "Dropout" or (kind == "MultiHeadAttention" and st.opt("dropout_rate") > 0)
+            return Layer(st, path, None, len(params), rngs if keeps else None)
         if kind == "Dropout":
             # mirrors nnx.Dropout.__init__: rngs[rng_collection].fork(), whatever the rate
             col = str(st.opt("rng_collection"))
@@ -503,10 +548,26 @@ class NnxReplayer:
             # mirrors nnx.Dropout.__call__: rate 0 or deterministic, and rate 1, draw nothing
             if rate == 0.0 or st.opt("deterministic") or rate == 1.0:
                 return
+            col = str(st.opt("rng_collection"))
+            if layer.shared is not None:
+                # flax < 0.11: rngs[rng_collection]() on the Rngs it was given, at each call
+                self.draw(layer.shared.get(col, "KeyError", loc), layer.path, "dropout", col, loc, n=n)
+                return
             assert layer.own is not None
-            self.draw(layer.own, layer.path, "dropout", str(st.opt("rng_collection")), loc, n=n)
+            self.draw(layer.own, layer.path, "dropout", col, loc, n=n)
         elif st.kind == "MultiHeadAttention":
             if not st.opt("dropout_rate") > 0 or st.opt("deterministic"):
+                return
+            if layer.shared is not None:
+                # flax < 0.11: rngs.dropout() on the Rngs it was given, at each call
+                self.draw(
+                    layer.shared.get("dropout", "AttributeError", loc),
+                    layer.path,
+                    "attention_dropout",
+                    "dropout",
+                    loc,
+                    n=n,
+                )
                 return
             if layer.own is None:
                 raise FlaxError(
@@ -524,11 +585,12 @@ class Layer:
     path: str
     own: Stream | None  # the stream it forked (Dropout, attention)
     params: int = 0
+    shared: Rngs | None = None  # flax < 0.11: the caller's Rngs it keeps and draws from at each call
 
     @property
     def stateful(self) -> bool:
         """Whether it holds arrays: parameters, BatchNorm's statistics or an RNG stream."""
-        return bool(self.params) or self.own is not None or self.st.kind == "BatchNorm"
+        return bool(self.params) or self.own is not None or self.shared is not None or self.st.kind == "BatchNorm"
 
 
 @dataclass
@@ -676,7 +738,7 @@ def derive_nnx(
             except (ValueError, TypeError, ArithmeticError, IndexError) as e:
                 raise SpecError(f"cannot draw {draw.describe()}: {e}", draw.loc) from None
     roots = {name: engine.eval(src.expr) for name, src in spec.rngs.items()}
-    return NnxDeriveReport(spec, roots, calls, len(table.block) if filtered else None)
+    return NnxDeriveReport(spec, roots, calls, len(table.block) if filtered else None, rules_of(spec))
 
 
 class NnxCalls(LazyRows, Sequence[NnxKeyedCall]):

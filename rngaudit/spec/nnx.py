@@ -150,6 +150,13 @@ class NnxSpec:
     model: NnxModule
     run: tuple[NnxStep | NnxReseed, ...]
     flavour: str = "nnx"
+    flax_version: str | None = None  # `flax: {version: ...}`; None: the current rules (flax >= 0.11)
+
+    @property
+    def shared_dropout(self) -> bool:
+        """Flax before 0.11: Dropout and attention keep the caller's Rngs and draw from it at each call (no
+        fork at construction), and nnx.reseed sets each stream to the key it is given."""
+        return self.flax_version is not None and version_tuple(self.flax_version) < (0, 11)
 
     @property
     def steps(self) -> int:
@@ -165,7 +172,21 @@ def _mixed(key: str, loc) -> SpecError:
     )
 
 
+# what a Flax release must be to have a spec's construct (the first release with it)
+SINCE = {"rngs: fork": (0, 11), "keep_rngs": (0, 11, 1), "InstanceNorm": (0, 12)}
+
+
 class NnxParser:
+    version: tuple[int, ...] | None = None  # the spec's `flax: version`, None: the current rules
+
+    def lacks(self, what: str) -> bool:
+        return self.version is not None and self.version < SINCE[what]
+
+    def too_old(self, what: str, loc) -> SpecError:
+        since = ".".join(map(str, SINCE[what]))
+        have = ".".join(map(str, self.version or ()))
+        return SpecError(f"{what} is flax {since} and later; this spec says flax {have} (`flax: version`)", loc)
+
     def module(self, node: YNode, what: str = "`model`") -> NnxModule:
         if node.is_map:
             for key in node.value:
@@ -276,6 +297,8 @@ class NnxParser:
                     f"{suggest(mode, RNGS_MODES)}",
                     f.need("rngs").loc,
                 )
+            if mode == "fork" and self.lacks("rngs: fork"):
+                raise self.too_old("rngs: fork", f.need("rngs").loc)
             stack = f.integer("stack", 0, 1, MAX_LANES)
             if stack and mode != "shared":
                 raise SpecError(
@@ -288,12 +311,16 @@ class NnxParser:
             )
             mod = self.module(inner, "`module`")
             if stack:
-                kept = _keeps_shared(mod)
+                kept = _keeps_shared(mod, self.version is not None and self.version < (0, 11))
                 if kept is not None:
                     raise SpecError(
-                        f"{kept} keeps the Rngs of a stacked module (keep_rngs: true): inside nnx.vmap that is the "
-                        "caller's Rngs object, which nnx.split_rngs puts back unsplit; rngaudit does not model it. "
-                        "Draw in the stacked module from a Dropout, or from a child built with `rngs: fork`",
+                        f"{kept} keeps the Rngs of a stacked module: inside nnx.vmap that is the caller's Rngs "
+                        "object, which nnx.split_rngs puts back unsplit; rngaudit does not model it"
+                        + (
+                            ". Draw in the stacked module from a Dropout, or from a child built with `rngs: fork`"
+                            if "flax 0.11" not in kept
+                            else ""
+                        ),
                         arg.loc,
                     )
             return NnxChild(loc, f.text("name", f"{mod.cls.lower()}_{n}"), mod, mode, stack)
@@ -327,6 +354,10 @@ class NnxParser:
                 v = as_str(node, f"`{k}`")
             opts.append((k, v))
         name = f.text("name") if f is not None else None
+        if "keep_rngs" in values and self.lacks("keep_rngs"):
+            raise self.too_old("keep_rngs", values["keep_rngs"].loc)
+        if kind in SINCE and self.lacks(kind):
+            raise self.too_old(kind, loc)
         return NnxLayer(loc, kind, name if name is not None else f"{kind.lower()}_{n}", tuple(opts))
 
     def draw(self, arg: YNode | None, loc) -> NnxDraw:
@@ -356,15 +387,22 @@ class NnxParser:
 TRANSFORM_KEYS = ("vmap", "scan", "split", "broadcast")
 
 
-def _keeps_shared(mod: NnxModule) -> str | None:
-    """The class of the first module in `mod` (itself, or a child given the same Rngs) that keeps its Rngs."""
+def _keeps_shared(mod: NnxModule, old: bool = False) -> str | None:
+    """The first module in `mod` (itself, or a child given the same Rngs) that keeps its Rngs; `old`: flax
+    before 0.11, whose Dropout and attention keep the Rngs they are given."""
     if mod.keep_rngs:
         return mod.cls
     for st in mod.init:
         if isinstance(st, NnxChild) and st.rngs == "shared":
-            found = _keeps_shared(st.module)
+            found = _keeps_shared(st.module, old)
             if found is not None:
                 return found
+        if (
+            old
+            and isinstance(st, NnxLayer)
+            and (st.kind == "Dropout" or (st.kind == "MultiHeadAttention" and st.opt("dropout_rate") > 0))
+        ):
+            return f"{mod.cls}.{st.name} (a {st.kind}, which before flax 0.11 keeps the Rngs it is given)"
     return None
 
 
@@ -461,5 +499,31 @@ def nnx_spec(top: Fields, file: str, impl: str, partitionable: bool, rngs: dict[
     else:
         steps = 1 if sn is None else as_int(sn, "`steps`", 0, MAX_STEPS)
         run = (NnxStep(sn.loc if sn is not None else top.node.loc, steps),) if steps else ()
-    model = NnxParser().module(top.need("model"))
-    return NnxSpec(file, impl, partitionable, rngs, model, run)
+    version = None
+    fn = top.get("flax")
+    if fn is not None:
+        ff = Fields(fn, "flax", ("version",))
+        vn = ff.get("version")
+        if vn is not None:
+            if isinstance(vn.value, float):
+                raise SpecError(f"`version` is text: quote it ('{vn.value}' reads as a number)", vn.loc)
+            version = as_str(vn, "`version`")
+            try:
+                parts = version_tuple(version)
+            except ValueError:
+                raise SpecError(f"`version` {version!r} is not a Flax version like '0.10.2'", vn.loc) from None
+            if parts < (0, 8):
+                raise SpecError(f"flax {version} has no NNX (flax.nnx is 0.8 and later)", vn.loc)
+    parser = NnxParser()
+    parser.version = None if version is None else version_tuple(version)
+    model = parser.module(top.need("model"))
+    return NnxSpec(file, impl, partitionable, rngs, model, run, flax_version=version)
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    import re
+
+    m = re.fullmatch(r"(\d+)\.(\d+)(?:\.(\d+))?(?:[.\-+]?\w*)?", text.strip())
+    if not m:
+        raise ValueError(text)
+    return tuple(int(g) for g in m.groups() if g is not None)

@@ -94,11 +94,13 @@ def spec_from_node(root: YNode) -> Spec | NnxSpec:
 
     fix = False
     if top.has("flax") and flavour == "nnx":
-        raise SpecError(
-            "`flax:` settings (fix_rng_separator) are Linen's; an NNX spec (`flavour: nnx`) has none",
-            top.need("flax").loc,
-        )
-    if top.has("flax"):
+        fn = top.need("flax")
+        if fn.is_map and "fix_rng_separator" in fn.value:
+            raise SpecError(
+                "`fix_rng_separator` is a Linen setting; an NNX spec's `flax:` has `version` only",
+                fn.key_locs["fix_rng_separator"],
+            )
+    if top.has("flax") and flavour == "linen":
         ff = Fields(top.need("flax"), "flax", ("fix_rng_separator",))
         fix = ff.flag("fix_rng_separator", False)
     impl, part = "threefry2x32", True
@@ -184,7 +186,8 @@ def linen_only(spec: Spec | NnxSpec, command: str) -> Spec:
     """The spec, for a command that reads Linen specs only; an NNX spec is an input error naming what reads it."""
     if isinstance(spec, NnxSpec):
         raise SpecError(
-            f"{command} reads Linen specs, and this one is `flavour: nnx`; NNX specs work with `rngaudit derive`",
+            f"{command} reads Linen specs, and this one is `flavour: nnx`; NNX specs work with `derive`, "
+            "`collisions`, `verify` and `diff`",
             spec.model.loc,
         )
     return spec

@@ -258,7 +258,9 @@ def test_commands_that_read_linen_specs_say_so(tmp_path):
     r = invoke("shard-check", "--devices", "0", NNX_GUIDE)
     assert r.exit_code == 2 and "reads Linen specs" in r.stderr and "flavour: nnx" in r.stderr
     r = invoke("diff", NNX_GUIDE, NNX_GUIDE)
-    assert r.exit_code == 2 and "reads Linen specs" in r.stderr
+    assert r.exit_code == 0 and "0 changed, 0 new, 0 gone" in r.stdout
+    r = invoke("diff", NNX_GUIDE, REPO / "rngaudit" / "examples" / "guide.yaml")
+    assert r.exit_code == 2 and "both Linen, or both NNX" in r.stderr
     with pytest.raises(UsageError, match="--phase applies to Linen specs"):
         derive(NNX_GUIDE, phase="apply")
 

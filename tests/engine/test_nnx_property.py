@@ -21,6 +21,28 @@ from nnx_oracle import check_against_nnx
 from rngaudit import parse_spec
 
 EXAMPLES = int(os.environ.get("RNGAUDIT_NNX_EXAMPLES", "40"))
+
+
+def _installed_flax() -> tuple[str, tuple[int, ...]]:
+    """The installed Flax (the oracle). An older one than the current rules': every spec says its version, and
+    uses nothing that release lacks (Rngs.fork(), keep_rngs, InstanceNorm)."""
+    import flax
+
+    from rngaudit.spec.nnx import version_tuple
+
+    return flax.__version__, version_tuple(flax.__version__)
+
+
+FLAX_VERSION, FLAX = _installed_flax()
+OLD = FLAX < (0, 12)
+
+
+def has(what: str) -> bool:
+    from rngaudit.spec.nnx import SINCE
+
+    return FLAX >= SINCE[what]
+
+
 STREAMS = ("params", "dropout", "noise", "default")
 ASKED = STREAMS + ("other",)  # a stream no Rngs has: falls back to default, or fails
 WIDTH = {"threefry2x32": 2, "rbg": 4, "unsafe_rbg": 4}
@@ -31,7 +53,9 @@ def maybe(draw, p: float) -> bool:
 
 
 @st.composite
-def layer(draw):
+def layer(draw, keeps_ok: bool = True):
+    """A standard layer; not `keeps_ok`: none that keeps the Rngs it is given (before flax 0.11 Dropout and
+    attention with dropout do, and a stacked module may not keep its Rngs)."""
     kind = draw(
         st.sampled_from(
             (
@@ -43,10 +67,9 @@ def layer(draw):
                 "LayerNorm",
                 "BatchNorm",
                 "GroupNorm",
-                "InstanceNorm",
+                *(("InstanceNorm",) if has("InstanceNorm") else ()),
                 "RMSNorm",
-                "Dropout",
-                "Dropout",
+                *(("Dropout", "Dropout") if keeps_ok else ()),
                 "MultiHeadAttention",
             )
         )
@@ -71,11 +94,11 @@ def layer(draw):
         if maybe(draw, 0.15):
             o["deterministic"] = True
     elif kind == "MultiHeadAttention":
-        o["dropout_rate"] = draw(st.sampled_from((0.0, 0.5)))
+        o["dropout_rate"] = draw(st.sampled_from((0.0, 0.5) if keeps_ok else (0.0,)))
         for k in ("use_bias", "normalize_qk"):
             if maybe(draw, 0.3):
                 o[k] = flag()
-        if maybe(draw, 0.15):
+        if maybe(draw, 0.15) and has("keep_rngs"):
             o["keep_rngs"] = False
         if maybe(draw, 0.2):
             o["deterministic"] = True
@@ -137,11 +160,11 @@ def module(draw, depth: int, n: list, lanes: bool = False, no_keep: bool = False
         what = draw(st.sampled_from(kinds + (("stack",) if depth > 0 and not lanes else ())))
         name = f"a{i}"
         if what == "layer":
-            kind, o = draw(layer())
+            kind, o = draw(layer(keeps_ok=not (no_keep and FLAX < (0, 11))))
             init.append({kind: {"name": name, **o}})
             names.append(name)
         elif what in ("module", "stack"):
-            fork = what == "module" and maybe(draw, 0.4)
+            fork = what == "module" and maybe(draw, 0.4) and has("rngs: fork")
             child = draw(module(depth - 1, n, lanes or what == "stack", (no_keep and not fork) or what == "stack"))
             child["name"] = name
             if fork:
@@ -185,6 +208,7 @@ def nnx_specs(draw) -> str:
         "rngaudit": 1,
         "flavour": "nnx",
         "jax": {"prng_impl": impl, "threefry_partitionable": draw(st.booleans())},
+        **({"flax": {"version": FLAX_VERSION}} if OLD else {}),
         "rngs": {s: draw(st.one_of(st.integers(0, 5), st.integers(0, 2**63 - 1))) for s in streams},
         "model": model,
     }
