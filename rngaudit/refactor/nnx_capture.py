@@ -393,6 +393,20 @@ def _containers() -> tuple[tuple[type, ...], tuple[type, ...]]:
     return tuple(t for t in (getattr(nnx, "List", None),) if t), tuple(t for t in (getattr(nnx, "Dict", None),) if t)
 
 
+def _transparent(obj) -> bool:
+    """Flax's containers of modules built elsewhere (nnx.Sequential, nnx.List, nnx.Dict): a spec names what they
+    hold through them (`head.layers.0`) and calls what their call calls."""
+    from flax import nnx
+
+    lists, dicts = _containers()
+    return isinstance(obj, (*lists, *dicts, *(t for t in (getattr(nnx, "Sequential", None),) if t)))
+
+
+def _hollow(b: Built) -> bool:
+    """A container built empty-handed: nothing drawn, nothing built but other such containers."""
+    return _transparent(b.obj) and all(e[0] == "child" and _hollow(e[1]) for e in b.events)
+
+
 def _attribute_names(obj) -> dict[int, str]:
     """id(value) -> attribute path of every module and Rngs an object holds (lists and dicts inside too)."""
     names: dict[int, str] = {}
@@ -405,7 +419,11 @@ def _attribute_names(obj) -> dict[int, str]:
         if depth > 3:
             return
         held: Any = value
-        if isinstance(value, lists):
+        if _transparent(value) and not isinstance(value, (lists, dicts)):
+            for name, v in vars(value).items():
+                if not name.startswith("_"):
+                    visit(v, f"{path}.{name}", depth + 1)
+        elif isinstance(value, lists):
             for i, v in enumerate(held):
                 visit(v, f"{path}.{i}", depth + 1)
         elif isinstance(value, dicts):
@@ -428,6 +446,19 @@ class _SpecBuilder:
             b = todo.pop()
             self.built_of[id(rec.resolve(b.obj))] = b
             todo += [e[1] for e in b.events if e[0] == "child"]
+
+    def inlined(self, statements: list, built: dict[int, str], depth: int = 0) -> list:
+        """A call's statements, with a call of a container (nnx.Sequential) replaced by what it called."""
+        out = []
+        for kind, what, how in statements:
+            inner = self.built_of.get(what) if kind == "call" else None
+            if inner is not None and what not in built and _transparent(self.rec.resolve(inner.obj)) and depth < 8:
+                if how is not None:
+                    raise self.unsupported(f"a {type(inner.obj).__name__} is called under a transform")
+                out += self.inlined(self.rec.calls.get(what, []), built, depth + 1)
+            else:
+                out.append((kind, what, how))
+        return out
 
     def transform(self, how, target_id: int, where: str) -> dict:
         return _transform_of(self, how, target_id, where)
@@ -462,8 +493,8 @@ class _SpecBuilder:
                         f"{cls} holds a flax.nnx.bridge.{type(child.obj).__name__} (Linen inside NNX), which capture "
                         "does not read yet"
                     )
-                if isinstance(child.obj, _containers()[0] + _containers()[1]) and not child.events:
-                    continue  # nnx.List / nnx.Dict holding modules built here: they are named through it
+                if _hollow(child):
+                    continue  # nnx.Sequential / List / Dict holding modules built here: named through it
                 name = names.get(id(self.rec.resolve(child.obj)))
                 if name is None:
                     raise self.unsupported(
@@ -509,7 +540,7 @@ class _SpecBuilder:
         if init:
             out["init"] = _runs(init)
         call = []
-        for kind, what, how in self.rec.calls.get(id(obj), []):
+        for kind, what, how in self.inlined(self.rec.calls.get(id(obj), []), built):
             if kind == "draw":
                 if not kept:
                     raise self.unsupported(f"{cls}.__call__ draws from an Rngs it does not keep")

@@ -243,6 +243,54 @@ BRIDGE = HEADER + textwrap.dedent("""
 """)
 
 
+RESNET = HEADER + textwrap.dedent("""
+    class ResBlock(nnx.Module):
+        def __init__(self, c, rngs):
+            self.conv1 = nnx.Conv(c, c, kernel_size=(3, 3), rngs=rngs)
+            self.bn1 = nnx.BatchNorm(c, rngs=rngs)
+            self.conv2 = nnx.Conv(c, c, kernel_size=(3, 3), rngs=rngs)
+            self.bn2 = nnx.BatchNorm(c, rngs=rngs)
+
+        def __call__(self, x):
+            y = nnx.relu(self.bn1(self.conv1(x)))
+            return nnx.relu(x + self.bn2(self.conv2(y)))
+
+    class ResNet(nnx.Module):
+        def __init__(self, rngs):
+            self.stem = nnx.Conv(3, 8, kernel_size=(3, 3), rngs=rngs)
+            self.blocks = nnx.Sequential(*[ResBlock(8, rngs) for _ in range(2)])
+            self.head = nnx.Sequential(
+                nnx.Linear(8, 16, rngs=rngs), nnx.relu, nnx.Dropout(0.3, rngs=rngs), nnx.Linear(16, 10, rngs=rngs))
+
+        def __call__(self, x):
+            x = self.blocks(self.stem(x))
+            return self.head(x.mean(axis=(1, 2)))
+
+    def make_model(rngs):
+        return ResNet(rngs), (jnp.ones((2, 8, 8, 3)),)
+""")
+
+LSTM = HEADER + textwrap.dedent("""
+    class Tagger(nnx.Module):
+        def __init__(self, rngs):
+            self.embed = nnx.Embed(50, 8, rngs=rngs)
+            self.cell = nnx.LSTMCell(8, 16, rngs=rngs)
+            self.drop = nnx.Dropout(0.2, rngs=rngs)
+            self.out = nnx.Linear(16, 5, rngs=rngs)
+            self.rngs = rngs
+
+        def __call__(self, tokens):
+            x = self.embed(tokens)
+            carry = self.cell.initialize_carry((tokens.shape[0], 8), self.rngs)
+            for t in range(tokens.shape[1]):
+                carry, y = self.cell(carry, x[:, t])
+            return self.out(self.drop(y))
+
+    def make_model(rngs):
+        return Tagger(rngs), (jnp.ones((2, 6), jnp.int32),)
+""")
+
+
 def capture(tmp_path, target: str, *args: str):
     spec, keys = tmp_path / "captured.yaml", tmp_path / "keys.json"
     r = invoke("capture", target, "-o", spec, "--keys", keys, *args)
@@ -269,6 +317,8 @@ def assert_real_nnx_agrees(spec_path, doc) -> None:
         (SCAN_STACK, "params=0,dropout=1", 2, None),
         (RNN_SCAN, "params=0,recurrent_dropout=1", 2, 2 + 1 + 2 * 20),
         (DATA_PARALLEL, "params=0,dropout=1", 2, 2 + 1 + 2 * (1 + 4)),
+        (RESNET, "params=0,dropout=1", 2, None),  # nnx.Sequential: named and called through it
+        (LSTM, "params=0,dropout=1,carry=2", 2, None),  # nnx.LSTMCell; initialize_carry draws from kept rngs
     ],
 )
 def test_nnx_models_capture_and_replay(tmp_path, source, rngs, steps, draws):
@@ -294,6 +344,7 @@ def test_nnx_models_capture_and_replay(tmp_path, source, rngs, steps, draws):
         (SCAN_STACK, ("stack: 4", "scan: true", "dropout_rate: 0.1")),
         (RNN_SCAN, ("scan: 20", "- recurrent_dropout")),
         (DATA_PARALLEL, ("vmap: 4", "split:\n      - dropout")),
+        (RESNET, ("name: blocks.layers.1", "name: head.layers.2", "call: head.layers.2")),
     ],
 )
 def test_transforms_are_read_as_the_spec_writes_them(tmp_path, source, pieces):
