@@ -6,7 +6,8 @@ For each model shape (1,000,000 draws by default):
   floor     the SHA-1-free floor: fold_in(stream key, count) for the same (key, count) rows with the project's
             own vectorised Threefry (KeyEngine.fold_in_rows), nothing else;
   naive     one eager `jax.random.fold_in(key, count)` per draw in a Python loop (timed on a sample, scaled up).
-Prints the times and the ratios side by side.
+Prints the times and the ratios side by side. The shapes: steps of many draws, many forked blocks, and a
+scan-over-layers stack (lanes: every member's draws listed member by member).
 
     python3 benchmarks/bench_nnx_derive.py [--draws 1000000] [--jax-sample 3000]
 """
@@ -25,6 +26,7 @@ def shapes(draws: int) -> dict[str, str]:
     per_step = max(draws // steps // 2, 1)
     layers = 200
     per_layer = max(draws // layers // 4, 1)
+    stack, per_lane = 100, 100
     return {
         f"{steps} steps x {2 * per_step} dropout draws": f"""
 rngaudit: 1
@@ -60,6 +62,24 @@ model:
         )
         + "  call:\n"
         + "".join(f"    - call: b{i}\n" for i in range(layers)),
+        # lanes: a scan-over-layers stack (split_rngs around vmap), each layer's Dropout called per step
+        f"stack of {stack} layers under nnx.scan, {max(draws // stack // per_lane, 1)} steps": f"""
+rngaudit: 1
+flavour: nnx
+rngs: {{params: 0, dropout: 1}}
+steps: {max(draws // stack // per_lane, 1)}
+model:
+  class: M
+  init:
+    - module:
+        name: layers
+        class: Layer
+        stack: {stack}
+        init: [{{Linear: {{name: l}}}}, {{Dropout: {{name: d, rate: 0.1}}}}]
+        call: [{{call: {{name: d, repeat: {per_lane}}}}}]
+  call:
+    - {{call: {{name: layers, scan: true}}}}
+""",
     }
 
 
