@@ -778,25 +778,9 @@ def _takes_rngs_keyword(factory) -> bool:
 def _unpack(made, target: CodeRef):
     from flax import nnx
 
-    args: tuple = ()
-    kwargs: dict = {}
-    if isinstance(made, tuple) and made and isinstance(made[0], nnx.Module) and len(made) in (2, 3):
-        model, args = made[0], made[1]
-        kwargs = made[2] if len(made) == 3 else {}
-        if not isinstance(args, (tuple, list)):
-            args = (args,)
-        if not isinstance(kwargs, dict):
-            raise UserCodeError(
-                f"TARGET {target.text}: the third value the factory returns must be a dict of keyword arguments"
-            )
-    else:
-        model = made
-    if not isinstance(model, nnx.Module):
-        raise UserCodeError(
-            f"TARGET {target.text}: {target.attr}(rngs) returned a {type(model).__name__}, not an nnx.Module "
-            "(return the model, or (model, args))"
-        )
-    return model, tuple(args), dict(kwargs)
+    from .target import unpack_made
+
+    return unpack_made(made, nnx.Module, target, "(rngs)", "an nnx.Module")
 
 
 def check_replay(spec_text: str, records: list[dict], target: str, lanes: bool = False) -> list[Site]:

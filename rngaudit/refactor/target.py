@@ -73,6 +73,29 @@ def parse_rngs(text: str | None) -> dict[str, int]:
     return out
 
 
+def unpack_made(made, module_type: type, target: CodeRef, called: str, what: str) -> tuple:
+    """What a factory returned: a module, or (module, args) / (module, args, kwargs) -> (module, args, kwargs)."""
+    args: tuple | list = ()
+    kwargs: dict = {}
+    if isinstance(made, tuple) and made and isinstance(made[0], module_type) and len(made) in (2, 3):
+        module, args = made[0], made[1]
+        kwargs = made[2] if len(made) == 3 else {}
+        if not isinstance(args, (tuple, list)):
+            args = (args,)
+        if not isinstance(kwargs, dict):
+            raise UserCodeError(
+                f"TARGET {target.text}: the third value the factory returns must be a dict of keyword arguments"
+            )
+    else:
+        module = made
+    if not isinstance(module, module_type):
+        raise UserCodeError(
+            f"TARGET {target.text}: {target.attr}{called} returned a {type(module).__name__}, not {what} "
+            "(return the module, or (module, args))"
+        )
+    return module, tuple(args), dict(kwargs)
+
+
 def build_module(target: CodeRef, inputs: list[InputSpec]):
     """The module and its example arguments: the factory may return a Module, or (module, args) or
     (module, args, kwargs); --input overrides the example arguments."""
@@ -102,24 +125,7 @@ def build_module(target: CodeRef, inputs: list[InputSpec]):
             f"TARGET {target.text}: {target.attr} is a {type(factory).__name__}, not a Flax "
             "module or a function returning one"
         )
-    args: tuple | list = ()
-    kwargs: dict = {}
-    if isinstance(made, tuple) and made and isinstance(made[0], nn.Module) and len(made) in (2, 3):
-        module, args = made[0], made[1]
-        kwargs = made[2] if len(made) == 3 else {}
-        if not isinstance(args, (tuple, list)):
-            args = (args,)
-        if not isinstance(kwargs, dict):
-            raise UserCodeError(
-                f"TARGET {target.text}: the third value the factory returns must be a dict of keyword arguments"
-            )
-    else:
-        module = made
-    if not isinstance(module, nn.Module):
-        raise UserCodeError(
-            f"TARGET {target.text}: {target.attr}() returned a {type(module).__name__}, not a "
-            "flax.linen Module (return the module, or (module, args))"
-        )
+    module, args, kwargs = unpack_made(made, nn.Module, target, "()", "a flax.linen Module")
     if inputs:
         args = tuple(jnp.ones(i.shape, i.dtype) for i in inputs if i.name is None)
         kwargs = {i.name: jnp.ones(i.shape, i.dtype) for i in inputs if i.name is not None}
