@@ -329,10 +329,12 @@ def verify(
     missing or is extra (`report.failing`)."""
     from .refactor.capture import observe
     from .refactor.compare import verify as compare
+    from .usercode import quiet_stdout
 
     nnx = _nnx_spec(spec)
     if nnx is not None and isinstance(against, (str, os.PathLike)) and not os.fspath(against).lower().endswith(".json"):
-        return _verify_nnx(nnx, os.fspath(against), inputs, rngs, method)
+        with quiet_stdout():
+            return _verify_nnx(nnx, os.fspath(against), inputs, rngs, method)
     ours = _sites(spec)
     if not isinstance(against, str) and not isinstance(against, os.PathLike):
         theirs = against
@@ -350,7 +352,16 @@ def verify(
                 raise UsageError(
                     f"{s.file}: its rngs are not all integer seeds; give --rngs STREAM=SEED,... for the TARGET"
                 ) from None
-        theirs, _, _ = observe(os.fspath(against), list(inputs), seeds, ours.phase, method)
+        from .refactor.nnx_capture import is_nnx_target
+        from .refactor.target import parse_target
+
+        with quiet_stdout():
+            if is_nnx_target(parse_target(os.fspath(against))):
+                raise UsageError(
+                    f"{ours.target} is a Linen spec and TARGET {os.fspath(against)} is an NNX model (a function "
+                    "of an nnx.Rngs); verify a spec against a model of its flavour"
+                )
+            theirs, _, _ = observe(os.fspath(against), list(inputs), seeds, ours.phase, method)
     return compare(ours, theirs)
 
 

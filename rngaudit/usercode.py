@@ -28,6 +28,13 @@ class CodeRef:
     attr: str
 
 
+def quiet_stdout():
+    """What the user's code prints goes to stderr while it runs: stdout is the report's (a spec, JSON)."""
+    import contextlib
+
+    return contextlib.redirect_stdout(sys.stderr)
+
+
 def first_line(e: BaseException) -> str:
     """The exception's message, first line only (at most 300 characters), or its class's name."""
     text = str(e).strip()

@@ -2,6 +2,7 @@
 model or a capture) and `diff` (two versions, call site by call site)."""
 
 # (no `from __future__ import annotations`: see cli/derive.py)
+import os
 import sys
 from typing import NamedTuple
 
@@ -78,12 +79,20 @@ def capture(
         from .writing import write_output
 
         o = configured(ctx, "capture", config, given)
+        from ..errors import UsageError
+        from .writing import check_writable
+
+        if keys is not None and output is not None and os.path.realpath(keys) == os.path.realpath(output):
+            raise UsageError(f"--keys {keys} and --output {output} name one file; give them two")
+        for path, option in ((keys, "--keys"), (output, "--output")):
+            if path is not None and path != "-":
+                check_writable(path, option)
         report = api.capture(
             target, inputs=o.inputs or (), rngs=o.rngs, phase=o.phase.value, method=o.method, steps=o.steps
         )
         doc = capture_to_json(report.capture, output if o.fmt is not Format.json else None)
         if keys is not None:
-            write_output(dumps(doc), keys)
+            write_output(dumps(doc), keys, "--keys")
         write_output(dumps(doc) if o.fmt is Format.json else report.spec, output)
         for line in fallback_warnings(report.capture):
             sys.stderr.write(line + "\n")

@@ -12,12 +12,27 @@ from ..errors import OutputError
 from ..output.formats import Report, formatter
 
 
-def write_output(text: str, output: str | None) -> None:
+def write_output(text: str, output: str | None, option: str = "--output") -> None:
     """Print the report, or write it to `output` only now that the run has succeeded."""
-    write_stream((text,), output)
+    write_stream((text,), output, option)
 
 
-def write_stream(chunks: Iterable[str], output: str | None) -> None:
+def check_writable(output: str, option: str) -> None:
+    """Fail now (before anything is written) if `output` cannot be written."""
+    target = os.path.realpath(output)
+    if os.path.isdir(target):
+        raise OutputError(f"{option} {output}: is a directory")
+    if os.path.exists(target) and not os.path.isfile(target):
+        return
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".rngaudit-", dir=os.path.dirname(target))
+    except OSError as e:
+        raise OutputError(f"{option} {output}: cannot write there ({e.strerror or e})") from None
+    os.close(fd)
+    os.unlink(tmp)
+
+
+def write_stream(chunks: Iterable[str], output: str | None, option: str = "--output") -> None:
     """Write the report's chunks as they are made (flat memory): to stdout, or to a temporary file
     beside `output` that replaces it only once every chunk is written (no partial file, ever)."""
     if output is None or output == "-":
@@ -34,7 +49,7 @@ def write_stream(chunks: Iterable[str], output: str | None) -> None:
         return
     target = os.path.realpath(output)  # a symlink's file is replaced, not the link
     if os.path.isdir(target):
-        raise OutputError(f"--output {output}: is a directory")
+        raise OutputError(f"{option} {output}: is a directory")
     if os.path.exists(target) and not os.path.isfile(target):
         # a device, a FIFO, a terminal (/dev/null, /dev/stdout, a named pipe): write into it, never
         # replace it
@@ -43,13 +58,13 @@ def write_stream(chunks: Iterable[str], output: str | None) -> None:
                 for text in chunks:
                     f.write(text)
         except OSError as e:
-            raise OutputError(f"--output {output}: cannot write ({e.strerror or e})") from None
+            raise OutputError(f"{option} {output}: cannot write ({e.strerror or e})") from None
         return
     directory = os.path.dirname(target)
     try:
         fd, tmp = tempfile.mkstemp(prefix=".rngaudit-", dir=directory)
     except OSError as e:
-        raise OutputError(f"--output {output}: cannot write there ({e.strerror or e})") from None
+        raise OutputError(f"{option} {output}: cannot write there ({e.strerror or e})") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             for text in chunks:
@@ -63,7 +78,7 @@ def write_stream(chunks: Iterable[str], output: str | None) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         if isinstance(e, OSError):
-            raise OutputError(f"--output {output}: cannot write ({e.strerror or e})") from None
+            raise OutputError(f"{option} {output}: cannot write ({e.strerror or e})") from None
         raise
 
 

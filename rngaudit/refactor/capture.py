@@ -33,7 +33,14 @@ def run_capture(
 ) -> tuple[Capture, str]:
     """Capture the keys of TARGET's init (or apply) and a spec that replays them. Returns the capture and
     the spec's YAML text, verified: derive on the spec reproduces every captured key. An NNX TARGET is built
-    and called `steps` times (default 1)."""
+    and called `steps` times (default 1). What the model prints goes to stderr."""
+    from ..usercode import quiet_stdout
+
+    with quiet_stdout():
+        return _run_capture(target_text, inputs, rngs, phase, method, steps)
+
+
+def _run_capture(target_text, inputs, rngs, phase, method, steps) -> tuple[Capture, str]:
     target = parse_target(target_text)
     _load_hooks()  # (Flax importable and new enough: the same errors for both flavours)
     from .nnx_capture import is_nnx_target, run_nnx_capture

@@ -180,11 +180,18 @@ def _explain_nnx(cmp: Comparison, old: Capture, new: Capture) -> None:
 
 
 def _nnx_same_key(e: Entry, cmp: Comparison) -> str | None:
-    """A site gone and one new with the same key, stream and count: the same draw under another name."""
+    """A site gone and one new with the same key, stream and count, neither path on the other side at all: the
+    same draw under another name (a layer inserted before another takes over its count instead; not this)."""
     s = e.site
     want = "gone" if e.status == "new" else "new"
+    assert cmp.old is not None and cmp.new is not None
+    old_paths = {t.path for t in cmp.old.sites}
+    new_paths = {t.path for t in cmp.new.sites}
     for f in cmp.entries:
         t = f.site
+        a, b = (t, s) if e.status == "new" else (s, t)
+        if a.path in new_paths or b.path in old_paths:
+            continue
         if f.status == want and t.key == s.key and t.stream_path == s.stream_path and t.count == s.count:
             a, b = (t, s) if e.status == "new" else (s, t)
             return (
@@ -229,9 +236,8 @@ def _nnx_count_shift(e: Entry, old: Capture, new: Capture) -> str | None:
     return (
         f"count shift: {'.'.join(s.path)} drew {s.stream!r} count {before.count} before and {after.count} now, "
         f"{abs(delta)} {'more' if delta > 0 else 'fewer'} keys of {site.stream_path} handed out before it{where}. "
-        "An NNX key depends on how many keys its stream handed out before it, not on names: add new layers after "
-        "the others in __init__, or build each submodule from rngs.fork(), so that layers added inside one "
-        "submodule leave the other submodules' keys as they were"
+        "An NNX key depends on how many keys its stream handed out before it, not on names: build each submodule "
+        "from rngs.fork(), so that layers added inside one submodule leave the other submodules' keys as they were"
     )
 
 

@@ -33,11 +33,12 @@ class Site:
     step: int = -1  # NNX: 0 construction, n the n-th call (-1: Linen)
     stream_path: str = ""  # NNX: the RngStream that drew it (rngs.params, drop.rngs)
     chain: tuple[str, ...] = ()  # NNX: how that stream's key was made
+    iteration: int = -1  # NNX: the nnx.scan step it was drawn in
 
     @property
     def ident(self) -> tuple:
         if self.step >= 0:
-            return (self.path, self.stream, self.count, self.lane, self.step)
+            return (self.path, self.stream, self.count, self.lane, self.step, self.iteration)
         return (self.path, self.stream, self.count, self.lane)
 
     @property
@@ -56,7 +57,16 @@ class Site:
             "kind": self.kind,
             "label": self.label,
             "context": list(self.context),
-        } | ({"step": self.step, "stream_path": self.stream_path, "chain": list(self.chain)} if self.step >= 0 else {})
+        } | (
+            {
+                "step": self.step,
+                "iteration": None if self.iteration < 0 else self.iteration,
+                "stream_path": self.stream_path,
+                "chain": list(self.chain),
+            }
+            if self.step >= 0
+            else {}
+        )
 
 
 @dataclass
@@ -155,9 +165,14 @@ def capture_from_json(doc: dict, file: str, source=None) -> Capture:
             f"{file}: capture format version {doc.get('format_version')!r} is not supported "
             f"(this rngaudit reads version {CAPTURE_FORMAT_VERSION})"
         )
+    flavour = doc.get("flavour", "linen")
+    if flavour not in ("linen", "nnx"):
+        raise InputError(f"{file}: `flavour` is linen or nnx, not {flavour!r}")
     try:
         sites = []
-        for c in doc["calls"]:
+        seen: dict = {}
+        for i, c in enumerate(doc["calls"]):
+            _check_call(c, file, i)
             sites.append(
                 Site(
                     tuple(str(p) for p in c["path"]),
@@ -173,8 +188,15 @@ def capture_from_json(doc: dict, file: str, source=None) -> Capture:
                     int(c.get("step", -1)),
                     str(c.get("stream_path", "")),
                     tuple(str(x) for x in c.get("chain", ())),
+                    -1 if c.get("iteration") is None else int(c["iteration"]),
                 )
             )
+            first = seen.setdefault(sites[-1].ident, i)
+            if first != i:
+                raise InputError(
+                    f"{file}: calls[{i}] repeats the call site of calls[{first}] ({sites[-1].path_str}, stream "
+                    f"{sites[-1].stream!r}, count {sites[-1].count}); a keys file has each once"
+                )
         modules = {
             tuple(m["path"]): {"class": m["class"], "naming": m["naming"], "fields": m.get("fields", "")}
             for m in doc.get("modules", ())
@@ -193,13 +215,35 @@ def capture_from_json(doc: dict, file: str, source=None) -> Capture:
             modules,
             dict(doc.get("versions", {})),
             source,
-            str(doc.get("flavour", "linen")),
+            flavour,
         )
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise InputError(
             f"{file}: not a valid {CAPTURE_FORMAT} file ({type(e).__name__}: {e}); write it with "
             "`rngaudit capture TARGET --keys FILE`"
         ) from None
+
+
+def _check_call(c: dict, file: str, i: int) -> None:
+    """The types and ranges a record's fields must have (a hand-edited keys file gets a clear error)."""
+
+    def bad(what: str) -> InputError:
+        return InputError(f"{file}: not a valid rngaudit.capture file: calls[{i}]: {what}")
+
+    def integer(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    if not isinstance(c.get("path"), list) or not all(isinstance(p, str) for p in c["path"]):
+        raise bad("`path` must be a list of names")
+    if not integer(c.get("count")) or c["count"] < 0:
+        raise bad(f"`count` must be a non-negative integer, not {c.get('count')!r}")
+    if "step" in c and (not integer(c["step"]) or c["step"] < -1):
+        raise bad(f"`step` must be an integer, not {c['step']!r}")
+    key = c.get("key")
+    if key is not None and (
+        not isinstance(key, list) or len(key) not in (2, 4) or not all(integer(w) and 0 <= w < 2**32 for w in key)
+    ):
+        raise bad(f"`key` must be 2 or 4 unsigned 32-bit words, not {key!r}")
 
 
 def load_sites(path: str) -> Capture:

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import RngauditError, UnsupportedError, UserCodeError
+from ..errors import RngauditError, UnsupportedError, UsageError, UserCodeError
 from ..spec.nnx import LAYER_OPTIONS
 from ..usercode import CodeRef, first_line, load
 from .keys_file import Capture, Site
@@ -91,6 +91,7 @@ class NnxRecorder:
         self.inner: list = []  # (keeps those objects alive, so their ids stay theirs)
         self.lanes = False  # a transform ran: keys come lane by lane, in JAX's order
         self.unsupported: str | None = None
+        self.asked: dict[int, str] = {}  # id(stream) -> the name it was last asked for (`default` serves others)
 
     def resolve(self, obj):
         return self.alias.get(id(obj), obj)
@@ -123,6 +124,7 @@ class NnxRecorder:
             return
         if self.splits and not self.splits[-1].body:
             return  # nnx.split_rngs drawing the keys it splits
+        tag = self.asked.get(id(stream), tag)
         if self.calling:
             frame = self.calling[-1]
             frame.drew = True
@@ -250,6 +252,12 @@ def observing() -> Iterator[NnxRecorder]:
         return hook
 
     split_rngs, vmap, scan = nnx.split_rngs, nnx.vmap, nnx.scan
+    get_stream = getattr(nnx.Rngs, "_get_stream", None)
+
+    def get_stream_hook(self, name, *args, **kwargs):
+        s = get_stream(self, name, *args, **kwargs)
+        rec.asked[id(s)] = name
+        return s
 
     def fork_hook(self, *args, **kwargs):
         rec.forks += 1
@@ -265,6 +273,8 @@ def observing() -> Iterator[NnxRecorder]:
     _patch(nnx.RngStream, "__call__", stream_hook)
     _patch(nnx.Rngs, "fork", fork_hook)
     _patch(nnx, "split_rngs", split_hook)
+    if get_stream is not None:
+        _patch(nnx.Rngs, "_get_stream", get_stream_hook)
     _patch(nnx, "vmap", transform_hook("vmap", vmap))
     _patch(nnx, "scan", transform_hook("scan", scan))
     try:
@@ -274,6 +284,8 @@ def observing() -> Iterator[NnxRecorder]:
         _patch(nnx.RngStream, "__call__", stream_call)
         _patch(nnx.Rngs, "fork", fork)
         _patch(nnx, "split_rngs", split_rngs)
+        if get_stream is not None:
+            _patch(nnx.Rngs, "_get_stream", get_stream)
         _patch(nnx, "vmap", vmap)
         _patch(nnx, "scan", scan)
         for klass, original in patched.items():
@@ -691,7 +703,6 @@ def run_nnx_capture(target: CodeRef, inputs: list[InputSpec], seeds: dict[str, i
     and the NNX spec's YAML text, checked: derive replays every key."""
     import flax
     import jax
-    import jax.numpy as jnp
     import yaml
     from flax import nnx
 
@@ -711,14 +722,13 @@ def run_nnx_capture(target: CodeRef, inputs: list[InputSpec], seeds: dict[str, i
             made = factory(rngs=rngs) if _takes_rngs_keyword(factory) else factory(rngs)
         except RngauditError:
             raise
-        except Exception as e:  # noqa: BLE001 (the model's own error)
+        except (Exception, SystemExit) as e:  # noqa: BLE001 (the model's own error)
             raise UserCodeError(
                 f"TARGET {target.text}: building the model raises {type(e).__name__}: {first_line(e)}"
             ) from None
         model, args, kwargs = _unpack(made, target)
         if inputs:
-            args = tuple(jnp.ones(i.shape, i.dtype) for i in inputs if i.name is None)
-            kwargs = {i.name: jnp.ones(i.shape, i.dtype) for i in inputs if i.name is not None}
+            args, kwargs = example_inputs(inputs)
         root = next((b for b in rec.roots if b.obj is model), None)
         if root is None:
             raise UnsupportedError(
@@ -737,15 +747,15 @@ def run_nnx_capture(target: CodeRef, inputs: list[InputSpec], seeds: dict[str, i
                 jax.effects_barrier()
             except RngauditError:
                 raise
-            except Exception as e:  # noqa: BLE001
+            except (Exception, SystemExit) as e:  # noqa: BLE001
                 raise UserCodeError(
                     f"TARGET {target.text}: calling the model (step {step}) raises {type(e).__name__}: {first_line(e)}"
                 ) from None
     if rec.traced:
         raise UnsupportedError(
-            f"capture of {target.text}: the model draws keys inside a transform (nnx.jit, nnx.vmap, nnx.scan, ...) "
-            "in its construction or call; capture reads NNX models that draw eagerly for now (write the spec by "
-            "hand: README, Flax NNX specs, shows stacks, vmap and scan)"
+            f"capture of {target.text}: the model draws keys under nnx.jit, nnx.remat or another transform capture "
+            "does not follow (it reads split_rngs stacks, nnx.vmap and nnx.scan); write that part of the spec by "
+            "hand (README, Flax NNX specs)"
         )
     if rec.differs is not None:
         raise UnsupportedError(
@@ -770,9 +780,31 @@ def run_nnx_capture(target: CodeRef, inputs: list[InputSpec], seeds: dict[str, i
 
 def _takes_rngs_keyword(factory) -> bool:
     try:
-        return "rngs" in inspect.signature(factory).parameters
+        # (an nnx.Module class's own signature is its metaclass's (*args, **kwargs): read its __init__)
+        fn = factory
+        if isinstance(factory, type):
+            fn = next((vars(k)["__init__"] for k in factory.__mro__ if "__init__" in vars(k)), factory)
+        return "rngs" in inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
+
+
+def example_inputs(inputs: list[InputSpec]) -> tuple[tuple, dict]:
+    """--input arguments as arrays of ones; one that cannot be made is the option's error."""
+    import jax.numpy as jnp
+
+    out: tuple = ()
+    kw: dict = {}
+    for i in inputs:
+        try:
+            a = jnp.ones(i.shape, i.dtype)
+        except Exception as e:  # noqa: BLE001 (out of memory, a shape JAX refuses)
+            raise UsageError(f"--input {i.text}: cannot make it ({type(e).__name__}: {first_line(e)[:120]})") from None
+        if i.name is None:
+            out += (a,)
+        else:
+            kw[i.name] = a
+    return out, kw
 
 
 def _unpack(made, target: CodeRef):
@@ -808,10 +840,16 @@ def check_replay(spec_text: str, records: list[dict], target: str, lanes: bool =
     for i, (c, r) in enumerate(zip(calls, records)):
         d = c.derivation
         if (d.step, d.tag, d.count, tuple(c.key)) != (r["step"], r["tag"], r["count"], r["key"]):
+            when = lambda step: "construction" if step == 0 else f"step {step}"
+            where = (
+                f"NNX drew it at {when(r['step'])}, the replay at {when(d.step)}"
+                if d.step != r["step"]
+                else f"NNX handed out {list(r['key'])}, the replay gives {list(c.key)} at {d.site}"
+            )
             raise UnsupportedError(
-                f"capture of {target}: the NNX spec does not reproduce key {i} ({'construction' if r['step'] == 0 else 'step ' + str(r['step'])}, "
-                f"stream {r['tag']!r} count {r['count']}): NNX handed out {list(r['key'])}, the replay gives "
-                f"{list(c.key)} at {d.site}; the model does something capture cannot express yet, so no spec was written"
+                f"capture of {target}: the NNX spec does not reproduce key {i} ({when(r['step'])}, stream "
+                f"{r['tag']!r} count {r['count']}): {where}; the model does something capture cannot express yet "
+                "(keys drawn in the factory outside the model's construction?), so no spec was written"
             )
     if len(calls) != len(records):
         raise UnsupportedError(
@@ -838,6 +876,7 @@ def nnx_sites(report) -> list[Site]:
             c.derivation.step,
             c.derivation.stream,
             c.derivation.chain,
+            c.derivation.iteration,
         )
         for c in report.calls
     ]

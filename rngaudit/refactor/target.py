@@ -100,7 +100,6 @@ def build_module(target: CodeRef, inputs: list[InputSpec]):
     """The module and its example arguments: the factory may return a Module, or (module, args) or
     (module, args, kwargs); --input overrides the example arguments."""
     import flax.linen as nn
-    import jax.numpy as jnp
 
     factory = load(target, "TARGET")
     if isinstance(factory, nn.Module):
@@ -127,6 +126,7 @@ def build_module(target: CodeRef, inputs: list[InputSpec]):
         )
     module, args, kwargs = unpack_made(made, nn.Module, target, "()", "a flax.linen Module")
     if inputs:
-        args = tuple(jnp.ones(i.shape, i.dtype) for i in inputs if i.name is None)
-        kwargs = {i.name: jnp.ones(i.shape, i.dtype) for i in inputs if i.name is not None}
+        from .nnx_capture import example_inputs
+
+        args, kwargs = example_inputs(inputs)
     return module, tuple(args), dict(kwargs)

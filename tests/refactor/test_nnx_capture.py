@@ -5,6 +5,7 @@ checks it, and the tests check it again by building the captured spec in NNX wit
 from __future__ import annotations
 
 import json
+import pathlib
 import textwrap
 
 import pytest
@@ -486,3 +487,123 @@ def test_the_python_api_captures_nnx_models(tmp_path):
     assert [s.step for s in report.capture.sites].count(2) == 1
     with pytest.raises(rngaudit.UsageError, match="--steps applies to NNX"):
         rngaudit.capture(f"{write(tmp_path, 'lin.py', 'import flax.linen as nn')}:nn.Dense", steps=2)
+
+
+KWONLY = HEADER + textwrap.dedent("""
+    print("importing the model")
+
+    class Model(nnx.Module):
+        def __init__(self, *, rngs):
+            self.lin = nnx.Linear(4, 2, rngs=rngs)
+            self.drop = nnx.Dropout(0.5, rngs=rngs)
+
+        def __call__(self, x):
+            print("calling the model")
+            return self.drop(self.lin(x))
+
+    def exits(rngs):
+        raise SystemExit(5)
+""")
+
+
+def test_a_class_target_with_keyword_rngs_and_a_model_that_prints(tmp_path):
+    """The usual NNX class (`__init__(self, *, rngs)`) as TARGET; what the model prints goes to stderr, so
+    the spec on stdout stays a spec."""
+    f = write(tmp_path, "kw.py", KWONLY)
+    r = invoke("capture", f"{f}:Model", "--input", "f32[2,4]", "--rngs", "params=0,dropout=1")
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.startswith("# captured from") and "calling the model" not in r.stdout
+    spec = write(tmp_path, "kw.yaml", r.stdout)
+    assert invoke("derive", spec).exit_code == 0
+
+
+@pytest.mark.parametrize(
+    "target, args, message",
+    [
+        ("exits", (), "SystemExit"),
+        ("Model", ("--input", "f32[100000,100000,100000]"), "--input f32[100000,100000,100000]: cannot make it"),
+    ],
+)
+def test_hostile_factories_and_inputs(tmp_path, target, args, message):
+    f = write(tmp_path, "kw.py", KWONLY)
+    r = invoke("capture", f"{f}:{target}", "--rngs", "params=0,dropout=1", *args)
+    # (before the error line: what the model module printed when imported)
+    assert r.exit_code == 2 and r.stderr.splitlines()[-1].startswith("error: ") and message in r.stderr, r.stderr
+
+
+def test_keys_and_output_are_written_both_or_neither(tmp_path):
+    f = write(tmp_path, "mlp.py", MLP)
+    keys = tmp_path / "k.json"
+    r = invoke(
+        "capture", f"{f}:make_model", "--rngs", "params=0,dropout=1", "-o", tmp_path / "no" / "x.yaml", "--keys", keys
+    )
+    assert r.exit_code == 2 and "--output" in r.stderr and not keys.exists()
+    r = invoke("capture", f"{f}:make_model", "--rngs", "params=0,dropout=1", "--keys", tmp_path / "no" / "k.json")
+    assert r.exit_code == 2 and r.stderr.startswith(f"error: --keys {tmp_path / 'no' / 'k.json'}")
+    same = tmp_path / "same.yaml"
+    r = invoke("capture", f"{f}:make_model", "--rngs", "params=0,dropout=1", "-o", same, "--keys", same)
+    assert r.exit_code == 2 and "name one file" in r.stderr and not same.exists()
+
+
+def test_a_hand_edited_keys_file_is_checked(tmp_path):
+    f = write(tmp_path, "mlp.py", MLP)
+    spec, doc = capture(tmp_path, f"{f}:make_model", "--rngs", "params=0,dropout=1")
+    twice = dict(doc, calls=doc["calls"] + doc["calls"][:1])
+    for bad, message in (
+        (twice, "repeats the call site of calls[0]"),
+        (dict(doc, flavour="weird"), "`flavour` is linen or nnx"),
+        (dict(doc, calls=[dict(doc["calls"][0], key=[1])] + doc["calls"][1:]), "2 or 4 unsigned 32-bit words"),
+    ):
+        path = write(tmp_path, "bad.json", json.dumps(bad))
+        r = invoke("verify", spec, "--against", path)
+        assert r.exit_code == 2 and message in r.stderr, r.stderr
+
+
+def test_an_inserted_layer_is_not_called_a_rename(tmp_path):
+    """A layer inserted before `ff` takes over the count `ff`'s fork drew: the same key at a new site, while
+    `ff` still exists (at another count). That is a count shift, not a rename."""
+    old = write(tmp_path, "old.py", ENCODER)
+    new = write(
+        tmp_path,
+        "new.py",
+        ENCODER.replace(
+            "self.ln2 = nnx.LayerNorm(d, rngs=rngs)",
+            "self.ln2 = nnx.LayerNorm(d, rngs=rngs)\n        self.gate = nnx.Linear(d, d, rngs=rngs)",
+        ),
+    )
+    keys = []
+    for path in (old, new):
+        keys.append(tmp_path / f"{pathlib.Path(path).stem}.json")
+        assert (
+            invoke(
+                "capture", f"{path}:make_model", "--rngs", "params=0,dropout=1", "-f", "json", "-o", keys[-1]
+            ).exit_code
+            == 0
+        )
+    r = invoke("diff", *keys)
+    assert r.exit_code == 1 and "rename" not in r.stdout and "count shift" in r.stdout
+
+
+DEFAULT_ONLY = HEADER + textwrap.dedent("""
+    class M(nnx.Module):
+        def __init__(self, rngs):
+            self.lin = nnx.Linear(4, 4, rngs=rngs)
+            self.noise = nnx.Variable(jax.random.normal(rngs.noise(), (4,)))
+            self.rngs = rngs
+
+        def __call__(self, x):
+            return x + jax.random.normal(self.rngs.noise(), x.shape)
+
+    def make_model(rngs):
+        return M(rngs), (jnp.ones((4,)),)
+""")
+
+
+def test_draws_that_default_serves_keep_the_name_they_asked_for(tmp_path):
+    f = write(tmp_path, "d.py", DEFAULT_ONLY)
+    spec, doc = capture(tmp_path, f"{f}:make_model", "--rngs", "default=0", "--steps", "2")
+    assert "draw: noise" in spec.read_text()
+    assert {c["stream_requested"] for c in doc["calls"]} == {"params", "noise"}
+    assert {c["stream"] for c in doc["calls"]} == {"default"}
+    r = invoke("derive", spec, "--strict")
+    assert r.exit_code == 1 and "5 served by 'default'" in r.stdout
