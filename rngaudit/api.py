@@ -327,9 +327,8 @@ def verify(
     """The spec's keys against a live model (`FILE.py:FACTORY`, run in real Flax with `rngs`, by default the
     spec's integer seeds) or against a capture (a keys file, or a Capture): every key that differs, is
     missing or is extra (`report.failing`)."""
-    from .refactor.capture import observe
+    from .refactor.capture import observe, quiet_stdout
     from .refactor.compare import verify as compare
-    from .usercode import quiet_stdout
 
     nnx = _nnx_spec(spec)
     if nnx is not None and isinstance(against, (str, os.PathLike)) and not os.fspath(against).lower().endswith(".json"):

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ..engine.keys import jax_setting
 from ..errors import FlaxUnavailableError, InternalError, RngauditError, UnsupportedError, UsageError, UserCodeError
-from ..usercode import CodeRef
+from ..usercode import CodeRef, quiet_stdout
 from .keys_file import Capture, Site, spec_sites
 from .specgen import build_spec
 from .target import InputSpec, build_module, parse_input, parse_rngs, parse_target
@@ -34,8 +34,6 @@ def run_capture(
     """Capture the keys of TARGET's init (or apply) and a spec that replays them. Returns the capture and
     the spec's YAML text, verified: derive on the spec reproduces every captured key. An NNX TARGET is built
     and called `steps` times (default 1). What the model prints goes to stderr."""
-    from ..usercode import quiet_stdout
-
     with quiet_stdout():
         return _run_capture(target_text, inputs, rngs, phase, method, steps)
 

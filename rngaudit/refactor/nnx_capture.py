@@ -735,6 +735,12 @@ def run_nnx_capture(target: CodeRef, inputs: list[InputSpec], seeds: dict[str, i
                 f"capture of {target.text}: the model was not built by the factory's call (capture needs to see "
                 "its construction: build it inside the factory, from the nnx.Rngs it is given)"
             )
+        if root.rngs is None:
+            raise UnsupportedError(
+                f"capture of {target.text}: the model, a {type(model).__name__}, is not built from an nnx.Rngs (a "
+                "container or a layer built from other modules as the root): return a module of yours that builds "
+                "it from the factory's rngs"
+            )
         if root.rngs is not rngs:
             raise UnsupportedError(
                 f"capture of {target.text}: the model is built from another Rngs than the one the factory is given; "

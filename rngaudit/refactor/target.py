@@ -89,6 +89,13 @@ def unpack_made(made, module_type: type, target: CodeRef, called: str, what: str
     else:
         module = made
     if not isinstance(module, module_type):
+        first = module[0] if isinstance(module, tuple) and module else module
+        if any(k.__module__.startswith("flax.nnx") for k in type(first).__mro__):
+            raise UserCodeError(
+                f"TARGET {target.text}: {target.attr}{called} returned an NNX model: an NNX factory takes the "
+                "nnx.Rngs it builds the model from (def make_model(rngs): return Model(rngs=rngs)), so capture sees "
+                "its construction"
+            )
         raise UserCodeError(
             f"TARGET {target.text}: {target.attr}{called} returned a {type(module).__name__}, not {what} "
             "(return the module, or (module, args))"
