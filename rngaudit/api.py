@@ -329,12 +329,21 @@ def verify(
     missing or is extra (`report.failing`)."""
     from .refactor.capture import observe, quiet_stdout
     from .refactor.compare import verify as compare
+    from .refactor.keys_file import Capture, load_source, spec_capture
+    from .spec.nnx import NnxSpec
+    from .spec.tree import Spec
 
-    nnx = _nnx_spec(spec)
-    if nnx is not None and isinstance(against, (str, os.PathLike)) and not os.fspath(against).lower().endswith(".json"):
+    # the SPEC read once: a spec (Linen or NNX) or a keys file
+    source = spec if isinstance(spec, (Spec, NnxSpec)) else load_source(os.fspath(spec))
+    if (
+        isinstance(source, NnxSpec)
+        and isinstance(against, (str, os.PathLike))
+        and not os.fspath(against).lower().endswith(".json")
+    ):
         with quiet_stdout():
-            return _verify_nnx(nnx, os.fspath(against), inputs, rngs, method)
-    ours = _sites(spec)
+            return _verify_nnx(source, os.fspath(against), inputs, rngs, method)
+    name = source.file if isinstance(spec, (Spec, NnxSpec)) else os.fspath(spec)
+    ours = source if isinstance(source, Capture) else spec_capture(name, source)
     if not isinstance(against, str) and not isinstance(against, os.PathLike):
         theirs = against
     elif os.fspath(against).lower().endswith(".json"):
@@ -344,13 +353,7 @@ def verify(
     else:
         seeds = rngs
         if seeds is None:
-            s = load(spec, command="verify")
-            try:
-                seeds = {k: int(src.text) for k, src in s.rngs.items()}
-            except ValueError:
-                raise UsageError(
-                    f"{s.file}: its rngs are not all integer seeds; give --rngs STREAM=SEED,... for the TARGET"
-                ) from None
+            seeds = _spec_seeds(source if isinstance(source, Spec) else load(spec, command="verify"))
         from .refactor.nnx_capture import is_nnx_target
         from .refactor.target import parse_target
 
@@ -364,16 +367,14 @@ def verify(
     return compare(ours, theirs)
 
 
-def _nnx_spec(spec) -> NnxSpec | None:
-    from .spec.nnx import NnxSpec
-    from .spec.parse import load_spec
-
-    if isinstance(spec, NnxSpec):
-        return spec
-    if isinstance(spec, (str, os.PathLike)):
-        loaded = load_spec(os.fspath(spec))
-        return loaded if isinstance(loaded, NnxSpec) else None
-    return None
+def _spec_seeds(spec: Spec | NnxSpec) -> dict[str, int]:
+    """The spec's rngs as integer seeds, for the live model verify runs."""
+    try:
+        return {k: int(src.text) for k, src in spec.rngs.items()}
+    except ValueError:
+        raise UsageError(
+            f"{spec.file}: its rngs are not all integer seeds; give --rngs STREAM=SEED,... for the TARGET"
+        ) from None
 
 
 def _verify_nnx(spec: NnxSpec, target: str, inputs, rngs, method) -> Comparison:
@@ -397,14 +398,7 @@ def _verify_nnx(spec: NnxSpec, target: str, inputs, rngs, method) -> Comparison:
         raise UsageError(
             f"{spec.file} is an NNX spec and TARGET {target} is not an NNX model (a function of an nnx.Rngs)"
         )
-    seeds = dict(rngs) if isinstance(rngs, dict) else parse_rngs(rngs) if rngs is not None else None
-    if seeds is None:
-        try:
-            seeds = {k: int(src.text) for k, src in spec.rngs.items()}
-        except ValueError:
-            raise UsageError(
-                f"{spec.file}: its rngs are not all integer seeds; give --rngs STREAM=SEED,... for the TARGET"
-            ) from None
+    seeds = dict(rngs) if isinstance(rngs, dict) else parse_rngs(rngs) if rngs is not None else _spec_seeds(spec)
     theirs, _ = run_nnx_capture(ref, [parse_input(t) for t in inputs], seeds, spec.steps)
     theirs.target = target
     return compare(spec_capture(spec.file, spec), theirs)

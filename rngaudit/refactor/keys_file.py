@@ -246,8 +246,8 @@ def _check_call(c: dict, file: str, i: int) -> None:
         raise bad(f"`key` must be 2 or 4 unsigned 32-bit words, not {key!r}")
 
 
-def load_sites(path: str) -> Capture:
-    """A spec (derived) or a capture keys file, as sites."""
+def load_source(path: str):
+    """A capture keys file (a Capture), or a spec (Linen or NNX), read once."""
     from ..spec.json_source import load_json
     from ..spec.parse import load_spec
 
@@ -257,7 +257,13 @@ def load_sites(path: str) -> Capture:
             cap = capture_from_json(doc.value, path, doc)
             cap.target = path  # reports name (and annotate) the file given
             return cap
-    return spec_capture(path, load_spec(path))
+    return load_spec(path)
+
+
+def load_sites(path: str) -> Capture:
+    """A spec (derived) or a capture keys file, as sites."""
+    source = load_source(path)
+    return source if isinstance(source, Capture) else spec_capture(path, source)
 
 
 def spec_capture(name: str, spec) -> Capture:

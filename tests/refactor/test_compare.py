@@ -180,6 +180,15 @@ def test_identical_versions_exit_0_and_specs_work_too(tmp_path, base):
     assert r.exit_code == 0, r.output
 
 
+def test_verify_takes_a_keys_file_as_spec(tmp_path, base):
+    """`verify KEYS.json --against ...`: the SPEC may be a keys file (read once, as a keys file)."""
+    _, old_keys, _ = base
+    r = invoke("verify", old_keys, "--against", old_keys)
+    assert r.exit_code == 0 and "0 differ, 0 missing, 0 extra" in r.output, r.output
+    r = invoke("verify", old_keys.with_suffix(".yaml"), "--against", old_keys)
+    assert r.exit_code == 0, r.output
+
+
 def test_diff_of_specs_explains_rename(tmp_path, base):
     _, old_keys, _ = base
     capture(tmp_path, "rename", VARIANTS["rename"])

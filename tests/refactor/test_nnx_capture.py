@@ -332,9 +332,13 @@ def test_nnx_models_capture_and_replay(tmp_path, source, rngs, steps, draws):
     assert all(c["stream_path"] and c["chain"] for c in doc["calls"])
     assert "flavour: nnx" in spec.read_text() and f"steps: {steps}" in spec.read_text()
     assert_real_nnx_agrees(spec, doc)
-    # the spec verifies against the live model and against the keys file
-    for against in (f"{f}:make_model", tmp_path / "keys.json"):
-        r = invoke("verify", spec, "--against", against)
+    # the spec verifies against the live model and against the keys file (and the keys file as SPEC)
+    for what, against in (
+        (spec, f"{f}:make_model"),
+        (spec, tmp_path / "keys.json"),
+        (tmp_path / "keys.json", tmp_path / "keys.json"),
+    ):
+        r = invoke("verify", what, "--against", against)
         assert r.exit_code == 0 and "0 differ, 0 missing, 0 extra" in r.stdout, r.stdout + r.stderr
 
 
