@@ -190,45 +190,44 @@ class NnxReplayer:
         return out
 
     def reseed(self, event: NnxReseed) -> None:
-        if self.old:
-            # mirrors flax 0.10's reseed: every stream of the graph whose tag is given takes that key, count 0
-            given = dict(event.streams)
-            for path, s in self.streams_in_graph_order():
-                src = given.get(s.tag)
-                if src is None:
-                    continue
-                if s.lanes:
-                    raise FlaxError(
-                        "ValueError",
-                        f"Cannot reseed stream {s.tag!r} with a non-scalar key, found key with shape ({s.lanes},) "
-                        f"(a stacked module's stream, at {'.'.join(path)})",
-                        event.loc,
-                    )
-                s.chain = (f"key {src.text} (nnx.reseed)",)
-                self.set_key(s, self.engine.eval(src.expr))
-                s.count = 0
-            return
-        # mirrors flax/nnx/rnglib.py reseed: a fresh Rngs(**stream_keys); every stream of the graph whose
-        # tag is given takes that Rngs' next key, in graph order, and count 0
-        fresh = {
-            name: self.stream(f"reseed {name}", name, self.engine.eval(src.expr), (f"key {src.text}",))
-            for name, src in event.streams
-        }
+        """nnx.reseed(model, **streams): every stream of the graph whose tag is given, in graph order, takes a
+        new key and count 0. The key: flax 0.11 and later, the next key of a fresh Rngs(**streams) (mirrors
+        flax/nnx/rnglib.py reseed); before, the given key itself."""
+        given = dict(event.streams)
+        fresh = (
+            {}
+            if self.old
+            else {
+                name: self.stream(f"reseed {name}", name, self.engine.eval(src.expr), (f"key {src.text}",))
+                for name, src in event.streams
+            }
+        )
         for path, s in self.streams_in_graph_order():
-            new = fresh.get(s.tag)
-            if new is None:
+            src = given.get(s.tag)
+            if src is None:
                 continue
             if s.lanes:
-                # (reseed's default policy, 'scalars_only')
+                # (the default policy, 'scalars_only'; flax 0.10 has no other)
+                said = (
+                    f"Cannot reseed stream {s.tag!r} with a non-scalar key"
+                    if self.old
+                    else f"Cannot reseed stream at path {path!r} becuase it has a non-scalar key"
+                )
                 raise FlaxError(
                     "ValueError",
-                    f"Cannot reseed stream at path {path!r} becuase it has a non-scalar key, found key with shape "
-                    f"({s.lanes},) (a stacked module's stream: pass policy='match_shape' to nnx.reseed)",
+                    f"{said}, found key with shape ({s.lanes},) (a stacked module's stream at {'.'.join(path)}"
+                    + ("" if self.old else ": pass policy='match_shape' to nnx.reseed")
+                    + ")",
                     event.loc,
                 )
-            s.chain = new.chain + (f"fold_in {new.count} (nnx.reseed: {'.'.join(path)} in graph order)",)
-            self.set_key(s, self.engine.fold_in(new.key, new.count))
-            new.count += 1
+            if self.old:
+                s.chain = (f"key {src.text} (nnx.reseed)",)
+                self.set_key(s, self.engine.eval(src.expr))
+            else:
+                new = fresh[s.tag]
+                s.chain = new.chain + (f"fold_in {new.count} (nnx.reseed: {'.'.join(path)} in graph order)",)
+                self.set_key(s, self.engine.fold_in(new.key, new.count))
+                new.count += 1
             s.count = 0
 
     # ---------------------------------------------------------------- drawing

@@ -90,7 +90,6 @@ class NnxRecorder:
         self.alias: dict[int, object] = {}  # id(an object inside a transform) -> the object outside
         self.inner: list = []  # (keeps those objects alive, so their ids stay theirs)
         self.lanes = False  # a transform ran: keys come lane by lane, in JAX's order
-        self.unsupported: str | None = None
         self.asked: dict[int, str] = {}  # id(stream) -> the name it was last asked for (`default` serves others)
 
     def resolve(self, obj):
@@ -191,7 +190,7 @@ def observing() -> Iterator[NnxRecorder]:
 
     def split_hook(node=_MISSING, /, **kw):
         if node is not _MISSING or "splits" not in kw:
-            rec.unsupported = rec.unsupported or "nnx.split_rngs used as a function or context manager"
+            # as a function or context manager: not followed (what it splits shows as draws no spec explains)
             return split_rngs(**kw) if node is _MISSING else split_rngs(node, **kw)
 
         def decorator(f):
@@ -269,25 +268,23 @@ def observing() -> Iterator[NnxRecorder]:
             rec.building[-1].events.append(("fork", out, self))
         return out
 
-    _patch(meta, "_pytree_meta_construct", construct_hook)
-    _patch(nnx.RngStream, "__call__", stream_hook)
-    _patch(nnx.Rngs, "fork", fork_hook)
-    _patch(nnx, "split_rngs", split_hook)
+    hooks: list[tuple[object, str, object, object]] = [  # (owner, name, original, hook)
+        (meta, "_pytree_meta_construct", construct, construct_hook),
+        (nnx.RngStream, "__call__", stream_call, stream_hook),
+        (nnx.Rngs, "fork", fork, fork_hook),
+        (nnx, "split_rngs", split_rngs, split_hook),
+        (nnx, "vmap", vmap, transform_hook("vmap", vmap)),
+        (nnx, "scan", scan, transform_hook("scan", scan)),
+    ]
     if get_stream is not None:
-        _patch(nnx.Rngs, "_get_stream", get_stream_hook)
-    _patch(nnx, "vmap", transform_hook("vmap", vmap))
-    _patch(nnx, "scan", transform_hook("scan", scan))
+        hooks.append((nnx.Rngs, "_get_stream", get_stream, get_stream_hook))
+    for owner, name, _, hook in hooks:
+        _patch(owner, name, hook)
     try:
         yield rec
     finally:
-        _patch(meta, "_pytree_meta_construct", construct)
-        _patch(nnx.RngStream, "__call__", stream_call)
-        _patch(nnx.Rngs, "fork", fork)
-        _patch(nnx, "split_rngs", split_rngs)
-        if get_stream is not None:
-            _patch(nnx.Rngs, "_get_stream", get_stream)
-        _patch(nnx, "vmap", vmap)
-        _patch(nnx, "scan", scan)
+        for owner, name, original, _ in hooks:
+            _patch(owner, name, original)
         for klass, original in patched.items():
             _patch(klass, "__call__", original)
 
