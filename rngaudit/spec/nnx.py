@@ -419,18 +419,14 @@ def transform(f: Fields, stacked_ok: bool) -> NnxTransform | None:
     if vn is not None and sn is not None:
         raise SpecError("a call is under `vmap:` or `scan:`, not both (nest them in two modules)", sn.loc)
     tn = vn if vn is not None else sn
-    kind = "vmap" if vn is not None else "scan"
-    other = "broadcast" if kind == "vmap" else "split"
-    on = f.get(other)
-    if on is not None:
-        if tn is None:
-            raise SpecError(f"`{other}:` belongs to {'`scan:`' if other == 'broadcast' else '`vmap:`'}", on.loc)
-        raise SpecError(
-            f"`{other}:` belongs to `{'scan' if kind == 'vmap' else 'vmap'}:`; under `{kind}:` give "
-            f"`{'split' if kind == 'vmap' else 'broadcast'}:`",
-            on.loc,
-        )
-    if tn is None:
+    kind = "vmap" if vn is not None else "scan" if sn is not None else None
+    lists = {"vmap": "split", "scan": "broadcast"}  # the streams list each transform takes
+    for belongs, lst in lists.items():
+        ln = f.get(lst)
+        if ln is not None and belongs != kind:
+            under = f"; under `{kind}:` give `{lists[kind]}:`" if kind is not None else ""
+            raise SpecError(f"`{lst}:` belongs to `{belongs}:`{under}", ln.loc)
+    if tn is None or kind is None:
         return None
     if tn.value is True and stacked_ok:
         lanes = 0
@@ -440,7 +436,7 @@ def transform(f: Fields, stacked_ok: bool) -> NnxTransform | None:
         if isinstance(tn.value, bool) or not isinstance(tn.value, int):
             raise SpecError(f"`{kind}:` is the number of {what}{over}, not {type_name(tn.value)}", tn.loc)
         lanes = as_int(tn, f"`{kind}:` (the number of {what})", 1, MAX_LANES if kind == "vmap" else MAX_STEPS)
-    key = "split" if kind == "vmap" else "broadcast"
+    key = lists[kind]
     sl = f.get(key)
     streams = () if sl is None else _streams(sl, f"`{key}:`")
     if streams and not lanes:

@@ -228,6 +228,7 @@ def test_the_oracle_sees_every_lane():
         ("call: [{call: {name: d, vmap: 2, broadcast: dropout}}]", "`broadcast:` belongs to `scan:`"),
         ("call: [{call: {name: d, scan: 2, split: dropout}}]", "`split:` belongs to `vmap:`"),
         ("call: [{call: {name: d, split: dropout}}]", "`split:` belongs to `vmap:`"),
+        ("call: [{call: {name: d, broadcast: dropout}}]", "`broadcast:` belongs to `scan:`"),
         ("call: [{call: {name: d, vmap: 0}}]", "between 1 and"),
         ("call: [{call: {name: d, vmap: two}}]", "the number of lanes"),
         ("call: [{call: {name: d, vmap: 2, split: {a: 1}}}]", "a stream name or a list"),
