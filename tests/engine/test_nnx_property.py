@@ -122,18 +122,9 @@ def lane_safe(mod: dict) -> bool:
         child = st_.get("module") if isinstance(st_, dict) else None
         if child is not None and ("stack" in child or not lane_safe(child)):
             return False
-    return not any(
-        isinstance(c, dict)
-        and isinstance(c.get("call"), dict)
-        and "split" in c["call"]
-        or (
-            isinstance(c, dict)
-            and isinstance(c.get("call"), dict)
-            and isinstance(c["call"].get("vmap"), int)
-            and not isinstance(c["call"].get("vmap"), bool)
-        )
-        for c in mod.get("call", [])
-    )
+    calls = [c["call"] for c in mod.get("call", []) if isinstance(c, dict) and isinstance(c.get("call"), dict)]
+    # (a vmap of a new axis has an integer size; `vmap: true` maps a stack's own axis)
+    return not any(type(c.get("vmap")) is int for c in calls)
 
 
 def transform(draw, lanes_ok: bool) -> dict:
