@@ -16,7 +16,17 @@ import numpy as np
 from flax import nnx
 from flax_oracle import eval_key, key_words
 
-from rngaudit.spec.nnx import NnxCall, NnxChild, NnxDraw, NnxLayer, NnxModule, NnxReseed, NnxSpec, NnxTransform
+from rngaudit.spec.nnx import (
+    NnxBridge,
+    NnxCall,
+    NnxChild,
+    NnxDraw,
+    NnxLayer,
+    NnxModule,
+    NnxReseed,
+    NnxSpec,
+    NnxTransform,
+)
 
 
 @contextlib.contextmanager
@@ -43,6 +53,31 @@ class _Recorder:
         self.site = ""
         self.step = 0
         self.off = False
+        self.linen = None  # (flax_oracle's _Capture, _Builder): the Linen keys of bridge.ToNNX modules
+        self.bridges: dict[int, object] = {}  # id(a ToNNX's Linen module) -> its ModuleDef
+
+    def linen_builder(self):
+        """The Linen side of the oracle (flax_oracle's hooks on Scope.make_rng etc.), installed on first use."""
+        if self.linen is None:
+            from flax_oracle import _Builder, _Capture, _hooks
+
+            cap = _Capture()
+            self._linen_hooks = _hooks(cap)
+            self._linen_hooks.__enter__()
+            cap.recording = True
+            self.linen = (cap, _Builder(cap))
+        return self.linen[1]
+
+    def linen_records(self) -> list[dict]:
+        if self.linen is None:
+            return []
+        jax.effects_barrier()
+        return self.linen[0].records()
+
+    def close(self) -> None:
+        if self.linen is not None:
+            self.linen[0].recording = False
+            self._linen_hooks.__exit__(None, None, None)
 
     @contextlib.contextmanager
     def installed(self):
@@ -78,6 +113,7 @@ class _Recorder:
             yield self
         finally:
             nnx.RngStream.__call__ = original
+            self.close()
 
 
 def _layer(st: NnxLayer, rngs):
@@ -141,6 +177,19 @@ def _class(mod: NnxModule, rec: _Recorder, path: str, cache: dict):
                 rec.site = join(st.name)
                 child_rngs = rngs.fork() if st.rngs == "fork" else rngs
                 setattr(self, st.name, _class(st.module, rec, join(st.name), cache)(child_rngs))
+            elif isinstance(st, NnxBridge):
+                from flax.nnx import bridge
+
+                rec.site = join(st.name)
+                builder = rec.linen_builder()
+                linen = builder.construct(st.module, None)
+                m = bridge.ToNNX(linen, rngs=rngs if st.rngs == "fork" else rngs.params())
+                rec.bridges[id(linen)] = st.module  # (the Linen module object survives split/merge)
+                setattr(self, st.name, m)
+                if st.lazy_init:
+                    builder.phase = "init"
+                    rec.site = join(st.name) + ".to_nnx__rngs"
+                    bridge.lazy_init(m, builder.input_for(st.module))
             elif isinstance(st, NnxDraw):
                 for _ in range(st.repeat):
                     rec.site = path or "(root)"
@@ -156,6 +205,11 @@ def _class(mod: NnxModule, rec: _Recorder, path: str, cache: dict):
                     rec.site = join(st.name)
                     if st.transform is not None:
                         transformed(st.transform, _run_target, target, x, rec, join(st.name))
+                    elif id(getattr(target, "to_nnx__module", None)) in rec.bridges:
+                        builder = rec.linen_builder()
+                        builder.phase = "init" if target._pytree__state.initializing else "apply"
+                        rec.site = join(st.name) + ".to_nnx__rngs"
+                        target(builder.input_for(rec.bridges[id(target.to_nnx__module)]))
                     else:
                         _run_target(target, x)
             elif isinstance(st, NnxDraw):
@@ -252,6 +306,11 @@ def nnx_keys(spec: NnxSpec) -> list[dict]:
         model = _class(spec.model, rec, "", {})(rngs)
         x = jnp.ones((1,))
         for event in spec.run:
+            if getattr(event, "lazy_init", False):
+                from flax.nnx import bridge
+
+                bridge.lazy_init(model, x)  # (its keys are init's: step 0)
+                continue
             if isinstance(event, NnxReseed):
                 # (reseed's own Rngs hands out the new stream keys: not keys the model draws)
                 rec.off = True
@@ -276,7 +335,7 @@ def nnx_keys(spec: NnxSpec) -> list[dict]:
                     transformed(event.transform, lambda m, h: m(h), model, x, rec, "(root)")
                 else:
                     model(x)
-    return rec.records
+        return rec.records + [dict(r, linen=True) for r in rec.linen_records()]
 
 
 def derive_records(report) -> list[dict]:
@@ -285,6 +344,9 @@ def derive_records(report) -> list[dict]:
     out = []
     for c in report.calls:
         d = c.derivation
+        if d.linen:
+            out.append({"linen": True, "stream": d.tag, "count": d.count, "key": tuple(c.key)})
+            continue
         if "vmap" in d.broadcast and d.lane > 0:
             continue
         out.append({"step": d.step, "site": d.site, "tag": d.tag, "count": d.count, "key": tuple(c.key)})
@@ -320,15 +382,26 @@ def check_against_nnx(spec: NnxSpec) -> dict:
         assert core[:40] in ours_error.message, f"rngaudit: {ours_error.message!r}; nnx: {core!r}"
         return {"error": name}
     ours = derive_records(report)
+    ours_linen = [(r["stream"], r["count"], r["key"]) for r in ours if r.get("linen")]
+    theirs_linen = [(r["stream"], r["count"], tuple(r["key"])) for r in theirs if r.get("linen")]
+    if any(getattr(e, "stale", False) for e in report.spec.run):
+        # the Linen oracle records a key traced inside jax.jit once per trace event, and a stale step's key is
+        # the same as the step before's: compare the keys each side has, in the order first handed out
+        ours_linen, theirs_linen = list(dict.fromkeys(ours_linen)), list(dict.fromkeys(theirs_linen))
+    assert ours_linen == theirs_linen, f"Linen keys inside bridge.ToNNX: rngaudit {ours_linen} != flax {theirs_linen}"
+    ours = [r for r in ours if not r.get("linen")]
+    theirs = [r for r in theirs if not r.get("linen")]
     assert len(ours) == len(theirs), f"rngaudit has {len(ours)} keys, nnx {len(theirs)}: {ours[:3]} / {theirs[:3]}"
-    if _has_lanes(report.spec):
-        # under nnx.vmap NNX hands out a draw's keys for every lane at once (rngaudit lists lane by lane)
+    stale_bridge = any(getattr(e, "stale", False) for e in report.spec.run) and bool(ours_linen)
+    if _has_lanes(report.spec) or stale_bridge:
+        # under nnx.vmap NNX hands out a draw's keys for every lane at once (rngaudit lists lane by lane); in a
+        # jitted step the debug callbacks of a ToNNX's draws and its Linen keys' callbacks interleave
         order = lambda r: (r["step"], r["tag"], r["count"], r["key"])
         ours, theirs = sorted(ours, key=order), sorted(theirs, key=order)
     for i, (a, b) in enumerate(zip(ours, theirs)):
         same = (a["step"], a["tag"], a["count"], a["key"]) == (b["step"], b["tag"], b["count"], b["key"])
         assert same and _same_site(a["site"], b["site"]), f"key {i}: rngaudit {a} != nnx {b}"
-    return {"keys": len(ours), "values": _check_values(report)}
+    return {"keys": len(ours), **({"linen": len(ours_linen)} if ours_linen else {}), "values": _check_values(report)}
 
 
 def _has_lanes(spec: NnxSpec) -> bool:

@@ -27,7 +27,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import FlaxError, Location, SpecError
-from ..spec.nnx import NnxCall, NnxChild, NnxDraw, NnxLayer, NnxModule, NnxReseed, NnxSpec, NnxStep, NnxTransform
+from ..spec.nnx import (
+    NnxBridge,
+    NnxCall,
+    NnxChild,
+    NnxDraw,
+    NnxLayer,
+    NnxModule,
+    NnxReseed,
+    NnxSpec,
+    NnxStep,
+    NnxTransform,
+)
 from ..spec.tree import Draw
 from .keys import KeyData, KeyEngine
 from .records import LazyRows
@@ -87,6 +98,9 @@ class NnxKey:
     broadcast: str = ""  # the transforms that broadcast its stream: vmap (every lane the same key), scan
     # (every step the same key, update dropped), vmap+scan, or ""
     scan: int = -1  # which nnx.scan call of the replay it was drawn in (-1: none)
+    linen: str = ""  # a key of a bridge.ToNNX module's Linen init/apply: where Linen hashed it (the key is not
+    # fold_in(stream key, count) but Linen's path and count hashed into the key the call drew)
+    linen_lane: tuple[int, ...] = ()  # its Linen vmap lane / scan step / while iteration indices, outermost first
 
     @property
     def fallback(self) -> bool:
@@ -143,6 +157,8 @@ class NnxReplayer:
         self.broadcast: set[int] = set()  # streams an nnx.vmap broadcasts (ids)
         # every RngStream the model's graph holds, at each attribute path that reaches it
         self.graph: list[tuple[tuple[str, ...], Stream]] = []
+        self.fixed: dict[int, KeyData] = {}  # block -> its key, where it is not fold_in(stream key, count)
+        self.initializing = False  # in a call under bridge.lazy_init
 
     def run(self) -> list[NnxKey]:
         # mirrors nnx.Rngs.__init__: the `default` seed (Rngs(0, ...)) is added after the named streams
@@ -159,7 +175,7 @@ class NnxReplayer:
         for event in self.spec.run:
             if isinstance(event, NnxStep):
                 for _ in range(event.n):
-                    self.step += 1
+                    self.step += 0 if event.lazy_init else 1  # (bridge.lazy_init's keys belong to init)
                     if event.stale:
                         # a pure jax.jit step (split/merge) whose returned state is dropped: every stream of
                         # the model is back at its count (and key) when the next step starts
@@ -171,6 +187,10 @@ class NnxReplayer:
                             s.key, s.key_ix, s.chain, s.count = key, ix, chain, count
                     elif event.transform is not None:
                         self.transformed(model, event.transform, event.loc)
+                    elif event.lazy_init:
+                        self.initializing = True
+                        self.call(model)
+                        self.initializing = False
                     else:
                         self.call(model)
             elif isinstance(event, NnxReseed):
@@ -334,10 +354,104 @@ class NnxReplayer:
                         },
                     )
                 inst.attrs[st.name] = self.build(st.module, child_path, child_rngs)
+            elif isinstance(st, NnxBridge):
+                inst.attrs[st.name] = self.bridge(st, _join(path, st.name), where + (st.name,), rngs)
             elif isinstance(st, NnxDraw):
                 s = rngs.get(st.stream, "AttributeError", st.loc)
                 self.draw(s, path or "(root)", "draw", st.stream, st.loc, st.label, st.draw, st.repeat)
         return inst
+
+    def bridge(self, st: NnxBridge, path: str, where: tuple[str, ...], rngs: Rngs) -> Bridge:
+        """`bridge.ToNNX(module, rngs=...)` (mirrors flax/nnx/bridge/wrappers.py ToNNX.__init__): rngs=rngs keeps
+        rngs.fork() (one key from every stream, in order); rngs=rngs.params() keeps Rngs(params=that key)."""
+        self.no_nesting(st.loc, f"bridge.ToNNX at {path}")
+        if st.rngs == "fork":
+            streams = {
+                name: self.fork(s, path, name, f"{path}.to_nnx__rngs.{name}", f"ToNNX fork at {path}", st.loc)
+                for name, s in rngs.streams.items()
+            }
+        else:
+            s = rngs.get("params", "AttributeError", st.loc)
+            count = s.count
+            self.draw(s, path, "draw", "params", st.loc)
+            streams = {
+                "params": self.stream(
+                    f"{path}.to_nnx__rngs.params",
+                    "params",
+                    self.engine.fold_in(s.key, count),
+                    s.chain + (f"fold_in {count} (rngs.params() for ToNNX at {path})",),
+                )
+            }
+        own = Rngs(f"{path}.to_nnx__rngs", streams, self.old)
+        self.graph.extend((where + ("to_nnx__rngs", name), s) for name, s in streams.items())
+        b = Bridge(st, path, own)
+        if st.lazy_init:
+            self.bridge_call(b, st.loc, init=True)
+        return b
+
+    def bridge_call(self, b: Bridge, loc: Location, init: bool) -> None:
+        """One call of a ToNNX module: one key from every stream of its Rngs, then Linen init (under
+        bridge.lazy_init) or apply with them (FLAX_NNX_RULES.md §13)."""
+        from .nnx_bridge import linen_keys, linen_rngs
+
+        self.tick(loc)
+        if self.lane >= 0 or self.iteration >= 0:
+            raise SpecError(
+                f"bridge.ToNNX at {b.path} is called inside nnx.vmap or nnx.scan; rngaudit does not model Linen "
+                "inside NNX lanes or steps yet",
+                loc,
+            )
+        if not init and not b.initialized:
+            raise FlaxError(
+                "ScopeCollectionNotFound",
+                f"the Linen module of bridge.ToNNX at {b.path} has no variables: it is called before "
+                "bridge.lazy_init (give the ToNNX `lazy_init: true`, or start `run:` with a `lazy_init` event)",
+                loc,
+            )
+        drawn: dict[str, KeyData] = {}
+        served: dict[str, tuple[Stream, tuple[str, ...]]] = {}
+        for name, s in b.rngs.streams.items():
+            count = s.count
+            # (the site names the Rngs ToNNX keeps: its fork at construction drew at the ToNNX's own path)
+            self.draw(s, f"{b.path}.to_nnx__rngs", "bridge", name, loc)
+            drawn[name] = self.engine.fold_in(s.key, count)
+            served[name] = (s, s.chain + (f"fold_in {count} (ToNNX {'init' if init else 'call'} at {b.path})",))
+        rngs = linen_rngs(drawn)
+        if "params" not in drawn and "default" in drawn:
+            served["params"] = served.pop("default")
+        rows = linen_keys(
+            b.st.module, rngs, init, self.spec.prng_impl, self.spec.threefry_partitionable, self.spec.file, loc
+        )
+        self.total += len(rows)
+        if self.total > MAX_NNX_DRAWS:
+            raise SpecError(f"the model draws more than {MAX_NNX_DRAWS} keys; reduce `repeat` or `steps`", loc)
+        for d, key in rows:
+            s, chain = served[d.stream]
+            site = ".".join((b.path,) + d.path + ((d.label,) if d.kind == "param" and d.label else ()))
+            self.fixed[len(self.keys)] = key
+            self.keys.append(
+                NnxKey(
+                    self.step,
+                    site,
+                    d.kind,
+                    d.stream_requested,
+                    d.stream,
+                    s.path,
+                    d.count,
+                    chain,
+                    s.key_ix,
+                    d.location,
+                    d.label,
+                    d.draw,
+                    1,
+                    self.stale,
+                    linen=f"Linen {d.kind} at /{'/'.join(d.path)} count {d.count}"
+                    + (f" lane {list(d.lane)}" if d.lane else "")
+                    + (f" (sha1 word {d.hash_word})" if d.base is not None else ""),
+                    linen_lane=d.lane,
+                )
+            )
+        b.initialized = b.initialized or init
 
     def stacked(self, st: NnxChild, path: str, rngs: Rngs) -> Stacked:
         """`nnx.split_rngs(splits=N)` around `nnx.vmap(in_axes=0)` building st.module from `rngs`: one key
@@ -449,8 +563,10 @@ class NnxReplayer:
                 s = inst.rngs.get(st.stream, "AttributeError", st.loc)
                 self.draw(s, inst.path or "(root)", "draw", st.stream, st.loc, st.label, st.draw, st.repeat)
 
-    def call_target(self, target: Layer | Instance | Stacked, loc: Location) -> None:
-        if isinstance(target, Layer):
+    def call_target(self, target: Layer | Instance | Stacked | Bridge, loc: Location) -> None:
+        if isinstance(target, Bridge):
+            self.bridge_call(target, loc, self.initializing)
+        elif isinstance(target, Layer):
             self.tick(loc)
             self.call_layer(target, loc)
         elif isinstance(target, Instance):
@@ -459,7 +575,7 @@ class NnxReplayer:
             # a stacked module called as it is: its streams hold key arrays, so a draw fails (in draw())
             self.call(target.members[0])
 
-    def transformed(self, target: Layer | Instance | Stacked, t: NnxTransform, loc: Location) -> None:
+    def transformed(self, target: Layer | Instance | Stacked | Bridge, t: NnxTransform, loc: Location) -> None:
         """One call of `target` under nnx.vmap or nnx.scan."""
         if isinstance(target, Stacked):
             # over the stacked axis: member i with its own streams (counts persist per member)
@@ -593,6 +709,20 @@ class Layer:
 
 
 @dataclass
+class Bridge:
+    """A bridge.ToNNX module: the Linen module and the Rngs it keeps."""
+
+    st: NnxBridge
+    path: str
+    rngs: Rngs
+    initialized: bool = False
+
+    @property
+    def stateful(self) -> bool:
+        return True
+
+
+@dataclass
 class Stacked:
     """A stacked module: its members, built from lane i of every stream."""
 
@@ -608,7 +738,7 @@ class Instance:
         self.mod = mod
         self.path = path
         self.rngs = rngs
-        self.attrs: dict[str, Layer | Instance | Stacked] = {}
+        self.attrs: dict[str, Layer | Instance | Stacked | Bridge] = {}
 
     @property
     def stateful(self) -> bool:
@@ -649,7 +779,12 @@ def replay_nnx(spec: NnxSpec, engine: KeyEngine) -> NnxTable:
         return NnxTable(blocks, block, count, np.zeros((0, engine.width), dtype=np.uint32))
     bases = np.asarray(r.stream_keys, dtype=np.uint32)
     ix = np.fromiter((k.key_ix for k in blocks), dtype=np.int64, count=len(blocks))
-    return NnxTable(blocks, block, count, engine.fold_in_rows(bases[ix[block]], count))
+    keys = engine.fold_in_rows(bases[ix[block]], count)
+    if r.fixed:
+        # (a bridge.ToNNX's Linen keys: blocks of one row each)
+        at = np.asarray(list(r.fixed), dtype=np.int64)
+        keys[starts[at]] = np.asarray(list(r.fixed.values()), dtype=np.uint32)
+    return NnxTable(blocks, block, count, keys)
 
 
 # ---------------------------------------------------------------- the derive stage for NNX

@@ -135,6 +135,7 @@ def nnx_call_lines(report: NnxDeriveReport, encode):
                         "kind": k.kind,
                         "label": k.label,
                         "lane": None if k.lane < 0 else k.lane,
+                        **({"linen": k.linen} if k.linen else {}),
                         "location": k.loc.as_json(),
                         "record": "call",
                         "site": k.site,
@@ -173,6 +174,8 @@ def nnx_call_json(c: NnxKeyedCall) -> dict:
         "broadcast": d.broadcast or None,
         "location": d.loc.as_json(),
     }
+    if d.linen:
+        out["linen"] = d.linen  # a bridge.ToNNX's Linen key: Linen hashed path and count into the drawn key
     if c.values is not None:
         assert c.draw is not None  # (values are drawn for a draw)
         out["values"] = _drawn_json(c.draw, c.values)

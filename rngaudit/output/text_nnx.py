@@ -20,8 +20,10 @@ def render_any_derive(report: DeriveReport | NnxDeriveReport, console: Console) 
         render_derive(report, console)
 
 
-def chain_text(chain: tuple[str, ...], count: int) -> str:
-    return " -> ".join(chain + (f"fold_in {count}",))
+def chain_text(chain: tuple[str, ...], count: int, linen: str = "") -> str:
+    """The stream key's chain and the last step: fold_in of the count, or (a bridge.ToNNX's Linen key) Linen's
+    path and count hashed into the key the call drew."""
+    return " -> ".join(chain + (linen or f"fold_in {count}",))
 
 
 def site_text(d) -> str:
@@ -30,11 +32,13 @@ def site_text(d) -> str:
     where = []
     if d.lane >= 0:
         where.append(f"lane {d.lane}")
+    if d.linen_lane:
+        where.append(f"lane {', '.join(map(str, d.linen_lane))}")
     if d.iteration >= 0:
         where.append(f"scan {d.iteration}")
     if d.broadcast:
         where.append("broadcast")
-    kind = f" ({d.kind})" if d.kind in ("fork", "draw", "split") else ""
+    kind = f" ({d.kind})" if d.kind in ("fork", "draw", "split") else " (ToNNX call)" if d.kind == "bridge" else ""
     return d.site + kind + (f" [{', '.join(where)}]" if where else "")
 
 
@@ -70,7 +74,7 @@ def render_nnx_derive(report: NnxDeriveReport, console: Console) -> None:
             Text(site_text(d)),
             Text(stream, style="yellow" if d.fallback else ""),
             str(d.count),
-            Text(chain_text(d.chain, d.count)),
+            Text(chain_text(d.chain, d.count, d.linen)),
             "[" + " ".join(str(w) for w in c.key) + "]",
         )
     console.print(table)

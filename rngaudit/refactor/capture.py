@@ -4,6 +4,7 @@ derive replays bit-exactly (checked before it is handed out)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -139,58 +140,66 @@ def _old_flax(version: str, why: str) -> str:
 
 
 def _observe(target: CodeRef, parsed_inputs: list[InputSpec], seeds: dict, phase: str, method: str | None):
+    import jax
+
+    module, args, kwargs = build_module(target, parsed_inputs)
+    if method is not None and not callable(getattr(type(module), method, None)):
+        raise UserCodeError(f"TARGET {target.text}: {type(module).__name__} has no method {method!r}")
+    keys = {s: jax.random.key(seed) for s, seed in seeds.items()}
+    cap, rec = observe_module(
+        module, args, {**kwargs, **({"method": method} if method else {})}, keys, phase, target.text
+    )
+    return dataclasses.replace(cap, rngs=seeds), rec, type(module).__name__
+
+
+def observe_module(module, args: tuple, kwargs: dict, keys: dict, phase: str, target: str, variables=None):
+    """A Linen module's init (or apply) from `keys` (stream -> JAX key) under the hooks (installed by the
+    caller): (capture, recorder). apply runs on `variables`, or on what init makes from `keys` plus params."""
     import flax
     import jax
 
     from . import flax_hooks
 
-    module, args, kwargs = build_module(target, parsed_inputs)
-    if method is not None and not callable(getattr(type(module), method, None)):
-        raise UserCodeError(f"TARGET {target.text}: {type(module).__name__} has no method {method!r}")
     settings = {
         "fix_rng_separator": bool(flax.config.flax_fix_rng_separator),
         "prng_impl": str(jax_setting("jax_default_prng_impl")),
         "threefry_partitionable": bool(jax_setting("jax_threefry_partitionable")),
     }
-    keys = {s: jax.random.key(seed) for s, seed in seeds.items()}
-    call_kw = {"method": method} if method else {}
-    variables = None
 
     def run(selection):
         with flax_hooks.recording(selection) as rec:
             rec.recording = True
             if phase == "init":
-                module.init(keys, *args, **kwargs, **call_kw)
+                module.init(keys, *args, **kwargs)
             else:
-                module.apply(variables, *args, rngs=keys, **kwargs, **call_kw)
+                module.apply(variables, *args, rngs=keys, **kwargs)
             jax.effects_barrier()
             rec.recording = False
         return rec
 
     try:
-        if phase == "apply":
-            variables = module.init({"params": jax.random.key(0), **keys}, *args, **kwargs, **call_kw)
+        if phase == "apply" and variables is None:
+            variables = module.init({"params": jax.random.key(0), **keys}, *args, **kwargs)
             jax.effects_barrier()
         rec = run({})
-        records = _every_branch(rec, run, target.text)
+        records = _every_branch(rec, run, target)
     except RngauditError:
         raise
     except Exception as e:  # the model itself fails (the user's problem) or a hook does (ours)
         msg = str(e).split("\n")[0].split(" (https://flax.readthedocs.io")[0]
         if _raised_by_rngaudit(e):
             raise InternalError(
-                f"capture of {target.text}: rngaudit failed while recording {type(module).__name__}.{phase} "
+                f"capture of {target}: rngaudit failed while recording {type(module).__name__}.{phase} "
                 f"({type(e).__name__}: {msg}); the model is not at fault (please report this model)"
             ) from e
         raise UserCodeError(
-            f"TARGET {target.text}: {type(module).__name__}.{phase} raises {type(e).__name__}: {msg}"
+            f"TARGET {target}: {type(module).__name__}.{phase} raises {type(e).__name__}: {msg}"
         ) from None
     sites = [_site(r) for r in records]
     modules = {p: {"class": m.cls, "naming": m.naming, "fields": m.fields} for p, m in rec.modules.items()}
-    cap = Capture(
-        target.text, phase, seeds, settings, sites, modules, {"flax": flax.__version__, "jax": jax.__version__}
-    )
-    return cap, rec, type(module).__name__
+    rngs = {s: [int(w) for w in jax.random.key_data(k).ravel()] for s, k in keys.items()}
+    cap = Capture(target, phase, rngs, settings, sites, modules, {"flax": flax.__version__, "jax": jax.__version__})
+    return cap, rec
 
 
 def _raised_by_rngaudit(e: BaseException) -> bool:

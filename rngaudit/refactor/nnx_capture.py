@@ -74,6 +74,20 @@ class Called:
     transforms: int = 0  # how many transforms were running when the call started
 
 
+@dataclass
+class BridgeCall:
+    """A call of a bridge.ToNNX: Linen init (under bridge.lazy_init) or apply, with the arguments and the keys it
+    gives Linen (None: traced, or no Rngs); `whole`: inside a call of the root model (bridge.lazy_init(model))."""
+
+    init: bool
+    args: tuple
+    kwargs: dict
+    keys: dict | None
+    step: int
+    whole: bool
+    extra: bool  # given rngs=, method= or mutable= at the call
+
+
 class NnxRecorder:
     def __init__(self):
         self.building: list[Built] = []
@@ -91,6 +105,7 @@ class NnxRecorder:
         self.inner: list = []  # (keeps those objects alive, so their ids stay theirs)
         self.lanes = False  # a transform ran: keys come lane by lane, in JAX's order
         self.asked: dict[int, str] = {}  # id(stream) -> the name it was last asked for (`default` serves others)
+        self.bridges: dict[int, list[BridgeCall]] = {}  # id(bridge.ToNNX) -> its calls
 
     def resolve(self, obj):
         return self.alias.get(id(obj), obj)
@@ -250,6 +265,29 @@ def observing() -> Iterator[NnxRecorder]:
 
         return hook
 
+    def tonnx_hook(self, *args, **kwargs):
+        # mirrors the start of ToNNX.__call__: the keys it draws from its Rngs, in order, for Linen
+        given = kwargs.get("rngs")
+        r = given if given is not None else self.to_nnx__rngs
+        keys = None
+        if isinstance(r, nnx.Rngs):
+            ks = {n: jax.random.fold_in(s.key[...], s.count[...]) for n, s in r.items()}
+            if not any(isinstance(jax.random.key_data(k), jax.core.Tracer) for k in ks.values()):
+                keys = ks
+        state = getattr(self, "_pytree__state", None)
+        rec.bridges.setdefault(id(rec.resolve(self)), []).append(
+            BridgeCall(
+                bool(getattr(state, "initializing", False)),
+                args,
+                {k: v for k, v in kwargs.items() if k not in ("rngs", "method", "mutable")},
+                keys,
+                rec.step,
+                bool(rec.calling) and any(not isinstance(f.obj, tonnx) for f in rec.calling[:1]),
+                any(kwargs.get(k) is not None for k in ("rngs", "method", "mutable")),
+            )
+        )
+        return tonnx_call(self, *args, **kwargs)
+
     split_rngs, vmap, scan = nnx.split_rngs, nnx.vmap, nnx.scan
     get_stream = getattr(nnx.Rngs, "_get_stream", None)
 
@@ -278,15 +316,29 @@ def observing() -> Iterator[NnxRecorder]:
     ]
     if get_stream is not None:
         hooks.append((nnx.Rngs, "_get_stream", get_stream, get_stream_hook))
+    tonnx = _tonnx()
+    if tonnx is not None:
+        tonnx_call = vars(tonnx)["__call__"]
+        hooks.append((tonnx, "__call__", tonnx_call, tonnx_hook))
     for owner, name, _, hook in hooks:
         _patch(owner, name, hook)
     try:
         yield rec
     finally:
-        for owner, name, original, _ in hooks:
-            _patch(owner, name, original)
+        # (the classes' __call__ first: a hooked class's is the hook itself, put back by the second loop)
         for klass, original in patched.items():
             _patch(klass, "__call__", original)
+        for owner, name, original, _ in hooks:
+            _patch(owner, name, original)
+
+
+def _tonnx():
+    """flax.nnx.bridge.ToNNX, where this Flax has it."""
+    try:
+        from flax.nnx import bridge
+    except ImportError:
+        return None
+    return getattr(bridge, "ToNNX", None)
 
 
 def _patch(owner: object, name: str, value: object) -> None:
@@ -472,6 +524,24 @@ class _SpecBuilder:
     def transform(self, how, target_id: int, where: str) -> dict:
         return _transform_of(self, how, target_id, where)
 
+    def bridge(self, obj, where: str) -> dict:
+        """A bridge.ToNNX statement: its Linen module read by Linen capture from its init (under bridge.lazy_init)
+        with the keys that call gave Linen, and checked (init, and the first apply) as Linen capture checks a spec."""
+        calls = self.rec.bridges.get(id(self.rec.resolve(obj)), [])
+        if any(c.extra for c in calls):
+            raise self.unsupported(f"{where} (bridge.ToNNX) is called with rngs=, method= or mutable=")
+        if any(c.keys is None for c in calls):
+            raise self.unsupported(f"{where} (bridge.ToNNX) draws its keys under a transform or from no Rngs")
+        inits = [c for c in calls if c.init]
+        if not inits or inits[0] is not calls[0] or inits[0].step != 0 or len(inits) > 1:
+            raise self.unsupported(
+                f"{where} (bridge.ToNNX) is not initialised once, by bridge.lazy_init before the model's first call"
+            )
+        first = inits[0]
+        apply = next((c for c in calls if not c.init), None)
+        model = _linen_module(obj.to_nnx__module, first, apply, f"{self.target} ({where})")
+        return {"name": where.split(".", 1)[1], "module": model, **({"lazy_init": False} if first.whole else {})}
+
     def unsupported(self, what: str) -> UnsupportedError:
         return UnsupportedError(
             f"capture of {self.target}: {what}; an NNX spec cannot say this yet, so no spec was written"
@@ -497,11 +567,18 @@ class _SpecBuilder:
                 forks.append(what)
             else:
                 child: Built = what
-                if type(child.obj).__name__ in ("ToNNX", "ToLinen") and "bridge" in type(child.obj).__module__:
-                    raise self.unsupported(
-                        f"{cls} holds a flax.nnx.bridge.{type(child.obj).__name__} (Linen inside NNX), which capture "
-                        "does not read yet"
-                    )
+                if type(child.obj).__name__ == "ToNNX" and "bridge" in type(child.obj).__module__:
+                    name = names.get(id(self.rec.resolve(child.obj)))
+                    if name is None:
+                        raise self.unsupported(f"{cls}.__init__ builds a bridge.ToNNX it does not keep as an attribute")
+                    if child.rngs is not b.rngs:
+                        raise self.unsupported(
+                            f"{cls}.{name} (bridge.ToNNX) is given a key or another Rngs than {cls}'s (capture reads "
+                            f"bridge.ToNNX(module, rngs=rngs) with {cls}'s Rngs)"
+                        )
+                    built[id(self.rec.resolve(child.obj))] = name
+                    init.append({"ToNNX": self.bridge(child.obj, f"{cls}.{name}")})
+                    continue
                 if _hollow(child):
                     continue  # nnx.Sequential / List / Dict holding modules built here: named through it
                 name = names.get(id(self.rec.resolve(child.obj)))
@@ -562,6 +639,47 @@ class _SpecBuilder:
         if call:
             out["call"] = _runs(call)
         return out
+
+
+def _linen_module(module, init: BridgeCall, apply: BridgeCall | None, target: str) -> dict:
+    """The Linen spec's `model:` of a ToNNX's module: observed by Linen capture in its init from the keys the
+    ToNNX call gave it, checked to replay that init (and the first apply) key for key; nothing else is trusted."""
+    from . import flax_hooks
+
+    assert init.keys is not None
+    with flax_hooks.installed():  # (already, when run_nnx_capture installed them before the model's import)
+        return _linen_module_observed(module, init, apply, target)
+
+
+def _linen_module_observed(module, init: BridgeCall, apply: BridgeCall | None, target: str) -> dict:
+    import yaml
+
+    from ..engine.nnx_bridge import linen_rngs
+    from .capture import observe_module, verify_spec_text
+    from .specgen import model_doc
+
+    assert init.keys is not None
+    cap, rec = observe_module(module, init.args, init.kwargs, linen_rngs(init.keys), "init", target)
+    if cap.settings["fix_rng_separator"]:
+        raise UnsupportedError(
+            f"capture of {target}: flax_fix_rng_separator is on, and an NNX spec's Linen modules replay Flax's "
+            "default (off); no spec was written"
+        )
+    model = model_doc(rec, "init", target)
+    checks = [cap]
+    if apply is not None and apply.keys is not None:
+        checks.append(observe_module(module, apply.args, apply.kwargs, linen_rngs(apply.keys), "apply", target)[0])
+    for c in checks:
+        doc = {
+            "rngaudit": 1,
+            "flax": {"fix_rng_separator": c.settings["fix_rng_separator"]},
+            "jax": {k: c.settings[k] for k in ("prng_impl", "threefry_partitionable")},
+            "phase": c.phase,
+            "rngs": c.rngs,
+            "model": model,
+        }
+        verify_spec_text(yaml.safe_dump(doc, sort_keys=False), c)
+    return model
 
 
 def _axis_of(in_axes, pos: int):
@@ -698,6 +816,18 @@ def is_nnx_target(target: CodeRef) -> bool:
 def run_nnx_capture(target: CodeRef, inputs: list[InputSpec], seeds: dict[str, int], steps: int) -> tuple[Capture, str]:
     """Capture TARGET (an NNX model) built from nnx.Rngs(**seeds) and called `steps` times; returns the capture
     and the NNX spec's YAML text, checked: derive replays every key."""
+
+    if not 0 <= steps <= MAX_STEPS:
+        raise UserCodeError(f"--steps {steps}: give 0 to {MAX_STEPS} calls")
+    from . import flax_hooks
+
+    # (Linen's hooks before the model is imported: a bridge.ToNNX's Linen module is read by Linen capture, and a
+    # class transform keeps the function it was made with)
+    with flax_hooks.installed():
+        return _run_nnx_capture(target, inputs, seeds, steps)
+
+
+def _run_nnx_capture(target: CodeRef, inputs: list[InputSpec], seeds: dict[str, int], steps: int):
     import flax
     import jax
     import yaml
@@ -705,8 +835,6 @@ def run_nnx_capture(target: CodeRef, inputs: list[InputSpec], seeds: dict[str, i
 
     from ..engine.keys import jax_setting
 
-    if not 0 <= steps <= MAX_STEPS:
-        raise UserCodeError(f"--steps {steps}: give 0 to {MAX_STEPS} calls")
     factory = _factory(target)
     settings = {
         "fix_rng_separator": False,
@@ -726,6 +854,12 @@ def run_nnx_capture(target: CodeRef, inputs: list[InputSpec], seeds: dict[str, i
         model, args, kwargs = _unpack(made, target)
         if inputs:
             args, kwargs = example_inputs(inputs)
+        whole = id(model) in rec.calls  # called in the factory: bridge.lazy_init(model, x)
+        if whole and not any(c.whole and c.init for calls in rec.bridges.values() for c in calls):
+            raise UnsupportedError(
+                f"capture of {target.text}: the factory calls the model (capture calls it --steps times itself); "
+                "return it uncalled (bridge.lazy_init(model, x) is the one call a factory may make)"
+            )
         root = next((b for b in rec.roots if b.obj is model), None)
         if root is None:
             raise UnsupportedError(
@@ -770,12 +904,12 @@ def run_nnx_capture(target: CodeRef, inputs: list[InputSpec], seeds: dict[str, i
         "flavour": "nnx",
         "jax": {"prng_impl": settings["prng_impl"], "threefry_partitionable": settings["threefry_partitionable"]},
         "rngs": dict(seeds),
-        "steps": steps,
+        **({"run": ["lazy_init", {"call": steps}] if steps else ["lazy_init"]} if whole else {"steps": steps}),
         "model": _SpecBuilder(rec, target.text, root).module(root),
     }
     header = f"# captured from {target.text} by rngaudit (flax {flax.__version__}, jax {jax.__version__})\n"
     spec_text = header + yaml.safe_dump(doc, sort_keys=False)
-    sites = check_replay(spec_text, rec.records, target.text, rec.lanes)
+    sites = check_replay(spec_text, rec.records, target.text, rec.lanes or bool(rec.bridges))
     versions = {"flax": flax.__version__, "jax": jax.__version__}
     cap = Capture(target.text, "call", dict(seeds), settings, sites, {}, versions, flavour="nnx")
     return cap, spec_text
@@ -832,11 +966,13 @@ def check_replay(spec_text: str, records: list[dict], target: str, lanes: bool =
         raise InternalError(
             f"capture of {target}: the generated NNX spec does not replay ({e}); please report this model"
         ) from None
-    calls = list(report.calls)
+    # (a bridge.ToNNX's Linen keys are checked against Linen by the capture of its module)
+    calls = [c for c in report.calls if not c.derivation.linen]
     sites = nnx_sites(report)
     if lanes:
         # under transforms NNX hands out a draw's keys lane by lane, in JAX's order, and a stream nnx.vmap
-        # broadcasts once for all lanes: compared step by step, in one order
+        # broadcasts once for all lanes: compared step by step, in one order (as for a bridge.ToNNX's own streams,
+        # whose keys do not depend on when it is initialised)
         calls = [c for c in calls if not ("vmap" in c.derivation.broadcast and c.derivation.lane > 0)]
         calls.sort(key=lambda c: (c.derivation.step, c.derivation.tag, c.derivation.count, tuple(c.key)))
         records = sorted(records, key=lambda r: (r["step"], r["tag"], r["count"], r["key"]))
@@ -870,7 +1006,7 @@ def nnx_sites(report) -> list[Site]:
             c.derivation.requested,
             c.derivation.tag,
             c.derivation.count,
-            (c.derivation.lane,) if c.derivation.lane >= 0 else (),
+            c.derivation.linen_lane or ((c.derivation.lane,) if c.derivation.lane >= 0 else ()),
             tuple(c.key),
             c.derivation.kind,
             c.derivation.label,

@@ -411,8 +411,8 @@ class _At:
         self.path = path
 
 
-def build_spec(rec, root_cls: str, phase: str, seeds: dict, settings: dict, target: str) -> str:
-    """The YAML text of a spec that replays what `rec` observed."""
+def model_doc(rec, phase: str, target: str) -> dict:
+    """The `model:` of a spec that replays what `rec` observed."""
     roots = [x for x in rec.root.items if type(x).__name__ == "CallNode" and x.method != "setup"]
     # init(...) may first call a wrapper method that does nothing at the root's scope
     roots = [x for x in roots if x.items] or roots
@@ -423,7 +423,12 @@ def build_spec(rec, root_cls: str, phase: str, seeds: dict, settings: dict, targ
         model = b.module(roots[0], None)
     except _Unsupported as e:
         raise UnsupportedError(f"capture of {target}: {e.message}; no spec was written") from None
-    model = model.get("module", model)
+    return model.get("module", model)
+
+
+def build_spec(rec, root_cls: str, phase: str, seeds: dict, settings: dict, target: str) -> str:
+    """The YAML text of a spec that replays what `rec` observed."""
+    model = model_doc(rec, phase, target)
     doc = {
         "rngaudit": 1,
         "flax": {"fix_rng_separator": settings["fix_rng_separator"]},

@@ -11,10 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import Location, SpecError
+from .budget import check_budget
 from .draws import parse_draw
 from .fields import Fields, as_int, as_str, suggest, type_name
-from .statements import MAX_REPEAT
-from .tree import Draw, RngSource
+from .statements import MAX_REPEAT, BodyParser
+from .tree import Draw, ModuleDef, RngSource
 from .yaml_source import YNode
 
 MAX_STEPS = 1_000_000
@@ -77,6 +78,23 @@ class NnxChild(NnxStatement):
 
 
 @dataclass(frozen=True)
+class NnxBridge(NnxStatement):
+    """`self.<name> = bridge.ToNNX(linen_module, rngs=...)` in `__init__`: a Linen module inside the NNX model.
+    `rngs`: `fork` (rngs=rngs: ToNNX keeps rngs.fork()) or `key` (rngs=rngs.params(): Rngs(params=key)).
+    `lazy_init`: `bridge.lazy_init(self.<name>, x)` right after (Linen init); otherwise a `lazy_init` run event
+    initialises it. Each call draws one key from every stream of its Rngs and runs Linen init or apply with
+    them (`default` renamed `params` when there is no `params`)."""
+
+    name: str
+    module: ModuleDef
+    rngs: str = "fork"
+    lazy_init: bool = True
+
+
+BRIDGE_RNGS = ("fork", "key")
+
+
+@dataclass(frozen=True)
 class NnxTransform:
     """How a call is transformed. `vmap`: `lanes` lanes (0: over a stacked module's members), the streams
     whose tag is in `streams` split per lane by nnx.split_rngs and mapped with StateAxes, the rest broadcast.
@@ -121,6 +139,7 @@ class NnxStep(NnxStatement):
     n: int = 1
     stale: bool = False
     transform: NnxTransform | None = None
+    lazy_init: bool = False  # `bridge.lazy_init(model, x)` after construction: every ToNNX runs Linen init (step 0)
 
 
 @dataclass(frozen=True)
@@ -161,7 +180,7 @@ class NnxSpec:
     @property
     def steps(self) -> int:
         """How many times the model is called."""
-        return sum(e.n for e in self.run if isinstance(e, NnxStep))
+        return sum(e.n for e in self.run if isinstance(e, NnxStep) and not e.lazy_init)
 
 
 def _mixed(key: str, loc) -> SpecError:
@@ -173,7 +192,7 @@ def _mixed(key: str, loc) -> SpecError:
 
 
 # what a Flax release must be to have a spec's construct (the first release with it)
-SINCE = {"rngs: fork": (0, 11), "keep_rngs": (0, 11, 1), "InstanceNorm": (0, 12)}
+SINCE = {"rngs: fork": (0, 11), "keep_rngs": (0, 11, 1), "InstanceNorm": (0, 12), "ToNNX": (0, 12)}
 
 
 class NnxParser:
@@ -198,11 +217,11 @@ class NnxParser:
         init = tuple(self.statements(f.get("init"), cls, "init"))
         names: dict[str, NnxStatement] = {}
         for st in init:
-            if isinstance(st, (NnxLayer, NnxChild)) and keep and st.name == "rngs":
+            if isinstance(st, (NnxLayer, NnxChild, NnxBridge)) and keep and st.name == "rngs":
                 raise SpecError(
                     f"{cls} keeps its Rngs as `self.rngs` (keep_rngs: true); name this attribute otherwise", st.loc
                 )
-            if isinstance(st, (NnxLayer, NnxChild)):
+            if isinstance(st, (NnxLayer, NnxChild, NnxBridge)):
                 if st.name in names:
                     raise SpecError(
                         f"attribute {st.name!r} of {cls} is assigned twice in __init__; give it another `name:`",
@@ -215,6 +234,12 @@ class NnxParser:
                 known = ", ".join(names) or "none"
                 raise SpecError(
                     f"`call: {st.name}`: {cls} builds no attribute {st.name!r} in `init:` (attributes: {known})",
+                    st.loc,
+                )
+            if isinstance(st, NnxCall) and st.transform is not None and isinstance(names[st.name], NnxBridge):
+                raise SpecError(
+                    f"{st.name} is a bridge.ToNNX module: rngaudit does not model it called under nnx.vmap or "
+                    "nnx.scan yet; call it plainly",
                     st.loc,
                 )
             if isinstance(st, NnxCall) and st.transform is not None:
@@ -254,7 +279,7 @@ class NnxParser:
             yield self.statement(item, cls, where, counts)
 
     def statement(self, item: YNode, cls: str, where: str, counts: dict) -> NnxStatement:
-        allowed = ("draw", "call") if where == "call" else ("draw", "module") + LAYERS
+        allowed = ("draw", "call") if where == "call" else ("draw", "module", "ToNNX") + LAYERS
         if isinstance(item.value, str):
             key, arg = item.value, None
         elif item.is_map and len(item.value) == 1:
@@ -268,7 +293,7 @@ class NnxParser:
             raise _mixed(key, loc)
         if key not in allowed:
             hint = ""
-            if where == "call" and key in LAYERS + ("module",):
+            if where == "call" and key in LAYERS + ("module", "ToNNX"):
                 hint = "; build it in `init:` and call it here with `call: NAME`"
             elif where == "init" and key == "call":
                 hint = "; __init__ builds, __call__ calls: move it to `call:`"
@@ -283,6 +308,8 @@ class NnxParser:
             return self.call(arg, loc)
         n = counts.get(key, 0)
         counts[key] = n + 1
+        if key == "ToNNX":
+            return self.bridge(arg, loc, n)
         if key == "module":
             if arg is None or not arg.is_map:
                 raise SpecError("`module` takes a mapping: class, name, rngs, init, call", loc)
@@ -359,6 +386,31 @@ class NnxParser:
         if kind in SINCE and self.lacks(kind):
             raise self.too_old(kind, loc)
         return NnxLayer(loc, kind, name if name is not None else f"{kind.lower()}_{n}", tuple(opts))
+
+    def bridge(self, arg: YNode | None, loc, n: int) -> NnxBridge:
+        if arg is None or not arg.is_map:
+            raise SpecError(
+                "`ToNNX` takes a mapping: module (the Linen module, as a Linen spec writes it: {class, body} or a "
+                "standard layer such as {Dense: {features: 4}}), name, rngs (fork | key), lazy_init",
+                loc,
+            )
+        if self.lacks("ToNNX"):
+            raise SpecError(
+                "bridge.ToNNX forks the Rngs it is given from flax 0.12 (before, it kept them and drew differently, "
+                f"which rngaudit does not model); this spec says flax {'.'.join(map(str, self.version or ()))}",
+                loc,
+            )
+        f = Fields(arg, "`ToNNX`", ("module", "name", "rngs", "lazy_init"), ("module",))
+        mode = f.text("rngs", "fork")
+        if mode not in BRIDGE_RNGS:
+            raise SpecError(
+                f"`rngs` of ToNNX is fork (bridge.ToNNX(m, rngs=rngs): it keeps rngs.fork()) or key (rngs="
+                f"rngs.params(): it keeps Rngs(params=key)), not {mode!r}{suggest(mode, BRIDGE_RNGS)}",
+                f.need("rngs").loc,
+            )
+        module = BodyParser().target(f.need("module"), "the Linen `module` of ToNNX")
+        check_budget(module)
+        return NnxBridge(loc, f.text("name", f"tonnx_{n}"), module, mode, f.flag("lazy_init", True))
 
     def draw(self, arg: YNode | None, loc) -> NnxDraw:
         if arg is None:
@@ -447,7 +499,7 @@ def transform(f: Fields, stacked_ok: bool) -> NnxTransform | None:
     return NnxTransform(kind, lanes, streams)
 
 
-RUN_EVENTS = ("call", "stale_call", "reseed")
+RUN_EVENTS = ("call", "stale_call", "reseed", "lazy_init")
 
 
 def _run(node: YNode, key_source) -> tuple[NnxStep | NnxReseed, ...]:
@@ -471,6 +523,16 @@ def _run(node: YNode, key_source) -> tuple[NnxStep | NnxReseed, ...]:
         if key == "call" and arg is not None and arg.is_map:
             f = Fields(arg, "`call`", ("n",) + TRANSFORM_KEYS)
             out.append(NnxStep(loc, f.integer("n", 1, 1, MAX_STEPS), False, transform(f, stacked_ok=False)))
+        elif key == "lazy_init":
+            if arg is not None:
+                raise SpecError("`lazy_init` takes nothing: it is one call of the model under bridge.lazy_init", loc)
+            if out:
+                raise SpecError(
+                    "`lazy_init` (bridge.lazy_init(model, x): the model's init, its keys are construction's) comes "
+                    "first in `run`",
+                    loc,
+                )
+            out.append(NnxStep(loc, 1, lazy_init=True))
         elif key in ("call", "stale_call"):
             n = 1 if arg is None else as_int(arg, f"`{key}` (how many calls)", 1, MAX_STEPS)
             out.append(NnxStep(loc, n, key == "stale_call"))

@@ -1,0 +1,214 @@
+"""Linen inside NNX: `ToNNX` statements (`bridge.ToNNX(linen_module, rngs=...)`) in NNX specs, against real Flax
+(FLAX_NNX_RULES.md §13): the NNX keys (the fork at construction, one draw per stream at each call) are compared
+with what NNX's RngStreams hand out, and the Linen keys inside with what Linen's Scope.make_rng hands out (the
+Linen oracle's hooks, lifted transforms included)."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+from nnx_oracle import check_against_nnx
+from support import invoke, write
+
+from rngaudit import FlaxError, SpecError, derive, parse_spec
+
+HEAD = "rngaudit: 1\nflavour: nnx\n"
+
+
+def spec_of(text: str):
+    return parse_spec(HEAD + textwrap.dedent(text))
+
+
+def agree(text: str) -> dict:
+    return check_against_nnx(spec_of(text))
+
+
+# the bridge guide's shape: a Linen encoder (Dense, Dropout) inside an NNX model, initialised in __init__
+ENCODER = """
+rngs: {params: 0, dropout: 1}
+steps: 2
+model:
+  class: Model
+  init:
+    - Linear: {name: lin}
+    - ToNNX:
+        name: enc
+        module: {class: Encoder, body: [{Dense: {features: 3}}, {Dropout: {rate: 0.5, deterministic: false}}]}
+    - Dropout: {name: drop, rate: 0.5}
+  call:
+    - call: lin
+    - call: enc
+    - call: drop
+"""
+
+
+def test_a_linen_encoder_inside_an_nnx_model_is_bit_exact():
+    got = agree(ENCODER)
+    # construction: lin (2 params), the fork (2 streams), lazy_init's draws (2) and Linen's 3 keys, the Dropout
+    # fork; each call: ToNNX's 2 draws, Linen's dropout key, the NNX Dropout's key
+    assert got["keys"] == 2 + 2 + 2 + 1 + 2 * (2 + 1) and got["linen"] == 3 + 2
+
+
+def test_the_linen_keys_fold_linen_hashes_into_the_key_each_call_drew():
+    report = derive(spec_of(ENCODER))
+    rows = [c.derivation for c in report.calls]
+    kernel = next(d for d in rows if d.site == "enc.Dense_0.kernel")
+    assert kernel.kind == "param" and kernel.step == 0 and kernel.linen.startswith("Linen param at /Dense_0 count 1")
+    assert kernel.chain[-1] == "fold_in 0 (ToNNX init at enc)" and kernel.stream == "enc.to_nnx__rngs.params"
+    masks = [d for d in rows if d.site == "enc.Dropout_0"]
+    assert [(d.step, d.chain[-1]) for d in masks] == [
+        (0, "fold_in 0 (ToNNX init at enc)"),
+        (1, "fold_in 1 (ToNNX call at enc)"),
+        (2, "fold_in 2 (ToNNX call at enc)"),
+    ]
+    out = invoke("derive", write_spec(ENCODER))
+    assert out.exit_code == 0 and "Linen dropout at /Dropout_0 count 1" in out.stdout
+
+
+def write_spec(text: str) -> str:
+    import tempfile
+    from pathlib import Path
+
+    return write(Path(tempfile.mkdtemp()), "spec.yaml", HEAD + textwrap.dedent(text))
+
+
+@pytest.mark.parametrize(
+    "rngs, module, extra",
+    [
+        # Rngs(0): the `default` stream is renamed `params`, and Linen's dropout falls back to params
+        ("0", "{class: E, body: [{Dense: {features: 2}}, {Dropout: {rate: 0.5, deterministic: false}}]}", ""),
+        # rngs=rngs.params(): ToNNX keeps Rngs(params=key); the Linen module draws only params
+        ("{params: 3}", "{Dense: {features: 2}}", "rngs: key"),
+        # a stream ToNNX's Rngs has and the Linen module never asks for still draws one key per call
+        ("{params: 0, dropout: 1, noise: 2}", "{class: E, body: [{make_rng: noise}, {param: w}]}", ""),
+        # standard Linen layers with children (attention), and make_rng draws with labels
+        (
+            "{params: 0, dropout: 1}",
+            "{MultiHeadDotProductAttention: {num_heads: 1, dropout_rate: 0.3, deterministic: false}}",
+            "",
+        ),
+    ],
+)
+def test_bridge_variants_agree_with_real_flax(rngs, module, extra):
+    text = f"""
+    rngs: {rngs}
+    steps: 2
+    model:
+      class: M
+      init:
+        - ToNNX: {{name: enc, module: {module}{", " + extra if extra else ""}}}
+      call:
+        - call: enc
+    """
+    got = agree(text)
+    assert got["keys"] > 0 and got["linen"] > 0
+
+
+def test_scan_over_remat_blocks_inside_tonnx_agree_with_real_flax():
+    """The Linen scan-over-layers Transformer stack (nn.scan(nn.remat(Block)) with dropout) wrapped for NNX."""
+    got = agree(
+        """
+        rngs: {params: 0, dropout: 1}
+        steps: 2
+        model:
+          class: M
+          init:
+            - ToNNX:
+                name: stack
+                module:
+                  scan:
+                    module:
+                      remat:
+                        module:
+                          class: Block
+                          body:
+                            - Dense: {features: 2}
+                            - Dropout: {rate: 0.1, deterministic: false}
+                    length: 3
+                    split_rngs: {params: true, dropout: true}
+                    variable_axes: {params: 0}
+          call:
+            - call: stack
+        """
+    )
+    assert got["linen"] > 3 * 3
+
+
+def test_lazy_init_of_the_whole_model_initialises_at_the_call():
+    text = """
+    rngs: {params: 0, dropout: 1}
+    run: [lazy_init, call, call]
+    model:
+      class: M
+      init:
+        - Dropout: {name: drop, rate: 0.5}
+        - ToNNX: {name: enc, lazy_init: false, module: {class: E, body: [{Dense: {features: 2}}, {make_rng: dropout}]}}
+      call:
+        - call: drop
+        - call: enc
+    """
+    got = agree(text)
+    rows = [c.derivation for c in derive(spec_of(text)).calls]
+    kernel = next(d for d in rows if d.site == "enc.Dense_0.kernel")
+    assert kernel.step == 0 and got["linen"] == 3 + 1 + 1
+
+
+def test_a_stale_step_repeats_the_bridge_keys_and_reseed_reaches_its_rngs():
+    text = """
+    rngs: {params: 0, dropout: 1}
+    run: [stale_call: 2, call, reseed: {dropout: 7}, call]
+    model:
+      class: M
+      init:
+        - ToNNX: {name: enc, module: {class: E, body: [{make_rng: dropout}]}}
+      call:
+        - call: enc
+    """
+    agree(text)
+    rows = [(c.derivation, c.key) for c in derive(spec_of(text)).calls if c.derivation.site == "enc.to_nnx__rngs"]
+    by_step = {}
+    for d, key in rows:
+        by_step.setdefault(d.step, []).append(key)
+    assert by_step[1] == by_step[2] == by_step[3] != by_step[4]
+
+
+def test_called_before_lazy_init_is_flax_s_error():
+    spec = spec_of(
+        """
+        rngs: 0
+        model:
+          class: M
+          init:
+            - ToNNX: {name: enc, lazy_init: false, module: {Dense: {features: 2}}}
+          call:
+            - call: enc
+        """
+    )
+    with pytest.raises(FlaxError, match="before bridge.lazy_init"):
+        derive(spec)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("model: {class: M, init: [{ToNNX: {name: e}}]}", "`ToNNX` needs `module`"),
+        ("model: {class: M, init: [ToNNX]}", "`ToNNX` takes a mapping"),
+        ("model: {class: M, init: [{ToNNX: {module: {Dense: {}}, rngs: split}}]}", "`rngs` of ToNNX is fork"),
+        ("model: {class: M, call: [{ToNNX: {module: {Dense: {}}}}]}", "build it in `init:`"),
+        (
+            "model: {class: M, init: [{ToNNX: {name: e, module: {Dense: {}}}}], call: [{call: {name: e, vmap: 2}}]}",
+            "under nnx.vmap or nnx.scan",
+        ),
+        ("flax: {version: '0.11.2'}\nmodel: {class: M, init: [{ToNNX: {module: {Dense: {}}}}]}", "flax 0.12"),
+        ("model: {class: M, init: [{ToNNX: {module: {class: E, body: [{nosuch: 1}]}}}]}", "nosuch"),
+        ("run: [{lazy_init: 2}]\nmodel: {class: M}", "`lazy_init` takes nothing"),
+        ("run: [call, lazy_init]\nmodel: {class: M}", "comes first in `run`"),
+    ],
+)
+def test_bad_bridge_statements_are_one_error_line(tmp_path, text, message):
+    path = write(tmp_path, "bad.yaml", HEAD + text)
+    with pytest.raises(SpecError, match=message.replace("(", r"\(")):
+        derive(path)
+    r = invoke("derive", path)
+    assert r.exit_code == 2 and r.stderr.startswith(f"error: {path}:") and len(r.stderr.splitlines()) == 1
