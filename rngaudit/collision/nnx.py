@@ -13,6 +13,8 @@ returned state is dropped, or nnx.reseed. Each group is one finding, in the cate
   scan_broadcast         (information)  the steps of one nnx.scan share a broadcast stream's key (recurrent
                                         dropout's one mask per sequence)
   default_fallback       (information)  a stream the Rngs lacks is served by `default`, sharing its counter
+  unsplit_lanes          (information)  the lanes of a Linen transform inside a bridge.ToNNX share a stream it
+                                        does not split (Linen's unsplit_lanes)
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from ..errors import Location
 from ..spec.nnx import NnxSpec
 
 NNX_FAILING = ("shared_stream_key", "count_rewind", "broadcast_lanes", "frozen_scan_broadcast")
-NNX_CATEGORIES = NNX_FAILING + ("reseed_order", "reseed_repeat", "scan_broadcast", "default_fallback")
+NNX_CATEGORIES = NNX_FAILING + ("reseed_order", "reseed_repeat", "scan_broadcast", "default_fallback", "unsplit_lanes")
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,8 @@ class NnxSite:
     iteration: int = -1  # the nnx.scan step (-1: none)
     broadcast: str = ""  # vmap, scan, vmap+scan: the transforms that broadcast its stream
     scan: int = -1  # which nnx.scan call
+    linen_lane: tuple[int, ...] = ()  # a bridge.ToNNX's Linen key: its lane in Linen's transforms
+    linen: bool = False  # a bridge.ToNNX's Linen key
 
     @property
     def path_str(self) -> str:
@@ -55,8 +59,10 @@ class NnxSite:
     @property
     def where(self) -> str:
         """The site with its lane and scan step, as `derive` shows them."""
-        parts = ([f"lane {self.lane}"] if self.lane >= 0 else []) + (
-            [f"scan {self.iteration}"] if self.iteration >= 0 else []
+        parts = (
+            ([f"lane {self.lane}"] if self.lane >= 0 else [])
+            + ([f"scan {self.iteration}"] if self.iteration >= 0 else [])
+            + ([f"lane {', '.join(map(str, self.linen_lane))}"] if self.linen_lane else [])
         )
         return self.site + (f" [{', '.join(parts)}]" if parts else "")
 
@@ -111,6 +117,8 @@ def _site(i: int, k: NnxKey, count: int, key) -> NnxSite:
         k.iteration,
         k.broadcast,
         k.scan,
+        k.linen_lane,
+        bool(k.linen),
     )
 
 
@@ -125,6 +133,9 @@ def _cause(s: NnxSite, earlier: list[NnxSite]) -> str:
     if same:
         if s.stale or any(e.stale for e in same):
             return "stale"
+        if s.linen and any(e.linen and e.step == s.step and e.chain == s.chain for e in same):
+            # one call of a bridge.ToNNX: the Linen module's lanes share the key it gave that stream
+            return "unsplit_lanes"
         if "vmap" in s.broadcast and any(
             "vmap" in e.broadcast and e.step == s.step and e.lane != s.lane and e.chain == s.chain for e in same
         ):
@@ -151,6 +162,8 @@ _BECAUSE = {
     "draws the keys the call before drew",
     "scan_broadcast": "the stream is broadcast into nnx.scan, so every step of one scan draws the same key "
     "(the recurrent-dropout pattern: one mask per sequence)",
+    "unsplit_lanes": "a lifted transform (nn.vmap, nn.scan) of the bridge.ToNNX's Linen module does not split "
+    "this stream, so its lanes get the same key",
 }
 _FIX = {
     "stale": "keep the state a jitted step returns (nnx.update(model, state)), or call the model through nnx.jit, "
@@ -167,6 +180,8 @@ _FIX = {
     "the stream (StateAxes {...: nnx.Carry})",
     "scan_broadcast": "intended for recurrent dropout; carry the stream (StateAxes {...: nnx.Carry}) if each "
     "step should draw its own key",
+    "unsplit_lanes": "intended when the lanes should share it (one mask for the ensemble); otherwise split it in "
+    "the Linen transform (split_rngs={'<stream>': True})",
 }
 # the category of a group: its most serious cause
 _CATEGORY = (
@@ -177,6 +192,7 @@ _CATEGORY = (
     ("reseed_order", "reseed_order"),
     ("reseed", "reseed_repeat"),
     ("scan_broadcast", "scan_broadcast"),
+    ("unsplit_lanes", "unsplit_lanes"),
 )
 
 

@@ -212,3 +212,36 @@ def test_bad_bridge_statements_are_one_error_line(tmp_path, text, message):
         derive(path)
     r = invoke("derive", path)
     assert r.exit_code == 2 and r.stderr.startswith(f"error: {path}:") and len(r.stderr.splitlines()) == 1
+
+
+ENSEMBLE_IN_TONNX = """
+rngs: {params: 0, dropout: 1}
+model:
+  class: M
+  init:
+    - ToNNX:
+        name: ens
+        module:
+          vmap:
+            module: {class: Member, body: [{Dense: {features: 2}}, {Dropout: {rate: 0.5, deterministic: false}}]}
+            axis_size: 3
+            split_rngs: {params: true, dropout: SPLIT}
+            variable_axes: {params: 0}
+  call:
+    - call: ens
+"""
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_a_linen_vmap_inside_tonnx_that_does_not_split_dropout_is_unsplit_lanes(split):
+    from rngaudit.collision.nnx import audit_nnx
+
+    text = ENSEMBLE_IN_TONNX.replace("SPLIT", str(split).lower())
+    agree(text)  # the keys (the same mask in every lane, or not) are real Flax's
+    found = audit_nnx(spec_of(text)).collisions
+    if split:
+        assert found == ()
+    else:
+        # the Linen init's and the call's masks: one key for the 3 lanes each, explained as Linen's unsplit lanes
+        assert [(c.category, c.failing, len(c.sites)) for c in found] == [("unsplit_lanes", False, 3)] * 2
+        assert all("does not split this stream" in c.why and "nnx.reseed" not in c.why for c in found)
