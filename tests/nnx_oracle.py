@@ -136,7 +136,12 @@ def _layer(st: NnxLayer, rngs):
     if k == "RMSNorm":
         return nnx.RMSNorm(4, use_scale=o["use_scale"], rngs=rngs)
     if k == "Dropout":
-        return nnx.Dropout(o["rate"], rng_collection=o["rng_collection"], deterministic=o["deterministic"], rngs=rngs)
+        return nnx.Dropout(
+            o["rate"],
+            rng_collection=o["rng_collection"],
+            deterministic=o["deterministic"],
+            rngs=rngs if o["rngs"] else None,
+        )
     if k == "MultiHeadAttention":
         import inspect
 
@@ -205,6 +210,13 @@ def _class(mod: NnxModule, rec: _Recorder, path: str, cache: dict):
                     rec.site = join(st.name)
                     if st.transform is not None:
                         transformed(st.transform, _run_target, target, x, rec, join(st.name))
+                    elif st.key is not None:
+                        # drop(x, rngs=key): what NNX does with the key is seen in the mask it drops
+                        y = target(jnp.ones((64,)), rngs=eval_key(st.key.expr, raw=False))
+                        mask = tuple(bool(v) for v in np.asarray(y != 0))
+                        rec.records.append(
+                            {"step": rec.step, "site": rec.site, "given": True, "mask": mask, "rate": target.rate}
+                        )
                     elif id(getattr(target, "to_nnx__module", None)) in rec.bridges:
                         builder = rec.linen_builder()
                         builder.phase = "init" if target._pytree__state.initializing else "apply"
@@ -347,6 +359,9 @@ def derive_records(report) -> list[dict]:
         if d.linen:
             out.append({"linen": True, "stream": d.tag, "count": d.count, "key": tuple(c.key)})
             continue
+        if d.given:
+            out.append({"given": True, "step": d.step, "key": tuple(c.key)})
+            continue
         if "vmap" in d.broadcast and d.lane > 0:
             continue
         out.append({"step": d.step, "site": d.site, "tag": d.tag, "count": d.count, "key": tuple(c.key)})
@@ -391,6 +406,17 @@ def check_against_nnx(spec: NnxSpec) -> dict:
     assert ours_linen == theirs_linen, f"Linen keys inside bridge.ToNNX: rngaudit {ours_linen} != flax {theirs_linen}"
     ours = [r for r in ours if not r.get("linen")]
     theirs = [r for r in theirs if not r.get("linen")]
+    # keys given to a Dropout's call: the mask NNX dropped must be the one the derived key draws
+    ours_given = [r for r in ours if r.get("given")]
+    theirs_given = [r for r in theirs if r.get("given")]
+    assert len(ours_given) == len(theirs_given), f"given keys: rngaudit {len(ours_given)}, nnx {len(theirs_given)}"
+    with nnx_settings(report.spec):
+        for a, b in zip(ours_given, theirs_given):
+            key = jax.random.wrap_key_data(jnp.asarray(a["key"], jnp.uint32))
+            keep = np.asarray(jax.random.bernoulli(key, 1.0 - b["rate"], (64,)))
+            assert tuple(bool(v) for v in keep) == b["mask"] and a["step"] == b["step"], (a, b)
+    ours = [r for r in ours if not r.get("given")]
+    theirs = [r for r in theirs if not r.get("given")]
     assert len(ours) == len(theirs), f"rngaudit has {len(ours)} keys, nnx {len(theirs)}: {ours[:3]} / {theirs[:3]}"
     stale_bridge = any(getattr(e, "stale", False) for e in report.spec.run) and bool(ours_linen)
     if _has_lanes(report.spec) or stale_bridge:
@@ -401,7 +427,12 @@ def check_against_nnx(spec: NnxSpec) -> dict:
     for i, (a, b) in enumerate(zip(ours, theirs)):
         same = (a["step"], a["tag"], a["count"], a["key"]) == (b["step"], b["tag"], b["count"], b["key"])
         assert same and _same_site(a["site"], b["site"]), f"key {i}: rngaudit {a} != nnx {b}"
-    return {"keys": len(ours), **({"linen": len(ours_linen)} if ours_linen else {}), "values": _check_values(report)}
+    return {
+        "keys": len(ours),
+        **({"linen": len(ours_linen)} if ours_linen else {}),
+        **({"given": len(ours_given)} if ours_given else {}),
+        "values": _check_values(report),
+    }
 
 
 def _has_lanes(spec: NnxSpec) -> bool:

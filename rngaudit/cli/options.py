@@ -42,6 +42,7 @@ class Category(str, enum.Enum):
     count_rewind = "count_rewind"
     broadcast_lanes = "broadcast_lanes"
     frozen_scan_broadcast = "frozen_scan_broadcast"
+    keyless_dropout = "keyless_dropout"
     scan_broadcast = "scan_broadcast"
     reseed_order = "reseed_order"
     reseed_repeat = "reseed_repeat"

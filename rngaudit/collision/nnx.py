@@ -8,6 +8,7 @@ returned state is dropped, or nnx.reseed. Each group is one finding, in the cate
   count_rewind           (failing)      a stale jitted step re-emits the keys of the step before
   broadcast_lanes        (failing)      every lane of an nnx.vmap draws one key: the stream is not split
   frozen_scan_broadcast  (failing)      a stream broadcast into nnx.scan draws the same keys at every call
+  keyless_dropout        (failing)      a Dropout built without rngs is given the same key at every call
   reseed_order           (information)  nnx.reseed hands a stream the keys another one drew (graph order)
   reseed_repeat          (information)  nnx.reseed hands a stream back the keys it drew (often intended)
   scan_broadcast         (information)  the steps of one nnx.scan share a broadcast stream's key (recurrent
@@ -26,7 +27,7 @@ from ..engine.nnx import NnxKey, replay_nnx, rules_of
 from ..errors import Location
 from ..spec.nnx import NnxSpec
 
-NNX_FAILING = ("shared_stream_key", "count_rewind", "broadcast_lanes", "frozen_scan_broadcast")
+NNX_FAILING = ("shared_stream_key", "count_rewind", "broadcast_lanes", "frozen_scan_broadcast", "keyless_dropout")
 NNX_CATEGORIES = NNX_FAILING + ("reseed_order", "reseed_repeat", "scan_broadcast", "default_fallback", "unsplit_lanes")
 
 
@@ -51,6 +52,7 @@ class NnxSite:
     scan: int = -1  # which nnx.scan call
     linen_lane: tuple[int, ...] = ()  # a bridge.ToNNX's Linen key: its lane in Linen's transforms
     linen: bool = False  # a bridge.ToNNX's Linen key
+    given: str = ""  # a key given to a Dropout's call (no stream drew it)
 
     @property
     def path_str(self) -> str:
@@ -119,6 +121,7 @@ def _site(i: int, k: NnxKey, count: int, key) -> NnxSite:
         k.scan,
         k.linen_lane,
         bool(k.linen),
+        k.given,
     )
 
 
@@ -126,9 +129,16 @@ def _when(s: NnxSite) -> str:
     return "construction" if s.step == 0 else f"step {s.step}"
 
 
+def _at(s: NnxSite) -> str:
+    """When a draw was made, and at which count (a key given to a call has none)."""
+    return _when(s) + ("" if s.given else f" count {s.count}")
+
+
 def _cause(s: NnxSite, earlier: list[NnxSite]) -> str:
     """Why draw `s` repeats a key one of `earlier` drew: stale, reseed (the same stream went back),
     reseed_order (nnx.reseed gave it another stream's key), or shared (two streams hold one key)."""
+    if s.given and any(e.given for e in earlier):
+        return "keyless"
     same = [e for e in earlier if e.stream_path == s.stream_path]
     if same:
         if s.stale or any(e.stale for e in same):
@@ -156,6 +166,8 @@ _BECAUSE = {
     "reseed_order": "nnx.reseed gave it another stream's key: it visits streams in sorted attribute order, "
     "not in the order they were built",
     "shared": "the two streams hold the same key",
+    "keyless": "the caller gives the Dropout the same key (drop(x, rngs=key)) and a key is used as it is: no "
+    "stream counts on",
     "broadcast_lanes": "nnx.vmap broadcast the stream (not split, or not mapped by StateAxes), so every lane "
     "folds the same count into the same key",
     "frozen": "the stream was broadcast into nnx.scan, which drops its count update, so every call of the scan "
@@ -173,6 +185,8 @@ _FIX = {
     "reseed_order": "reseed with a seed not used at construction, or name the attributes so that sorted order is "
     "construction order",
     "shared": "give every stream its own seed (e.g. Rngs(params=0, dropout=1)), or fork one stream from another",
+    "keyless": "give the call a new key each time (drop(x, rngs=self.rngs.<stream>()), or a key split per step "
+    "outside the step), or build the Dropout with rngs=rngs so that it draws its own",
     "broadcast_lanes": "split the stream per lane: nnx.split_rngs(splits=N, only='<stream>') around the vmap, "
     "with nnx.StateAxes({'<stream>': 0, ...: None}) in in_axes",
     "frozen": "for one mask per sequence and a new one per call, draw one key per call outside the scan (key = "
@@ -187,6 +201,7 @@ _FIX = {
 _CATEGORY = (
     ("shared", "shared_stream_key"),
     ("stale", "count_rewind"),
+    ("keyless", "keyless_dropout"),
     ("broadcast_lanes", "broadcast_lanes"),
     ("frozen", "frozen_scan_broadcast"),
     ("reseed_order", "reseed_order"),
@@ -207,7 +222,7 @@ def _classify(sites: list[NnxSite]) -> tuple[str, str, str]:
     shown += [j for j in range(len(pairs)) if j not in firsts.values()]
     parts = []
     for s, cause in (pairs[j] for j in sorted(shown[:4])):
-        parts.append(f"{s.stream_path} ({s.where}) at {_when(s)} count {s.count}, because {_BECAUSE[cause]}")
+        parts.append(f"{s.stream_path} ({s.where}) at {_at(s)}, because {_BECAUSE[cause]}")
     more = f"; and {len(causes) - 4} more" if len(causes) > 4 else ""
     if "shared" in causes and len({s.stream_path for s in sites}) > 1:
         chains = sorted({" -> ".join(s.chain) for s in sites})
@@ -215,9 +230,8 @@ def _classify(sites: list[NnxSite]) -> tuple[str, str, str]:
     else:
         head = ""
     why = (
-        f"{head}{first.stream_path} ({first.where}) drew this key at {_when(first)} count {first.count}; "
-        + "; ".join(parts)
-        + more
+        f"{head}{first.stream_path} ({first.where}) {'was given' if first.given else 'drew'} this key at "
+        f"{_at(first)}; " + "; ".join(parts) + more
     )
     category = next(c for cause, c in _CATEGORY if cause in causes)
     fix = "; ".join(_FIX[c] for c in dict.fromkeys(cause for cause, _ in _CATEGORY if cause in causes))

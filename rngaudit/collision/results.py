@@ -36,6 +36,7 @@ FAILING_CATEGORIES = (
     "count_rewind",
     "broadcast_lanes",
     "frozen_scan_broadcast",
+    "keyless_dropout",
 )
 FINDING_CATEGORIES = FAILING_CATEGORIES + (
     "unsplit_lanes",

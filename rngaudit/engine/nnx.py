@@ -101,6 +101,7 @@ class NnxKey:
     linen: str = ""  # a key of a bridge.ToNNX module's Linen init/apply: where Linen hashed it (the key is not
     # fold_in(stream key, count) but Linen's path and count hashed into the key the call drew)
     linen_lane: tuple[int, ...] = ()  # its Linen vmap lane / scan step / while iteration indices, outermost first
+    given: str = ""  # a key given to a Dropout's call (as written in the spec): used as it is, no stream drew it
 
     @property
     def fallback(self) -> bool:
@@ -520,6 +521,8 @@ class NnxReplayer:
             s = rngs.get("params", "AttributeError", st.loc)
             self.draw(s, f"{path}.{p}", "param", "params", st.loc)
         own: Stream | None = None
+        if kind == "Dropout" and not st.opt("rngs"):
+            return Layer(st, path, None, len(params))  # nnx.Dropout(rate): no Rngs, a key comes with each call
         if self.old:
             # flax < 0.11: Dropout keeps the Rngs it is given; attention keeps it when dropout_rate > 0
             keeps = kind == "Dropout" or (kind == "MultiHeadAttention" and st.opt("dropout_rate") > 0)
@@ -553,6 +556,8 @@ class NnxReplayer:
                 if st.transform is not None:
                     for _ in range(st.repeat):
                         self.transformed(target, st.transform, st.loc)
+                elif isinstance(target, Layer) and st.key is not None:
+                    self.given_key(target, st, inst.path)
                 elif isinstance(target, Layer):
                     self.call_layer(target, st.loc, st.repeat)
                 else:
@@ -655,6 +660,39 @@ class NnxReplayer:
         for s, key, ix, chain, count, _, _ in split:
             s.key, s.key_ix, s.chain, s.count = key, ix, chain, count
 
+    def given_key(self, layer: Layer, st: NnxCall, where: str) -> None:
+        """`self.drop(x, rngs=key)`, `st.repeat` times: the Dropout uses the key as it is (mirrors
+        nnx.Dropout.__call__: a call-time key wins over its own stream, which draws nothing)."""
+        assert st.key is not None
+        rate = layer.st.opt("rate")
+        if rate == 0.0 or layer.st.opt("deterministic") or rate == 1.0:
+            return
+        key = self.engine.eval(st.key.expr)
+        self.total += st.repeat
+        for _ in range(st.repeat):
+            self.tick(st.loc)
+            self.fixed[len(self.keys)] = key
+            self.set_key(Stream(layer.path, "", key, ()), key)
+            self.keys.append(
+                NnxKey(
+                    self.step,
+                    layer.path,
+                    "dropout",
+                    str(layer.st.opt("rng_collection")),
+                    str(layer.st.opt("rng_collection")),
+                    f"{layer.path} (key given by {where or 'the model'})",
+                    0,
+                    (f"key {st.key.text} (given at the call)",),
+                    len(self.stream_keys) - 1,
+                    st.loc,
+                    stale=self.stale,
+                    lane=self.lane,
+                    iteration=self.iteration,
+                    scan=self.scan,
+                    given=st.key.text,
+                )
+            )
+
     def call_layer(self, layer: Layer, loc: Location, n: int = 1) -> None:
         """`n` calls of a standard layer in a row (each draws the next key of the same stream, or none)."""
         st = layer.st
@@ -664,6 +702,13 @@ class NnxReplayer:
             if rate == 0.0 or st.opt("deterministic") or rate == 1.0:
                 return
             col = str(st.opt("rng_collection"))
+            if layer.shared is None and layer.own is None:
+                raise FlaxError(
+                    "ValueError",
+                    "`deterministic` is False, but no `rngs` argument was provided to Dropout (it is built without "
+                    "rngs, `rngs: false`: give the call a key, `call: {name: ..., key: K}`)",
+                    loc,
+                )
             if layer.shared is not None:
                 # flax < 0.11: rngs[rng_collection]() on the Rngs it was given, at each call
                 self.draw(layer.shared.get(col, "KeyError", loc), layer.path, "dropout", col, loc, n=n)

@@ -136,6 +136,7 @@ def nnx_call_lines(report: NnxDeriveReport, encode):
                         "label": k.label,
                         "lane": None if k.lane < 0 else k.lane,
                         **({"linen": k.linen} if k.linen else {}),
+                        **({"given": k.given} if k.given else {}),
                         "location": k.loc.as_json(),
                         "record": "call",
                         "site": k.site,
@@ -176,6 +177,8 @@ def nnx_call_json(c: NnxKeyedCall) -> dict:
     }
     if d.linen:
         out["linen"] = d.linen  # a bridge.ToNNX's Linen key: Linen hashed path and count into the drawn key
+    if d.given:
+        out["given"] = d.given  # a key given to a Dropout's call, used as it is
     if c.values is not None:
         assert c.draw is not None  # (values are drawn for a draw)
         out["values"] = _drawn_json(c.draw, c.values)

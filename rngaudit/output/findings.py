@@ -176,6 +176,7 @@ _CATEGORY_RULE = {
     "count_rewind": "collisions/count-rewind",
     "broadcast_lanes": "collisions/broadcast-lanes",
     "frozen_scan_broadcast": "collisions/frozen-scan-broadcast",
+    "keyless_dropout": "collisions/keyless-dropout",
     "scan_broadcast": "collisions/scan-broadcast",
     "reseed_order": "collisions/reseed-order",
     "reseed_repeat": "collisions/reseed-repeat",

@@ -74,7 +74,7 @@ def render_nnx_derive(report: NnxDeriveReport, console: Console) -> None:
             Text(site_text(d)),
             Text(stream, style="yellow" if d.fallback else ""),
             str(d.count),
-            Text(chain_text(d.chain, d.count, d.linen)),
+            Text(chain_text(d.chain, d.count, d.linen or ("used as it is" if d.given else ""))),
             "[" + " ".join(str(w) for w in c.key) + "]",
         )
     console.print(table)

@@ -35,7 +35,7 @@ LAYER_OPTIONS: dict[str, dict[str, object]] = {
     "GroupNorm": {"use_scale": True, "use_bias": True},
     "InstanceNorm": {"use_scale": True, "use_bias": True},
     "RMSNorm": {"use_scale": True},
-    "Dropout": {"rate": None, "rng_collection": "dropout", "deterministic": False},
+    "Dropout": {"rate": None, "rng_collection": "dropout", "deterministic": False, "rngs": True},
     "MultiHeadAttention": {
         "use_bias": True,
         "normalize_qk": False,
@@ -129,6 +129,7 @@ class NnxCall(NnxStatement):
     name: str
     repeat: int = 1
     transform: NnxTransform | None = None
+    key: RngSource | None = None  # `self.<name>(x, rngs=key)`: a Dropout given this key, used as it is
 
 
 @dataclass(frozen=True)
@@ -192,11 +193,18 @@ def _mixed(key: str, loc) -> SpecError:
 
 
 # what a Flax release must be to have a spec's construct (the first release with it)
-SINCE = {"rngs: fork": (0, 11), "keep_rngs": (0, 11, 1), "InstanceNorm": (0, 12), "ToNNX": (0, 12)}
+SINCE = {
+    "rngs: fork": (0, 11),
+    "keep_rngs": (0, 11, 1),
+    "InstanceNorm": (0, 12),
+    "ToNNX": (0, 12),
+    "a key given to a Dropout call": (0, 11),
+}
 
 
 class NnxParser:
     version: tuple[int, ...] | None = None  # the spec's `flax: version`, None: the current rules
+    key_source = None  # reads a key as `rngs:` does (a seed, raw key data or a key expression)
 
     def lacks(self, what: str) -> bool:
         return self.version is not None and self.version < SINCE[what]
@@ -236,6 +244,14 @@ class NnxParser:
                     f"`call: {st.name}`: {cls} builds no attribute {st.name!r} in `init:` (attributes: {known})",
                     st.loc,
                 )
+            if isinstance(st, NnxCall) and st.key is not None:
+                target = names[st.name]
+                if not (isinstance(target, NnxLayer) and target.kind == "Dropout"):
+                    raise SpecError(
+                        f"`key:` is a key given to a Dropout's call (drop(x, rngs=key)), and {st.name} is not a "
+                        "Dropout",
+                        st.loc,
+                    )
             if isinstance(st, NnxCall) and st.transform is not None and isinstance(names[st.name], NnxBridge):
                 raise SpecError(
                     f"{st.name} is a bridge.ToNNX module: rngaudit does not model it called under nnx.vmap or "
@@ -432,8 +448,21 @@ class NnxParser:
             raise SpecError("`call` names an attribute built in `init:`: `call: drop` or `call: {name: drop}`", loc)
         if isinstance(arg.value, str):
             return NnxCall(loc, arg.value)
-        f = Fields(arg, "`call`", ("name", "repeat") + TRANSFORM_KEYS, ("name",))
-        return NnxCall(loc, f.name("name"), f.integer("repeat", 1, 1, MAX_REPEAT), transform(f, stacked_ok=True))
+        f = Fields(arg, "`call`", ("name", "repeat", "key") + TRANSFORM_KEYS, ("name",))
+        kn = f.get("key")
+        key = None
+        if kn is not None:
+            if self.lacks("a key given to a Dropout call"):
+                raise self.too_old("a key given to a Dropout call", kn.loc)
+            assert self.key_source is not None
+            key = self.key_source(kn)
+        t = transform(f, stacked_ok=True)
+        if key is not None and t is not None:
+            raise SpecError(
+                "a key given at the call (`key:`) under nnx.vmap/nnx.scan is not modelled; give it to a plain call",
+                kn.loc if kn is not None else loc,
+            )
+        return NnxCall(loc, f.name("name"), f.integer("repeat", 1, 1, MAX_REPEAT), t, key)
 
 
 TRANSFORM_KEYS = ("vmap", "scan", "split", "broadcast")
@@ -574,6 +603,7 @@ def nnx_spec(top: Fields, file: str, impl: str, partitionable: bool, rngs: dict[
                 raise SpecError(f"flax {version} has no NNX (flax.nnx is 0.8 and later)", vn.loc)
     parser = NnxParser()
     parser.version = None if version is None else version_tuple(version)
+    parser.key_source = key_source
     model = parser.module(top.need("model"))
     return NnxSpec(file, impl, partitionable, rngs, model, run, flax_version=version)
 
