@@ -177,7 +177,11 @@ def _class(mod: NnxModule, rec: _Recorder, path: str, cache: dict):
                 setattr(self, st.name, _layer(st, rngs))
             elif isinstance(st, NnxChild) and st.stack:
                 rec.site = join(st.name)
-                setattr(self, st.name, _stacked(_class(st.module, rec, join(st.name), cache), st.stack)(rngs))
+                cls = _class(st.module, rec, join(st.name), cache)
+                if st.rngs == "shared":
+                    setattr(self, st.name, _stacked(cls, st.stack)(rngs))
+                else:
+                    setattr(self, st.name, _stacked_from(cls, st, rngs))
             elif isinstance(st, NnxChild):
                 rec.site = join(st.name)
                 child_rngs = rngs.fork() if st.rngs == "fork" else rngs
@@ -242,6 +246,16 @@ def _stacked(cls, n: int):
         return cls(rngs)
 
     return create
+
+
+def _stacked_from(cls, st: NnxChild, rngs):
+    """An ensemble built by nnx.vmap over rngs.split(N) / rngs.broadcast(N) (with `only`: the mapping form, the
+    other streams passed through, and StateAxes that map only the split ones)."""
+    make = getattr(rngs, st.rngs)
+    if not st.only:
+        return nnx.vmap(lambda r: cls(r), in_axes=0)(make(st.stack))
+    axes = nnx.StateAxes({_tags(st.only): 0, ...: None})
+    return nnx.vmap(lambda r: cls(r), in_axes=(axes,))(make({_tags(st.only): st.stack, ...: None}))
 
 
 def _run_target(target, x):

@@ -129,6 +129,21 @@ def _when(s: NnxSite) -> str:
     return "construction" if s.step == 0 else f"step {s.step}"
 
 
+_COPIED = "count reset to 0)"  # (the chain of a stream Rngs.split/broadcast copied: see engine/nnx.py stacked)
+
+
+def _built_alike(chain: tuple[str, ...]) -> bool:
+    """Whether a stacked member's stream comes from a key every member got: rngs.broadcast, or a stream
+    rngs.split passed through."""
+    return any(_COPIED in c or c.startswith("broadcast ") for c in chain)
+
+
+def _unlaned(chain: tuple[str, ...]) -> tuple[str, ...]:
+    import re
+
+    return tuple(re.sub(r" \[lane \d+\]", "", c) for c in chain)
+
+
 def _at(s: NnxSite) -> str:
     """When a draw was made, and at which count (a key given to a call has none)."""
     return _when(s) + ("" if s.given else f" count {s.count}")
@@ -139,6 +154,10 @@ def _cause(s: NnxSite, earlier: list[NnxSite]) -> str:
     reseed_order (nnx.reseed gave it another stream's key), or shared (two streams hold one key)."""
     if s.given and any(e.given for e in earlier):
         return "keyless"
+    if s.lane >= 0 and not s.stale and _built_alike(s.chain):
+        alike = _unlaned(s.chain)
+        if any(e.lane >= 0 and e.lane != s.lane and e.step == s.step and _unlaned(e.chain) == alike for e in earlier):
+            return "stack_broadcast"
     same = [e for e in earlier if e.stream_path == s.stream_path]
     if same:
         if s.stale or any(e.stale for e in same):
@@ -156,6 +175,8 @@ def _cause(s: NnxSite, earlier: list[NnxSite]) -> str:
             both = "scan" in s.broadcast and any("scan" in e.broadcast and e.scan == s.scan for e in frozen)
             return "scan_broadcast" if both else "frozen"
         return "reseed"
+    if any(_COPIED in c for c in s.chain) or any(_COPIED in c for e in earlier for c in e.chain):
+        return "pass_through"
     reseeded = any("nnx.reseed" in c for c in s.chain) or any("nnx.reseed" in c for e in earlier for c in e.chain)
     return "reseed_order" if reseeded else "shared"
 
@@ -166,6 +187,10 @@ _BECAUSE = {
     "reseed_order": "nnx.reseed gave it another stream's key: it visits streams in sorted attribute order, "
     "not in the order they were built",
     "shared": "the two streams hold the same key",
+    "stack_broadcast": "the members were built from one key (rngs.broadcast, or a stream rngs.split passed "
+    "through), so every member folds the same count into the same key",
+    "pass_through": "rngs.split / rngs.broadcast copied a stream it does not split with its count reset to 0 "
+    "(Rngs(**streams) copies only the key), so the copy hands out keys the stream already handed out",
     "keyless": "the caller gives the Dropout the same key (drop(x, rngs=key)) and a key is used as it is: no "
     "stream counts on",
     "broadcast_lanes": "nnx.vmap broadcast the stream (not split, or not mapped by StateAxes), so every lane "
@@ -185,6 +210,10 @@ _FIX = {
     "reseed_order": "reseed with a seed not used at construction, or name the attributes so that sorted order is "
     "construction order",
     "shared": "give every stream its own seed (e.g. Rngs(params=0, dropout=1)), or fork one stream from another",
+    "stack_broadcast": "build the members from rngs.split(N) (name the stream in split's mapping), not "
+    "rngs.broadcast(N) or a pass-through copy",
+    "pass_through": "split every stream the members draw from (rngs.split(N)), or give them a fork (rngs.fork()"
+    ".split({...})) so that no copy restarts at count 0",
     "keyless": "give the call a new key each time (drop(x, rngs=self.rngs.<stream>()), or a key split per step "
     "outside the step), or build the Dropout with rngs=rngs so that it draws its own",
     "broadcast_lanes": "split the stream per lane: nnx.split_rngs(splits=N, only='<stream>') around the vmap, "
@@ -201,7 +230,9 @@ _FIX = {
 _CATEGORY = (
     ("shared", "shared_stream_key"),
     ("stale", "count_rewind"),
+    ("pass_through", "count_rewind"),
     ("keyless", "keyless_dropout"),
+    ("stack_broadcast", "broadcast_lanes"),
     ("broadcast_lanes", "broadcast_lanes"),
     ("frozen", "frozen_scan_broadcast"),
     ("reseed_order", "reseed_order"),

@@ -159,6 +159,7 @@ class NnxReplayer:
         # every RngStream the model's graph holds, at each attribute path that reaches it
         self.graph: list[tuple[tuple[str, ...], Stream]] = []
         self.fixed: dict[int, KeyData] = {}  # block -> its key, where it is not fold_in(stream key, count)
+        self.stacking = 0  # the size of the stack whose members are being built (0: none)
         self.initializing = False  # in a call under bridge.lazy_init
 
     def run(self) -> list[NnxKey]:
@@ -317,6 +318,10 @@ class NnxReplayer:
             s.chain + (f"fold_in {count} ({why})",),
         )
         new.lanes, new.lane = s.lanes, s.lane
+        if self.stacking and not new.lanes:
+            # forked in a stacked member from a stream every member shares: nnx.vmap stacks the forks
+            new.lanes, new.lane = self.stacking, self.lane
+            new.path = f"{path}[{self.lane}]"
         return new
 
     # ---------------------------------------------------------------- construction
@@ -468,28 +473,65 @@ class NnxReplayer:
             )
         n = st.stack
         lanes: dict[str, tuple[np.ndarray, tuple[str, ...]]] = {}
-        for name in sorted(rngs.streams):
-            s = rngs.streams[name]
-            count = s.count
-            self.draw(s, path, "split", name, st.loc)
-            chain = s.chain + (f"fold_in {count} (nnx.split_rngs for {path})",)
-            lanes[name] = (self.engine.split_all(self.engine.fold_in(s.key, count), n), chain)
+        copies: dict[str, Stream] = {}
+        if st.rngs == "shared":
+            for name in sorted(rngs.streams):
+                s = rngs.streams[name]
+                count = s.count
+                self.draw(s, path, "split", name, st.loc)
+                chain = s.chain + (f"fold_in {count} (nnx.split_rngs for {path})",)
+                lanes[name] = (self.engine.split_all(self.engine.fold_in(s.key, count), n), chain)
+        else:
+            # mirrors Rngs.split / Rngs.broadcast: every stream, in the Rngs' order, draws one key, split N ways
+            # (or N copies of it); a stream `only` leaves out is passed through: Rngs(**streams) copies its key
+            # with count 0 (FLAX_NNX_RULES.md §7), and nnx.vmap's StateAxes give every member that one copy
+            for name, s in rngs.streams.items():
+                if st.only and s.tag not in st.only:
+                    copies[name] = self.stream(
+                        f"{path}.rngs.{name} (copy)",
+                        s.tag,
+                        s.key,
+                        s.chain + (f"(copied by rngs.{st.rngs} for {path}: count reset to 0)",),
+                    )
+                    continue
+                count = s.count
+                self.draw(s, path, st.rngs, name, st.loc)
+                chain = s.chain + (f"fold_in {count} (rngs.{st.rngs}({n}) for {path})",)
+                base = self.engine.fold_in(s.key, count)
+                if st.rngs == "split":
+                    lanes[name] = (self.engine.split_all(base, n), chain)
+                else:
+                    import numpy as np
+
+                    lanes[name] = (np.asarray([base] * n, dtype=np.uint32), chain)
+        how = "split" if st.rngs != "broadcast" else "broadcast"
         members = []
+        start = {name: c.count for name, c in copies.items()}
+        outer_broadcast = self.broadcast
+        self.broadcast = self.broadcast | {id(c) for c in copies.values()}
+        self.stacking = n
         for i in range(n):
             self.tick(st.loc)
             self.lane = i
             member: dict[str, Stream] = {}
             for name, s in rngs.streams.items():
+                if name in copies:
+                    # (every member starts from the copy's count, and they advance as one, as nnx.vmap does)
+                    copies[name].count = start[name]
+                    member[name] = copies[name]
+                    continue
                 keys, chain = lanes[name]
                 ms = self.stream(
-                    f"{s.path}[{i}]", s.tag, tuple(int(w) for w in keys[i]), chain + (f"split {n} [lane {i}]",)
+                    f"{s.path}[{i}]", s.tag, tuple(int(w) for w in keys[i]), chain + (f"{how} {n} [lane {i}]",)
                 )
                 ms.lanes, ms.lane = n, i
                 member[name] = ms
             members.append(
-                self.build(st.module, path, Rngs(f"lane {i} of {rngs.name} (split for {path})", member, self.old))
+                self.build(st.module, path, Rngs(f"lane {i} of {rngs.name} ({how} for {path})", member, self.old))
             )
         self.lane = -1
+        self.stacking = 0
+        self.broadcast = outer_broadcast
         return Stacked(st, path, members)
 
     def no_nesting(self, loc: Location, what: str) -> None:

@@ -38,7 +38,13 @@ def site_text(d) -> str:
         where.append(f"scan {d.iteration}")
     if d.broadcast:
         where.append("broadcast")
-    kind = f" ({d.kind})" if d.kind in ("fork", "draw", "split") else " (ToNNX call)" if d.kind == "bridge" else ""
+    kind = (
+        f" ({d.kind})"
+        if d.kind in ("fork", "draw", "split", "broadcast")
+        else " (ToNNX call)"
+        if d.kind == "bridge"
+        else ""
+    )
     return d.site + kind + (f" [{', '.join(where)}]" if where else "")
 
 

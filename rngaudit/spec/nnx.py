@@ -46,6 +46,10 @@ LAYER_OPTIONS: dict[str, dict[str, object]] = {
 }
 LAYERS = tuple(LAYER_OPTIONS)
 RNGS_MODES = ("shared", "fork")
+# how a stacked module's members get their streams besides nnx.split_rngs (`shared`): nnx.vmap(in_axes=0) over
+# rngs.split(N), or over rngs.broadcast(N) (every member the same keys); with `only:`, rngs.split({only: N, ...:
+# None}) and StateAxes({only: 0, ...: None}): the other streams are copies, count reset to 0, every member's
+STACK_RNGS = ("split", "broadcast")
 
 
 @dataclass(frozen=True)
@@ -69,12 +73,14 @@ class NnxLayer(NnxStatement):
 class NnxChild(NnxStatement):
     """A submodule built in `__init__`: from the module's own Rngs (`shared`) or from `rngs.fork()`; `stack`
     N > 0: N of them at once, `nnx.split_rngs(splits=N)` around `nnx.vmap(in_axes=0)` (an ensemble, or the
-    layers of a scan-over-layers stack), member i built from lane i of every stream of the Rngs."""
+    layers of a scan-over-layers stack), member i built from lane i of every stream of the Rngs; or nnx.vmap over
+    `rngs.split(N)` / `rngs.broadcast(N)` (`rngs: split` / `broadcast`, `only:` the streams split)."""
 
     name: str
     module: NnxModule
     rngs: str = "shared"
     stack: int = 0
+    only: tuple[str, ...] = ()  # rngs: split / broadcast: the streams split (broadcast); () every one
 
 
 @dataclass(frozen=True)
@@ -199,6 +205,8 @@ SINCE = {
     "InstanceNorm": (0, 12),
     "ToNNX": (0, 12),
     "a key given to a Dropout call": (0, 11),
+    "rngs: split": (0, 12, 6),
+    "rngs: broadcast": (0, 12, 7),
 }
 
 
@@ -332,25 +340,40 @@ class NnxParser:
             for k in arg.value:
                 if k in LINEN_STATEMENTS:
                     raise _mixed(k, arg.key_locs[k])
-            f = Fields(arg, "`module`", ("class", "name", "rngs", "init", "call", "keep_rngs", "stack"), ("class",))
+            f = Fields(
+                arg, "`module`", ("class", "name", "rngs", "init", "call", "keep_rngs", "stack", "only"), ("class",)
+            )
             mode = f.text("rngs", "shared")
-            if mode not in RNGS_MODES:
-                raise SpecError(
-                    f"`rngs` of a module is shared (the caller's Rngs) or fork (rngs.fork()), not {mode!r}"
-                    f"{suggest(mode, RNGS_MODES)}",
-                    f.need("rngs").loc,
-                )
-            if mode == "fork" and self.lacks("rngs: fork"):
-                raise self.too_old("rngs: fork", f.need("rngs").loc)
             stack = f.integer("stack", 0, 1, MAX_LANES)
-            if stack and mode != "shared":
-                raise SpecError(
-                    "a stacked module (`stack:`) is built by nnx.split_rngs around nnx.vmap from the caller's "
-                    "Rngs; drop `rngs: fork`",
-                    f.need("rngs").loc,
-                )
+            modes = ("shared",) + STACK_RNGS if stack else RNGS_MODES
+            if mode not in modes:
+                if stack:
+                    what = (
+                        "`rngs` of a stacked module is shared (the caller's Rngs, split by nnx.split_rngs), split "
+                        "(nnx.vmap over rngs.split(N)) or broadcast (over rngs.broadcast(N))"
+                    )
+                else:
+                    what = "`rngs` of a module is shared (the caller's Rngs) or fork (rngs.fork())"
+                hint = f"; `rngs: {mode}` builds a stack: add `stack: N`" if mode in STACK_RNGS else ""
+                if stack and mode == "fork":
+                    hint = "; drop `rngs: fork` (a stack's members are built from lanes of the caller's streams)"
+                raise SpecError(f"{what}, not {mode!r}{suggest(mode, modes)}{hint}", f.need("rngs").loc)
+            if mode in ("fork", "split", "broadcast") and self.lacks(f"rngs: {mode}"):
+                raise self.too_old(f"rngs: {mode}", f.need("rngs").loc)
+            only: tuple[str, ...] = ()
+            on = f.get("only")
+            if on is not None:
+                if mode not in STACK_RNGS:
+                    raise SpecError(
+                        "`only:` names the streams rngs.split / rngs.broadcast split (`rngs: split` or `rngs: "
+                        "broadcast` on a stacked module); the others are copied, count reset to 0",
+                        on.loc,
+                    )
+                only = _streams(on, "`only:`")
             inner = YNode(
-                {k: v for k, v in arg.value.items() if k not in ("name", "rngs", "stack")}, arg.loc, arg.key_locs
+                {k: v for k, v in arg.value.items() if k not in ("name", "rngs", "stack", "only")},
+                arg.loc,
+                arg.key_locs,
             )
             mod = self.module(inner, "`module`")
             if stack:
@@ -366,7 +389,7 @@ class NnxParser:
                         ),
                         arg.loc,
                     )
-            return NnxChild(loc, f.text("name", f"{mod.cls.lower()}_{n}"), mod, mode, stack)
+            return NnxChild(loc, f.text("name", f"{mod.cls.lower()}_{n}"), mod, mode, stack, only)
         return self.layer(key, arg, loc, n)
 
     def layer(self, kind: str, arg: YNode | None, loc, n: int) -> NnxLayer:
