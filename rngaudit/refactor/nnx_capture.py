@@ -41,6 +41,7 @@ class Built:
     obj: object | None = None
     stack: int = 0  # built by nnx.split_rngs(splits=stack) around nnx.vmap; -1: by a vmap without split_rngs
     split_of: object | None = None  # the Rngs that nnx.split_rngs split for it
+    made: tuple = ()  # (mode, only): built from rngs.split / rngs.broadcast (mode "split" / "broadcast")
 
 
 @dataclass
@@ -106,6 +107,8 @@ class NnxRecorder:
         self.lanes = False  # a transform ran: keys come lane by lane, in JAX's order
         self.asked: dict[int, str] = {}  # id(stream) -> the name it was last asked for (`default` serves others)
         self.bridges: dict[int, list[BridgeCall]] = {}  # id(bridge.ToNNX) -> its calls
+        # id(an Rngs that rngs.split / rngs.broadcast made) -> (the Rngs, mode, N, only: the streams split or ())
+        self.made: dict[int, tuple] = {}
 
     def resolve(self, obj):
         return self.alias.get(id(obj), obj)
@@ -171,10 +174,15 @@ def observing() -> Iterator[NnxRecorder]:
         t = rec.transforms[-1] if rec.transforms else None
         if t is not None and len(rec.building) == t.depth:
             # built by the function a transform runs: a stack when nnx.split_rngs splits for a vmap
+            made = next((rec.made[id(a)] for a in t.outer if id(a) in rec.made), None)
             if t.kind == "vmap" and t.split is not None:
                 built.stack = t.split.n
                 split_of = next((a for a in t.split.node if isinstance(a, nnx.Rngs)), None)
                 built.split_of = rec.resolve(split_of)
+            elif t.kind == "vmap" and made is not None:
+                # nnx.vmap over rngs.split(N) / rngs.broadcast(N)
+                parent, mode, n, only = made
+                built.stack, built.split_of, built.made = n, parent, (mode, only)
             else:
                 built.stack = -1
         parent = rec.building[-1] if rec.building else None
@@ -296,6 +304,30 @@ def observing() -> Iterator[NnxRecorder]:
         rec.asked[id(s)] = name
         return s
 
+    def made_hook(mode: str, original):
+        def hook(self, k, *args, **kwargs):
+            # mirrors Rngs.split / Rngs.broadcast: read N and the streams the mapping names (its draws are the
+            # stack's, not the module's)
+            rec.forks += 1
+            try:
+                out = original(self, k, *args, **kwargs)
+            finally:
+                rec.forks -= 1
+            n, only = k, ()
+            if isinstance(k, dict):
+                sizes = {v for v in k.values() if v is not None}
+                named = [f for f, v in k.items() if v is not None]
+                n = next(iter(sizes)) if len(sizes) == 1 else None
+                only = tuple(named) if all(isinstance(f, str) for f in named) else None
+                if ... in k and k[...] is not None:
+                    only = ()  # every stream split
+            if isinstance(n, int) and only is not None:
+                rec.made[id(out)] = (self, mode, n, only)
+                rec.inner.append(out)
+            return out
+
+        return hook
+
     def fork_hook(self, *args, **kwargs):
         rec.forks += 1
         try:
@@ -316,6 +348,10 @@ def observing() -> Iterator[NnxRecorder]:
     ]
     if get_stream is not None:
         hooks.append((nnx.Rngs, "_get_stream", get_stream, get_stream_hook))
+    for mode in ("split", "broadcast"):
+        if mode in vars(nnx.Rngs):  # (flax 0.12.6 / 0.12.7 and later)
+            original = vars(nnx.Rngs)[mode]
+            hooks.append((nnx.Rngs, mode, original, made_hook(mode, original)))
     tonnx = _tonnx()
     if tonnx is not None:
         tonnx_call = vars(tonnx)["__call__"]
@@ -592,10 +628,15 @@ class _SpecBuilder:
                     if child.stack < 0 or child.split_of is not b.rngs:
                         raise self.unsupported(
                             f"{cls}.{name} is built inside nnx.vmap/nnx.scan other than as a stack (nnx.split_rngs"
-                            f"(splits=N) around nnx.vmap(in_axes=0), given {cls}'s Rngs)"
+                            f"(splits=N) around nnx.vmap(in_axes=0), or nnx.vmap over rngs.split(N), given {cls}'s "
+                            "Rngs)"
                         )
                     sub = self.module(child)
-                    init.append({"module": {"name": name, "stack": child.stack, **sub}})
+                    how: dict = {}
+                    if child.made:
+                        mode, only = child.made
+                        how = {"rngs": mode, **({"only": list(only)} if only else {})}
+                    init.append({"module": {"name": name, "stack": child.stack, **how, **sub}})
                     continue
                 if _is_layer(child.obj):
                     if child.rngs is None:
