@@ -153,6 +153,7 @@ def _explain_nnx(cmp: Comparison, old: Capture, new: Capture) -> None:
     """Why an NNX site's key changed. An NNX key is fold_in(stream key, count): names are not hashed, so a site
     keeps its key unless its stream's key or its count changes, and a count changes when the stream handed out
     more or fewer keys before it (a layer inserted or removed earlier in construction order)."""
+    index = None
     for e in cmp.entries:
         if e.status == "changed":
             o, n = e.old, e.new
@@ -174,31 +175,40 @@ def _explain_nnx(cmp: Comparison, old: Capture, new: Capture) -> None:
             if shift:
                 e.why.append(shift)
                 continue
-            moved = _nnx_same_key(e, cmp)
+            if index is None:
+                index = _same_key_index(cmp)
+            moved = _nnx_same_key(e, cmp, index)
             if moved:
                 e.why.append(moved)
 
 
-def _nnx_same_key(e: Entry, cmp: Comparison) -> str | None:
+def _nnx_same_key(e: Entry, cmp: Comparison, index: dict) -> str | None:
     """A site gone and one new with the same key, stream and count, neither path on the other side at all: the
-    same draw under another name (a layer inserted before another takes over its count instead; not this)."""
+    same draw under another name (a layer inserted before another takes over its count instead; not this). The
+    stream's path may differ too: a renamed module's own streams (a Dropout's fork, a ToNNX's Rngs) are named
+    after it."""
     s = e.site
     want = "gone" if e.status == "new" else "new"
-    assert cmp.old is not None and cmp.new is not None
-    old_paths = {t.path for t in cmp.old.sites}
-    new_paths = {t.path for t in cmp.new.sites}
-    for f in cmp.entries:
+    for f in index.get((want, s.key, s.stream, s.count), ()):
         t = f.site
         a, b = (t, s) if e.status == "new" else (s, t)
-        if a.path in new_paths or b.path in old_paths:
+        if a.path in index["new paths"] or b.path in index["old paths"]:
             continue
-        if f.status == want and t.key == s.key and t.stream_path == s.stream_path and t.count == s.count:
-            a, b = (t, s) if e.status == "new" else (s, t)
-            return (
-                f"the same key, drawn at {'.'.join(b.path)} now and at {'.'.join(a.path)} before (a rename or a "
-                "move: NNX keys do not depend on names)"
-            )
+        return (
+            f"the same key, drawn at {'.'.join(b.path)} now and at {'.'.join(a.path)} before (a rename or a "
+            "move: NNX keys do not depend on names)"
+        )
     return None
+
+
+def _same_key_index(cmp: Comparison) -> dict:
+    """The new and gone entries by (status, key, stream, count), and the paths of each side."""
+    assert cmp.old is not None and cmp.new is not None
+    index: dict = {"old paths": {t.path for t in cmp.old.sites}, "new paths": {t.path for t in cmp.new.sites}}
+    for f in cmp.entries:
+        if f.status in ("new", "gone"):
+            index.setdefault((f.status, f.site.key, f.site.stream, f.site.count), []).append(f)
+    return index
 
 
 def _nnx_count_shift(e: Entry, old: Capture, new: Capture) -> str | None:

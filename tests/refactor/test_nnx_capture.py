@@ -744,3 +744,25 @@ def test_ensembles_over_split_or_broadcast_rngs_capture_and_replay(tmp_path, mod
     assert r.exit_code == 0 and "0 differ, 0 missing, 0 extra" in r.stdout, r.stdout + r.stderr
     r = invoke("collisions", spec, "-f", "json")
     assert [c["category"] for c in json.loads(r.stdout)["inputs"][0]["collisions"]] == found
+
+
+def test_diff_of_a_renamed_bridge_explains_every_key_by_the_key_that_moved(tmp_path):
+    old = write(tmp_path, "old.py", BRIDGE)
+    new = write(tmp_path, "new.py", BRIDGE.replace("self.block", "self.encoder"))
+    for name, f in (("old", old), ("new", new)):
+        r = invoke(
+            "capture",
+            f"{f}:make_model",
+            "--rngs",
+            "params=0,dropout=1",
+            "--steps",
+            "2",
+            "--keys",
+            tmp_path / f"{name}.json",
+        )
+        assert r.exit_code == 0, r.stderr
+    r = invoke("diff", tmp_path / "old.json", tmp_path / "new.json", "-f", "json")
+    entries = [e for e in json.loads(r.stdout)["sites"] if e["status"] != "kept"]
+    # the ToNNX's fork, its own Rngs' draws and the Linen keys inside: all moved with the name, none changed
+    assert entries and {e["status"] for e in entries} == {"new", "gone"}
+    assert all(any("the same key" in w for w in e["why"]) for e in entries), entries
