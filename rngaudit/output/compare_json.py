@@ -25,9 +25,12 @@ def to_json(cmp: Comparison) -> dict:
             "new_key": list(e.new.key) if e.new is not None and e.new.key is not None else None,
             "why": list(e.why),
             "fix": e.fix,
+            **({"old_path": list(e.old.path)} if e.status == "moved" and e.old is not None else {}),
         }
 
-    statuses = ("kept", "changed", "new", "gone") if cmp.kind == "diff" else ("same", "differs", "missing", "extra")
+    statuses = (
+        ("kept", "changed", "new", "gone", "moved") if cmp.kind == "diff" else ("same", "differs", "missing", "extra")
+    )
     return {
         "format": DIFF_FORMAT if cmp.kind == "diff" else VERIFY_FORMAT,
         "format_version": FORMAT_VERSION,

@@ -9,7 +9,7 @@ def render_text(cmp: Comparison) -> str:
     lines = []
     if cmp.kind == "diff":
         lines.append(f"diff {cmp.old_name} -> {cmp.new_name}")
-        order = ("changed", "gone", "new")
+        order: tuple[str, ...] = ("changed", "gone", "new", "moved")
     else:
         lines.append(f"verify {cmp.old_name} against {cmp.new_name}")
         order = ("differs", "missing", "extra")
@@ -22,7 +22,8 @@ def render_text(cmp: Comparison) -> str:
             label = f" {s.label}" if s.label else ""
             old = list(e.old.key) if e.old is not None and e.old.key else "-"
             new = list(e.new.key) if e.new is not None and e.new.key else "-"
-            lines.append(f"{status.upper():8} {s.path_str}  {s.stream} count {s.count}{lane}{label}  {old} -> {new}")
+            path = s.path_str if status != "moved" or e.old is None else f"{e.old.path_str} -> {s.path_str}"
+            lines.append(f"{status.upper():8} {path}  {s.stream} count {s.count}{lane}{label}  {old} -> {new}")
             for w in e.why:
                 lines.append(f"         why: {w}")
             if e.fix:
@@ -35,6 +36,7 @@ def render_text(cmp: Comparison) -> str:
         lines.append(
             f"{cmp.count('kept')} kept, {cmp.count('changed')} changed, {cmp.count('new')} new, "
             f"{cmp.count('gone')} gone"
+            + (f", {cmp.count('moved')} moved (the same keys under other names)" if cmp.count("moved") else "")
         )
     else:
         lines.append(

@@ -18,8 +18,8 @@ _PREFIXES = {
 
 @dataclass
 class Entry:
-    """One call site in the comparison: status kept | changed | new | gone (diff), or
-    same | differs | missing | extra (verify)."""
+    """One call site in the comparison: status kept | changed | new | gone | moved (diff: an NNX key drawn under
+    another name, old and new sites both given), or same | differs | missing | extra (verify)."""
 
     status: str
     ident: tuple
@@ -154,6 +154,7 @@ def _explain_nnx(cmp: Comparison, old: Capture, new: Capture) -> None:
     keeps its key unless its stream's key or its count changes, and a count changes when the stream handed out
     more or fewer keys before it (a layer inserted or removed earlier in construction order)."""
     index = None
+    pairs: dict[int, Entry] = {}  # id(a new or gone entry) -> the entry on the other side with its key
     for e in cmp.entries:
         if e.status == "changed":
             o, n = e.old, e.new
@@ -177,12 +178,31 @@ def _explain_nnx(cmp: Comparison, old: Capture, new: Capture) -> None:
                 continue
             if index is None:
                 index = _same_key_index(cmp)
-            moved = _nnx_same_key(e, cmp, index)
-            if moved:
-                e.why.append(moved)
+            found = _nnx_same_key(e, cmp, index)
+            if found:
+                e.why.append(found[0])
+                pairs.setdefault(id(e), found[1])
+    _merge_moves(cmp, pairs)
 
 
-def _nnx_same_key(e: Entry, cmp: Comparison, index: dict) -> str | None:
+def _merge_moves(cmp: Comparison, pairs: dict) -> None:
+    """A gone site and a new one that draw the same key (and nothing else of either name is left): one `moved`
+    entry, which a gate does not fail on (NNX keys do not depend on names: the layer's keys are what they were)."""
+    by_id = {id(e): e for e in cmp.entries}
+    used: set[int] = set()
+    merged: dict[int, Entry] = {}
+    for eid, partner in pairs.items():
+        e = by_id[eid]
+        if eid in used or id(partner) in used or pairs.get(id(partner)) is not e:
+            continue
+        gone, new = (e, partner) if e.status == "gone" else (partner, e)
+        used |= {eid, id(partner)}
+        merged[id(new)] = Entry("moved", new.ident, gone.old, new.new, list(new.why))
+    if merged:
+        cmp.entries = [merged.get(id(e), e) for e in cmp.entries if id(e) not in used or id(e) in merged]
+
+
+def _nnx_same_key(e: Entry, cmp: Comparison, index: dict) -> tuple[str, Entry] | None:
     """A site gone and one new with the same key, stream and count, neither path on the other side at all: the
     same draw under another name (a layer inserted before another takes over its count instead; not this). The
     stream's path may differ too: a renamed module's own streams (a Dropout's fork, a ToNNX's Rngs) are named
@@ -194,10 +214,11 @@ def _nnx_same_key(e: Entry, cmp: Comparison, index: dict) -> str | None:
         a, b = (t, s) if e.status == "new" else (s, t)
         if a.path in index["new paths"] or b.path in index["old paths"]:
             continue
-        return (
+        why = (
             f"the same key, drawn at {'.'.join(b.path)} now and at {'.'.join(a.path)} before (a rename or a "
             "move: NNX keys do not depend on names)"
         )
+        return why, f
     return None
 
 
