@@ -388,10 +388,10 @@ def _verify_nnx(spec: NnxSpec, target: str, inputs, rngs, method) -> Comparison:
 
     if method is not None:
         raise UsageError("--method is Linen's: an NNX model is built and called")
-    if any(not isinstance(e, NnxStep) or e.stale or e.transform is not None for e in spec.run):
+    if any(not isinstance(e, NnxStep) or e.stale or e.transform is not None or e.fork is not None for e in spec.run):
         raise UsageError(
             f"{spec.file}: verify against a live NNX model runs plain calls; this spec's `run:` has other events "
-            "(reseed, stale_call, vmap or scan calls): compare it with a keys file instead"
+            "(reseed, stale_call, vmap, scan or fork_rngs calls): compare it with a keys file instead"
         )
     ref = parse_target(target)
     if not is_nnx_target(ref):

@@ -9,6 +9,7 @@ the parameter inside a layer too: `linear.kernel`)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -20,12 +21,15 @@ from rngaudit.spec.nnx import (
     NnxBridge,
     NnxCall,
     NnxChild,
+    NnxCond,
     NnxDraw,
     NnxLayer,
+    NnxLoop,
     NnxModule,
     NnxReseed,
     NnxSpec,
     NnxTransform,
+    nested,
 )
 
 
@@ -207,8 +211,47 @@ def _class(mod: NnxModule, rec: _Recorder, path: str, cache: dict):
             self.rngs = rngs
 
     def __call__(self, x):
-        for st in mod.call:
-            if isinstance(st, NnxCall):
+        run(self, mod.call, x)
+        return x
+
+    def run(self, statements, x):
+        """The statements on `self` (the module, or the copy nnx.cond / a loop hands its function)."""
+        for st in statements:
+            if isinstance(st, NnxCond):
+                # nnx.cond(pred, true_fun, false_fun, self, x) / nnx.switch(index, branches, self, x), the
+                # module and the input passed as operands (what NNX carries through the branch)
+                fns = [lambda m, h, b=b: (run(m, b, h), h)[1] for b in st.branches]
+                if st.kind == "cond":
+                    nnx.cond(st.given, fns[0], fns[1], self, x)
+                else:
+                    nnx.switch(st.given, fns, self, x)
+                barrier(x)
+            elif isinstance(st, NnxLoop):
+                if st.kind == "fori_loop":
+
+                    def body(i, carry, st=st):
+                        m, h = carry
+                        run(m, st.body, h)
+                        return m, h
+
+                    nnx.fori_loop(0, st.iterations, body, (self, x))
+                else:
+
+                    def wbody(carry, st=st):
+                        m, i, h = carry
+                        run(m, st.body, h)
+                        return m, i + 1, h
+
+                    nnx.while_loop(lambda c, n=st.iterations: c[1] < n, wbody, (self, jnp.asarray(0), x))
+                barrier(x)
+            elif isinstance(st, NnxCall) and st.fork is not None:
+                # with nnx.fork_rngs(self.<name>, split={tags: None}): self.<name>(x)
+                one = dataclasses.replace(st, repeat=1, fork=None)
+                for _ in range(st.repeat):
+                    rec.site = join(st.name)
+                    with nnx.fork_rngs(getattr(self, st.name), split={_tags(st.fork) if st.fork else ...: None}):
+                        run(self, (one,), x)
+            elif isinstance(st, NnxCall):
                 target = getattr(self, st.name)
                 for _ in range(st.repeat):
                     rec.site = join(st.name)
@@ -217,10 +260,15 @@ def _class(mod: NnxModule, rec: _Recorder, path: str, cache: dict):
                     elif st.key is not None:
                         # drop(x, rngs=key): what NNX does with the key is seen in the mask it drops
                         y = target(jnp.ones((64,)), rngs=eval_key(st.key.expr, raw=False))
-                        mask = tuple(bool(v) for v in np.asarray(y != 0))
-                        rec.records.append(
-                            {"step": rec.step, "site": rec.site, "given": True, "mask": mask, "rate": target.rate}
-                        )
+
+                        def given(y, step=rec.step, site=rec.site, rate=target.rate):
+                            mask = tuple(bool(v) for v in np.asarray(y != 0))
+                            rec.records.append({"step": step, "site": site, "given": True, "mask": mask, "rate": rate})
+
+                        if isinstance(y, jax.core.Tracer):  # (inside a branch, a loop or a jitted step)
+                            jax.debug.callback(given, y, ordered=True)
+                        else:
+                            given(y)
                     elif id(getattr(target, "to_nnx__module", None)) in rec.bridges:
                         builder = rec.linen_builder()
                         builder.phase = "init" if target._pytree__state.initializing else "apply"
@@ -232,7 +280,6 @@ def _class(mod: NnxModule, rec: _Recorder, path: str, cache: dict):
                 for _ in range(st.repeat):
                     rec.site = path or "(root)"
                     getattr(self.rngs, st.stream)()
-        return x
 
     return type(mod.cls, (nnx.Module,), {"__init__": __init__, "__call__": __call__})
 
@@ -265,6 +312,12 @@ def _run_target(target, x):
         target(jnp.ones((1, 2, 2)))
     elif isinstance(target, nnx.Module) and not type(target).__module__.startswith("flax"):
         target(x)
+
+
+def barrier(x) -> None:
+    """Waits for the keys recorded by callbacks (outside a trace: inside one they run with it)."""
+    if not isinstance(x, jax.core.Tracer):
+        jax.effects_barrier()
 
 
 def _tags(streams: tuple[str, ...]):
@@ -345,7 +398,15 @@ def nnx_keys(spec: NnxSpec) -> list[dict]:
                 continue
             for _ in range(event.n):
                 rec.step += 1
-                if event.stale:
+                if getattr(event, "fork", None) is not None:
+                    # with nnx.fork_rngs(model, split={tags: None}): model(x) (under its transform, if any)
+                    rec.site = "(root)"
+                    with nnx.fork_rngs(model, split={_tags(event.fork) if event.fork else ...: None}):
+                        if event.transform is not None:
+                            transformed(event.transform, lambda m, h: m(h), model, x, rec, "(root)")
+                        else:
+                            model(x)
+                elif event.stale:
                     # the pure jitted step: split, merge inside jax.jit, run, and drop the state it returns
                     graphdef, state = nnx.split(model)
 
@@ -361,6 +422,7 @@ def nnx_keys(spec: NnxSpec) -> list[dict]:
                     transformed(event.transform, lambda m, h: m(h), model, x, rec, "(root)")
                 else:
                     model(x)
+        jax.effects_barrier()
         return rec.records + [dict(r, linen=True) for r in rec.linen_records()]
 
 
@@ -454,7 +516,7 @@ def _has_lanes(spec: NnxSpec) -> bool:
         for st in m.init:
             if isinstance(st, NnxChild) and (st.stack or module(st.module)):
                 return True
-        return any(isinstance(st, NnxCall) and st.transform is not None for st in m.call)
+        return any(isinstance(st, NnxCall) and st.transform is not None for st, _ in nested(m.call))
 
     return module(spec.model) or any(getattr(e, "transform", None) is not None for e in spec.run)
 

@@ -31,8 +31,10 @@ from ..spec.nnx import (
     NnxBridge,
     NnxCall,
     NnxChild,
+    NnxCond,
     NnxDraw,
     NnxLayer,
+    NnxLoop,
     NnxModule,
     NnxReseed,
     NnxSpec,
@@ -161,6 +163,7 @@ class NnxReplayer:
         self.fixed: dict[int, KeyData] = {}  # block -> its key, where it is not fold_in(stream key, count)
         self.stacking = 0  # the size of the stack whose members are being built (0: none)
         self.initializing = False  # in a call under bridge.lazy_init
+        self.control = 0  # inside nnx.cond / nnx.switch / a loop (how deep)
 
     def run(self) -> list[NnxKey]:
         # mirrors nnx.Rngs.__init__: the `default` seed (Rngs(0, ...)) is added after the named streams
@@ -178,7 +181,15 @@ class NnxReplayer:
             if isinstance(event, NnxStep):
                 for _ in range(event.n):
                     self.step += 0 if event.lazy_init else 1  # (bridge.lazy_init's keys belong to init)
-                    if event.stale:
+                    if event.fork is not None:
+                        # `with nnx.fork_rngs(model, split=...): model(x)` (under its transform, if any)
+                        forked = self.fork_rngs(model, event.fork, event.loc)
+                        if event.transform is not None:
+                            self.transformed(model, event.transform, event.loc)
+                        else:
+                            self.call(model)
+                        self.unfork(forked)
+                    elif event.stale:
                         # a pure jax.jit step (split/merge) whose returned state is dropped: every stream of
                         # the model is back at its count (and key) when the next step starts
                         saved = [(s, s.key, s.key_ix, s.chain, s.count) for _, s in self.graph]
@@ -401,6 +412,12 @@ class NnxReplayer:
         from .nnx_bridge import linen_keys, linen_rngs
 
         self.tick(loc)
+        if self.control:
+            raise SpecError(
+                f"bridge.ToNNX at {b.path} is called inside nnx.cond, nnx.switch or a loop; rngaudit does not model "
+                "Linen inside NNX control flow yet",
+                loc,
+            )
         if self.lane >= 0 or self.iteration >= 0:
             raise SpecError(
                 f"bridge.ToNNX at {b.path} is called inside nnx.vmap or nnx.scan; rngaudit does not model Linen "
@@ -592,8 +609,25 @@ class NnxReplayer:
 
     def call(self, inst: Instance) -> None:
         self.tick(inst.mod.loc)
-        for st in inst.mod.call:
-            if isinstance(st, NnxCall):
+        self.statements(inst, inst.mod.call)
+
+    def statements(self, inst: Instance, statements: Sequence) -> None:
+        """`inst`'s __call__ statements (or those of a branch or loop body), in order."""
+        for st in statements:
+            if isinstance(st, NnxCond):
+                self.branch(inst, st)
+            elif isinstance(st, NnxLoop):
+                self.loop(inst, st)
+            elif isinstance(st, NnxCall) and st.fork is not None:
+                # `with nnx.fork_rngs(self.<name>, split=...): self.<name>(x)`, each of the `repeat` calls
+                import dataclasses
+
+                one = dataclasses.replace(st, repeat=1, fork=None)
+                for _ in range(st.repeat):
+                    forked = self.fork_rngs(inst.attrs[st.name], st.fork, st.loc)
+                    self.statements(inst, (one,))
+                    self.unfork(forked)
+            elif isinstance(st, NnxCall):
                 target = inst.attrs[st.name]
                 if st.transform is not None:
                     for _ in range(st.repeat):
@@ -609,6 +643,77 @@ class NnxReplayer:
                 assert inst.rngs is not None  # the parser asks for keep_rngs
                 s = inst.rngs.get(st.stream, "AttributeError", st.loc)
                 self.draw(s, inst.path or "(root)", "draw", st.stream, st.loc, st.label, st.draw, st.repeat)
+
+    def fork_rngs(self, target: Layer | Instance | Stacked | Bridge, tags: tuple[str, ...], loc: Location) -> list:
+        """`nnx.fork_rngs(target, split={tags: None})` (graph mode; mirrors flax/nnx/rnglib.py fork_rngs): every
+        stream in target's graph whose tag is in `tags` (every one for ()), in graph order, forks: it draws one
+        key (count + 1) and takes that key, with count 0, until `unfork` puts back its key and the count after
+        the draw. Returns what unfork puts back."""
+        where = target.path or "the model"
+        under = tuple(target.path.split(".")) if target.path else ()
+        saved = []
+        for _, s in self.streams_in_graph_order(under):
+            if tags and s.tag not in tags:
+                continue
+            if s.lanes and self.lane >= 0 and s.lane != self.lane:
+                continue  # (another member of a stack, run in its own lane)
+            if s.lanes and self.lane < 0:
+                raise FlaxError(
+                    "ValueError",
+                    f"fold_in accepts a single key, but was given a key array of shape ({s.lanes},) != (). Use "
+                    f"jax.vmap for batching. (nnx.fork_rngs forks {s.path}, a stream of a stacked module, outside "
+                    "its axis: fork it inside the nnx.scan or nnx.vmap over the stack, or use nnx.split_rngs)",
+                    loc,
+                )
+            count = s.count
+            self.draw(s, target.path or "(root)", "fork", s.tag, loc)
+            saved.append((s, s.key, s.key_ix, s.chain, s.count))
+            s.chain = s.chain + (f"fold_in {count} (nnx.fork_rngs for {where})",)
+            self.set_key(s, self.engine.fold_in(s.key, count))
+            s.count = 0
+        return saved
+
+    def unfork(self, saved: list) -> None:
+        """The end of nnx.fork_rngs (restore_rngs): each forked stream gets its key and count back."""
+        for s, key, ix, chain, count in saved:
+            s.key, s.key_ix, s.chain, s.count = key, ix, chain, count
+
+    def branch(self, inst: Instance, st: NnxCond) -> None:
+        """nnx.cond / nnx.switch: JAX traces every branch, in order, so one not taken raises its errors, and only
+        the taken branch's draws and count updates come back (FLAX_NNX_RULES.md §12)."""
+        self.control += 1
+        for i, statements in enumerate(st.branches):
+            if i == st.taken:
+                self.statements(inst, statements)
+            else:
+                self.traced(inst, statements)
+        self.control -= 1
+
+    def loop(self, inst: Instance, st: NnxLoop) -> None:
+        """nnx.fori_loop / nnx.while_loop: the RngState is carried, so the body runs `iterations` times in a row
+        as it would unrolled (iteration i draws fold_in(key, c0 + i) from a stream it draws once). With no
+        iteration JAX still traces the body: its errors, no draws."""
+        self.control += 1
+        if not st.iterations:
+            self.traced(inst, st.body)
+        for _ in range(st.iterations):
+            self.tick(st.loc)
+            self.statements(inst, st.body)
+        self.control -= 1
+
+    def traced(self, inst: Instance, statements: Sequence) -> None:
+        """Statements JAX traces but does not run (a branch not taken, a loop body run no time): they raise what
+        they would raise, and the state after is the state before (no draw, no count)."""
+        saved = [(s, s.key, s.key_ix, s.chain, s.count) for _, s in self.graph]
+        keys, stream_keys = len(self.keys), len(self.stream_keys)
+        total, calls, scans = self.total, self.calls, self.scans
+        self.statements(inst, statements)
+        self.unfork(saved)
+        del self.keys[keys:]
+        del self.stream_keys[stream_keys:]
+        for ix in [ix for ix in self.fixed if ix >= keys]:
+            del self.fixed[ix]
+        self.total, self.calls, self.scans = total, calls, scans
 
     def call_target(self, target: Layer | Instance | Stacked | Bridge, loc: Location) -> None:
         if isinstance(target, Bridge):

@@ -136,6 +136,46 @@ class NnxCall(NnxStatement):
     repeat: int = 1
     transform: NnxTransform | None = None
     key: RngSource | None = None  # `self.<name>(x, rngs=key)`: a Dropout given this key, used as it is
+    fork: tuple[str, ...] | None = None  # `with nnx.fork_rngs(self.<name>, split={tags: None})`: () every stream
+
+
+@dataclass(frozen=True)
+class NnxCond(NnxStatement):
+    """`nnx.cond(pred, true_fun, false_fun, self, x)` (kind `cond`: branches (true_fun, false_fun), `taken` 0 when
+    pred) or `nnx.switch(index, branches, self, x)` (kind `switch`: `taken` is the index clamped into range, as
+    jax.lax.switch clamps it). JAX traces every branch, in order: one not taken raises its errors and draws
+    nothing; the taken one's draws and counts carry on."""
+
+    kind: str
+    given: int  # pred (a bool) or index, as written
+    taken: int
+    branches: tuple[tuple[NnxStatement, ...], ...]
+
+
+@dataclass(frozen=True)
+class NnxLoop(NnxStatement):
+    """`nnx.fori_loop(0, N, body, (self, x))` or `nnx.while_loop` over (self, i, x) until i == N: the body's
+    statements N times, the RngState carried (each iteration draws where the one before stopped). With N = 0
+    JAX still traces the body: its errors are raised, nothing is drawn."""
+
+    kind: str
+    iterations: int
+    body: tuple[NnxStatement, ...]
+
+
+CONTROL = ("cond", "switch", "fori_loop", "while_loop")
+
+
+def nested(statements, under: NnxStatement | None = None):
+    """`(statement, the control statement it is in or None)` for `statements` and every statement in their
+    branches and loop bodies, depth first."""
+    for st in statements:
+        yield st, under
+        if isinstance(st, NnxCond):
+            for branch in st.branches:
+                yield from nested(branch, under or st)
+        elif isinstance(st, NnxLoop):
+            yield from nested(st.body, under or st)
 
 
 @dataclass(frozen=True)
@@ -147,6 +187,7 @@ class NnxStep(NnxStatement):
     stale: bool = False
     transform: NnxTransform | None = None
     lazy_init: bool = False  # `bridge.lazy_init(model, x)` after construction: every ToNNX runs Linen init (step 0)
+    fork: tuple[str, ...] | None = None  # each call in `with nnx.fork_rngs(model, split={tags: None})`: () every one
 
 
 @dataclass(frozen=True)
@@ -207,6 +248,7 @@ SINCE = {
     "a key given to a Dropout call": (0, 11),
     "rngs: split": (0, 12, 6),
     "rngs: broadcast": (0, 12, 7),
+    "fork_rngs": (0, 11),
 }
 
 
@@ -245,11 +287,17 @@ class NnxParser:
                     )
                 names[st.name] = st
         call = tuple(self.statements(f.get("call"), cls, "call"))
-        for st in call:
+        for st, under in nested(call):
             if isinstance(st, NnxCall) and st.name not in names:
                 known = ", ".join(names) or "none"
                 raise SpecError(
                     f"`call: {st.name}`: {cls} builds no attribute {st.name!r} in `init:` (attributes: {known})",
+                    st.loc,
+                )
+            if isinstance(st, NnxCall) and under is not None and isinstance(names[st.name], NnxBridge):
+                raise SpecError(
+                    f"{st.name} is a bridge.ToNNX module: rngaudit does not model it called inside nnx.cond, "
+                    "nnx.switch or a loop yet; call it outside the control flow",
                     st.loc,
                 )
             if isinstance(st, NnxCall) and st.key is not None:
@@ -303,7 +351,7 @@ class NnxParser:
             yield self.statement(item, cls, where, counts)
 
     def statement(self, item: YNode, cls: str, where: str, counts: dict) -> NnxStatement:
-        allowed = ("draw", "call") if where == "call" else ("draw", "module", "ToNNX") + LAYERS
+        allowed = ("draw", "call") + CONTROL if where == "call" else ("draw", "module", "ToNNX") + LAYERS
         if isinstance(item.value, str):
             key, arg = item.value, None
         elif item.is_map and len(item.value) == 1:
@@ -321,6 +369,11 @@ class NnxParser:
                 hint = "; build it in `init:` and call it here with `call: NAME`"
             elif where == "init" and key == "call":
                 hint = "; __init__ builds, __call__ calls: move it to `call:`"
+            elif where == "init" and key in CONTROL:
+                hint = (
+                    f"; rngaudit models nnx.{key} in __call__ (`call:`), not in __init__: write the statements it "
+                    "runs in `init:` as they are"
+                )
             raise SpecError(
                 f"unknown statement {key!r} in `{where}` of {cls}{suggest(key, allowed)}; allowed: "
                 f"{', '.join(allowed)}{hint}",
@@ -330,6 +383,10 @@ class NnxParser:
             return self.draw(arg, loc)
         if key == "call":
             return self.call(arg, loc)
+        if key in ("cond", "switch"):
+            return self.branches(key, arg, loc, cls)
+        if key in ("fori_loop", "while_loop"):
+            return self.loop(key, arg, loc, cls)
         n = counts.get(key, 0)
         counts[key] = n + 1
         if key == "ToNNX":
@@ -471,7 +528,10 @@ class NnxParser:
             raise SpecError("`call` names an attribute built in `init:`: `call: drop` or `call: {name: drop}`", loc)
         if isinstance(arg.value, str):
             return NnxCall(loc, arg.value)
-        f = Fields(arg, "`call`", ("name", "repeat", "key") + TRANSFORM_KEYS, ("name",))
+        f = Fields(arg, "`call`", ("name", "repeat", "key", "fork_rngs") + TRANSFORM_KEYS, ("name",))
+        fork = _fork(f.get("fork_rngs"))
+        if fork is not None and self.lacks("fork_rngs"):
+            raise self.too_old("fork_rngs", f.need("fork_rngs").loc)
         kn = f.get("key")
         key = None
         if kn is not None:
@@ -485,7 +545,96 @@ class NnxParser:
                 "a key given at the call (`key:`) under nnx.vmap/nnx.scan is not modelled; give it to a plain call",
                 kn.loc if kn is not None else loc,
             )
-        return NnxCall(loc, f.name("name"), f.integer("repeat", 1, 1, MAX_REPEAT), t, key)
+        return NnxCall(loc, f.name("name"), f.integer("repeat", 1, 1, MAX_REPEAT), t, key, fork)
+
+    def body(self, node: YNode | None, cls: str, what: str) -> tuple[NnxStatement, ...]:
+        """A branch or loop body: the statements `call:` takes (nested control flow included)."""
+        if node is None or node.value is None:
+            return ()
+        if not node.is_seq:
+            raise SpecError(
+                f"{what} is a list of statements (those `call:` takes: {', '.join(('draw', 'call') + CONTROL)}), "
+                f"not {type_name(node.value)}",
+                node.loc,
+            )
+        counts: dict[str, int] = {}
+        return tuple(self.statement(item, cls, "call", counts) for item in node.value)
+
+    def branches(self, kind: str, arg: YNode | None, loc, cls: str) -> NnxCond:
+        """`cond: {pred, true_fun, false_fun}` or `switch: {index, branches}`."""
+        if kind == "cond":
+            if arg is None or not arg.is_map:
+                raise SpecError(
+                    "`cond` takes a mapping: pred (true or false: the branch nnx.cond takes), true_fun and false_fun "
+                    "(the statements each branch runs, as `call:` lists them; [] for none)",
+                    loc,
+                )
+            f = Fields(arg, "`cond`", ("pred", "true_fun", "false_fun"), ("pred", "true_fun", "false_fun"))
+            pn = f.need("pred")
+            if not isinstance(pn.value, bool):
+                raise SpecError(
+                    "`pred` of cond is true or false (the branch nnx.cond takes: rngaudit replays a known "
+                    f"predicate), not {type_name(pn.value)}",
+                    pn.loc,
+                )
+            both = (
+                self.body(f.need("true_fun"), cls, "`true_fun` of cond"),
+                self.body(f.need("false_fun"), cls, "`false_fun` of cond"),
+            )
+            return NnxCond(loc, kind, pn.value, 0 if pn.value else 1, both)
+        if arg is None or not arg.is_map:
+            raise SpecError(
+                "`switch` takes a mapping: index (the branch nnx.switch takes) and branches (a list of branches, "
+                "each a list of statements as `call:` lists them)",
+                loc,
+            )
+        f = Fields(arg, "`switch`", ("index", "branches"), ("index", "branches"))
+        index = as_int(f.need("index"), "`index` of switch", -(2**31), 2**31 - 1)
+        bn = f.need("branches")
+        if not bn.is_seq or not bn.value:
+            raise SpecError(
+                "`branches` of switch is a list of one or more branches, each a list of statements (nnx.switch "
+                f"with no branches is jax.lax.switch's ValueError), not {'[]' if bn.is_seq else type_name(bn.value)}",
+                bn.loc,
+            )
+        out = []
+        for i, b in enumerate(bn.value):
+            if b.value is not None and not b.is_seq:
+                raise SpecError(
+                    f"branch {i} of switch is a list of statements, not {type_name(b.value)}: `branches:` is a list "
+                    "of lists (`branches: [[call: a], [call: b]]`)",
+                    b.loc,
+                )
+            out.append(self.body(b, cls, f"branch {i} of switch"))
+        # (jax.lax.switch clamps the index into range: below 0 runs branch 0, past the end the last one)
+        return NnxCond(loc, kind, index, min(max(index, 0), len(out) - 1), tuple(out))
+
+    def loop(self, kind: str, arg: YNode | None, loc, cls: str) -> NnxLoop:
+        """`fori_loop: {iterations, body}` or `while_loop: {iterations, body}`."""
+        if arg is None or not arg.is_map:
+            raise SpecError(
+                f"`{kind}` takes a mapping: iterations (how many times the body runs) and body (its statements, "
+                "as `call:` lists them)",
+                loc,
+            )
+        f = Fields(arg, f"`{kind}`", ("iterations", "body"), ("iterations", "body"))
+        n = as_int(f.need("iterations"), f"`iterations` of {kind}", 0, MAX_STEPS)
+        return NnxLoop(loc, kind, n, self.body(f.need("body"), cls, f"`body` of {kind}"))
+
+
+def _fork(node: YNode | None) -> tuple[str, ...] | None:
+    """`fork_rngs:` of a call: None (no fork), () (`true`: every stream) or the tags of the streams forked."""
+    if node is None or node.value is False:
+        return None
+    if node.value is True:
+        return ()
+    tags = _streams(node, "`fork_rngs:` (true: every stream, or the tags of the streams nnx.fork_rngs forks)")
+    if not tags:
+        raise SpecError(
+            "`fork_rngs: []` forks no stream; name the tags of the streams to fork, or `fork_rngs: true` for every one",
+            node.loc,
+        )
+    return tags
 
 
 TRANSFORM_KEYS = ("vmap", "scan", "split", "broadcast")
@@ -573,8 +722,9 @@ def _run(node: YNode, key_source) -> tuple[NnxStep | NnxReseed, ...]:
                 f"unknown event {key!r} in `run`{suggest(key, RUN_EVENTS)}; use {', '.join(RUN_EVENTS)}", loc
             )
         if key == "call" and arg is not None and arg.is_map:
-            f = Fields(arg, "`call`", ("n",) + TRANSFORM_KEYS)
-            out.append(NnxStep(loc, f.integer("n", 1, 1, MAX_STEPS), False, transform(f, stacked_ok=False)))
+            f = Fields(arg, "`call`", ("n", "fork_rngs") + TRANSFORM_KEYS)
+            n, t = f.integer("n", 1, 1, MAX_STEPS), transform(f, stacked_ok=False)
+            out.append(NnxStep(loc, n, False, t, fork=_fork(f.get("fork_rngs"))))
         elif key == "lazy_init":
             if arg is not None:
                 raise SpecError("`lazy_init` takes nothing: it is one call of the model under bridge.lazy_init", loc)
@@ -627,6 +777,9 @@ def nnx_spec(top: Fields, file: str, impl: str, partitionable: bool, rngs: dict[
     parser = NnxParser()
     parser.version = None if version is None else version_tuple(version)
     parser.key_source = key_source
+    for e in run:
+        if isinstance(e, NnxStep) and e.fork is not None and parser.lacks("fork_rngs"):
+            raise parser.too_old("fork_rngs", e.loc)
     model = parser.module(top.need("model"))
     return NnxSpec(file, impl, partitionable, rngs, model, run, flax_version=version)
 

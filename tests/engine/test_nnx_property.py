@@ -4,9 +4,12 @@ Each example draws a tree of user modules whose __init__ builds standard layers 
 what they draw), Dropout and attention (which fork their stream), submodules given the caller's Rngs or
 `rngs.fork()`, and `rngs.<stream>()` draws (streams that exist, fall back to `default`, or do not exist); whose
 __call__ calls those layers and submodules (some more than once, some under nnx.scan with streams carried or
-broadcast, or nnx.vmap with streams split or broadcast) and draws from a kept Rngs; stacked modules (split_rngs
-around vmap at construction) called by nnx.scan or nnx.vmap over their axis; then calls the model several
-times (`steps`), or runs calls, stale jitted steps, nnx.reseed events and calls under nnx.vmap/nnx.scan (`run`). Every key NNX hands out (construction and each step) must be derive's, in order, or both
+broadcast, or nnx.vmap with streams split or broadcast, some in nnx.fork_rngs) and draws from a kept Rngs,
+some of it inside nnx.cond, nnx.switch, nnx.fori_loop or nnx.while_loop (nested, a branch or body of any of
+these statements); stacked modules (split_rngs around vmap at construction) called by nnx.scan or nnx.vmap over
+their axis; then calls the model several times (`steps`), or runs calls, stale jitted steps, nnx.reseed events
+and calls under nnx.vmap/nnx.scan or nnx.fork_rngs (`run`). Every key NNX hands out (construction and each
+step) must be derive's, in order, or both
 must raise the same error. RNGAUDIT_NNX_EXAMPLES sets how many (default 40, a fixed set)."""
 
 from __future__ import annotations
@@ -122,9 +125,31 @@ def lane_safe(mod: dict) -> bool:
         child = st_.get("module") if isinstance(st_, dict) else None
         if child is not None and ("stack" in child or not lane_safe(child)):
             return False
-    calls = [c["call"] for c in mod.get("call", []) if isinstance(c, dict) and isinstance(c.get("call"), dict)]
+    calls = [c["call"] for c in flat(mod.get("call", [])) if isinstance(c, dict) and isinstance(c.get("call"), dict)]
     # (a vmap of a new axis has an integer size; `vmap: true` maps a stack's own axis)
     return not any(type(c.get("vmap")) is int for c in calls)
+
+
+def flat(statements: list):
+    """The statements and those in their branches and loop bodies."""
+    for s in statements:
+        yield s
+        if isinstance(s, dict) and "cond" in s:
+            yield from flat(s["cond"]["true_fun"])
+            yield from flat(s["cond"]["false_fun"])
+        elif isinstance(s, dict) and "switch" in s:
+            for b in s["switch"]["branches"]:
+                yield from flat(b)
+        elif isinstance(s, dict) and ("fori_loop" in s or "while_loop" in s):
+            yield from flat(s.get("fori_loop", s.get("while_loop"))["body"])
+
+
+def fork_rngs(draw):
+    """A `fork_rngs:` value: every stream, one tag or some."""
+    if maybe(draw, 0.4):
+        return True
+    tags = draw(st.lists(st.sampled_from(TAGS), unique=True, min_size=1, max_size=2))
+    return tags[0] if len(tags) == 1 and maybe(draw, 0.5) else tags
 
 
 def transform(draw, lanes_ok: bool) -> dict:
@@ -167,20 +192,48 @@ def module(draw, depth: int, n: list, lanes: bool = False, no_keep: bool = False
             children[name] = child
         else:
             init.append(rng_draw(draw))
-    call = []
-    for _ in range(draw(st.integers(1 if depth == 2 else 0, 4))):
+
+    def one(level: int):
+        """A statement of __call__ (or of a branch or loop body `level` deep): a call, a draw or control flow."""
+        if level < 2 and maybe(draw, 0.12):
+            return control(level)
         if names and (not keep or maybe(draw, 0.7)):
             target = draw(st.sampled_from(names))
             child = children.get(target)
             if child is not None and "stack" in child:
-                call.append({"call": {"name": target, draw(st.sampled_from(("scan", "vmap"))): True}})
+                made = {"call": {"name": target, draw(st.sampled_from(("scan", "vmap"))): True}}
             elif maybe(draw, 0.25):
                 safe = not lanes and (child is None or lane_safe(child))
-                call.append({"call": {"name": target, **transform(draw, safe)}})
+                made = {"call": {"name": target, **transform(draw, safe)}}
             else:
-                call.append({"call": target} if maybe(draw, 0.8) else {"call": {"name": target, "repeat": 2}})
-        elif keep:
-            call.append(rng_draw(draw))
+                made = {"call": target} if maybe(draw, 0.8) else {"call": {"name": target, "repeat": 2}}
+            # (a stack forked outside its axis fails in NNX: seldom)
+            if has("fork_rngs") and maybe(draw, 0.15) and (child is None or "stack" not in child or maybe(draw, 0.2)):
+                call_ = made["call"] if isinstance(made["call"], dict) else {"name": made["call"]}
+                made = {"call": {**call_, "fork_rngs": fork_rngs(draw)}}
+            return made
+        if keep:
+            return rng_draw(draw)
+        return None
+
+    def body(level: int) -> list:
+        return [s for s in (one(level + 1) for _ in range(draw(st.integers(0, 3)))) if s is not None]
+
+    def control(level: int) -> dict:
+        """nnx.cond / nnx.switch (an index sometimes out of range: clamped) / a loop, 0 to 3 iterations."""
+        kind = draw(st.sampled_from(("cond", "switch", "fori_loop", "while_loop")))
+        if kind == "cond":
+            return {"cond": {"pred": draw(st.booleans()), "true_fun": body(level), "false_fun": body(level)}}
+        if kind == "switch":
+            n = draw(st.integers(1, 3))
+            return {"switch": {"index": draw(st.integers(-1, n)), "branches": [body(level) for _ in range(n)]}}
+        return {kind: {"iterations": draw(st.integers(0, 3)), "body": body(level)}}
+
+    call = []
+    for _ in range(draw(st.integers(1 if depth == 2 else 0, 4))):
+        made = one(0)
+        if made is not None:
+            call.append(made)
     if init:
         mod["init"] = init
     if call:
@@ -217,7 +270,10 @@ def run_event(draw, lanes_ok: bool):
         names = draw(st.lists(st.sampled_from(ASKED), unique=True, min_size=1, max_size=3))
         return {"reseed": {s: draw(st.integers(0, 5)) for s in names}}
     if kind == "transformed":
-        return {"call": {"n": draw(st.integers(1, 2)), **transform(draw, lanes_ok)}}
+        fork = {"fork_rngs": fork_rngs(draw)} if has("fork_rngs") and maybe(draw, 0.25) else {}
+        return {"call": {"n": draw(st.integers(1, 2)), **transform(draw, lanes_ok), **fork}}
+    if kind == "call" and has("fork_rngs") and maybe(draw, 0.15):
+        return {"call": {"n": draw(st.integers(1, 2)), "fork_rngs": fork_rngs(draw)}}
     return kind if maybe(draw, 0.6) else {kind: draw(st.integers(1, 2))}
 
 
@@ -226,6 +282,6 @@ def run_event(draw, lanes_ok: bool):
 def test_random_nnx_models_match_nnx(text):
     result = check_against_nnx(parse_spec(text, "<hypothesis>"))
     event(f"nnx raises {result['error']}" if "error" in result else "keys" if result["keys"] else "no keys")
-    for word in ("stack:", "vmap:", "scan:", "split:", "broadcast:"):
+    for word in ("stack:", "vmap:", "scan:", "split:", "broadcast:", "cond:", "switch:", "_loop:", "fork_rngs:"):
         if word in text:
             event(f"has {word[:-1]}")
