@@ -27,7 +27,15 @@ from ..engine.nnx import NnxKey, replay_nnx, rules_of
 from ..errors import Location
 from ..spec.nnx import NnxSpec
 
-NNX_FAILING = ("shared_stream_key", "count_rewind", "broadcast_lanes", "frozen_scan_broadcast", "keyless_dropout")
+NNX_FAILING = (
+    "shared_stream_key",
+    "count_rewind",
+    "broadcast_lanes",
+    "frozen_scan_broadcast",
+    "keyless_dropout",
+    "concatenation",  # (Linen's classes, for the keys of a bridge.ToNNX's Linen module)
+    "hash_word",
+)
 NNX_CATEGORIES = NNX_FAILING + ("reseed_order", "reseed_repeat", "scan_broadcast", "default_fallback", "unsplit_lanes")
 
 
@@ -53,6 +61,7 @@ class NnxSite:
     linen_lane: tuple[int, ...] = ()  # a bridge.ToNNX's Linen key: its lane in Linen's transforms
     linen: bool = False  # a bridge.ToNNX's Linen key
     given: str = ""  # a key given to a Dropout's call (no stream drew it)
+    linen_input: bytes = b""  # a bridge.ToNNX's Linen key: what Linen hashed (path and count)
 
     @property
     def path_str(self) -> str:
@@ -122,6 +131,7 @@ def _site(i: int, k: NnxKey, count: int, key) -> NnxSite:
         k.linen_lane,
         bool(k.linen),
         k.given,
+        k.linen_input,
     )
 
 
@@ -162,9 +172,16 @@ def _cause(s: NnxSite, earlier: list[NnxSite]) -> str:
     if same:
         if s.stale or any(e.stale for e in same):
             return "stale"
-        if s.linen and any(e.linen and e.step == s.step and e.chain == s.chain for e in same):
-            # one call of a bridge.ToNNX: the Linen module's lanes share the key it gave that stream
-            return "unsplit_lanes"
+        one_call = [e for e in same if e.linen and e.step == s.step and e.chain == s.chain]
+        if s.linen and one_call:
+            # one call of a bridge.ToNNX: Linen hashed two draws into the key that call gave the stream
+            if any(
+                e.linen_input == s.linen_input and e.linen_lane != s.linen_lane and e.site == s.site for e in one_call
+            ):
+                return "unsplit_lanes"  # one draw in several lanes of a Linen transform that does not split it
+            if any(e.linen_input == s.linen_input for e in one_call):
+                return "linen_concatenation"  # two Linen paths hash to the same bytes
+            return "linen_hash_word"  # other bytes, the same 32-bit word
         if "vmap" in s.broadcast and any(
             "vmap" in e.broadcast and e.step == s.step and e.lane != s.lane and e.chain == s.chain for e in same
         ):
@@ -199,6 +216,10 @@ _BECAUSE = {
     "draws the keys the call before drew",
     "scan_broadcast": "the stream is broadcast into nnx.scan, so every step of one scan draws the same key "
     "(the recurrent-dropout pattern: one mask per sequence)",
+    "linen_concatenation": "Linen hashes the module path and count of the two draws inside the bridge.ToNNX's Linen "
+    "module to the same bytes (names that concatenate alike, or a count that meets a name: Linen's classes 1-2)",
+    "linen_hash_word": "Linen hashes the two draws inside the bridge.ToNNX's Linen module to other bytes with the "
+    "same 32-bit word (Linen's class 3)",
     "unsplit_lanes": "a lifted transform (nn.vmap, nn.scan) of the bridge.ToNNX's Linen module does not split "
     "this stream, so its lanes get the same key",
 }
@@ -223,12 +244,18 @@ _FIX = {
     "the stream (StateAxes {...: nnx.Carry})",
     "scan_broadcast": "intended for recurrent dropout; carry the stream (StateAxes {...: nnx.Carry}) if each "
     "step should draw its own key",
+    "linen_concatenation": "rename one of the Linen modules, or set flax_fix_rng_separator (a separator between the "
+    "hashed names; it changes every Linen key)",
+    "linen_hash_word": "rename one of the Linen modules (a 32-bit word collision is chance: any change of name moves "
+    "it)",
     "unsplit_lanes": "intended when the lanes should share it (one mask for the ensemble); otherwise split it in "
     "the Linen transform (split_rngs={'<stream>': True})",
 }
 # the category of a group: its most serious cause
 _CATEGORY = (
     ("shared", "shared_stream_key"),
+    ("linen_concatenation", "concatenation"),
+    ("linen_hash_word", "hash_word"),
     ("stale", "count_rewind"),
     ("pass_through", "count_rewind"),
     ("keyless", "keyless_dropout"),

@@ -23,7 +23,7 @@ The rules (FLAX_NNX_RULES.md, flax/nnx/rnglib.py, flax/nnx/nn/*.py, Flax 0.11 an
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..errors import FlaxError, Location, SpecError
@@ -103,6 +103,7 @@ class NnxKey:
     linen: str = ""  # a key of a bridge.ToNNX module's Linen init/apply: where Linen hashed it (the key is not
     # fold_in(stream key, count) but Linen's path and count hashed into the key the call drew)
     linen_lane: tuple[int, ...] = ()  # its Linen vmap lane / scan step / while iteration indices, outermost first
+    linen_input: bytes = b""  # what Linen hashed for it (path and count)
     given: str = ""  # a key given to a Dropout's call (as written in the spec): used as it is, no stream drew it
 
     @property
@@ -330,9 +331,12 @@ class NnxReplayer:
         )
         new.lanes, new.lane = s.lanes, s.lane
         if self.stacking and not new.lanes:
-            # forked in a stacked member from a stream every member shares: nnx.vmap stacks the forks
+            # forked in a stacked member from a stream every member shares: one key for every lane while the
+            # members are built (what it draws then, every lane draws alike), stacked by nnx.vmap's out_axes
             new.lanes, new.lane = self.stacking, self.lane
             new.path = f"{path}[{self.lane}]"
+            if id(s) in self.broadcast:
+                self.broadcast = self.broadcast | {id(new)}
         return new
 
     # ---------------------------------------------------------------- construction
@@ -424,7 +428,19 @@ class NnxReplayer:
                 "inside NNX lanes or steps yet",
                 loc,
             )
-        if not init and not b.initialized:
+        if not init and not b.initialized and b.has_params is None:
+            # apply on no variables works for a Linen module that makes none (nn.Dropout, make_rng only)
+            probe = linen_keys(
+                b.st.module,
+                {"params": (0,) * self.engine.width},
+                True,
+                self.spec.prng_impl,
+                self.spec.threefry_partitionable,
+                self.spec.file,
+                loc,
+            )
+            b.has_params = any(d.kind == "param" for d, _ in probe)
+        if not init and not b.initialized and b.has_params:
             raise FlaxError(
                 "ScopeCollectionNotFound",
                 f"the Linen module of bridge.ToNNX at {b.path} has no variables: it is called before "
@@ -448,9 +464,12 @@ class NnxReplayer:
         self.total += len(rows)
         if self.total > MAX_NNX_DRAWS:
             raise SpecError(f"the model draws more than {MAX_NNX_DRAWS} keys; reduce `repeat` or `steps`", loc)
+        # (a second call in one step names its Linen sites `enc#2.Dense_0`: a site is one draw per step)
+        nth = b.calls_in_step[self.step] = b.calls_in_step.get(self.step, 0) + 1
+        at = b.path if nth == 1 else f"{b.path}#{nth}"
         for d, key in rows:
             s, chain = served[d.stream]
-            site = ".".join((b.path,) + d.path + ((d.label,) if d.kind == "param" and d.label else ()))
+            site = ".".join((at,) + d.path + ((d.label,) if d.kind == "param" and d.label else ()))
             self.fixed[len(self.keys)] = key
             self.keys.append(
                 NnxKey(
@@ -472,6 +491,7 @@ class NnxReplayer:
                     + (f" lane {list(d.lane)}" if d.lane else "")
                     + (f" (sha1 word {d.hash_word})" if d.base is not None else ""),
                     linen_lane=d.lane,
+                    linen_input=d.hash_input,
                 )
             )
         b.initialized = b.initialized or init
@@ -521,6 +541,14 @@ class NnxReplayer:
                     import numpy as np
 
                     lanes[name] = (np.asarray([base] * n, dtype=np.uint32), chain)
+        if not lanes:
+            # nnx.vmap(in_axes=(StateAxes({only: 0, ...: None}),)) with nothing that `only` names: nothing mapped
+            raise FlaxError(
+                "ValueError",
+                "vmap must have at least one non-None value in in_axes or axis_size must be specified (no stream of "
+                f"the Rngs that builds {path} has a tag `only` names: {', '.join(st.only)})",
+                st.loc,
+            )
         how = "split" if st.rngs != "broadcast" else "broadcast"
         members = []
         start = {name: c.count for name, c in copies.items()}
@@ -908,6 +936,8 @@ class Bridge:
     path: str
     rngs: Rngs
     initialized: bool = False
+    has_params: bool | None = None  # whether its Linen init makes params (known once asked)
+    calls_in_step: dict[int, int] = field(default_factory=dict)
 
     @property
     def stateful(self) -> bool:

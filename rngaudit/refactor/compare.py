@@ -209,7 +209,7 @@ def _nnx_same_key(e: Entry, cmp: Comparison, index: dict) -> tuple[str, Entry] |
     after it."""
     s = e.site
     want = "gone" if e.status == "new" else "new"
-    for f in index.get((want, s.key, s.stream, s.count), ()):
+    for f in index.get((want, s.key, s.stream, s.count, s.kind, s.label, _leaf(s)), ()):
         t = f.site
         a, b = (t, s) if e.status == "new" else (s, t)
         if a.path in index["new paths"] or b.path in index["old paths"]:
@@ -222,13 +222,21 @@ def _nnx_same_key(e: Entry, cmp: Comparison, index: dict) -> tuple[str, Entry] |
     return None
 
 
+def _leaf(s: Site) -> str:
+    """What a site's last path part says of the layer (`kernel`, `Dropout_0`): a move keeps it, a layer replaced
+    by another kind (a Linear by a LayerNorm drawing the same counts) does not."""
+    return s.path[-1] if len(s.path) > 1 else ""  # (a one-part path is the module's own name: renamed)
+
+
 def _same_key_index(cmp: Comparison) -> dict:
-    """The new and gone entries by (status, key, stream, count), and the paths of each side."""
+    """The new and gone entries by (status, key, stream, count, kind, label, last path part), and the paths of
+    each side."""
     assert cmp.old is not None and cmp.new is not None
     index: dict = {"old paths": {t.path for t in cmp.old.sites}, "new paths": {t.path for t in cmp.new.sites}}
     for f in cmp.entries:
         if f.status in ("new", "gone"):
-            index.setdefault((f.status, f.site.key, f.site.stream, f.site.count), []).append(f)
+            t = f.site
+            index.setdefault((f.status, t.key, t.stream, t.count, t.kind, t.label, _leaf(t)), []).append(f)
     return index
 
 

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import RngauditError, UnsupportedError, UsageError, UserCodeError
+from ..errors import InternalError, RngauditError, UnsupportedError, UsageError, UserCodeError
 from ..spec.nnx import LAYER_OPTIONS
 from ..usercode import CodeRef, first_line, load
 from .keys_file import Capture, Site
@@ -575,6 +575,13 @@ class _SpecBuilder:
             )
         first = inits[0]
         apply = next((c for c in calls if not c.init), None)
+        applies = [c for c in calls if not c.init]
+        if any(_static(c) != _static(applies[0]) for c in applies):
+            # (each call's Linen keys are replayed from the first apply's statements: they must do the same)
+            raise self.unsupported(
+                f"{where} (bridge.ToNNX) is called with different arguments from call to call (e.g. train=...), so "
+                "its Linen module may draw differently each time; an NNX spec has one Linen module per ToNNX"
+            )
         model = _linen_module(obj.to_nnx__module, first, apply, f"{self.target} ({where})")
         return {"name": where.split(".", 1)[1], "module": model, **({"lazy_init": False} if first.whole else {})}
 
@@ -682,6 +689,23 @@ class _SpecBuilder:
         return out
 
 
+def _static(call: BridgeCall) -> tuple:
+    """What a ToNNX call's arguments fix about its Linen computation: arrays by shape and dtype, the rest by
+    value (or type, where a value cannot be compared)."""
+
+    def one(v):
+        shape = getattr(v, "shape", None)
+        if shape is not None and hasattr(v, "dtype"):
+            return ("array", tuple(shape), str(v.dtype))
+        try:
+            hash(v)
+            return ("value", v)
+        except TypeError:
+            return ("object", type(v).__name__)
+
+    return tuple(one(a) for a in call.args), tuple(sorted((k, one(v)) for k, v in call.kwargs.items()))
+
+
 def _linen_module(module, init: BridgeCall, apply: BridgeCall | None, target: str) -> dict:
     """The Linen spec's `model:` of a ToNNX's module: observed by Linen capture in its init from the keys the
     ToNNX call gave it, checked to replay that init (and the first apply) key for key; nothing else is trusted."""
@@ -693,10 +717,9 @@ def _linen_module(module, init: BridgeCall, apply: BridgeCall | None, target: st
 
 
 def _linen_module_observed(module, init: BridgeCall, apply: BridgeCall | None, target: str) -> dict:
-    import yaml
 
     from ..engine.nnx_bridge import linen_rngs
-    from .capture import observe_module, verify_spec_text
+    from .capture import observe_module
     from .specgen import model_doc
 
     assert init.keys is not None
@@ -711,16 +734,37 @@ def _linen_module_observed(module, init: BridgeCall, apply: BridgeCall | None, t
     if apply is not None and apply.keys is not None:
         checks.append(observe_module(module, apply.args, apply.kwargs, linen_rngs(apply.keys), "apply", target)[0])
     for c in checks:
-        doc = {
-            "rngaudit": 1,
-            "flax": {"fix_rng_separator": c.settings["fix_rng_separator"]},
-            "jax": {k: c.settings[k] for k in ("prng_impl", "threefry_partitionable")},
-            "phase": c.phase,
-            "rngs": c.rngs,
-            "model": model,
-        }
-        verify_spec_text(yaml.safe_dump(doc, sort_keys=False), c)
+        if c.phase == "apply":
+            # the module read from its init must draw in apply as Flax does (a make_rng under
+            # self.is_initializing(), or an argument init and apply differ in, makes them differ)
+            try:
+                _check_linen(model, c)
+            except InternalError:
+                raise UnsupportedError(
+                    f"capture of {target}: the Linen module draws differently in apply than in init (a draw under "
+                    "self.is_initializing(), or an argument lazy_init and the calls differ in); an NNX spec replays "
+                    "one Linen module for both, so no spec was written"
+                ) from None
+            continue
+        _check_linen(model, c)
     return model
+
+
+def _check_linen(model: dict, c) -> None:
+    """The Linen spec of `model` replays capture `c` (its phase, keys and settings) key for key, or InternalError."""
+    import yaml
+
+    from .capture import verify_spec_text
+
+    doc = {
+        "rngaudit": 1,
+        "flax": {"fix_rng_separator": c.settings["fix_rng_separator"]},
+        "jax": {k: c.settings[k] for k in ("prng_impl", "threefry_partitionable")},
+        "phase": c.phase,
+        "rngs": c.rngs,
+        "model": model,
+    }
+    verify_spec_text(yaml.safe_dump(doc, sort_keys=False), c)
 
 
 def _axis_of(in_axes, pos: int):
@@ -896,6 +940,13 @@ def _run_nnx_capture(target: CodeRef, inputs: list[InputSpec], seeds: dict[str, 
         if inputs:
             args, kwargs = example_inputs(inputs)
         whole = id(model) in rec.calls  # called in the factory: bridge.lazy_init(model, x)
+        tonnx = _tonnx()
+        if tonnx is not None and isinstance(model, tonnx):
+            raise UnsupportedError(
+                f"capture of {target.text}: the model is a bridge.ToNNX itself; capture reads a module of yours that "
+                "builds it (class Model(nnx.Module): self.enc = bridge.ToNNX(..., rngs=rngs)), so that a spec can "
+                "say where it is"
+            )
         if whole and not any(c.whole and c.init for calls in rec.bridges.values() for c in calls):
             raise UnsupportedError(
                 f"capture of {target.text}: the factory calls the model (capture calls it --steps times itself); "

@@ -427,6 +427,12 @@ class NnxParser:
                         on.loc,
                     )
                 only = _streams(on, "`only:`")
+                if not only:
+                    raise SpecError(
+                        "`only:` names at least one stream (rngs.split({...: None}) splits none, and nnx.vmap then "
+                        "has nothing to map); drop `only:` to split every stream",
+                        on.loc,
+                    )
             inner = YNode(
                 {k: v for k, v in arg.value.items() if k not in ("name", "rngs", "stack", "only")},
                 arg.loc,
@@ -446,7 +452,7 @@ class NnxParser:
                         ),
                         arg.loc,
                     )
-            return NnxChild(loc, f.text("name", f"{mod.cls.lower()}_{n}"), mod, mode, stack, only)
+            return NnxChild(loc, _attribute(f, f"{mod.cls.lower()}_{n}") or "", mod, mode, stack, only)
         return self.layer(key, arg, loc, n)
 
     def layer(self, kind: str, arg: YNode | None, loc, n: int) -> NnxLayer:
@@ -476,7 +482,7 @@ class NnxParser:
             else:
                 v = as_str(node, f"`{k}`")
             opts.append((k, v))
-        name = f.text("name") if f is not None else None
+        name = _attribute(f, None) if f is not None else None
         if "keep_rngs" in values and self.lacks("keep_rngs"):
             raise self.too_old("keep_rngs", values["keep_rngs"].loc)
         if kind in SINCE and self.lacks(kind):
@@ -506,7 +512,7 @@ class NnxParser:
             )
         module = BodyParser().target(f.need("module"), "the Linen `module` of ToNNX")
         check_budget(module)
-        return NnxBridge(loc, f.text("name", f"tonnx_{n}"), module, mode, f.flag("lazy_init", True))
+        return NnxBridge(loc, _attribute(f, f"tonnx_{n}") or "", module, mode, f.flag("lazy_init", True))
 
     def draw(self, arg: YNode | None, loc) -> NnxDraw:
         if arg is None:
@@ -638,6 +644,19 @@ def _fork(node: YNode | None) -> tuple[str, ...] | None:
 
 
 TRANSFORM_KEYS = ("vmap", "scan", "split", "broadcast")
+
+
+def _attribute(f: Fields, default: str | None) -> str | None:
+    """An attribute's `name:`: a Python identifier, or a path through containers (`blocks.0`, as capture names
+    what an nnx.List holds)."""
+    name = f.text("name", default)
+    if name is not None and name is not default and not all(p.isidentifier() or p.isdigit() for p in name.split(".")):
+        raise SpecError(
+            f"`name` {name!r} is not an attribute name (self.{name} = ...): use a Python identifier (or a path "
+            "through containers such as blocks.0)",
+            f.need("name").loc,
+        )
+    return name
 
 
 def _keeps_shared(mod: NnxModule, old: bool = False) -> str | None:

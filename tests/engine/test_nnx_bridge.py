@@ -245,3 +245,57 @@ def test_a_linen_vmap_inside_tonnx_that_does_not_split_dropout_is_unsplit_lanes(
         # the Linen init's and the call's masks: one key for the 3 lanes each, explained as Linen's unsplit lanes
         assert [(c.category, c.failing, len(c.sites)) for c in found] == [("unsplit_lanes", False, 3)] * 2
         assert all("does not split this stream" in c.why and "nnx.reseed" not in c.why for c in found)
+
+
+def test_a_linen_concatenation_inside_tonnx_is_linen_s_failing_class_not_lanes():
+    """ab/cdef and abc/def hash to the same bytes in Linen (class 1): inside a ToNNX as outside."""
+    from rngaudit.collision.nnx import audit_nnx
+
+    text = """
+    rngs: {params: 0, dropout: 1}
+    model:
+      class: M
+      init:
+        - ToNNX:
+            name: enc
+            module:
+              class: E
+              body:
+                - module: {class: Leaf, name: ab, body: [{module: {class: Leaf, name: cdef, body: [make_rng: dropout]}}]}
+                - module: {class: Leaf, name: abc, body: [{module: {class: Leaf, name: def, body: [make_rng: dropout]}}]}
+      call: [call: enc]
+    """
+    agree(text)  # the two keys are equal in real Flax
+    found = audit_nnx(spec_of(text)).collisions
+    assert [(c.category, c.failing) for c in found] == [("concatenation", True)] * 2
+    assert all("same bytes" in c.why and "lifted transform" not in c.why for c in found)
+
+
+def test_a_tonnx_called_twice_in_a_step_names_its_second_call_s_linen_sites():
+    text = """
+    rngs: {params: 0, dropout: 1}
+    steps: 2
+    model:
+      class: M
+      init:
+        - ToNNX: {name: enc, module: {class: E, body: [{Dense: {features: 2}}, {Dropout: {rate: 0.5, deterministic: false}}]}}
+      call:
+        - call: {name: enc, repeat: 2}
+    """
+    agree(text)
+    sites = [c.derivation.site for c in derive(spec_of(text)).calls if c.derivation.linen and c.derivation.step == 1]
+    assert sites == ["enc.Dropout_0", "enc#2.Dropout_0"]
+
+
+def test_a_tonnx_of_a_linen_module_without_variables_needs_no_lazy_init():
+    text = """
+    rngs: {params: 0, dropout: 1}
+    steps: 2
+    model:
+      class: M
+      init:
+        - ToNNX: {name: drop, lazy_init: false, module: {Dropout: {rate: 0.5, deterministic: false}}}
+      call: [call: drop]
+    """
+    got = agree(text)  # real NNX applies it on no variables
+    assert got["linen"] == 2

@@ -96,6 +96,8 @@ def layer(draw, keeps_ok: bool = True):
             o["rng_collection"] = draw(st.sampled_from(ASKED))
         if maybe(draw, 0.15):
             o["deterministic"] = True
+        if has("a key given to a Dropout call") and maybe(draw, 0.15):
+            o["rngs"] = False  # nnx.Dropout(rate): a key comes with each call
     elif kind == "MultiHeadAttention":
         o["dropout_rate"] = draw(st.sampled_from((0.0, 0.5) if keeps_ok else (0.0,)))
         for k in ("use_bias", "normalize_qk"):
@@ -160,6 +162,33 @@ def transform(draw, lanes_ok: bool) -> dict:
     return {"scan": draw(st.integers(1, 3)), **({"broadcast": tags} if tags else {})}
 
 
+def linen_body(draw, depth: int = 1) -> list:
+    """A Linen module's body for a bridge.ToNNX: standard layers, make_rng of any stream (a missing one falls back
+    to params), params, a child module."""
+    body: list = []
+    for i in range(draw(st.integers(0, 4))):
+        kind = draw(st.sampled_from(("Dense", "Dropout", "make_rng", "param") + (("module",) if depth else ())))
+        if kind == "Dense":
+            body.append({"Dense": {"features": 2, **({"use_bias": False} if maybe(draw, 0.3) else {})}})
+        elif kind == "Dropout":
+            body.append({"Dropout": {"rate": 0.5, "deterministic": maybe(draw, 0.2)}})
+        elif kind == "make_rng":
+            body.append({"make_rng": draw(st.sampled_from(ASKED))})
+        elif kind == "param":
+            body.append({"param": f"w{i}"})
+        else:
+            body.append({"module": {"class": f"L{i}", "body": linen_body(draw, depth - 1)}})
+    return body
+
+
+def bridged(mod: dict) -> bool:
+    """Whether a module holds a bridge.ToNNX (itself or a child): it is called plainly (rngaudit does not model a
+    ToNNX in lanes, steps or control flow)."""
+    return any(
+        isinstance(s, dict) and ("ToNNX" in s or ("module" in s and bridged(s["module"]))) for s in mod.get("init", [])
+    )
+
+
 @st.composite
 def module(draw, depth: int, n: list, lanes: bool = False, no_keep: bool = False):
     """A user module; `lanes`: it runs in a vmap lane or as a stack's member (no new lanes inside); `no_keep`:
@@ -171,14 +200,24 @@ def module(draw, depth: int, n: list, lanes: bool = False, no_keep: bool = False
         mod["keep_rngs"] = True
     init, names = [], []
     children: dict[str, dict] = {}
+    dropouts: set[str] = set()
     for i in range(draw(st.integers(1 if depth == 2 else 0, 5))):
         kinds = ("layer", "layer", "layer", "draw") + (("module",) if depth > 0 else ())
         what = draw(st.sampled_from(kinds + (("stack",) if depth > 0 and not lanes else ())))
+        if not lanes and has("ToNNX") and maybe(draw, 0.08):
+            what = "bridge"
         name = f"a{i}"
-        if what == "layer":
+        if what == "bridge":
+            module_ = {"class": f"E{i}", "body": linen_body(draw)}
+            init.append({"ToNNX": {"name": name, "module": module_}})
+            names.append(name)
+            children[name] = {"init": [{"ToNNX": {}}]}  # (for bridged())
+        elif what == "layer":
             kind, o = draw(layer(keeps_ok=not (no_keep and FLAX < (0, 11))))
             init.append({kind: {"name": name, **o}})
             names.append(name)
+            if kind == "Dropout":
+                dropouts.add(name)
         elif what in ("module", "stack"):
             fork = what == "module" and maybe(draw, 0.4) and has("rngs: fork")
             child = draw(module(depth - 1, n, lanes or what == "stack", (no_keep and not fork) or what == "stack"))
@@ -187,6 +226,11 @@ def module(draw, depth: int, n: list, lanes: bool = False, no_keep: bool = False
                 child["rngs"] = "fork"
             if what == "stack":
                 child["stack"] = draw(st.integers(1, 3))
+                if has("rngs: broadcast") and maybe(draw, 0.35):
+                    # nnx.vmap over rngs.split(N) / rngs.broadcast(N), the mapping form passing the rest through
+                    child["rngs"] = draw(st.sampled_from(("split", "split", "broadcast")))
+                    if maybe(draw, 0.4):
+                        child["only"] = draw(st.lists(st.sampled_from(TAGS), unique=True, min_size=1, max_size=2))
             init.append({"module": child})
             names.append(name)
             children[name] = child
@@ -200,6 +244,12 @@ def module(draw, depth: int, n: list, lanes: bool = False, no_keep: bool = False
         if names and (not keep or maybe(draw, 0.7)):
             target = draw(st.sampled_from(names))
             child = children.get(target)
+            if child is not None and bridged(child):
+                # (a ToNNX, or a module holding one: called plainly, outside control flow)
+                return {"call": target} if level == 0 else None
+            if target in dropouts and maybe(draw, 0.25):
+                # drop(x, rngs=key): a key given at the call, used as it is
+                return {"call": {"name": target, "key": draw(st.integers(0, 3)), "repeat": draw(st.integers(1, 2))}}
             if child is not None and "stack" in child:
                 made = {"call": {"name": target, draw(st.sampled_from(("scan", "vmap"))): True}}
             elif maybe(draw, 0.25):
@@ -248,6 +298,8 @@ def nnx_specs(draw) -> str:
     if maybe(draw, 0.6) and "params" not in streams:
         streams.insert(0, "params")
     model = draw(module(2, [0]))
+    if bridged(model) and "params" not in streams and "default" not in streams:
+        streams.insert(0, "params")  # (a Linen param without a params key is Flax's error, outside the oracle's)
     doc = {
         "rngaudit": 1,
         "flavour": "nnx",
@@ -259,13 +311,13 @@ def nnx_specs(draw) -> str:
     if maybe(draw, 0.5):
         doc["steps"] = draw(st.integers(0, 3))
     else:
-        doc["run"] = draw(st.lists(run_event(lane_safe(model)), min_size=1, max_size=5))
+        doc["run"] = draw(st.lists(run_event(lane_safe(model), bridged(model)), min_size=1, max_size=5))
     return yaml.safe_dump(doc, sort_keys=False)
 
 
 @st.composite
-def run_event(draw, lanes_ok: bool):
-    kind = draw(st.sampled_from(("call", "call", "stale_call", "reseed", "transformed")))
+def run_event(draw, lanes_ok: bool, bridge: bool = False):
+    kind = draw(st.sampled_from(("call", "call", "stale_call", "reseed") + (() if bridge else ("transformed",))))
     if kind == "reseed":
         names = draw(st.lists(st.sampled_from(ASKED), unique=True, min_size=1, max_size=3))
         return {"reseed": {s: draw(st.integers(0, 5)) for s in names}}
@@ -282,6 +334,21 @@ def run_event(draw, lanes_ok: bool):
 def test_random_nnx_models_match_nnx(text):
     result = check_against_nnx(parse_spec(text, "<hypothesis>"))
     event(f"nnx raises {result['error']}" if "error" in result else "keys" if result["keys"] else "no keys")
-    for word in ("stack:", "vmap:", "scan:", "split:", "broadcast:", "cond:", "switch:", "_loop:", "fork_rngs:"):
+    for word in (
+        "stack:",
+        "vmap:",
+        "scan:",
+        "split:",
+        "broadcast:",
+        "cond:",
+        "switch:",
+        "_loop:",
+        "fork_rngs:",
+        "ToNNX:",
+        "key:",
+        "rngs: split",
+        "rngs: broadcast",
+        "only:",
+    ):
         if word in text:
             event(f"has {word[:-1]}")

@@ -133,3 +133,22 @@ def test_bad_split_rngs_are_one_error_line(tmp_path, text, message):
         derive(path)
     r = invoke("derive", path)
     assert r.exit_code == 2 and r.stderr.startswith(f"error: {path}:") and len(r.stderr.splitlines()) == 1
+
+
+def test_only_naming_no_stream_of_the_rngs_maps_nothing_as_in_nnx():
+    text = """
+    rngs: {params: 0, dropout: 1}
+    model:
+      class: M
+      init:
+        - module: {name: members, class: C, stack: 2, rngs: split, only: noise, init: [{Linear: {name: l}}]}
+    """
+    assert check_against_nnx(spec_of(text)) == {"error": "ValueError"}
+
+
+def test_only_with_no_stream_is_an_error(tmp_path):
+    path = write(
+        tmp_path, "bad.yaml", HEAD + "model: {class: M, init: [{module: {class: C, stack: 2, rngs: split, only: []}}]}"
+    )
+    r = invoke("derive", path)
+    assert r.exit_code == 2 and "`only:` names at least one stream" in r.stderr and len(r.stderr.splitlines()) == 1

@@ -770,3 +770,64 @@ def test_diff_of_a_renamed_bridge_explains_every_key_by_the_key_that_moved(tmp_p
     assert all(e["status"] == "moved" and e["old_key"] == e["new_key"] for e in entries)
     assert all(e["old_path"][0] == "block" and e["path"][0] == "encoder" for e in entries)
     assert all(any("the same key" in w for w in e["why"]) for e in entries), entries
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        # a second call with another static argument: its Linen module draws otherwise (no Dropout key)
+        ("return self.block(self.block(x), train=False)", "called with different arguments from call to call"),
+    ],
+)
+def test_a_bridge_whose_calls_differ_is_refused_and_nothing_written(tmp_path, call, message):
+    source = BRIDGE.replace(
+        "def __call__(self, x):\n        return nn.Dropout(0.5, deterministic=False)(nn.Dense(4)(x))",
+        "def __call__(self, x, train=True):\n        return nn.Dropout(0.5, deterministic=not train)(nn.Dense(4)(x))",
+    ).replace("return self.drop(self.block(self.embed(x)))", call)
+    assert "train=True" in source and call in source
+    f = write(tmp_path, "m.py", source)
+    spec, keys = tmp_path / "out.yaml", tmp_path / "keys.json"
+    r = invoke("capture", f"{f}:make_model", "-o", spec, "--keys", keys, "--rngs", "params=0,dropout=1", "--steps", "2")
+    assert r.exit_code == 2 and message in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+    assert not spec.exists() and not keys.exists()
+
+
+def test_a_linen_module_drawing_only_in_init_is_refused_with_the_reason(tmp_path):
+    source = BRIDGE.replace(
+        "return nn.Dropout(0.5, deterministic=False)(nn.Dense(4)(x))",
+        "if self.is_initializing():\n            self.make_rng('dropout')\n        return nn.Dense(4)(x)",
+    )
+    f = write(tmp_path, "m.py", source)
+    r = invoke("capture", f"{f}:make_model", "-o", tmp_path / "o.yaml", "--rngs", "params=0,dropout=1")
+    assert r.exit_code == 2 and "draws differently in apply than in init" in r.stderr, r.stderr
+    assert not (tmp_path / "o.yaml").exists()
+
+
+def test_a_bridge_called_twice_a_step_captures_and_verifies(tmp_path):
+    f = write(tmp_path, "m.py", BRIDGE.replace("self.drop(self.block(self.embed(x)))", "self.block(self.block(x))"))
+    spec, doc = capture(tmp_path, f"{f}:make_model", "--rngs", "params=0,dropout=1", "--steps", "2")
+    assert_real_nnx_agrees(spec, doc)
+    assert any(c["path"][0] == "block#2" for c in doc["calls"])
+    for against in (f"{f}:make_model", tmp_path / "keys.json"):
+        r = invoke("verify", spec, "--against", against)
+        assert r.exit_code == 0 and "0 differ, 0 missing, 0 extra" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_layer_replaced_by_another_kind_is_not_a_move(tmp_path):
+    """A Linear replaced by a LayerNorm draws the same params counts: kernel -> scale is not a rename."""
+    old = write(tmp_path, "old.py", MLP)
+    new = write(
+        tmp_path,
+        "new.py",
+        MLP.replace(
+            "self.linear2 = nnx.Linear(dhidden, dout, rngs=rngs)", "self.norm = nnx.LayerNorm(dhidden, rngs=rngs)"
+        ).replace("return self.linear2(x)", "return self.norm(x)"),
+    )
+    for name, f in (("old", old), ("new", new)):
+        r = invoke("capture", f"{f}:make_model", "--rngs", "params=0,dropout=1", "--keys", tmp_path / f"{name}.json")
+        assert r.exit_code == 0, r.stderr
+    r = invoke("diff", tmp_path / "old.json", tmp_path / "new.json", "-f", "json")
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 1 and doc["summary"]["failing"]
+    moved = {(tuple(e["old_path"]), tuple(e["path"])) for e in doc["sites"] if e["status"] == "moved"}
+    assert (("linear2", "kernel"), ("norm", "scale")) not in moved
