@@ -438,7 +438,8 @@ def derive_records(report) -> list[dict]:
             out.append({"linen": True, "stream": d.tag, "count": d.count, "key": tuple(c.key)})
             continue
         if d.given:
-            out.append({"given": True, "step": d.step, "key": tuple(c.key)})
+            if not ("vmap" in d.broadcast and d.lane > 0):  # (one mask for every lane: NNX computes it once)
+                out.append({"given": True, "step": d.step, "key": tuple(c.key)})
             continue
         if "vmap" in d.broadcast and d.lane > 0:
             continue

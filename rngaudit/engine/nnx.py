@@ -163,6 +163,7 @@ class NnxReplayer:
         self.graph: list[tuple[tuple[str, ...], Stream]] = []
         self.fixed: dict[int, KeyData] = {}  # block -> its key, where it is not fold_in(stream key, count)
         self.stacking = 0  # the size of the stack whose members are being built (0: none)
+        self.vmapping = False  # the lanes being run are nnx.vmap's (not nnx.scan's over a stack)
         self.initializing = False  # in a call under bridge.lazy_init
         self.control = 0  # inside nnx.cond / nnx.switch / a loop (how deep)
 
@@ -772,10 +773,13 @@ class NnxReplayer:
                     + f" ({target.path}'s members hold no parameters, statistics or RNG streams)",
                     loc,
                 )
+            outer_vmap = self.vmapping
+            self.vmapping = t.kind == "vmap"
             for i, member in enumerate(target.members):
                 self.lane = i
                 self.call(member)
             self.lane = -1
+            self.vmapping = outer_vmap
             return
         under = tuple(target.path.split(".")) if target.path else ()
         streams = [s for _, s in self.streams_in_graph_order(under)]
@@ -819,8 +823,9 @@ class NnxReplayer:
                 split.append((s, s.key, s.key_ix, s.chain, s.count, keys, chain))
         shared = [s for s in streams if s.tag not in t.streams]
         start = [s.count for s in shared]
-        outer_broadcast = self.broadcast
+        outer_broadcast, outer_vmap = self.broadcast, self.vmapping
         self.broadcast = self.broadcast | {id(s) for s in shared}
+        self.vmapping = True
         for i in range(n):
             self.lane = i
             for s, _, _, _, _, keys, chain in split:
@@ -831,7 +836,7 @@ class NnxReplayer:
                 s.count = c
             self.call_target(target, loc)
         self.lane = -1
-        self.broadcast = outer_broadcast
+        self.broadcast, self.vmapping = outer_broadcast, outer_vmap
         for s, key, ix, chain, count, _, _ in split:
             s.key, s.key_ix, s.chain, s.count = key, ix, chain, count
 
@@ -863,6 +868,8 @@ class NnxReplayer:
                     stale=self.stale,
                     lane=self.lane,
                     iteration=self.iteration,
+                    # (a key given inside nnx.vmap is the same in every lane: broadcast)
+                    broadcast="vmap" if self.vmapping and self.lane >= 0 else "",
                     scan=self.scan,
                     given=st.key.text,
                 )
