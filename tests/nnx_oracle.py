@@ -556,3 +556,49 @@ def _check_values(report) -> int:
             assert np.array_equal(np.asarray(draw_fn(c.draw)(key)), c.values), f"values of key {c.index} differ"
             n += 1
     return n
+
+
+# ---------------------------------------------------------------- what the NNX spec tests share
+NNX_HEAD = "rngaudit: 1\nflavour: nnx\n"
+
+
+def nnx_spec(text: str):
+    """An NNX spec from the lines after its head (dedented)."""
+    import textwrap
+
+    from rngaudit import parse_spec
+
+    return parse_spec(NNX_HEAD + textwrap.dedent(text))
+
+
+def agree(text: str) -> dict:
+    """check_against_nnx of the spec: every key derive gives is the one real NNX hands out."""
+    return check_against_nnx(nnx_spec(text))
+
+
+def write_nnx_spec(text: str, directory=None) -> str:
+    """The spec written to a file (in a fresh temporary folder unless given); its path."""
+    import tempfile
+    import textwrap
+    from pathlib import Path
+
+    from support import write
+
+    return write(Path(directory or tempfile.mkdtemp()), "spec.yaml", NNX_HEAD + textwrap.dedent(text))
+
+
+def assert_one_error_line(tmp_path, text: str, message: str) -> None:
+    """A bad NNX spec: derive raises SpecError saying `message`, and the command prints one `error: FILE:...`
+    line with it and exits 2."""
+    import pytest
+    from support import invoke
+
+    from rngaudit import SpecError, derive
+
+    path = write_nnx_spec(text, tmp_path)
+    with pytest.raises(SpecError) as e:
+        derive(path)
+    assert message in str(e.value), str(e.value)
+    r = invoke("derive", path)
+    assert r.exit_code == 2 and r.stderr.startswith(f"error: {path}:") and len(r.stderr.splitlines()) == 1
+    assert message in r.stderr

@@ -5,24 +5,13 @@ Linen oracle's hooks, lifted transforms included)."""
 
 from __future__ import annotations
 
-import textwrap
-
 import pytest
-from nnx_oracle import check_against_nnx
-from support import invoke, write
+from nnx_oracle import agree, assert_one_error_line
+from nnx_oracle import nnx_spec as spec_of
+from nnx_oracle import write_nnx_spec as write_spec
+from support import invoke
 
-from rngaudit import FlaxError, SpecError, derive, parse_spec
-
-HEAD = "rngaudit: 1\nflavour: nnx\n"
-
-
-def spec_of(text: str):
-    return parse_spec(HEAD + textwrap.dedent(text))
-
-
-def agree(text: str) -> dict:
-    return check_against_nnx(spec_of(text))
-
+from rngaudit import FlaxError, derive
 
 # the bridge guide's shape: a Linen encoder (Dense, Dropout) inside an NNX model, initialised in __init__
 ENCODER = """
@@ -64,13 +53,6 @@ def test_the_linen_keys_fold_linen_hashes_into_the_key_each_call_drew():
     ]
     out = invoke("derive", write_spec(ENCODER))
     assert out.exit_code == 0 and "Linen dropout at /Dropout_0 count 1" in out.stdout
-
-
-def write_spec(text: str) -> str:
-    import tempfile
-    from pathlib import Path
-
-    return write(Path(tempfile.mkdtemp()), "spec.yaml", HEAD + textwrap.dedent(text))
 
 
 @pytest.mark.parametrize(
@@ -207,11 +189,7 @@ def test_called_before_lazy_init_is_flax_s_error():
     ],
 )
 def test_bad_bridge_statements_are_one_error_line(tmp_path, text, message):
-    path = write(tmp_path, "bad.yaml", HEAD + text)
-    with pytest.raises(SpecError, match=message.replace("(", r"\(")):
-        derive(path)
-    r = invoke("derive", path)
-    assert r.exit_code == 2 and r.stderr.startswith(f"error: {path}:") and len(r.stderr.splitlines()) == 1
+    assert_one_error_line(tmp_path, text, message)
 
 
 ENSEMBLE_IN_TONNX = """

@@ -9,20 +9,12 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from nnx_oracle import check_against_nnx, nnx_keys
+from nnx_oracle import NNX_HEAD as HEAD
+from nnx_oracle import agree, nnx_keys
+from nnx_oracle import nnx_spec as spec_of
 from support import invoke, write
 
-from rngaudit import FlaxError, SpecError, derive, parse_spec
-
-HEAD = "rngaudit: 1\nflavour: nnx\n"
-
-
-def spec_of(text: str):
-    return parse_spec(HEAD + textwrap.dedent(text))
-
-
-def agree(text: str) -> dict:
-    return check_against_nnx(spec_of(text))
+from rngaudit import FlaxError, SpecError, derive
 
 
 def rows(text: str) -> list:

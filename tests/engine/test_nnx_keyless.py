@@ -5,20 +5,14 @@ draw. The `keyless_dropout` collision class: the same key given at every call.""
 
 from __future__ import annotations
 
-import textwrap
-
 import pytest
-from nnx_oracle import check_against_nnx
-from support import invoke, write
+from nnx_oracle import assert_one_error_line, check_against_nnx
+from nnx_oracle import nnx_spec as spec_of
+from nnx_oracle import write_nnx_spec as write_spec
+from support import invoke
 
-from rngaudit import FlaxError, SpecError, derive, parse_spec
+from rngaudit import FlaxError, derive
 from rngaudit.collision.nnx import audit_nnx
-
-HEAD = "rngaudit: 1\nflavour: nnx\n"
-
-
-def spec_of(text: str):
-    return parse_spec(HEAD + textwrap.dedent(text))
 
 
 def model(key: str, rngs: str = "rngs: false", steps: int = 3) -> str:
@@ -77,13 +71,6 @@ def test_a_keyless_dropout_called_without_a_key_is_nnx_s_value_error():
         derive(spec_of(text))
 
 
-def write_spec(text: str) -> str:
-    import tempfile
-    from pathlib import Path
-
-    return write(Path(tempfile.mkdtemp()), "spec.yaml", HEAD + textwrap.dedent(text))
-
-
 @pytest.mark.parametrize(
     "text, message",
     [
@@ -108,8 +95,4 @@ def write_spec(text: str) -> str:
     ],
 )
 def test_bad_given_keys_are_one_error_line(tmp_path, text, message):
-    path = write(tmp_path, "bad.yaml", HEAD + text)
-    with pytest.raises(SpecError, match=message):
-        derive(path)
-    r = invoke("derive", path)
-    assert r.exit_code == 2 and r.stderr.startswith(f"error: {path}:") and len(r.stderr.splitlines()) == 1
+    assert_one_error_line(tmp_path, text, message)

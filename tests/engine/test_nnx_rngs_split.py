@@ -4,20 +4,15 @@ NNX; the pass-through copy (count reset to 0) and the broadcast members are find
 
 from __future__ import annotations
 
-import textwrap
-
 import pytest
-from nnx_oracle import check_against_nnx
+from nnx_oracle import NNX_HEAD as HEAD
+from nnx_oracle import assert_one_error_line, check_against_nnx
+from nnx_oracle import nnx_spec as spec_of
+from nnx_oracle import write_nnx_spec as write_spec
 from support import invoke, write
 
-from rngaudit import FlaxError, SpecError, derive, parse_spec
+from rngaudit import FlaxError, derive
 from rngaudit.collision.nnx import audit_nnx
-
-HEAD = "rngaudit: 1\nflavour: nnx\n"
-
-
-def spec_of(text: str):
-    return parse_spec(HEAD + textwrap.dedent(text))
 
 
 def ensemble(rngs: str, only: str = "", call: str = "vmap: true", top: bool = True, steps: int = 2) -> str:
@@ -107,13 +102,6 @@ def test_a_broadcast_stacked_member_called_outside_its_axis_fails_as_nnx_does():
         derive(spec_of(text))
 
 
-def write_spec(text: str) -> str:
-    import tempfile
-    from pathlib import Path
-
-    return write(Path(tempfile.mkdtemp()), "spec.yaml", HEAD + textwrap.dedent(text))
-
-
 @pytest.mark.parametrize(
     "text, message",
     [
@@ -128,11 +116,7 @@ def write_spec(text: str) -> str:
     ],
 )
 def test_bad_split_rngs_are_one_error_line(tmp_path, text, message):
-    path = write(tmp_path, "bad.yaml", HEAD + text)
-    with pytest.raises(SpecError, match=message.replace("(", r"\(")):
-        derive(path)
-    r = invoke("derive", path)
-    assert r.exit_code == 2 and r.stderr.startswith(f"error: {path}:") and len(r.stderr.splitlines()) == 1
+    assert_one_error_line(tmp_path, text, message)
 
 
 def test_only_naming_no_stream_of_the_rngs_maps_nothing_as_in_nnx():
