@@ -247,7 +247,7 @@ def module(draw, depth: int, n: list, lanes: bool = False, no_keep: bool = False
             if child is not None and bridged(child):
                 # (a ToNNX, or a module holding one: called plainly, outside control flow)
                 return {"call": target} if level == 0 else None
-            if target in dropouts and maybe(draw, 0.25):
+            if target in dropouts and has("a key given to a Dropout call") and maybe(draw, 0.25):
                 # drop(x, rngs=key): a key given at the call, used as it is
                 return {"call": {"name": target, "key": draw(st.integers(0, 3)), "repeat": draw(st.integers(1, 2))}}
             if child is not None and "stack" in child:
