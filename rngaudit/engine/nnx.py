@@ -163,6 +163,7 @@ class NnxReplayer:
         self.graph: list[tuple[tuple[str, ...], Stream]] = []
         self.fixed: dict[int, KeyData] = {}  # block -> its key, where it is not fold_in(stream key, count)
         self.stacking = 0  # the size of the stack whose members are being built (0: none)
+        self.alive: list[Stream] = []  # streams whose ids `broadcast` holds, kept alive so no other takes an id
         self.vmapping = False  # the lanes being run are nnx.vmap's (not nnx.scan's over a stack)
         self.initializing = False  # in a call under bridge.lazy_init
         self.control = 0  # inside nnx.cond / nnx.switch / a loop (how deep)
@@ -338,6 +339,7 @@ class NnxReplayer:
             new.path = f"{path}[{self.lane}]"
             if id(s) in self.broadcast:
                 self.broadcast = self.broadcast | {id(new)}
+                self.alive.append(new)  # (an id in a set must stay its object's while the set is used)
         return new
 
     # ---------------------------------------------------------------- construction
@@ -555,6 +557,7 @@ class NnxReplayer:
         start = {name: c.count for name, c in copies.items()}
         outer_broadcast = self.broadcast
         self.broadcast = self.broadcast | {id(c) for c in copies.values()}
+        self.alive.extend(copies.values())
         self.stacking = n
         for i in range(n):
             self.tick(st.loc)
