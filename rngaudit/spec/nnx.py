@@ -294,10 +294,12 @@ class NnxParser:
                     f"`call: {st.name}`: {cls} builds no attribute {st.name!r} in `init:` (attributes: {known})",
                     st.loc,
                 )
-            if isinstance(st, NnxCall) and under is not None and isinstance(names[st.name], NnxBridge):
+            bridged = isinstance(st, NnxCall) and isinstance(names[st.name], NnxBridge)
+            if bridged and (under is not None or isinstance(st, NnxCall) and st.transform is not None):
+                where = "inside nnx.cond, nnx.switch or a loop" if under is not None else "under nnx.vmap or nnx.scan"
                 raise SpecError(
-                    f"{st.name} is a bridge.ToNNX module: rngaudit does not model it called inside nnx.cond, "
-                    "nnx.switch or a loop yet; call it outside the control flow",
+                    f"{st.name} is a bridge.ToNNX module: rngaudit does not model it called {where} yet; call it "
+                    "plainly, outside control flow and transforms",
                     st.loc,
                 )
             if isinstance(st, NnxCall) and st.key is not None:
@@ -308,12 +310,6 @@ class NnxParser:
                         "Dropout",
                         st.loc,
                     )
-            if isinstance(st, NnxCall) and st.transform is not None and isinstance(names[st.name], NnxBridge):
-                raise SpecError(
-                    f"{st.name} is a bridge.ToNNX module: rngaudit does not model it called under nnx.vmap or "
-                    "nnx.scan yet; call it plainly",
-                    st.loc,
-                )
             if isinstance(st, NnxCall) and st.transform is not None:
                 target = names[st.name]
                 size = target.stack if isinstance(target, NnxChild) else 0
