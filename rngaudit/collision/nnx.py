@@ -20,6 +20,7 @@ returned state is dropped, or nnx.reseed. Each group is one finding, in the cate
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from ..engine.keys import KeyEngine
@@ -148,10 +149,12 @@ def _built_alike(chain: tuple[str, ...]) -> bool:
     return any(_COPIED in c or c.startswith("broadcast ") for c in chain)
 
 
-def _unlaned(chain: tuple[str, ...]) -> tuple[str, ...]:
-    import re
+_LANE = re.compile(r" \[lane \d+\]")
 
-    return tuple(re.sub(r" \[lane \d+\]", "", c) for c in chain)
+
+def _unlaned(chain: tuple[str, ...]) -> tuple[str, ...]:
+    """A chain without its lane numbers: what the members of one stack have alike."""
+    return tuple(_LANE.sub("", c) for c in chain)
 
 
 def _at(s: NnxSite) -> str:

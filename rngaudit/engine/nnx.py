@@ -22,6 +22,7 @@ The rules (FLAX_NNX_RULES.md, flax/nnx/rnglib.py, flax/nnx/nn/*.py, Flax 0.11 an
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -63,6 +64,9 @@ MAX_NNX_DRAWS = 50_000_000
 MAX_NNX_CALLS = 10_000_000  # module calls (and members built) the replay makes, draws or not
 
 
+_STREAM_UIDS = itertools.count()
+
+
 @dataclass
 class Stream:
     """An RngStream: where it lives, its tag, its key (value and how it was made) and its count."""
@@ -75,6 +79,8 @@ class Stream:
     key_ix: int = -1  # the key's number among the replay's stream keys (set when the key is)
     lanes: int = 0  # a stacked module's stream: its key is lane `lane` of a (lanes,) key array
     lane: int = -1
+    # which stream it is, for the sets of streams a transform broadcasts (an id() can be a freed stream's)
+    uid: int = field(default_factory=lambda: next(_STREAM_UIDS))
 
 
 @dataclass(frozen=True)
@@ -157,13 +163,12 @@ class NnxReplayer:
         self.scan = -1  # the nnx.scan call being run (numbered)
         self.scans = 0
         self.calls = 0  # module calls made (see MAX_NNX_CALLS)
-        self.frozen: set[int] = set()  # streams an nnx.scan broadcasts (ids)
-        self.broadcast: set[int] = set()  # streams an nnx.vmap broadcasts (ids)
+        self.frozen: set[int] = set()  # streams an nnx.scan broadcasts (uids)
+        self.broadcast: set[int] = set()  # streams an nnx.vmap broadcasts (uids)
         # every RngStream the model's graph holds, at each attribute path that reaches it
         self.graph: list[tuple[tuple[str, ...], Stream]] = []
         self.fixed: dict[int, KeyData] = {}  # block -> its key, where it is not fold_in(stream key, count)
         self.stacking = 0  # the size of the stack whose members are being built (0: none)
-        self.alive: list[Stream] = []  # streams whose ids `broadcast` holds, kept alive so no other takes an id
         self.vmapping = False  # the lanes being run are nnx.vmap's (not nnx.scan's over a stack)
         self.initializing = False  # in a call under bridge.lazy_init
         self.control = 0  # inside nnx.cond / nnx.switch / a loop (how deep)
@@ -191,16 +196,15 @@ class NnxReplayer:
                             self.transformed(model, event.transform, event.loc)
                         else:
                             self.call(model)
-                        self.unfork(forked)
+                        self.restore(forked)
                     elif event.stale:
                         # a pure jax.jit step (split/merge) whose returned state is dropped: every stream of
                         # the model is back at its count (and key) when the next step starts
-                        saved = [(s, s.key, s.key_ix, s.chain, s.count) for _, s in self.graph]
+                        saved = self.snapshot()
                         self.stale = True
                         self.call(model)
                         self.stale = False
-                        for s, key, ix, chain, count in saved:
-                            s.key, s.key_ix, s.chain, s.count = key, ix, chain, count
+                        self.restore(saved)
                     elif event.transform is not None:
                         self.transformed(model, event.transform, event.loc)
                     elif event.lazy_init:
@@ -295,7 +299,7 @@ class NnxReplayer:
                 "`vmap: true`)",
                 loc,
             )
-        broadcast = "+".join(t for t, ids in (("vmap", self.broadcast), ("scan", self.frozen)) if id(s) in ids)
+        broadcast = "+".join(t for t, uids in (("vmap", self.broadcast), ("scan", self.frozen)) if s.uid in uids)
         self.keys.append(
             NnxKey(
                 self.step,
@@ -337,9 +341,8 @@ class NnxReplayer:
             # members are built (what it draws then, every lane draws alike), stacked by nnx.vmap's out_axes
             new.lanes, new.lane = self.stacking, self.lane
             new.path = f"{path}[{self.lane}]"
-            if id(s) in self.broadcast:
-                self.broadcast = self.broadcast | {id(new)}
-                self.alive.append(new)  # (an id in a set must stay its object's while the set is used)
+            if s.uid in self.broadcast:
+                self.broadcast = self.broadcast | {new.uid}
         return new
 
     # ---------------------------------------------------------------- construction
@@ -458,11 +461,15 @@ class NnxReplayer:
             self.draw(s, f"{b.path}.to_nnx__rngs", "bridge", name, loc)
             drawn[name] = self.engine.fold_in(s.key, count)
             served[name] = (s, s.chain + (f"fold_in {count} (ToNNX {'init' if init else 'call'} at {b.path})",))
-        rngs = linen_rngs(drawn)
-        if "params" not in drawn and "default" in drawn:
-            served["params"] = served.pop("default")
+        served = linen_rngs(served)
         rows = linen_keys(
-            b.st.module, rngs, init, self.spec.prng_impl, self.spec.threefry_partitionable, self.spec.file, loc
+            b.st.module,
+            linen_rngs(drawn),
+            init,
+            self.spec.prng_impl,
+            self.spec.threefry_partitionable,
+            self.spec.file,
+            loc,
         )
         self.total += len(rows)
         if self.total > MAX_NNX_DRAWS:
@@ -503,6 +510,8 @@ class NnxReplayer:
         """`nnx.split_rngs(splits=N)` around `nnx.vmap(in_axes=0)` building st.module from `rngs`: one key
         from every stream of the Rngs (sorted, as iter_graph visits them), split N ways; member i is built from
         lane i of each (count 0). On exit split_rngs puts the keys back, with the counts after the split draw."""
+        import numpy as np
+
         self.no_nesting(st.loc, f"the stacked module {path}")
         if not rngs.streams:
             raise FlaxError(
@@ -541,8 +550,6 @@ class NnxReplayer:
                 if st.rngs == "split":
                     lanes[name] = (self.engine.split_all(base, n), chain)
                 else:
-                    import numpy as np
-
                     lanes[name] = (np.asarray([base] * n, dtype=np.uint32), chain)
         if not lanes:
             # nnx.vmap(in_axes=(StateAxes({only: 0, ...: None}),)) with nothing that `only` names: nothing mapped
@@ -556,8 +563,7 @@ class NnxReplayer:
         members = []
         start = {name: c.count for name, c in copies.items()}
         outer_broadcast = self.broadcast
-        self.broadcast = self.broadcast | {id(c) for c in copies.values()}
-        self.alive.extend(copies.values())
+        self.broadcast = self.broadcast | {c.uid for c in copies.values()}
         self.stacking = n
         for i in range(n):
             self.tick(st.loc)
@@ -658,7 +664,7 @@ class NnxReplayer:
                 for _ in range(st.repeat):
                     forked = self.fork_rngs(inst.attrs[st.name], st.fork, st.loc)
                     self.statements(inst, (one,))
-                    self.unfork(forked)
+                    self.restore(forked)
             elif isinstance(st, NnxCall):
                 target = inst.attrs[st.name]
                 if st.transform is not None:
@@ -679,8 +685,8 @@ class NnxReplayer:
     def fork_rngs(self, target: Layer | Instance | Stacked | Bridge, tags: tuple[str, ...], loc: Location) -> list:
         """`nnx.fork_rngs(target, split={tags: None})` (graph mode; mirrors flax/nnx/rnglib.py fork_rngs): every
         stream in target's graph whose tag is in `tags` (every one for ()), in graph order, forks: it draws one
-        key (count + 1) and takes that key, with count 0, until `unfork` puts back its key and the count after
-        the draw. Returns what unfork puts back."""
+        key (count + 1) and takes that key, with count 0, until `restore` puts back its key and the count after
+        the draw. Returns what restore puts back."""
         where = target.path or "the model"
         under = tuple(target.path.split(".")) if target.path else ()
         saved = []
@@ -705,8 +711,12 @@ class NnxReplayer:
             s.count = 0
         return saved
 
-    def unfork(self, saved: list) -> None:
-        """The end of nnx.fork_rngs (restore_rngs): each forked stream gets its key and count back."""
+    def snapshot(self) -> list:
+        """Every stream of the model's graph as it is now (what `restore` puts back)."""
+        return [(s, s.key, s.key_ix, s.chain, s.count) for _, s in self.graph]
+
+    def restore(self, saved: list) -> None:
+        """Streams back as a snapshot (or nnx.fork_rngs: restore_rngs) found them: key and count."""
         for s, key, ix, chain, count in saved:
             s.key, s.key_ix, s.chain, s.count = key, ix, chain, count
 
@@ -736,11 +746,11 @@ class NnxReplayer:
     def traced(self, inst: Instance, statements: Sequence) -> None:
         """Statements JAX traces but does not run (a branch not taken, a loop body run no time): they raise what
         they would raise, and the state after is the state before (no draw, no count)."""
-        saved = [(s, s.key, s.key_ix, s.chain, s.count) for _, s in self.graph]
+        saved = self.snapshot()
         keys, stream_keys = len(self.keys), len(self.stream_keys)
         total, calls, scans = self.total, self.calls, self.scans
         self.statements(inst, statements)
-        self.unfork(saved)
+        self.restore(saved)
         del self.keys[keys:]
         del self.stream_keys[stream_keys:]
         for ix in [ix for ix in self.fixed if ix >= keys]:
@@ -792,7 +802,7 @@ class NnxReplayer:
             frozen = [s for s in streams if s.tag in t.streams]
             start = [s.count for s in frozen]
             outer = self.iteration, self.frozen, self.scan
-            self.frozen = self.frozen | {id(s) for s in frozen}
+            self.frozen = self.frozen | {s.uid for s in frozen}
             self.scan, self.scans = self.scans, self.scans + 1
             for it in range(t.lanes):
                 self.iteration = it
@@ -827,7 +837,7 @@ class NnxReplayer:
         shared = [s for s in streams if s.tag not in t.streams]
         start = [s.count for s in shared]
         outer_broadcast, outer_vmap = self.broadcast, self.vmapping
-        self.broadcast = self.broadcast | {id(s) for s in shared}
+        self.broadcast = self.broadcast | {s.uid for s in shared}
         self.vmapping = True
         for i in range(n):
             self.lane = i
@@ -855,7 +865,7 @@ class NnxReplayer:
         for _ in range(st.repeat):
             self.tick(st.loc)
             self.fixed[len(self.keys)] = key
-            self.set_key(Stream(layer.path, "", key, ()), key)
+            self.stream_keys.append(key)  # (the row's key is `fixed`; its key_ix only has to exist)
             self.keys.append(
                 NnxKey(
                     self.step,

@@ -448,7 +448,7 @@ class NnxParser:
                         ),
                         arg.loc,
                     )
-            return NnxChild(loc, _attribute(f, f"{mod.cls.lower()}_{n}") or "", mod, mode, stack, only)
+            return NnxChild(loc, _attribute(f, f"{mod.cls.lower()}_{n}"), mod, mode, stack, only)
         return self.layer(key, arg, loc, n)
 
     def layer(self, kind: str, arg: YNode | None, loc, n: int) -> NnxLayer:
@@ -478,12 +478,12 @@ class NnxParser:
             else:
                 v = as_str(node, f"`{k}`")
             opts.append((k, v))
-        name = _attribute(f, None) if f is not None else None
+        name = _attribute(f, f"{kind.lower()}_{n}")
         if "keep_rngs" in values and self.lacks("keep_rngs"):
             raise self.too_old("keep_rngs", values["keep_rngs"].loc)
         if kind in SINCE and self.lacks(kind):
             raise self.too_old(kind, loc)
-        return NnxLayer(loc, kind, name if name is not None else f"{kind.lower()}_{n}", tuple(opts))
+        return NnxLayer(loc, kind, name, tuple(opts))
 
     def bridge(self, arg: YNode | None, loc, n: int) -> NnxBridge:
         if arg is None or not arg.is_map:
@@ -508,7 +508,7 @@ class NnxParser:
             )
         module = BodyParser().target(f.need("module"), "the Linen `module` of ToNNX")
         check_budget(module)
-        return NnxBridge(loc, _attribute(f, f"tonnx_{n}") or "", module, mode, f.flag("lazy_init", True))
+        return NnxBridge(loc, _attribute(f, f"tonnx_{n}"), module, mode, f.flag("lazy_init", True))
 
     def draw(self, arg: YNode | None, loc) -> NnxDraw:
         if arg is None:
@@ -642,11 +642,13 @@ def _fork(node: YNode | None) -> tuple[str, ...] | None:
 TRANSFORM_KEYS = ("vmap", "scan", "split", "broadcast")
 
 
-def _attribute(f: Fields, default: str | None) -> str | None:
-    """An attribute's `name:`: a Python identifier, or a path through containers (`blocks.0`, as capture names
-    what an nnx.List holds)."""
+def _attribute(f: Fields | None, default: str) -> str:
+    """An attribute's `name:` (`default` without one): a Python identifier, or a path through containers
+    (`blocks.0`, as capture names what an nnx.List holds)."""
+    if f is None or f.get("name") is None:
+        return default
     name = f.text("name", default)
-    if name is not None and name is not default and not all(p.isidentifier() or p.isdigit() for p in name.split(".")):
+    if not all(p.isidentifier() or p.isdigit() for p in name.split(".")):
         raise SpecError(
             f"`name` {name!r} is not an attribute name (self.{name} = ...): use a Python identifier (or a path "
             "through containers such as blocks.0)",
