@@ -17,17 +17,33 @@ def write_output(text: str, output: str | None, option: str = "--output") -> Non
     write_stream((text,), output, option)
 
 
-def check_writable(output: str, option: str) -> None:
-    """Fail now (before anything is written) if `output` cannot be written."""
+def _target(output: str, option: str) -> str:
+    """The file `output` names (a symlink's file is replaced, not the link); not a directory."""
     target = os.path.realpath(output)
     if os.path.isdir(target):
         raise OutputError(f"{option} {output}: is a directory")
-    if os.path.exists(target) and not os.path.isfile(target):
-        return
+    return target
+
+
+def _special(target: str) -> bool:
+    """A device, a FIFO, a terminal (/dev/null, /dev/stdout, a named pipe): written into, never replaced."""
+    return os.path.exists(target) and not os.path.isfile(target)
+
+
+def _temporary_beside(target: str, output: str, option: str) -> tuple[int, str]:
+    """A new temporary file in the target's folder (which replaces the target once written)."""
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".rngaudit-", dir=os.path.dirname(target))
+        return tempfile.mkstemp(prefix=".rngaudit-", dir=os.path.dirname(target))
     except OSError as e:
         raise OutputError(f"{option} {output}: cannot write there ({e.strerror or e})") from None
+
+
+def check_writable(output: str, option: str) -> None:
+    """Fail now (before anything is written) if `output` cannot be written."""
+    target = _target(output, option)
+    if _special(target):
+        return
+    fd, tmp = _temporary_beside(target, output, option)
     os.close(fd)
     os.unlink(tmp)
 
@@ -47,12 +63,8 @@ def write_stream(chunks: Iterable[str], output: str | None, option: str = "--out
             os.dup2(devnull, sys.stdout.fileno())
             os.close(devnull)
         return
-    target = os.path.realpath(output)  # a symlink's file is replaced, not the link
-    if os.path.isdir(target):
-        raise OutputError(f"{option} {output}: is a directory")
-    if os.path.exists(target) and not os.path.isfile(target):
-        # a device, a FIFO, a terminal (/dev/null, /dev/stdout, a named pipe): write into it, never
-        # replace it
+    target = _target(output, option)
+    if _special(target):
         try:
             with open(target, "w", encoding="utf-8") as f:
                 for text in chunks:
@@ -60,11 +72,7 @@ def write_stream(chunks: Iterable[str], output: str | None, option: str = "--out
         except OSError as e:
             raise OutputError(f"{option} {output}: cannot write ({e.strerror or e})") from None
         return
-    directory = os.path.dirname(target)
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".rngaudit-", dir=directory)
-    except OSError as e:
-        raise OutputError(f"{option} {output}: cannot write there ({e.strerror or e})") from None
+    fd, tmp = _temporary_beside(target, output, option)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             for text in chunks:

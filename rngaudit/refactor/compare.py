@@ -153,7 +153,8 @@ def _explain_nnx(cmp: Comparison, old: Capture, new: Capture) -> None:
     """Why an NNX site's key changed. An NNX key is fold_in(stream key, count): names are not hashed, so a site
     keeps its key unless its stream's key or its count changes, and a count changes when the stream handed out
     more or fewer keys before it (a layer inserted or removed earlier in construction order)."""
-    index = None
+    index: _SameKeys | None = None
+    shifts: _CountShifts | None = None
     pairs: dict[int, Entry] = {}  # id(a new or gone entry) -> the entry on the other side with its key
     for e in cmp.entries:
         if e.status == "changed":
@@ -172,13 +173,15 @@ def _explain_nnx(cmp: Comparison, old: Capture, new: Capture) -> None:
             if not e.why:
                 e.why.append("the key of the stream it draws from changed")
         elif e.status in ("new", "gone"):
-            shift = _nnx_count_shift(e, old, new)
+            if shifts is None:
+                shifts = _CountShifts(old, new)
+            shift = shifts.explain(e)
             if shift:
                 e.why.append(shift)
                 continue
             if index is None:
-                index = _same_key_index(cmp)
-            found = _nnx_same_key(e, cmp, index)
+                index = _SameKeys(cmp)
+            found = index.partner(e)
             if found:
                 e.why.append(found[0])
                 pairs.setdefault(id(e), found[1])
@@ -202,82 +205,89 @@ def _merge_moves(cmp: Comparison, pairs: dict) -> None:
         cmp.entries = [merged.get(id(e), e) for e in cmp.entries if id(e) not in used or id(e) in merged]
 
 
-def _nnx_same_key(e: Entry, cmp: Comparison, index: dict) -> tuple[str, Entry] | None:
-    """A site gone and one new with the same key, stream and count, neither path on the other side at all: the
-    same draw under another name (a layer inserted before another takes over its count instead; not this). The
-    stream's path may differ too: a renamed module's own streams (a Dropout's fork, a ToNNX's Rngs) are named
-    after it."""
-    s = e.site
-    want = "gone" if e.status == "new" else "new"
-    for f in index.get((want, s.key, s.stream, s.count, s.kind, s.label, _leaf(s)), ()):
-        t = f.site
-        a, b = (t, s) if e.status == "new" else (s, t)
-        if a.path in index["new paths"] or b.path in index["old paths"]:
-            continue
-        why = (
-            f"the same key, drawn at {'.'.join(b.path)} now and at {'.'.join(a.path)} before (a rename or a "
-            "move: NNX keys do not depend on names)"
-        )
-        return why, f
-    return None
+class _SameKeys:
+    """A diff's new and gone NNX sites by what a move keeps (key, stream, count, kind, label, parameter name), and
+    the paths of each side: the pairs of a site gone and one new that are the same draw under another name."""
 
+    def __init__(self, cmp: Comparison):
+        assert cmp.old is not None and cmp.new is not None
+        self.old_paths = {t.path for t in cmp.old.sites}
+        self.new_paths = {t.path for t in cmp.new.sites}
+        self.by_draw: dict[tuple, list[Entry]] = {}
+        for f in cmp.entries:
+            if f.status in ("new", "gone"):
+                self.by_draw.setdefault((f.status,) + _draw(f.site), []).append(f)
 
-def _leaf(s: Site) -> str:
-    """What a site's last path part says of the layer (`kernel`, `Dropout_0`): a move keeps it, a layer replaced
-    by another kind (a Linear by a LayerNorm drawing the same counts) does not."""
-    return s.path[-1] if len(s.path) > 1 else ""  # (a one-part path is the module's own name: renamed)
-
-
-def _same_key_index(cmp: Comparison) -> dict:
-    """The new and gone entries by (status, key, stream, count, kind, label, last path part), and the paths of
-    each side."""
-    assert cmp.old is not None and cmp.new is not None
-    index: dict = {"old paths": {t.path for t in cmp.old.sites}, "new paths": {t.path for t in cmp.new.sites}}
-    for f in cmp.entries:
-        if f.status in ("new", "gone"):
+    def partner(self, e: Entry) -> tuple[str, Entry] | None:
+        """The entry on the other side with e's draw, neither path on the other side at all (a layer inserted
+        before another takes over its count instead; not this), and why. The stream's path may differ: a renamed
+        module's own streams (a Dropout's fork, a ToNNX's Rngs) are named after it."""
+        s = e.site
+        for f in self.by_draw.get(("gone" if e.status == "new" else "new",) + _draw(s), ()):
             t = f.site
-            index.setdefault((f.status, t.key, t.stream, t.count, t.kind, t.label, _leaf(t)), []).append(f)
-    return index
+            a, b = (t, s) if e.status == "new" else (s, t)
+            if a.path in self.new_paths or b.path in self.old_paths:
+                continue
+            why = (
+                f"the same key, drawn at {'.'.join(b.path)} now and at {'.'.join(a.path)} before (a rename or a "
+                "move: NNX keys do not depend on names)"
+            )
+            return why, f
+        return None
 
 
-def _nnx_count_shift(e: Entry, old: Capture, new: Capture) -> str | None:
-    """The same site drawing the same stream at another count: which draws were added (or removed) before it."""
-    s = e.site
-    other = old if e.status == "new" else new
-    match = [
-        t
-        for t in other.sites
-        if t.path == s.path and t.stream == s.stream and t.step == s.step and t.lane == s.lane and t.kind == s.kind
-    ]
-    if not match:
-        return None
-    before, after = (match[0], s) if e.status == "new" else (s, match[0])
-    if before.count == after.count:
-        return None
-    delta = after.count - before.count
-    # the draws of that stream that exist on one side only, before the site: what moved it
-    side, gone_side = (new, old) if delta > 0 else (old, new)
-    known = {(t.path, t.stream_path, t.step, t.lane) for t in gone_side.sites}
-    site = after if delta > 0 else before
-    moved = [
-        t
-        for t in side.sites
-        if t.stream_path == site.stream_path
-        and t.step == site.step
-        and t.count < site.count
-        and (t.path, t.stream_path, t.step, t.lane) not in known
-    ]
-    where = ""
-    if moved and len(moved) == abs(delta):
-        paths = list(dict.fromkeys(".".join(t.path) for t in moved))
-        shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
-        where = f": {'added' if delta > 0 else 'removed'} before it: {shown}"
-    return (
-        f"count shift: {'.'.join(s.path)} drew {s.stream!r} count {before.count} before and {after.count} now, "
-        f"{abs(delta)} {'more' if delta > 0 else 'fewer'} keys of {site.stream_path} handed out before it{where}. "
-        "An NNX key depends on how many keys its stream handed out before it, not on names: build each submodule "
-        "from rngs.fork(), so that layers added inside one submodule leave the other submodules' keys as they were"
-    )
+def _draw(s: Site) -> tuple:
+    """What a move keeps of a site: its key, stream, count, kind, label, and what its last path part says of the
+    layer (`kernel`; a Linear replaced by a LayerNorm drawing the same counts does not keep it). A one-part path
+    is the module's own name: renamed."""
+    return (s.key, s.stream, s.count, s.kind, s.label, s.path[-1] if len(s.path) > 1 else "")
+
+
+class _CountShifts:
+    """A diff's NNX count shifts: the same site drawing the same stream at another count, and which draws were
+    added (or removed) before it. Each side's sites are indexed once (a layer inserted early shifts most sites)."""
+
+    def __init__(self, old: Capture, new: Capture):
+        self.first: dict[str, dict[tuple, Site]] = {}  # side -> (path, stream, step, lane, kind) -> first site
+        self.only: dict[str, dict[tuple, list[Site]]] = {}  # side -> (stream_path, step) -> sites the other lacks
+        known = {
+            name: {(t.path, t.stream_path, t.step, t.lane) for t in cap.sites}
+            for name, cap in (("old", old), ("new", new))
+        }
+        for name, cap, other in (("old", old, "new"), ("new", new, "old")):
+            first: dict[tuple, Site] = {}
+            only: dict[tuple, list[Site]] = {}
+            for t in cap.sites:
+                first.setdefault((t.path, t.stream, t.step, t.lane, t.kind), t)
+                if (t.path, t.stream_path, t.step, t.lane) not in known[other]:
+                    only.setdefault((t.stream_path, t.step), []).append(t)
+            self.first[name], self.only[name] = first, only
+
+    def explain(self, e: Entry) -> str | None:
+        s = e.site
+        match = self.first["old" if e.status == "new" else "new"].get((s.path, s.stream, s.step, s.lane, s.kind))
+        if match is None:
+            return None
+        before, after = (match, s) if e.status == "new" else (s, match)
+        if before.count == after.count:
+            return None
+        delta = after.count - before.count
+        # the draws of that stream that exist on one side only, before the site: what moved it
+        site = after if delta > 0 else before
+        only = self.only["new" if delta > 0 else "old"].get((site.stream_path, site.step), [])
+        moved = [t for t in only if t.count < site.count]
+        where = ""
+        if moved and len(moved) == abs(delta):
+            paths = list(dict.fromkeys(".".join(t.path) for t in moved))
+            shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+            where = f": {'added' if delta > 0 else 'removed'} before it: {shown}"
+        return (
+            f"count shift: {'.'.join(s.path)} drew {s.stream!r} count {before.count} before and {after.count} now, "
+            f"{abs(delta)} {'more' if delta > 0 else 'fewer'} keys of {site.stream_path} handed out before it"
+            f"{where}. An NNX key depends on how many keys its stream handed out before it, not on names: build "
+            "each submodule from rngs.fork(), so that layers added inside one submodule leave the other "
+            "submodules' keys as they were"
+        )
 
 
 def _forks(cap: Capture) -> set:

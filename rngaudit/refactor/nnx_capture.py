@@ -290,7 +290,7 @@ def observing() -> Iterator[NnxRecorder]:
                 {k: v for k, v in kwargs.items() if k not in ("rngs", "method", "mutable")},
                 keys,
                 rec.step,
-                bool(rec.calling) and any(not isinstance(f.obj, tonnx) for f in rec.calling[:1]),
+                bool(rec.calling) and not isinstance(rec.calling[0].obj, tonnx),
                 any(kwargs.get(k) is not None for k in ("rngs", "method", "mutable")),
             )
         )
@@ -574,7 +574,6 @@ class _SpecBuilder:
                 f"{where} (bridge.ToNNX) is not initialised once, by bridge.lazy_init before the model's first call"
             )
         first = inits[0]
-        apply = next((c for c in calls if not c.init), None)
         applies = [c for c in calls if not c.init]
         if any(_static(c) != _static(applies[0]) for c in applies):
             # (each call's Linen keys are replayed from the first apply's statements: they must do the same)
@@ -582,7 +581,7 @@ class _SpecBuilder:
                 f"{where} (bridge.ToNNX) is called with different arguments from call to call (e.g. train=...), so "
                 "its Linen module may draw differently each time; an NNX spec has one Linen module per ToNNX"
             )
-        model = _linen_module(obj.to_nnx__module, first, apply, f"{self.target} ({where})")
+        model = _linen_module(obj.to_nnx__module, first, applies[0] if applies else None, f"{self.target} ({where})")
         return {"name": where.split(".", 1)[1], "module": model, **({"lazy_init": False} if first.whole else {})}
 
     def unsupported(self, what: str) -> UnsupportedError:
@@ -717,7 +716,6 @@ def _linen_module(module, init: BridgeCall, apply: BridgeCall | None, target: st
 
 
 def _linen_module_observed(module, init: BridgeCall, apply: BridgeCall | None, target: str) -> dict:
-
     from ..engine.nnx_bridge import linen_rngs
     from .capture import observe_module
     from .specgen import model_doc
@@ -730,23 +728,19 @@ def _linen_module_observed(module, init: BridgeCall, apply: BridgeCall | None, t
             "default (off); no spec was written"
         )
     model = model_doc(rec, "init", target)
-    checks = [cap]
+    _check_linen(model, cap)
     if apply is not None and apply.keys is not None:
-        checks.append(observe_module(module, apply.args, apply.kwargs, linen_rngs(apply.keys), "apply", target)[0])
-    for c in checks:
-        if c.phase == "apply":
-            # the module read from its init must draw in apply as Flax does (a make_rng under
-            # self.is_initializing(), or an argument init and apply differ in, makes them differ)
-            try:
-                _check_linen(model, c)
-            except InternalError:
-                raise UnsupportedError(
-                    f"capture of {target}: the Linen module draws differently in apply than in init (a draw under "
-                    "self.is_initializing(), or an argument lazy_init and the calls differ in); an NNX spec replays "
-                    "one Linen module for both, so no spec was written"
-                ) from None
-            continue
-        _check_linen(model, c)
+        applied = observe_module(module, apply.args, apply.kwargs, linen_rngs(apply.keys), "apply", target)[0]
+        # the module read from its init must draw in apply as Flax does (a make_rng under
+        # self.is_initializing(), or an argument init and apply differ in, makes them differ)
+        try:
+            _check_linen(model, applied)
+        except InternalError:
+            raise UnsupportedError(
+                f"capture of {target}: the Linen module draws differently in apply than in init (a draw under "
+                "self.is_initializing(), or an argument lazy_init and the calls differ in); an NNX spec replays "
+                "one Linen module for both, so no spec was written"
+            ) from None
     return model
 
 
