@@ -404,12 +404,60 @@ def _verify_nnx(spec: NnxSpec, target: str, inputs, rngs, method) -> Comparison:
     return compare(spec_capture(spec.file, spec), theirs)
 
 
-def diff(old: str | os.PathLike[str] | Spec | Capture, new: str | os.PathLike[str] | Spec | Capture) -> Comparison:
+def diff(
+    old: str | os.PathLike[str] | Spec | Capture,
+    new: str | os.PathLike[str] | Spec | Capture | None = None,
+    *,
+    from_flax: str | None = None,
+    to_flax: str | None = None,
+    from_jax: str | None = None,
+    to_jax: str | None = None,
+) -> Comparison:
     """Which call sites keep, change, gain or lose their keys from `old` to `new` (specs, keys files or
-    captures), and why (`report.failing`: any change)."""
-    from .refactor.compare import diff as compare
+    captures), and why (`report.failing`: any change).
 
-    return compare(_sites(old), _sites(new))
+    An upgrade check: `from_flax`/`to_flax` (and `from_jax`/`to_jax`) derive the old and the new spec under
+    those releases' rules ('newest' for the newest); `new` defaults to `old`, the same spec on both sides."""
+    from .refactor.compare import diff as compare
+    from .spec.releases import NEWEST, OLDEST_FLAX, Release, version_text, version_tuple
+
+    releases = {"--from-flax": from_flax, "--to-flax": to_flax, "--from-jax": from_jax, "--to-jax": to_jax}
+    for option, v in releases.items():
+        if v is None or v == NEWEST:
+            continue
+        try:
+            t = version_tuple(v)
+        except ValueError:
+            raise UsageError(f"{option} {v!r} is not a release like 0.10.2 (or 'newest')") from None
+        if "flax" in option and t < OLDEST_FLAX:
+            raise UsageError(f"{option} {v}: rngaudit has Flax's rules from {version_text(OLDEST_FLAX)} on")
+    if new is None:
+        if not any(releases.values()):
+            raise UsageError("diff compares OLD with NEW: give NEW, or --from-flax/--to-flax (--from-jax/--to-jax)")
+        new = old
+    if not any(releases.values()):
+        return compare(_sites(old), _sites(new))
+    sides = []
+    for side, flax, jax, which in ((old, from_flax, from_jax, "from"), (new, to_flax, to_jax, "to")):
+        if not isinstance(side, (str, os.PathLike)) or os.fspath(side).lower().endswith(".json"):
+            raise UsageError(
+                "--from-flax/--to-flax and --from-jax/--to-jax derive specs under other releases: give spec files "
+                f"(YAML), not {'a keys file' if isinstance(side, (str, os.PathLike)) else type(side).__name__}"
+            )
+        origin = f"--{which}-flax ({'OLD' if which == 'from' else 'NEW'} side)"
+        sides.append(_release_sites(os.fspath(side), Release(flax, jax, origin)))
+    return compare(*sides)
+
+
+def _release_sites(path: str, release) -> Capture:
+    """A spec file's sites under `release`'s rules, named with the releases whose rules they follow."""
+    from .refactor.keys_file import spec_capture
+    from .spec.parse import load_spec
+
+    cap = spec_capture(path, load_spec(path, release))
+    jax = cap.settings["jax_version"]
+    cap.target = f"{path} (flax {cap.settings['flax_version'] or 'newest'}{f', jax {jax}' if jax else ''})"
+    return cap
 
 
 def findings(report, *, strict: bool = True) -> list:

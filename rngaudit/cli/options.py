@@ -33,6 +33,7 @@ class Category(str, enum.Enum):
     """Kinds of `collisions` findings, as `--fail-on` names them (rngaudit.collision.results.FINDING_CATEGORIES)."""
 
     concatenation = "concatenation"
+    jit_trace_reuse = "jit_trace_reuse"
     count_meets_name = "count_meets_name"
     hash_word = "hash_word"
     shared_seed = "shared_seed"

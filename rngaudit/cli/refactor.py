@@ -192,7 +192,29 @@ class DiffOptions(NamedTuple):
 def diff(
     ctx: typer.Context,
     old: str = typer.Argument(..., metavar="OLD", help="The old version: a spec (YAML) or a keys file (JSON)."),
-    new: str = typer.Argument(..., metavar="NEW", help="The new version: a spec (YAML) or a keys file (JSON)."),
+    new: str | None = typer.Argument(
+        None,
+        metavar="[NEW]",
+        help="The new version: a spec (YAML) or a keys file (JSON). Default with --from-flax/--to-flax: OLD.",
+    ),
+    from_flax: str | None = typer.Option(
+        None, "--from-flax", metavar="VERSION", help="Derive OLD under this Flax release's rules (or 'newest')."
+    ),
+    to_flax: str | None = typer.Option(
+        None, "--to-flax", metavar="VERSION", help="Derive NEW under this Flax release's rules (or 'newest')."
+    ),
+    from_jax: str | None = typer.Option(
+        None,
+        "--from-jax",
+        metavar="VERSION",
+        help="Derive OLD with this JAX release's jax_threefry_partitionable default (or 'newest').",
+    ),
+    to_jax: str | None = typer.Option(
+        None,
+        "--to-jax",
+        metavar="VERSION",
+        help="Derive NEW with this JAX release's jax_threefry_partitionable default (or 'newest').",
+    ),
     fmt: Format = FORMAT,
     output: str | None = OUTPUT,
     exit_zero: bool = EXIT_ZERO,
@@ -200,7 +222,8 @@ def diff(
     max_yaml_nodes: int | None = MAX_YAML_NODES,
     config: str | None = CONFIG,
 ) -> None:
-    """Which call sites keep their keys, which change, which are new or gone, and why; exit 1 on any change."""
+    """Which call sites keep their keys, which change, which are new or gone, and why; exit 1 on any change.
+    With --from-flax/--to-flax (--from-jax/--to-jax): which keys an upgrade moves, and the rule that moves them."""
     given = DiffOptions(fmt, exit_zero, max_spec_mib, max_yaml_nodes)
 
     def go() -> None:
@@ -214,7 +237,7 @@ def diff(
 
         o = configured(ctx, "diff", config, given)
         with spec_limits(o.max_spec_mib, o.max_yaml_nodes):
-            cmp = api.diff(old, new)
+            cmp = api.diff(old, new, from_flax=from_flax, to_flax=to_flax, from_jax=from_jax, to_jax=to_jax)
         emit(
             o.fmt,
             output,

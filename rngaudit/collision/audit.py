@@ -19,6 +19,7 @@ from .results import (
     CONCATENATION,
     COUNT_MEETS_NAME,
     HASH_WORD,
+    JIT_TRACE_REUSE,
     SHARED_KEY,
     SHARED_SEED,
     UNSPLIT_LANES,
@@ -49,6 +50,7 @@ def audit(sites: Sites, latent_max_count: int = DEFAULT_LATENT_MAX_COUNT) -> Aud
         latent_max_count=latent_max_count,
         collisions=tuple(f.build(ctx) for f in pending),
         latent=tuple(f.build(ctx) for f in latent),
+        rules=sites.rules,
     )
 
 
@@ -172,6 +174,20 @@ class Grouping:
         else:
             counts = {count_bytes(self.items(i)[-1], self.sep) for i in members}
             klass = COUNT_MEETS_NAME if len(counts) > 1 else CONCATENATION
+        if len({(int(self.s.path_id[i]), int(self.s.count[i])) for i in members}) == 1:
+            # one path and one count hashed again: no names concatenate, the count did not move (jax reused an
+            # nn.jit trace before flax 0.10.2), so neither a rename nor the separator helps
+            return Pending(
+                members,
+                inputs,
+                CONCATENATION,
+                JIT_TRACE_REUSE,
+                True,
+                self._separator(members),
+                [],
+                "no rename helps: it is one call site, drawing with a count that did not move",
+                self.want(members),
+            )
         renames, note = self.renames.for_collision(members)
         return Pending(
             members, inputs, klass, CATEGORIES[klass], True, self._separator(members), renames, note, self.want(members)

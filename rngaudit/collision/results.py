@@ -23,12 +23,14 @@ CATEGORIES = {
     COUNT_MEETS_NAME: "count_meets_name",
     HASH_WORD: "hash_word",
 }
+JIT_TRACE_REUSE = "jit_trace_reuse"  # class 1, failing: one call site's count hashed again (flax < 0.10.2 nn.jit)
 SHARED_SEED = "shared_seed"  # class 4, failing: streams (or bases) seeded with the same key
 UNSPLIT_LANES = "unsplit_lanes"  # class 4, information: the lanes of one call share a key (split_rngs false)
 # The kinds of finding `--fail-on` names; by default the failing ones make the command exit 1.
 # (NNX specs have their own: rngaudit.collision.nnx)
 FAILING_CATEGORIES = (
     "concatenation",
+    "jit_trace_reuse",
     "count_meets_name",
     "hash_word",
     "shared_seed",
@@ -185,6 +187,7 @@ class Audit:
     latent_max_count: int
     collisions: tuple[Collision, ...]
     latent: tuple[LatentCollision, ...]
+    rules: str | None = None  # the Flax rule set of a spec (None: a JSON list of paths)
 
     @property
     def failing(self) -> int:

@@ -49,6 +49,7 @@ class Sites:
     separator: bool
     prng_impl: str | None
     vectorised: bool
+    rules: str | None = None  # the Flax rule set a spec's sites follow (None: a JSON list of paths)
     # Each column is a NumPy array when `vectorised`, else a list of ints (Any: either)
     unit: Any  # int32: dense id of (base, lane): sites of one unit fold into the same base key
     word: Any  # uint32 hash words

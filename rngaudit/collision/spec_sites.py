@@ -44,6 +44,7 @@ class SpecSites(Sites):
         from ..engine.replay import replay
 
         self.spec = spec
+        self.rules = spec.rules.name
         # fold_in results on Python ints, shared with this spec's renamed copies (derive_keys_exact)
         self.key_cache = {} if key_cache is None else key_cache
         self.all_rows = replay(spec) if rows is None else rows
@@ -286,6 +287,7 @@ class TableSites(SpecSites):
         from ..engine.table import key_table
 
         self.spec = spec
+        self.rules = spec.rules.name
         self.key_cache = {}
         t = self.table = key_table(spec, blocks)
         self.source = spec.file
@@ -573,11 +575,12 @@ def spec_sites(spec: Spec, keys: bool = True) -> SpecSites:
 
 
 def _without_fork(ref) -> bool:
-    """Whether a key reference derives from the root keys alone (no jit fork, which is a make_rng key)."""
-    from ..engine.refs import ForkKey
+    """Whether a key reference derives from the root keys alone (no jit fork, which is a make_rng key, and no path
+    folded in by an nn.jit before flax 0.10.2, whose word is hashed with the separator flag)."""
+    from ..engine.refs import ForkKey, PathFoldKey
 
     while ref is not None:
-        if isinstance(ref, ForkKey):
+        if isinstance(ref, (ForkKey, PathFoldKey)):
             return False
         if not hasattr(ref, "parent"):
             return True

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ..spec.keyexpr import FoldIn, KeyExpr, Raw, Seed, Split
 from . import threefry
-from .refs import FoldKey, ForkKey, RootKey, SplitKey
+from .refs import FoldKey, ForkKey, PathFoldKey, RootKey, SplitKey
 
 if TYPE_CHECKING:
     import numpy as np
@@ -190,7 +190,7 @@ class BaseKeys:
                 hit = tuple(int(w) for w in rows[ref.index])
             else:
                 hit = e.split(parent, ref.n, ref.index)
-        elif type(ref) is FoldKey:
+        elif type(ref) is FoldKey or type(ref) is PathFoldKey:
             hit = e.fold_in(self.key(ref.parent), ref.data)
         elif type(ref) is ForkKey:
             hit = self.fork(ref.index)

@@ -4,9 +4,10 @@ streams each trace sees, split or folded per lane, which collections, which keys
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
-from ..errors import FlaxError
+from ..errors import FlaxError, Location
 from ..spec.tree import Cond, Lift, WhileLoop
 from .filters import (
     EVERY,
@@ -17,7 +18,8 @@ from .filters import (
     union_cols,
     vmap_broadcast,
 )
-from .refs import Discovered, ForkOf, LaneFold, LaneSplit
+from .hashing import hash_input, hash_word
+from .refs import Discovered, ForkOf, LaneFold, LaneSplit, StaticFold
 from .scope import MAP_RUN1, SCAN_CHECK, Instance, Run, Scope
 from .variables import raise_carry
 
@@ -102,6 +104,8 @@ def traces(r: Replayer, lift: Lift, inst: Instance, run: Run):
         else:
             yield scope.lifted(kind, rngs=rngs, axes=scope.axes + (axis,), cols=cols, lanes=lanes)
             raise_carry(run, axis, carry=False)
+    elif kind == "jit" and r.rules.jit != "fork":
+        yield from _old_jit(r, lift, inst, run)
     elif kind in ("jit", "fold_rngs"):
         # mirrors flax/linen/transforms.py fork_rngs: one make_rng per visible stream, at the
         # module's own scope, on every call; inside, keys derive from the fork with no suffix,
@@ -179,6 +183,108 @@ def traces(r: Replayer, lift: Lift, inst: Instance, run: Run):
         yield second
     else:
         raise AssertionError(kind)
+
+
+def _old_jit(r: Replayer, lift: Lift, inst: Instance, run: Run):
+    """nn.jit before flax 0.10.2: no fork. Up to 0.8.5 keys pass in as they are (transparent); from 0.9.0 to
+    0.10.1 each visible stream's lazy key is folded (LazyRng.fold: its path suffix hashed into the key) at the
+    boundary, so keys inside hash only the path below the jitted module and the count. The counters inside
+    are the module's own (shared, not forked). jax may reuse an earlier trace: see _reused_trace."""
+    # mirrors flax 0.9.0 linen/transforms.py module_class_lift_transform_cached (no fork_rngs) and
+    # flax/core/lift.py jit: the module's setup() runs on its own scope first, and lift.pack shares its counters
+    scope = inst.scope
+    if not inst.setup_done:
+        r.setup(inst, run)
+    visible = {s: scope.rngs[s] for s, _ in select(scope.rngs, ((lift.opt("rngs", True), None),), jax_pytree=True)}
+    where = "/".join(scope.path) or "(root)"
+    context = scope.context
+    if r.rules.jit == "fold":
+        rngs = {
+            s: ((StaticFold(ref, hash_word(hash_input(suffix, r.sep))), ()) if suffix else (ref, ()))
+            for s, (ref, suffix) in visible.items()
+        }
+        context += (
+            (
+                f"inside nn.jit at {where} (flax 0.9.0 to 0.10.1): the path up to it is folded into the key at "
+                "the jit boundary, and this key hashes only the path below it and the count"
+            ),
+        )
+    else:
+        rngs = visible
+        context += (
+            (
+                f"inside nn.jit at {where} (before flax 0.9.0 nn.jit is transparent: the module gets the key it "
+                "would get without nn.jit)"
+            ),
+        )
+    p, n = scope.path, len(scope.path)
+    saved = {k: c for k, c in run.counters.items() if k[0][:n] == p}
+    hit = _reused_trace(inst, scope, run, rngs, r.rules.jit_counters_in_cache_key, saved)
+    if hit is None:
+        yield scope.lifted("jit", rngs=rngs, context=context)
+        return
+    # the trace reused: the keys that trace made (its counts, on this call's keys), but Python does not run,
+    # so the counters (of the module and every module below it) stay where they were
+    first, start = hit
+    for k in saved:
+        del run.counters[k]
+    run.counters.update({(p + rel, stream): c for (rel, stream), c in start.items()})
+    context += (
+        (
+            f"jax reused the trace nn.jit made at {first} (before flax 0.10.2, when the module's "
+            + ("fields, counters" if r.rules.jit_counters_in_cache_key else "fields")
+            + " and variables are the same), so this call does not advance the counters: a later call here "
+            "repeats these counts"
+        ),
+    )
+    yield scope.lifted("jit", rngs=rngs, context=context)
+    for k in [k for k in run.counters if k[0][:n] == p]:
+        del run.counters[k]
+    run.counters.update(saved)
+
+
+def _reused_trace(
+    inst: Instance, scope: Scope, run: Run, rngs: dict, counters_in_key: bool, counters: dict
+) -> tuple[str, dict] | None:
+    """Whether jax reuses an earlier trace of this nn.jit class (before flax 0.10.2): the path that traced it
+    and the counters it started from (relative to the module), or None (this call is traced, and recorded). The trace cache's key is the module's hash (its class
+    and fields, not its name; from 0.8.2 also its scope's rng counters, every module below included), the
+    streams passed in with their static path suffixes, the variables, and the mutable collections.
+    rngaudit takes equal module definitions as one class (a `JitBlock = nn.jit(Block)` made once) and
+    equal argument shapes."""
+    # mirrors flax 0.9.0 linen/transforms.py _module_fingerprint (0.8.1: _module_pytree_hash, fields only)
+    # and flax/core/lift.py jit: jax.jit(jitted)(fingerprint, variable_groups, rng_groups, ...)
+    p, n = scope.path, len(scope.path)
+    start = {(k[0][n:], k[1]): c for k, c in counters.items() if c}
+    variables = tuple(sorted((k[0][n:], k[1], k[2], v) for k, v in run.store.items() if k[0][:n] == p))
+    streams = tuple(sorted((s, suffix) for s, (_, suffix) in rngs.items()))
+    fingerprint = tuple(sorted(start.items())) if counters_in_key else ()
+    # (not the lanes around it: inside a vmap or a scan jax traces the function on one lane's values)
+    key = (module_shape(inst.mod), fingerprint, variables, streams, run.phase, run.mutable)
+    hit = run.jit_traces.get(key)
+    if hit is None:
+        run.jit_traces[key] = ("/".join(p) or "(root)", start)
+    return hit
+
+
+def module_shape(mod, memo: dict | None = None):
+    """A module definition as Flax's fingerprint sees it: every field but its name and where the spec wrote it."""
+    return _shape(mod, {} if memo is None else memo, top=True)
+
+
+def _shape(x, memo: dict, top: bool = False):
+    if isinstance(x, (tuple, list)):
+        return tuple(_shape(v, memo) for v in x)
+    if not dataclasses.is_dataclass(x) or isinstance(x, (type, Location)):
+        return x
+    hit = memo.get((id(x), top))
+    if hit is None:
+        hit = memo[(id(x), top)] = (type(x).__name__,) + tuple(
+            (f.name, _shape(getattr(x, f.name), memo))
+            for f in dataclasses.fields(x)
+            if f.name != "loc" and not (top and f.name == "name")
+        )
+    return hit
 
 
 def carried(carry, broadcast) -> frozenset:

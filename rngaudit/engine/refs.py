@@ -41,6 +41,18 @@ class FoldKey:
 
 
 @dataclass(frozen=True)
+class PathFoldKey:
+    """jax.random.fold_in(parent, data), `data` the SHA-1 word of a module path (flax 0.9.0 to 0.10.1 nn.jit):
+    apart from FoldKey because the word depends on fix_rng_separator."""
+
+    parent: object
+    data: int
+
+    def __str__(self) -> str:
+        return f"fold_in({self.parent}, {self.data})"
+
+
+@dataclass(frozen=True)
 class ForkKey:
     """The key that call #index received: nn.jit / nn.fold_rngs fork every stream with one (R13)."""
 
@@ -76,6 +88,15 @@ class LaneFold:
 
 
 @dataclass(frozen=True)
+class StaticFold:
+    """A base key with a hashed path folded in (flax 0.9.0-0.10.1 nn.jit's LazyRng.fold()): resolved per lane as
+    its parent is, then fold_in(parent, data)."""
+
+    parent: object
+    data: int
+
+
+@dataclass(frozen=True)
 class ForkOf:
     """A jit fork's key: the key of the call `template` (resolved per lane)."""
 
@@ -92,6 +113,9 @@ def concrete(ref, assign: dict, memo: dict, templates: list, fork):
         if any(a not in assign for a in axes):
             return None
         return fork(ref.template, tuple(assign[a] for a in axes))
+    if type(ref) is StaticFold:
+        parent = concrete(ref.parent, assign, memo, templates, fork)
+        return None if parent is None else PathFoldKey(parent, ref.data)
     if ref.axis not in assign:
         return None  # a per-step key of a trace Flax discards: it never exists
     key = (ref, assign[ref.axis], tuple(sorted(assign.items())))

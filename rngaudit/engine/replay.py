@@ -7,6 +7,7 @@ from itertools import product
 
 from ..errors import FlaxError, Location, SpecError
 from ..gcpause import paused
+from ..spec.releases import version_text
 from ..spec.tree import (
     Call,
     Child,
@@ -42,6 +43,7 @@ class Replayer:
     def __init__(self, spec: Spec, blocks: bool = False):
         self.spec = spec
         self.sep = spec.fix_rng_separator
+        self.rules = spec.rules
         self.blocks = blocks
         self.templates: list[Template] = []
         self.axis_size: list[int] = []
@@ -232,7 +234,7 @@ class Replayer:
         notes: tuple[str, ...] = ()
         used = stream
         if stream not in scope.rngs:
-            if "params" in scope.rngs:
+            if "params" in scope.rngs and self.rules.stream_fallback:
                 used = "params"
                 if stream in run.streams:
                     notes = (
@@ -251,14 +253,21 @@ class Replayer:
             else:
                 name = scope.path[-1] if scope.path else "None"
                 hidden = stream in run.streams
+                old = (
+                    f" (flax {version_text(self.rules.version)} has no fallback to 'params': it came in 0.8.2)"
+                    if "params" in scope.rngs
+                    else ""
+                )
                 raise FlaxError(
                     "InvalidRngError",
-                    f'{name} needs PRNG for "{stream}". '
+                    f'{name} needs PRNG for "{stream}"{old}. '
                     + (
                         f"The stream is passed but hidden by a transform's rng filter: list {stream!r} in "
                         "its split_rngs (or rngs=)"
                         if hidden
-                        else f"Add `{stream}:` " + ("" if stream == "params" else "(or `params:`) ") + "to rngs"
+                        else f"Add `{stream}:` "
+                        + ("" if stream == "params" or not self.rules.stream_fallback else "(or `params:`) ")
+                        + "to rngs"
                     ),
                     loc,
                 )

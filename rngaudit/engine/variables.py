@@ -9,7 +9,7 @@ from ..errors import FlaxError, Location
 from ..spec.tree import Param, Variable
 from .filters import EVERY, AllBut
 from .records import Template
-from .refs import Discovered, ForkOf, RootKey
+from .refs import Discovered, ForkOf, RootKey, StaticFold
 from .scope import Instance, Run, Scope
 
 if TYPE_CHECKING:
@@ -201,6 +201,7 @@ def lane_axes(templates: list[Template], ref) -> set:
         if type(ref) is ForkOf:
             ref = templates[ref.template].ref
             continue
-        out.add(ref.axis)
+        if type(ref) is not StaticFold:
+            out.add(ref.axis)
         ref = ref.parent
     return out

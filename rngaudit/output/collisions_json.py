@@ -109,6 +109,7 @@ def audit_json(a: Audit) -> dict:
         "input": a.input_kind,
         "call_sites": a.call_sites,
         "fix_rng_separator": a.fix_rng_separator,
+        "rules": a.rules,
         "prng_impl": a.prng_impl,
         "keys_checked": a.keys_checked,
         "latent_max_count": a.latent_max_count,

@@ -4,7 +4,7 @@ version 1)."""
 from __future__ import annotations
 
 from .. import __version__
-from ..refactor.compare import Comparison, Entry
+from ..refactor.compare import Comparison, Entry, rules_of
 
 DIFF_FORMAT, VERIFY_FORMAT, FORMAT_VERSION = "rngaudit.diff", "rngaudit.verify", 1
 
@@ -37,6 +37,9 @@ def to_json(cmp: Comparison) -> dict:
         "rngaudit_version": __version__,
         "old": cmp.old_name,
         "new": cmp.new_name,
+        "rules": {
+            side: rules_of(cap) if cap is not None else None for side, cap in (("old", cmp.old), ("new", cmp.new))
+        },
         "sites": [entry(e) for e in cmp.entries],
         "notes": list(cmp.notes),
         "fixes": list(cmp.fixes),

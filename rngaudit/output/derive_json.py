@@ -71,8 +71,13 @@ def _meta(report: DeriveReport) -> dict:
         "rngaudit_version": __version__,
         "spec": spec.file,
         "phase": spec.phase,
-        "flax": {"fix_rng_separator": spec.fix_rng_separator},
-        "jax": {"prng_impl": spec.prng_impl, "threefry_partitionable": spec.threefry_partitionable},
+        "rules": spec.rules.name,
+        "flax": {"fix_rng_separator": spec.fix_rng_separator, **spec.rules.as_json(), "version": spec.flax_version},
+        "jax": {
+            "prng_impl": spec.prng_impl,
+            "threefry_partitionable": spec.threefry_partitionable,
+            "version": spec.jax_version,
+        },
         "rngs": {s: {"expr": spec.rngs[s].text, "key": list(report.roots[s])} for s in sorted(spec.rngs)},
     }
 
@@ -100,8 +105,13 @@ def _nnx_meta(report: NnxDeriveReport) -> dict:
         "spec": spec.file,
         "flavour": "nnx",
         "rules": report.rules,
+        "flax": {"version": spec.flax_version},
         "steps": spec.steps,
-        "jax": {"prng_impl": spec.prng_impl, "threefry_partitionable": spec.threefry_partitionable},
+        "jax": {
+            "prng_impl": spec.prng_impl,
+            "threefry_partitionable": spec.threefry_partitionable,
+            "version": spec.jax_version,
+        },
         "rngs": {s: {"expr": spec.rngs[s].text, "key": list(report.roots[s])} for s in sorted(spec.rngs)},
     }
 

@@ -88,6 +88,14 @@ COLLISION_RULES = (
         "flax_fix_rng_separator (which changes every key).",
     ),
     Rule(
+        "collisions/jit-trace-reuse",
+        "JitTraceReuse",
+        "one call site draws the same key twice: jax reused an nn.jit trace and the count did not move",
+        "Before flax 0.10.2 jax reuses an nn.jit trace whose module fields, counters and variables match an earlier "
+        "call, and Python does not run, so counters stay. Upgrade to flax 0.10.2 or later (nn.jit forks a fresh "
+        "key on every call), or give each call its own jitted module.",
+    ),
+    Rule(
         "collisions/count-meets-name",
         "CountMeetsName",
         "two call sites get the same key: a count's bytes spell the end of a name",
@@ -182,6 +190,7 @@ _CATEGORY_RULE = {
     "reseed_repeat": "collisions/reseed-repeat",
     "default_fallback": "collisions/default-fallback",
     "concatenation": "collisions/concatenation",
+    "jit_trace_reuse": "collisions/jit-trace-reuse",
     "count_meets_name": "collisions/count-meets-name",
     "hash_word": "collisions/hash-word",
     "shared_seed": "collisions/shared-seed",

@@ -31,6 +31,11 @@ _WHY = {
     3: "different bytes, but Flax keeps only 32 bits of SHA-1 and both give the same word "
     "(with n call sites on one key, expect about n*n/2**33 such pairs)",
 }
+_WHY_CATEGORY = {
+    "jit_trace_reuse": "one call site hashes the same count again: before flax 0.10.2, jax reused an nn.jit trace (the "
+    "same module fields, counters and variables), so its counters did not move and a later call repeats its keys; "
+    "flax 0.10.2 and later fork a fresh key on every call (derive's notes say which trace was reused)",
+}
 _WHY_SHARED = {
     SHARED_SEED: "the streams (or base keys) hold the same key data, and the stream name is not hashed: "
     "equal paths and counts get equal keys",
@@ -238,7 +243,11 @@ def render_collision(c: Collision, input_kind: str, console: Console) -> None:
             for k, h in enumerate(c.inputs):
                 names = ", ".join(f"{_path(s.path)} count {s.count}" for s in h.sites)
                 _print(console, _line("inputs" if k == 0 else "", f"{_bytes(h.data)} -> word {h.word} ({names})"))
-    why = _WHY_SHARED[c.category] if c.collision_class == SHARED_KEY else _WHY[c.collision_class]
+    why = (
+        _WHY_SHARED[c.category]
+        if c.collision_class == SHARED_KEY
+        else _WHY_CATEGORY.get(c.category, _WHY[c.collision_class])
+    )
     if c.collision_class == COUNT_MEETS_NAME:
         why += " (" + ", ".join(f"{_path(s.path)} count {s.count} = 0x{s.count:x}" for s in sites[:MAX_SHOWN]) + ")"
     _print(console, _line("why", why))
@@ -285,6 +294,8 @@ def render_audit(a: Audit, console: Console) -> None:
         f"{impl}{keys})"
     )
     _print(console, head)
+    if a.rules is not None:
+        _print(console, Text(f"  rules: {a.rules}"))
     for c in a.collisions:
         render_collision(c, a.input_kind, console)
     for lt in a.latent:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..refactor.compare import Comparison
+from ..refactor.compare import Comparison, rules_of
 
 
 def render_text(cmp: Comparison) -> str:
@@ -13,6 +13,9 @@ def render_text(cmp: Comparison) -> str:
     else:
         lines.append(f"verify {cmp.old_name} against {cmp.new_name}")
         order = ("differs", "missing", "extra")
+    if cmp.old is not None and cmp.new is not None:
+        ro, rn = rules_of(cmp.old), rules_of(cmp.new)
+        lines.append(f"rules: {ro}" if ro == rn else f"rules: {ro} -> {rn}")
     for status in order:
         for e in cmp.entries:
             if e.status != status:

@@ -54,6 +54,7 @@ def render_derive(report: DeriveReport, console: Console) -> None:
         f"fix_rng_separator={str(spec.fix_rng_separator).lower()}"
     )
     console.print(head)
+    console.print(f"  rules: {spec.rules.name}" + (f"; jax {spec.jax_version}" if spec.jax_version else ""))
     for s in sorted(report.roots):
         console.print(f"  rngs[{s!r}] = {spec.rngs[s].text} -> {list(report.roots[s])}")
     lanes = any(c.derivation.lane or c.derivation.discarded for c in report.calls)

@@ -43,6 +43,8 @@ def _target_head(t: TargetResult) -> Text:
             f"threefry_partitionable={str(i['threefry_partitionable']).lower()}; "
             f"{i['checked_keys']} of {i['keys']} keys checked{sel}"
         )
+        if i.get("rules"):
+            head.append(f"; rules: {i['rules']}")
         if i["not_checked_discarded"]:
             head.append(f" ({i['not_checked_discarded']} exist only in traces Flax discards)")
         if i["draw"]:

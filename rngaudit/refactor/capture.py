@@ -164,6 +164,9 @@ def observe_module(module, args: tuple, kwargs: dict, keys: dict, phase: str, ta
         "fix_rng_separator": bool(flax.config.flax_fix_rng_separator),
         "prng_impl": str(jax_setting("jax_default_prng_impl")),
         "threefry_partitionable": bool(jax_setting("jax_threefry_partitionable")),
+        # the releases it ran: a captured spec names them, so its rules are that Flax's
+        "flax_version": flax.__version__,
+        "jax_version": jax.__version__,
     }
 
     def run(selection):

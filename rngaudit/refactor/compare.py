@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from ..spec.releases import FLAX_CHANGES, JAX_CHANGES, Change, changes_between, known
 from .keys_file import Capture, Site
 
 _PREFIXES = {
@@ -55,6 +56,13 @@ class Comparison:
         return any(e.status in bad for e in self.entries)
 
 
+def rules_of(cap: Capture) -> str:
+    """The releases whose rules a side follows: a spec's `flax.version`/`jax.version` (newest when it names
+    none), or the releases a capture ran."""
+    flax, jax = cap.settings.get("flax_version"), cap.settings.get("jax_version")
+    return f"flax {flax or 'newest'}" + (f", jax {jax}" if jax else "")
+
+
 def _live(sites: list[Site]) -> dict:
     return {s.ident: s for s in sites}
 
@@ -94,6 +102,18 @@ def _explain_settings(cmp: Comparison, spec: Capture, live: Capture) -> None:
     differ = [
         k for k in _SETTINGS if k in spec.settings and k in live.settings and spec.settings[k] != live.settings[k]
     ]
+    sv, lv = spec.settings.get("flax_version"), live.settings.get("flax_version")
+    rules = [(c, t) for c, t in _crossed(sv, lv, FLAX_CHANGES) if c.flavour == spec.flavour] if lv else []
+    if rules:
+        cmp.notes.append(
+            f"the spec has flax {sv or 'newest'}'s rules and the run had flax {lv}: "
+            + "; ".join(t for _, t in rules)
+            + f"; set `flax: {{version: '{lv}'}}` in the spec to replay this Flax"
+        )
+        moves = _RuleSites(spec, live)
+        for e in cmp.entries:
+            if e.status != "same" and any(moves.affects(c, e) for c, _ in rules):
+                e.why.append(f"the spec's Flax rules (flax {sv or 'newest'}) are not the run's (flax {lv})")
     if not differ:
         return
     for k in differ:
@@ -133,6 +153,7 @@ def diff(old: Capture, new: Capture) -> Comparison:
         else:
             entries.append(Entry("kept", ident, o, n))
     cmp = Comparison("diff", old.target, new.target, entries, old=old, new=new)
+    _explain_releases(cmp, old, new)
     if "nnx" in (old.flavour, new.flavour):
         if old.flavour != new.flavour:
             from ..errors import UsageError
@@ -147,6 +168,103 @@ def diff(old: Capture, new: Capture) -> Comparison:
     _explain_changed(cmp, old, new, lanes)
     _explain_moves(cmp, old, new, lanes)
     return cmp
+
+
+def _explain_releases(cmp: Comparison, old: Capture, new: Capture) -> None:
+    """Two sides under different Flax (or JAX) releases' rules: each rule that differs between them, said once, and
+    on each key it moves. A key is put down to a rule only where it moves when nothing but the releases change (a
+    spec side derived again under the other side's releases) and the rule is about it (nn.jit's rules: a key
+    under nn.jit or a jit fork; NNX's: a Dropout's draws and fork, a reseeded stream's draws; JAX's
+    threefry_partitionable default: a key from a split)."""
+    flax = _crossed(old.settings.get("flax_version"), new.settings.get("flax_version"), FLAX_CHANGES)
+    flax = [(c, t) for c, t in flax if c.flavour == old.flavour == new.flavour]
+    jax = _crossed(old.settings.get("jax_version"), new.settings.get("jax_version"), JAX_CHANGES)
+    rules = flax + jax
+    if not rules:
+        return
+    moved = _moved_by_releases(old, new)
+    where = _RuleSites(old, new)
+    used: set[str] = set()
+    for e in cmp.entries:
+        if e.status in ("changed", "new", "gone", "moved") and (moved is None or e.ident in moved):
+            for c, text in rules:
+                if moved is not None and where.affects(c, e):
+                    e.why.append(text)
+                    used.add(c.about)
+    for c, text in rules:
+        lib = "jax" if c.flavour == "jax" else "flax"
+        a, b = old.settings.get(f"{lib}_version"), new.settings.get(f"{lib}_version")
+        head = f"{lib} {a or 'newest'} -> {b or 'newest'}: {text}"
+        if moved is None:
+            cmp.notes.append(head + " (keys files on both sides: the keys it moves are not told apart)")
+        else:
+            cmp.notes.append(head if c.about in used else head + "; it moves no key of this model")
+
+
+def _crossed(a: str | None, b: str | None, changes: tuple[Change, ...]) -> list[tuple[Change, str]]:
+    """The rules that differ between releases `a` and `b` (None: the newest; unknown: none told), one per aspect,
+    with the words for it: on an upgrade the rule `b` has, on a downgrade the rule `b` goes back to."""
+    va, vb = known(a), known(b)
+    if va is False or vb is False or va == vb:
+        return []
+    lib = "jax" if changes is JAX_CHANGES else "flax"
+    aspects: dict[str, list[Change]] = {}
+    for c in changes_between(va, vb, changes):
+        aspects.setdefault(c.about, []).append(c)
+    up = va is not None and (vb is None or va < vb)
+    out = []
+    for group in aspects.values():
+        first, last = group[0], group[-1]
+        if up:
+            out.append((first, f"from {lib} {last.release}, {last.now} (before {first.release}: {first.before})"))
+        else:
+            out.append((first, f"before {lib} {first.release}, {first.before} (from {last.release}: {last.now})"))
+    return out
+
+
+def _moved_by_releases(old: Capture, new: Capture) -> set | None:
+    """The sites whose keys the releases alone move: a spec side derived again under the other side's releases
+    (and threefry_partitionable) differs from itself there and matches the other side (so a key a model edit
+    moved is not put down to the releases); None if neither side is a spec that derives."""
+    for side, other, side_is_new in ((new, old, True), (old, new, False)):
+        if side.rederive is None:
+            continue
+        again = side.rederive(
+            other.settings.get("flax_version"),
+            other.settings.get("jax_version"),
+            bool(other.settings.get("threefry_partitionable", side.settings["threefry_partitionable"])),
+        )
+        if again is None:
+            continue
+        mine, there, theirs = _keys(side), _keys(again), _keys(other)
+        return {k for k in mine.keys() | there.keys() if mine.get(k) != there.get(k) and there.get(k) == theirs.get(k)}
+    return None
+
+
+def _keys(cap: Capture) -> dict:
+    return {s.ident: s.key for s in cap.sites}
+
+
+class _RuleSites:
+    """Which sites a changed rule is about: a key under nn.jit (or a jit fork) for nn.jit's rules, a Dropout's or
+    attention's draws and fork, or a reseeded stream's draws, for NNX's, a key from a split (a vmap lane, a scan
+    step, a root key given as split(...)) for JAX's threefry_partitionable default."""
+
+    def __init__(self, old: Capture, new: Capture):
+        self.drops = {s.path for cap in (old, new) for s in cap.sites if s.kind in ("dropout", "attention_dropout")}
+        self.split_roots = {s for cap in (old, new) for s, text in cap.rngs.items() if "split(" in str(text)}
+
+    def affects(self, c: Change, e: Entry) -> bool:
+        sites = [s for s in (e.old, e.new) if s is not None]
+        if c.rule.startswith("jit_"):
+            return any("jit" in s.context or s.kind == "jit_fork" for s in sites)
+        if c.rule == "nnx_dropout_fork":
+            return any(s.kind in ("dropout", "attention_dropout", "fork") and s.path in self.drops for s in sites)
+        if c.rule == "nnx_reseed":
+            return any(any("nnx.reseed" in step for step in s.chain) for s in sites)
+        if c.rule == "threefry_partitionable":
+            return any("split" in s.context or s.lane or s.stream in self.split_roots for s in sites)
+        return False  # (stream_fallback: the older release raises instead, so no key moves)
 
 
 def _explain_nnx(cmp: Comparison, old: Capture, new: Capture) -> None:

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .. import __version__
-from ..errors import InputError, Location
+from ..errors import InputError, Location, RngauditError
 
 if TYPE_CHECKING:
     from ..spec.json_source import JsonDoc
@@ -82,6 +84,9 @@ class Capture:
     versions: dict = field(default_factory=dict)
     source: JsonDoc | None = None  # a keys file's JsonDoc: where each record is, found on request
     flavour: str = "linen"
+    # a spec's: its sites under other releases' rules, rederive(flax_version, jax_version, threefry_partitionable)
+    # (None: the newest), or None if that model cannot be derived there; None for a keys file
+    rederive: Callable[[str | None, str | None, bool], Capture | None] | None = None
 
     def locate(self) -> None:
         """Give each site of a keys file the line:col of its record (one pass over the file)."""
@@ -123,7 +128,7 @@ def spec_sites(spec) -> list[Site]:
 def _context(d) -> tuple[str, ...]:
     base = str(d.base)
     out = []
-    if "key of #" in base:
+    if "key of #" in base or any(n.startswith("inside nn.jit") for n in d.notes):
         out.append("jit")
     if "split(" in base:
         out.append("split")
@@ -201,10 +206,14 @@ def capture_from_json(doc: dict, file: str, source=None) -> Capture:
             tuple(m["path"]): {"class": m["class"], "naming": m["naming"], "fields": m.get("fields", "")}
             for m in doc.get("modules", ())
         }
+        versions = dict(doc.get("versions", {}))
         settings = {
             "fix_rng_separator": bool(doc["flax"]["fix_rng_separator"]),
             "prng_impl": str(doc["jax"]["prng_impl"]),
             "threefry_partitionable": bool(doc["jax"]["threefry_partitionable"]),
+            # the releases it ran (a file that does not say, or says no release number: unknown rules)
+            "flax_version": _release(versions.get("flax")),
+            "jax_version": _release(versions.get("jax")),
         }
         return Capture(
             str(doc.get("target", file)),
@@ -213,7 +222,7 @@ def capture_from_json(doc: dict, file: str, source=None) -> Capture:
             settings,
             sites,
             modules,
-            dict(doc.get("versions", {})),
+            versions,
             source,
             flavour,
         )
@@ -266,8 +275,28 @@ def load_sites(path: str) -> Capture:
     return source if isinstance(source, Capture) else spec_capture(path, source)
 
 
+def _release(v) -> str:
+    from ..spec.releases import UNKNOWN, known
+
+    return v.strip() if isinstance(v, str) and known(v) is not False else UNKNOWN
+
+
 def spec_capture(name: str, spec) -> Capture:
     """A spec's derived keys as a Capture named `name`."""
+    cap = _spec_capture(name, spec)
+
+    def rederive(flax: str | None, jax: str | None, partitionable: bool) -> Capture | None:
+        other = dataclasses.replace(spec, flax_version=flax, jax_version=jax, threefry_partitionable=partitionable)
+        try:
+            return _spec_capture(name, other)
+        except RngauditError:
+            return None  # (the model fails under those rules: no key of it is attributed to them)
+
+    cap.rederive = rederive
+    return cap
+
+
+def _spec_capture(name: str, spec) -> Capture:
     if getattr(spec, "flavour", "linen") == "nnx":
         from ..engine.nnx import derive_nnx
         from .nnx_capture import nnx_sites
@@ -276,6 +305,8 @@ def spec_capture(name: str, spec) -> Capture:
             "fix_rng_separator": False,
             "prng_impl": spec.prng_impl,
             "threefry_partitionable": spec.threefry_partitionable,
+            "flax_version": spec.flax_version,
+            "jax_version": spec.jax_version,
         }
         rngs = {s: src.text for s, src in spec.rngs.items()}
         return Capture(name, "call", rngs, settings, nnx_sites(derive_nnx(spec, values=False)), {}, flavour="nnx")
@@ -283,6 +314,8 @@ def spec_capture(name: str, spec) -> Capture:
         "fix_rng_separator": spec.fix_rng_separator,
         "prng_impl": spec.prng_impl,
         "threefry_partitionable": spec.threefry_partitionable,
+        "flax_version": spec.flax_version,  # the rules' release (None: the newest)
+        "jax_version": spec.jax_version,
     }
     rngs = {s: src.text for s, src in spec.rngs.items()}
     return Capture(name, spec.phase, rngs, settings, spec_sites(spec), {})

@@ -752,8 +752,11 @@ def _check_linen(model: dict, c) -> None:
 
     doc = {
         "rngaudit": 1,
-        "flax": {"fix_rng_separator": c.settings["fix_rng_separator"]},
-        "jax": {k: c.settings[k] for k in ("prng_impl", "threefry_partitionable")},
+        "flax": {"fix_rng_separator": c.settings["fix_rng_separator"], "version": c.settings["flax_version"]},
+        "jax": {
+            "version": c.settings["jax_version"],
+            **{k: c.settings[k] for k in ("prng_impl", "threefry_partitionable")},
+        },
         "phase": c.phase,
         "rngs": c.rngs,
         "model": model,
@@ -919,6 +922,8 @@ def _run_nnx_capture(target: CodeRef, inputs: list[InputSpec], seeds: dict[str, 
         "fix_rng_separator": False,
         "prng_impl": str(jax_setting("jax_default_prng_impl")),
         "threefry_partitionable": bool(jax_setting("jax_threefry_partitionable")),
+        "flax_version": flax.__version__,
+        "jax_version": jax.__version__,
     }
     with observing() as rec:
         try:
@@ -988,7 +993,12 @@ def _run_nnx_capture(target: CodeRef, inputs: list[InputSpec], seeds: dict[str, 
     doc = {
         "rngaudit": 1,
         "flavour": "nnx",
-        "jax": {"prng_impl": settings["prng_impl"], "threefry_partitionable": settings["threefry_partitionable"]},
+        "flax": {"version": settings["flax_version"]},
+        "jax": {
+            "version": settings["jax_version"],
+            "prng_impl": settings["prng_impl"],
+            "threefry_partitionable": settings["threefry_partitionable"],
+        },
         "rngs": dict(seeds),
         **({"run": ["lazy_init", {"call": steps}] if steps else ["lazy_init"]} if whole else {"steps": steps}),
         "model": _SpecBuilder(rec, target.text, root).module(root),

@@ -431,8 +431,12 @@ def build_spec(rec, root_cls: str, phase: str, seeds: dict, settings: dict, targ
     model = model_doc(rec, phase, target)
     doc = {
         "rngaudit": 1,
-        "flax": {"fix_rng_separator": settings["fix_rng_separator"]},
-        "jax": {"prng_impl": settings["prng_impl"], "threefry_partitionable": settings["threefry_partitionable"]},
+        "flax": {"fix_rng_separator": settings["fix_rng_separator"], "version": settings["flax_version"]},
+        "jax": {
+            "version": settings["jax_version"],
+            "prng_impl": settings["prng_impl"],
+            "threefry_partitionable": settings["threefry_partitionable"],
+        },
         "phase": phase,
         "rngs": dict(seeds),
         "model": model,

@@ -175,6 +175,7 @@ def check_spec(t: SpecTarget, mesh) -> TargetResult:
         "prng_impl": impl,
         "threefry_partitionable": spec.threefry_partitionable,
         "fix_rng_separator": spec.fix_rng_separator,
+        "rules": spec.rules.name,
         "paths": list(t.paths),
         "streams": list(t.streams),
         "draw": t.draw.describe() if t.draw else None,

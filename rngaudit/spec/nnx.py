@@ -14,6 +14,7 @@ from ..errors import Location, SpecError
 from .budget import check_budget
 from .draws import parse_draw
 from .fields import Fields, as_int, as_str, suggest, type_name
+from .releases import NEWEST, release, version_tuple
 from .statements import MAX_REPEAT, BodyParser
 from .tree import Draw, ModuleDef, RngSource
 from .yaml_source import YNode
@@ -218,6 +219,7 @@ class NnxSpec:
     run: tuple[NnxStep | NnxReseed, ...]
     flavour: str = "nnx"
     flax_version: str | None = None  # `flax: {version: ...}`; None: the current rules (flax >= 0.11)
+    jax_version: str | None = None  # `jax: {version}`: sets threefry_partitionable's default only
 
     @property
     def shared_dropout(self) -> bool:
@@ -254,6 +256,7 @@ SINCE = {
 
 class NnxParser:
     version: tuple[int, ...] | None = None  # the spec's `flax: version`, None: the current rules
+    origin = ""  # who named the release, when not the spec (an upgrade check's option)
     key_source = None  # reads a key as `rngs:` does (a seed, raw key data or a key expression)
 
     def lacks(self, what: str) -> bool:
@@ -262,7 +265,8 @@ class NnxParser:
     def too_old(self, what: str, loc) -> SpecError:
         since = ".".join(map(str, SINCE[what]))
         have = ".".join(map(str, self.version or ()))
-        return SpecError(f"{what} is flax {since} and later; this spec says flax {have} (`flax: version`)", loc)
+        said = f"{self.origin} says flax {have}" if self.origin else f"this spec says flax {have} (`flax: version`)"
+        return SpecError(f"{what} is flax {since} and later; {said}", loc)
 
     def module(self, node: YNode, what: str = "`model`") -> NnxModule:
         if node.is_map:
@@ -495,7 +499,8 @@ class NnxParser:
         if self.lacks("ToNNX"):
             raise SpecError(
                 "bridge.ToNNX forks the Rngs it is given from flax 0.12 (before, it kept them and drew differently, "
-                f"which rngaudit does not model); this spec says flax {'.'.join(map(str, self.version or ()))}",
+                f"which rngaudit does not model); {self.origin or 'this spec'} says flax "
+                f"{'.'.join(map(str, self.version or ()))}",
                 loc,
             )
         f = Fields(arg, "`ToNNX`", ("module", "name", "rngs", "lazy_init"), ("module",))
@@ -762,7 +767,16 @@ def _run(node: YNode, key_source) -> tuple[NnxStep | NnxReseed, ...]:
     return tuple(out)
 
 
-def nnx_spec(top: Fields, file: str, impl: str, partitionable: bool, rngs: dict[str, RngSource], key_source) -> NnxSpec:
+def nnx_spec(
+    top: Fields,
+    file: str,
+    impl: str,
+    partitionable: bool,
+    rngs: dict[str, RngSource],
+    key_source,
+    flax_override: str | None = None,
+    origin: str | None = None,
+) -> NnxSpec:
     """The NNX spec of a top-level mapping that says `flavour: nnx` (its jax settings and rngs already read);
     `key_source` reads a key (a seed, raw key data or a key expression) as `rngs:` does."""
     for key in top.node.value:
@@ -776,35 +790,19 @@ def nnx_spec(top: Fields, file: str, impl: str, partitionable: bool, rngs: dict[
     else:
         steps = 1 if sn is None else as_int(sn, "`steps`", 0, MAX_STEPS)
         run = (NnxStep(sn.loc if sn is not None else top.node.loc, steps),) if steps else ()
-    version = None
     fn = top.get("flax")
-    if fn is not None:
-        ff = Fields(fn, "flax", ("version",))
-        vn = ff.get("version")
-        if vn is not None:
-            if isinstance(vn.value, float):
-                raise SpecError(f"`version` is text: quote it ('{vn.value}' reads as a number)", vn.loc)
-            version = as_str(vn, "`version`")
-            try:
-                parts = version_tuple(version)
-            except ValueError:
-                raise SpecError(f"`version` {version!r} is not a Flax version like '0.10.2'", vn.loc) from None
-            if parts < (0, 8):
-                raise SpecError(f"flax {version} has no NNX (flax.nnx is 0.8 and later)", vn.loc)
+    ff = None if fn is None else Fields(fn, "flax", ("version",))
+    version = None if ff is None else release(ff)
+    if flax_override is not None:
+        version = None if flax_override == NEWEST else flax_override
+    if ff is not None and version is not None and version_tuple(version) < (0, 8):
+        raise SpecError(f"flax {version} has no NNX (flax.nnx is 0.8 and later)", ff.need("version").loc)
     parser = NnxParser()
     parser.version = None if version is None else version_tuple(version)
+    parser.origin = origin or ""
     parser.key_source = key_source
     for e in run:
         if isinstance(e, NnxStep) and e.fork is not None and parser.lacks("fork_rngs"):
             raise parser.too_old("fork_rngs", e.loc)
     model = parser.module(top.need("model"))
     return NnxSpec(file, impl, partitionable, rngs, model, run, flax_version=version)
-
-
-def version_tuple(text: str) -> tuple[int, ...]:
-    import re
-
-    m = re.fullmatch(r"(\d+)\.(\d+)(?:\.(\d+))?(?:[.\-+]?\w*)?", text.strip())
-    if not m:
-        raise ValueError(text)
-    return tuple(int(g) for g in m.groups() if g is not None)

@@ -3,16 +3,29 @@ file:line:col."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..errors import SpecError
 from . import keyexpr
 from .budget import check_budget
 from .fields import Fields, as_str, suggest, type_name
 from .nnx import NnxSpec, nnx_spec
+from .releases import (
+    NEWEST,
+    OLDEST_FLAX,
+    FlaxRules,
+    Release,
+    jax_partitionable_default,
+    version_text,
+    version_tuple,
+)
+from .releases import release as read_release
 from .statements import BodyParser
 from .tree import PHASES, RngSource, Spec
 from .yaml_source import YNode, load_file, load_text
 
 FORMAT_VERSION = 1
+JAX_KEYS = ("prng_impl", "threefry_partitionable", "version")
 FLAVOURS = ("linen", "nnx")
 PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 KEY_WIDTH = {"threefry2x32": 2, "rbg": 4, "unsafe_rbg": 4}
@@ -63,7 +76,9 @@ def _rng_source(n: YNode, impl_width: int, impl: str = "threefry2x32") -> RngSou
     return RngSource(expr, text, n.loc)
 
 
-def spec_from_node(root: YNode) -> Spec | NnxSpec:
+def spec_from_node(root: YNode, release: Release | None = None) -> Spec | NnxSpec:
+    """The spec a YAML tree holds; `release` replaces its `flax: version` / `jax: version` (an upgrade check:
+    the same model under another release's rules; threefry_partitionable then takes that JAX's default)."""
     file = root.loc.file
     top = Fields(
         root,
@@ -100,19 +115,37 @@ def spec_from_node(root: YNode) -> Spec | NnxSpec:
                 "`fix_rng_separator` is a Linen setting; an NNX spec's `flax:` has `version` only",
                 fn.key_locs["fix_rng_separator"],
             )
+    flax_version = jax_version = None
+    ff = None
     if top.has("flax") and flavour == "linen":
-        ff = Fields(top.need("flax"), "flax", ("fix_rng_separator",))
+        ff = Fields(top.need("flax"), "flax", ("fix_rng_separator", "version"))
         fix = ff.flag("fix_rng_separator", False)
+        flax_version = read_release(ff)
+    if release is not None and release.flax is not None:
+        flax_version = None if release.flax == NEWEST else release.flax
+    if flavour == "linen" and flax_version is not None and version_tuple(flax_version) < OLDEST_FLAX:
+        raise SpecError(
+            f"rngaudit has Flax's rules from {version_text(OLDEST_FLAX)} on; flax {flax_version} is older",
+            ff.need("version").loc if ff is not None and ff.has("version") else root.loc,
+        )
     impl, part = "threefry2x32", True
     if top.has("jax"):
-        jf = Fields(top.need("jax"), "jax", ("prng_impl", "threefry_partitionable"))
+        jf = Fields(top.need("jax"), "jax", JAX_KEYS)
         impl = jf.text("prng_impl", impl)
         if impl not in PRNG_IMPLS:
             raise SpecError(
                 f"unknown prng_impl {impl!r}{suggest(impl, PRNG_IMPLS)}; use one of {', '.join(PRNG_IMPLS)}",
                 jf.need("prng_impl").loc,
             )
-        part = jf.flag("threefry_partitionable", True)
+        jax_version = read_release(jf, "JAX")
+        # (a JAX release sets the flag's default: false before 0.5.0; the flag itself wins)
+        default = jax_partitionable_default(None if jax_version is None else version_tuple(jax_version))
+        part = jf.flag("threefry_partitionable", default)
+    if release is not None and release.jax is not None:
+        jax_version = None if release.jax == NEWEST else release.jax
+        if not (top.has("jax") and Fields(top.need("jax"), "jax", JAX_KEYS).has("threefry_partitionable")):
+            # (a flag the spec sets stays set: the model pins it, and the upgrade does not move it)
+            part = jax_partitionable_default(None if jax_version is None else version_tuple(jax_version))
     pn = top.get("phase")
     phase = pn.value if pn is not None else "init"
     if pn is not None and (not isinstance(phase, str) or phase not in PHASES):
@@ -146,12 +179,24 @@ def spec_from_node(root: YNode) -> Spec | NnxSpec:
             # a bare key means {'params': key} in Linen, and nnx.Rngs(key) (the `default` stream) in NNX
             rngs["default" if flavour == "nnx" else "params"] = _rng_source(rn, width, impl)
     if flavour == "nnx":
-        return nnx_spec(top, file, impl, part, rngs, lambda kn: _rng_source(kn, width, impl))
+        spec = nnx_spec(
+            top,
+            file,
+            impl,
+            part,
+            rngs,
+            lambda kn: _rng_source(kn, width, impl),
+            None if release is None else release.flax,
+            None if release is None or release.flax is None else release.origin,
+        )
+        return dataclasses.replace(spec, jax_version=jax_version) if jax_version is not None else spec
 
-    parser = BodyParser()
+    parser = BodyParser(FlaxRules(None if flax_version is None else version_tuple(flax_version)))
+    if release is not None and release.flax is not None and release.origin:
+        parser.origin = release.origin
     model = parser.root(top.need("model"))
     check_budget(model)
-    return Spec(file, fix, impl, part, phase, mutable, rngs, model)
+    return Spec(file, fix, impl, part, phase, mutable, rngs, model, flax_version=flax_version, jax_version=jax_version)
 
 
 def _no_nnx(top: Fields) -> None:
@@ -172,9 +217,9 @@ def _no_nnx(top: Fields) -> None:
                 )
 
 
-def load_spec(path: str) -> Spec | NnxSpec:
-    """Load and validate a spec file (either flavour)."""
-    return spec_from_node(load_file(path))
+def load_spec(path: str, release: Release | None = None) -> Spec | NnxSpec:
+    """Load and validate a spec file (either flavour), under another release's rules if `release` says."""
+    return spec_from_node(load_file(path), release)
 
 
 def parse_spec(text: str, file: str = "<spec>") -> Spec | NnxSpec:

@@ -8,6 +8,7 @@ from ..errors import Location, SpecError
 from .draws import parse_draw
 from .fields import Fields, as_int, as_str, suggest, type_name
 from .layers import LAYERS, OPTION_TYPES, make_layer
+from .releases import LINEN_SINCE, FlaxRules, version_text
 from .tree import (
     PHASES,
     Call,
@@ -168,8 +169,10 @@ def _variable_axes(n: YNode | None, default) -> tuple:
 class BodyParser:
     """Module bodies: statements, standard layers and lifted transforms, as spec.tree nodes."""
 
-    def __init__(self):
+    def __init__(self, rules: FlaxRules | None = None):
         self.nodes = 0
+        self.rules = rules or FlaxRules()  # the release named: a construct it lacks is refused
+        self.origin = ""  # who named it, when not the spec (an upgrade check's option)
 
     def items(self, node: YNode | None, what: str, in_setup: bool) -> tuple[Item, ...]:
         if node is None or node.value is None:
@@ -377,6 +380,18 @@ class BodyParser:
         """Normalised options of one transform; remat_scan becomes its nested scans."""
         _, allowed = LIFTS[kind]
         f = Fields(node, kind, allowed)
+        ccs = "check_constancy_invariants"
+        for what, used, where in (
+            ("nn.fold_rngs", kind == "fold_rngs", loc),
+            (f"nn.scan's {ccs}", ccs in node.value, node.key_locs.get(ccs)),
+        ):
+            if used and self.rules.lacks(what):
+                said = (
+                    f"{self.origin} says flax {version_text(self.rules.version)}"
+                    if self.origin
+                    else f"this spec says flax {version_text(self.rules.version)} (`flax: version`)"
+                )
+                raise SpecError(f"{what} is flax {version_text(LINEN_SINCE[what])} and later; {said}", where)
         opts: dict = {}
         if kind == "vmap":
             opts["axis_size"] = _required_int(f, "axis_size", kind, MAX_LANES)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from ..errors import Location
 from .keyexpr import KeyExpr
+from .releases import FlaxRules, version_tuple
 
 PHASES = ("init", "apply")  # what a spec replays: Flax's init or apply
 
@@ -134,6 +135,12 @@ class Spec:
     model: ModuleDef
     version: int = 1
     extra: dict = field(default_factory=dict)
+    flax_version: str | None = None  # `flax: {version}`: the release whose rules apply; None: the newest
+    jax_version: str | None = None  # `jax: {version}`: sets threefry_partitionable's default only
+
+    @property
+    def rules(self) -> FlaxRules:
+        return FlaxRules(None if self.flax_version is None else version_tuple(self.flax_version))
 
 
 # A stream or collection filter, as Flax's Filter: True (all), False (none) or a tuple of names.

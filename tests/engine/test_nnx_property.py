@@ -31,7 +31,7 @@ def _installed_flax() -> tuple[str, tuple[int, ...]]:
     uses nothing that release lacks (Rngs.fork(), keep_rngs, InstanceNorm)."""
     import flax
 
-    from rngaudit.spec.nnx import version_tuple
+    from rngaudit.spec.releases import version_tuple
 
     return flax.__version__, version_tuple(flax.__version__)
 

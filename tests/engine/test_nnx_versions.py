@@ -97,7 +97,7 @@ def test_what_a_release_lacks(tmp_path, version, body, message):
     "flax, message",
     [
         ("{version: 0.10}", "quote it"),
-        ("{version: 'ten'}", "not a Flax version"),
+        ("{version: 'ten'}", "not a Flax release"),
         ("{version: '0.7.5'}", "has no NNX"),
         ("{fix_rng_separator: true}", "Linen setting"),
         ("{versoin: '0.10.2'}", "did you mean 'version'"),
@@ -118,3 +118,17 @@ def test_the_rules_are_named_in_every_report(tmp_path):
     assert json.loads(invoke("derive", path, "-f", "json").stdout)["rules"].startswith("flax<0.11")
     doc = json.loads(invoke("collisions", path, "-f", "json").stdout)
     assert doc["inputs"][0]["rules"].startswith("flax<0.11")
+
+
+def test_the_upgrade_check_of_an_nnx_model_names_the_dropout_fork(tmp_path):
+    """diff --from-flax 0.10.2 --to-flax 0.11.0 of the recorded guide model (each side's keys checked against
+    that release above): every key that moves is a Dropout's or attention's, and says why."""
+    text = RECORDED["0.10.2"]["cases"][0]["spec"].replace("flax: {version: '0.10.2'}\n", "")
+    spec = write(tmp_path, "m.yaml", text)
+    r = invoke("diff", spec, "--from-flax", "0.10.2", "--to-flax", "0.11.0", "--format", "json")
+    assert r.exit_code == 1
+    doc = json.loads(r.stdout)
+    moved = [s for s in doc["sites"] if s["status"] != "kept"]
+    assert moved and all(s["path"][0] in ("drop", "attn", "d2") for s in moved)
+    assert all(any("from flax 0.11.0, nnx.Dropout and attention fork" in w for w in s["why"]) for s in moved)
+    assert invoke("diff", spec, "--from-flax", "0.11.0", "--to-flax", "newest").exit_code == 0

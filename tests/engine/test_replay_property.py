@@ -5,13 +5,18 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import flax
 import yaml
-from flax_oracle import OracleUnsupported, check_against_flax
+from flax_oracle import FLAX_RELEASE, FORK_JIT, OracleUnsupported, check_against_flax
 from hypothesis import HealthCheck, event, given, reject, settings
 from hypothesis import strategies as st
 
 from rngaudit import parse_spec
 
+# An oracle Flax older than the newest rules (a version-matrix run in an old release's virtualenv): every spec
+# names that release, and uses nothing it lacks (nn.fold_rngs)
+ORACLE_RELEASE = {} if FORK_JIT else {"version": flax.__version__}
+ORACLE_HAS_CONSTANCY_FLAG = FLAX_RELEASE >= (0, 11)
 EXAMPLES = int(os.environ.get("RNGAUDIT_HYPOTHESIS_EXAMPLES", "60"))
 
 STREAMS = ("params", "dropout", "noise", "ß", "")
@@ -253,7 +258,7 @@ def specs(draw) -> str:
     phase = draw(st.sampled_from(("init", "apply")))
     doc = {
         "rngaudit": 1,
-        "flax": {"fix_rng_separator": draw(st.booleans())},
+        "flax": {"fix_rng_separator": draw(st.booleans()), **ORACLE_RELEASE},
         "jax": {"prng_impl": impl, "threefry_partitionable": draw(st.booleans())},
         "phase": phase,
         "rngs": {s: draw(key_exprs(WIDTH[impl])) for s in streams},
@@ -380,7 +385,7 @@ def lift_options(draw, kind: str, streams, ctx: _Ctx) -> dict:
             o["variable_broadcast"] = draw(st.sampled_from(("params", ["params", "state"], "all")))
         if maybe(draw, 0.1):
             o["variable_carry"] = "cache"
-        if maybe(draw, 0.25):
+        if maybe(draw, 0.25) and ORACLE_HAS_CONSTANCY_FLAG:
             o["check_constancy_invariants"] = False
     elif kind == "remat_scan":
         o["lengths"] = draw(st.lists(st.integers(1, 2), min_size=1, max_size=2))
@@ -418,6 +423,8 @@ def _draw_kind(draw, req: str, nested: bool) -> str:
 
 def _kinds_for(req: str) -> tuple[str, ...]:
     kinds = ("vmap", "scan", "jit", "remat", "checkpoint", "fold_rngs", "map_variables", "remat_scan")
+    if not FORK_JIT:
+        kinds = tuple(k for k in kinds if k != "fold_rngs")
     if req == "scanbody":
         return tuple(k for k in kinds if k != "remat_scan")
     if req == "carry":
@@ -510,7 +517,7 @@ def flow_items(draw, depth: int, streams, ctx: _Ctx, in_while: bool = False):
                 out.append({"module": mod})
                 made.add(cls, None)
             else:
-                forks = ("jit", "fold_rngs")
+                forks = ("jit", "fold_rngs") if FORK_JIT else ("jit",)
                 tkind = draw(st.sampled_from(forks + ("remat",)))
                 out.append({tkind: {"module": mod}})
                 made.add(PREFIX[tkind] + cls, None)
@@ -624,7 +631,7 @@ def transform_specs(draw) -> str:
         model = draw(tmodule_def(3, names, ctx))
     doc = {
         "rngaudit": 1,
-        "flax": {"fix_rng_separator": draw(st.booleans())},
+        "flax": {"fix_rng_separator": draw(st.booleans()), **ORACLE_RELEASE},
         "jax": {"prng_impl": impl, "threefry_partitionable": draw(st.booleans())},
         "phase": phase,
         "rngs": {s: draw(key_exprs(WIDTH[impl])) for s in streams},
