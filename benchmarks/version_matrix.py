@@ -88,6 +88,43 @@ def sweep(python: Path, examples: int) -> tuple[bool, str]:
     return r.returncode == 0, (r.stdout.strip().splitlines() or ["(no output)"])[-1]
 
 
+def differential(python: Path) -> tuple[bool, str]:
+    """The differential suite (tests/engine/test_replay_differential.py, the hand-written models) in that release,
+    each spec under that release's rules (a model using what the release lacks is skipped). Its tests also assert
+    what the newest Flax does (a stream fallback, a key count); only a failure inside the oracle's comparison is
+    a disagreement between derive and that Flax: (no disagreement, summary)."""
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}")
+    r = subprocess.run(
+        [
+            python,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-W",
+            "ignore",
+            "--tb=line",
+            "tests/engine/test_replay_differential.py",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    lines = r.stdout.strip().splitlines() or ["(no output)"]
+    disagree = sum(1 for line in lines if "flax_oracle.py:" in line and "Error" in line)
+    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped)", lines[-1])}
+    ran = counts.get("passed", 0) + counts.get("failed", 0)
+    newest = counts.get("failed", 0) - disagree
+    text = f"{ran - disagree} of {ran} agree"
+    if newest:
+        text += f" ({newest} tests also expect the newest release's behaviour)"
+    if counts.get("skipped"):
+        text += f", {counts['skipped']} use what it lacks"
+    return disagree == 0 and r.returncode in (0, 1), text
+
+
 def record(python: Path, out: Path, random: int) -> str:
     env = dict(
         os.environ,
@@ -134,21 +171,28 @@ def main() -> int:
         t = time.perf_counter()
         python = venv(workdir, flax, jax, extra)
         ok, last = sweep(python, a.examples)
+        dok, dlast = differential(python)
         recorded = record(python, recording, 40)
         verdict = f"{'pass' if ok else 'FAIL'}: {a.examples} plain + {a.examples} transformed models"
-        rows.append((flax, jax, verdict, last, re.sub(r" -> .*", "", recorded), time.perf_counter() - t))
-        print(f"flax {flax} / jax {jax}: sweep {'pass' if ok else 'FAIL'} ({last}); {recorded}", flush=True)
+        dverdict = f"{'pass' if dok else 'FAIL'}: {dlast}"
+        rows.append((flax, jax, verdict, dverdict, re.sub(r" -> .*", "", recorded), time.perf_counter() - t))
+        print(
+            f"flax {flax} / jax {jax}: sweep {'pass' if ok else 'FAIL'} ({last}); differential {dlast}; {recorded}",
+            flush=True,
+        )
     ok, last = compare(recording)
     print()
-    print("| flax | jax | random models in real Flax vs derive | recorded for the default run | time |")
-    print("|---|---|---|---|---|")
-    for flax, jax, verdict, _, recorded, secs in rows:
-        print(f"| {flax} | {jax} | {verdict} | {recorded.split(': ', 1)[1]} | {secs:.0f} s |")
+    print(
+        "| flax | jax | random models in real Flax vs derive | differential suite | recorded for the default run | time |"
+    )
+    print("|---|---|---|---|---|---|")
+    for flax, jax, verdict, dverdict, recorded, secs in rows:
+        print(f"| {flax} | {jax} | {verdict} | {dverdict} | {recorded.split(': ', 1)[1]} | {secs:.0f} s |")
     print(f"\nderive and the upgrade check against the recording: {'pass' if ok else 'FAIL'} ({last})")
     doc = json.loads(recording.read_text())
     order = sorted(doc, key=lambda v: tuple(int(x) for x in re.findall(r"\d+", v)))
     print(f"recorded releases: {', '.join(order)}")
-    return 0 if ok and all(r[2].startswith("pass") for r in rows) else 1
+    return 0 if ok and all(r[2].startswith("pass") and r[3].startswith("pass") for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -191,10 +191,16 @@ def _old_jit(r: Replayer, lift: Lift, inst: Instance, run: Run):
     boundary, so keys inside hash only the path below the jitted module and the count. The counters inside
     are the module's own (shared, not forked). jax may reuse an earlier trace: see _reused_trace."""
     # mirrors flax 0.9.0 linen/transforms.py module_class_lift_transform_cached (no fork_rngs) and
-    # flax/core/lift.py jit: the module's setup() runs on its own scope first, and lift.pack shares its counters
+    # flax/core/lift.py jit: from 0.9.0 the module's setup() runs on its own scope first (before, in
+    # module_class_lift_transform_jit, only the clone inside the trace runs it), and lift.pack shares its counters
     scope = inst.scope
-    if not inst.setup_done:
+    if r.rules.jit == "fold" and not inst.setup_done:
+        inst.scope = scope.lifted(
+            context=scope.context
+            + ("setup() of a module under nn.jit (flax 0.9.0 to 0.10.1): runs once on its own scope, before the trace",)
+        )
         r.setup(inst, run)
+        inst.scope = scope
     visible = {s: scope.rngs[s] for s, _ in select(scope.rngs, ((lift.opt("rngs", True), None),), jax_pytree=True)}
     where = "/".join(scope.path) or "(root)"
     context = scope.context
@@ -219,7 +225,7 @@ def _old_jit(r: Replayer, lift: Lift, inst: Instance, run: Run):
         )
     p, n = scope.path, len(scope.path)
     saved = {k: c for k, c in run.counters.items() if k[0][:n] == p}
-    hit = _reused_trace(inst, scope, run, rngs, r.rules.jit_counters_in_cache_key, saved)
+    hit = _reused_trace(inst, lift, scope, run, rngs, r.rules.jit_counters_in_cache_key, saved)
     if hit is None:
         yield scope.lifted("jit", rngs=rngs, context=context)
         return
@@ -244,7 +250,7 @@ def _old_jit(r: Replayer, lift: Lift, inst: Instance, run: Run):
 
 
 def _reused_trace(
-    inst: Instance, scope: Scope, run: Run, rngs: dict, counters_in_key: bool, counters: dict
+    inst: Instance, lift: Lift, scope: Scope, run: Run, rngs: dict, counters_in_key: bool, counters: dict
 ) -> tuple[str, dict] | None:
     """Whether jax reuses an earlier trace of this nn.jit class (before flax 0.10.2): the path that traced it
     and the counters it started from (relative to the module), or None (this call is traced, and recorded). The trace cache's key is the module's hash (its class
@@ -259,8 +265,10 @@ def _reused_trace(
     variables = tuple(sorted((k[0][n:], k[1], k[2], v) for k, v in run.store.items() if k[0][:n] == p))
     streams = tuple(sorted((s, suffix) for s, (_, suffix) in rngs.items()))
     fingerprint = tuple(sorted(start.items())) if counters_in_key else ()
-    # (not the lanes around it: inside a vmap or a scan jax traces the function on one lane's values)
-    key = (module_shape(inst.mod), fingerprint, variables, streams, run.phase, run.mutable)
+    # (not the lanes around it: inside a vmap or a scan jax traces the function on one lane's values; which of the
+    # module's transforms this is: each nn.jit of a chain is its own jitted function with its own cache)
+    which = next((i for i, other in enumerate(inst.mod.lifts) if other is lift), None)
+    key = (module_shape(inst.mod), which, fingerprint, variables, streams, run.phase, run.mutable)
     hit = run.jit_traces.get(key)
     if hit is None:
         run.jit_traces[key] = ("/".join(p) or "(root)", start)

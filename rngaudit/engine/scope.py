@@ -149,4 +149,5 @@ class Run:
     counted: dict = field(default_factory=dict)
     carry_error: FlaxError | None = None  # raised when the scan body's trace ends
     lane_errors: dict = field(default_factory=dict)  # lane axis -> broadcast error, raised when its trace ends
-    jit_traces: dict = field(default_factory=dict)  # flax 0.9.0-0.10.1: nn.jit's trace cache key -> path traced
+    # before flax 0.10.2: jax's nn.jit trace cache, key -> (the path traced, the counters it started from)
+    jit_traces: dict = field(default_factory=dict)

@@ -128,7 +128,7 @@ def spec_sites(spec) -> list[Site]:
 def _context(d) -> tuple[str, ...]:
     base = str(d.base)
     out = []
-    if "key of #" in base or any(n.startswith("inside nn.jit") for n in d.notes):
+    if "key of #" in base or any("nn.jit" in n for n in d.notes):
         out.append("jit")
     if "split(" in base:
         out.append("split")

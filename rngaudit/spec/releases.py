@@ -1,8 +1,10 @@
 """Flax's and JAX's key rules, release by release: the rule set a spec's `flax: {version}` and
 `jax: {version}` select, and the words an upgrade report gives for each rule that moves keys.
 
-Every change below was measured on the real releases (one virtualenv per release: the keys each hands out,
-README "Flax releases") and read off their source; the engine takes the rule set as a value."""
+Each change was read off the releases' source and measured on both sides of its boundary: Linen in
+virtualenvs of flax 0.8.1, 0.8.2, 0.8.5, 0.9.0, 0.10.0, 0.10.1, 0.10.2, 0.11.0 and 0.12.8 (benchmarks/version_matrix.py,
+tests/data/linen_old_flax.json), NNX in 0.10.2 and 0.11.0 (tests/data/nnx_old_flax.json), JAX's default on 0.4.38
+and 0.5.0. The engine takes the rule set as a value (FlaxRules)."""
 
 from __future__ import annotations
 
@@ -82,8 +84,9 @@ FLAX_CHANGES = (
         "jit_fold",
         "linen",
         "nn.jit folds the path up to the jitted module into the key at the jit boundary (keys inside hash "
-        "only the path below it and the count)",
-        "nn.jit is transparent (keys inside hash the whole path, as without nn.jit)",
+        "only the path below it and the count), and the jitted module's setup() runs once on its own scope first",
+        "nn.jit is transparent (keys inside hash the whole path, as without nn.jit), and the jitted module's "
+        "setup() runs only inside the trace",
         "jit",
     ),
     Change(
@@ -122,7 +125,12 @@ JAX_CHANGES = (
 )
 
 # The Linen constructs a release must have (the first release with it).
-LINEN_SINCE = {"nn.fold_rngs": (0, 10, 2), "nn.scan's check_constancy_invariants": (0, 11, 0)}
+LINEN_SINCE = {
+    "nn.InstanceNorm": (0, 8, 1),
+    "nn.Einsum": (0, 8, 2),
+    "nn.fold_rngs": (0, 10, 2),
+    "nn.scan's check_constancy_invariants": (0, 11, 0),
+}
 
 
 def version_tuple(text: str) -> tuple[int, ...]:

@@ -376,6 +376,12 @@ class BodyParser:
             return Define(loc, _when(f), mod)
         return Transform(loc, _when(f), mod, f.integer("repeat", 1, 1, MAX_REPEAT))
 
+    def _too_old(self, what: str, loc) -> SpecError:
+        """`what` (a construct the named release lacks) refused: the release that has it, and who named this one."""
+        have = version_text(self.rules.version)
+        said = f"{self.origin} says flax {have}" if self.origin else f"this spec says flax {have} (`flax: version`)"
+        return SpecError(f"{what} is flax {version_text(LINEN_SINCE[what])} and later; {said}", loc)
+
     def lifts(self, kind: str, node: YNode, loc: Location, decorator: bool = False) -> tuple[Lift, ...]:
         """Normalised options of one transform; remat_scan becomes its nested scans."""
         _, allowed = LIFTS[kind]
@@ -386,12 +392,7 @@ class BodyParser:
             (f"nn.scan's {ccs}", ccs in node.value, node.key_locs.get(ccs)),
         ):
             if used and self.rules.lacks(what):
-                said = (
-                    f"{self.origin} says flax {version_text(self.rules.version)}"
-                    if self.origin
-                    else f"this spec says flax {version_text(self.rules.version)} (`flax: version`)"
-                )
-                raise SpecError(f"{what} is flax {version_text(LINEN_SINCE[what])} and later; {said}", where)
+                raise self._too_old(what, where)
         opts: dict = {}
         if kind == "vmap":
             opts["axis_size"] = _required_int(f, "axis_size", kind, MAX_LANES)
@@ -515,6 +516,8 @@ class BodyParser:
 
     def _layer(self, kind, arg: YNode, loc, in_setup):
         lk = LAYERS[kind]
+        if f"nn.{kind}" in LINEN_SINCE and self.rules.lacks(f"nn.{kind}"):
+            raise self._too_old(f"nn.{kind}", loc)
         if arg.value is None:
             arg = YNode({}, arg.loc)
         allowed = ("name", "draw", "when", "repeat") + tuple(lk.options) + lk.passive

@@ -90,7 +90,9 @@ def test_guide_json_shape_and_keys():
     assert doc["format_version"] == 1
     assert doc["rngaudit_version"] == rngaudit.__version__
     assert doc["phase"] == "init"
-    assert doc["jax"] == {"prng_impl": "threefry2x32", "threefry_partitionable": True}
+    assert doc["jax"] == {"prng_impl": "threefry2x32", "threefry_partitionable": True, "version": None}
+    assert doc["flax"] == {"fix_rng_separator": False, "version": None, "jit": "fork", "stream_fallback": True}
+    assert doc["rules"] == "flax>=0.10.2 (Linen: nn.jit forks a key per stream on every call)"
     assert doc["rngs"]["params"]["key"] == [0, 0] and doc["rngs"]["other"]["key"] == [0, 1]
     calls = doc["calls"]
     assert [(c["path"], c["label"], c["stream"], c["count"], c["hash_items"]) for c in calls] == GUIDE_CALLS

@@ -92,6 +92,19 @@ HAND = [
                     variable_axes: {params: 0}
                     split_rngs: {params: true, dropout: true}
     """,
+    # a jitted root over map_variables(init=True) whose module draws in setup(): up to 0.8.5 setup() runs only in
+    # the traces (the first run of map_variables throws its keys away), from 0.9.0 once before them too
+    """
+    rngs: {params: 0}
+    model:
+      jit:
+        module:
+          map_variables:
+            module: {class: Block, setup: [make_rng], body: [make_rng]}
+            init: true
+            mutable: true
+        rngs: all
+    """,
     # setup() of a jitted module, and its setup children called inside
     """
     rngs: {params: 0, dropout: 1}
