@@ -58,32 +58,26 @@ def venv(workdir: Path, flax: str, jax: str, extra: list[str]) -> Path:
     return python
 
 
-def sweep(python: Path, examples: int) -> tuple[bool, str]:
-    """The random-model sweep in that release: (passed, pytest's last line)."""
-    env = dict(
-        os.environ,
-        PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}",
-        RNGAUDIT_HYPOTHESIS_EXAMPLES=str(examples),
-        RNGAUDIT_HYPOTHESIS_TRANSFORM_EXAMPLES=str(examples),
-    )
-    r = subprocess.run(
-        [
-            python,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-W",
-            "ignore",
-            "tests/engine/test_replay_property.py",
-            "-k",
-            "random_models or random_transformed",
-        ],
+def _pytest(python: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """pytest in that release's virtualenv, on this checkout (rngaudit and the tests' oracle from here)."""
+    return subprocess.run(
+        [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore", *args],
         cwd=REPO,
-        env=env,
+        env=dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}", **env),
         capture_output=True,
         text=True,
+    )
+
+
+def sweep(python: Path, examples: int) -> tuple[bool, str]:
+    """The random-model sweep in that release: (passed, pytest's last line)."""
+    r = _pytest(
+        python,
+        "tests/engine/test_replay_property.py",
+        "-k",
+        "random_models or random_transformed",
+        RNGAUDIT_HYPOTHESIS_EXAMPLES=str(examples),
+        RNGAUDIT_HYPOTHESIS_TRANSFORM_EXAMPLES=str(examples),
     )
     return r.returncode == 0, (r.stdout.strip().splitlines() or ["(no output)"])[-1]
 
@@ -93,25 +87,7 @@ def differential(python: Path) -> tuple[bool, str]:
     each spec under that release's rules (a model using what the release lacks is skipped). Its tests also assert
     what the newest Flax does (a stream fallback, a key count); only a failure inside the oracle's comparison is
     a disagreement between derive and that Flax: (no disagreement, summary)."""
-    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}")
-    r = subprocess.run(
-        [
-            python,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-W",
-            "ignore",
-            "--tb=line",
-            "tests/engine/test_replay_differential.py",
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    r = _pytest(python, "--tb=line", "tests/engine/test_replay_differential.py")
     lines = r.stdout.strip().splitlines() or ["(no output)"]
     disagree = sum(1 for line in lines if "flax_oracle.py:" in line and "Error" in line)
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped)", lines[-1])}
