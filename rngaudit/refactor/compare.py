@@ -186,9 +186,9 @@ def _explain_releases(cmp: Comparison, old: Capture, new: Capture) -> None:
     where = _RuleSites(old, new)
     used: set[str] = set()
     for e in cmp.entries:
-        if e.status in ("changed", "new", "gone", "moved") and (moved is None or e.ident in moved):
+        if moved is not None and e.status in ("changed", "new", "gone", "moved") and e.ident in moved:
             for c, text in rules:
-                if moved is not None and where.affects(c, e):
+                if where.affects(c, e):
                     e.why.append(text)
                     used.add(c.about)
     for c, text in rules:
@@ -226,7 +226,7 @@ def _moved_by_releases(old: Capture, new: Capture) -> set | None:
     """The sites whose keys the releases alone move: a spec side derived again under the other side's releases
     (and threefry_partitionable) differs from itself there and matches the other side (so a key a model edit
     moved is not put down to the releases); None if neither side is a spec that derives."""
-    for side, other, side_is_new in ((new, old, True), (old, new, False)):
+    for side, other in ((new, old), (old, new)):
         if side.rederive is None:
             continue
         again = side.rederive(

@@ -208,7 +208,6 @@ class FlaxRules:
 
     def as_json(self) -> dict:
         return {
-            "version": None if self.version is None else version_text(self.version),
             "jit": self.jit,
             "stream_fallback": self.stream_fallback,
         }
