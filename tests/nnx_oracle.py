@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from flax_oracle import eval_key, key_words
+from flax_oracle import draw_fn, eval_key, key_words
 
 from rngaudit.spec.nnx import (
     NnxBridge,
@@ -58,6 +58,7 @@ class _Recorder:
         self.step = 0
         self.off = False
         self.linen = None  # (flax_oracle's _Capture, _Builder): the Linen keys of bridge.ToNNX modules
+        self.draw = None  # the `draw:` of the statement drawing now, if any
         self.bridges: dict[int, object] = {}  # id(a ToNNX's Linen module) -> its ModuleDef
 
     def linen_builder(self):
@@ -91,15 +92,22 @@ class _Recorder:
         def call(stream):
             count = stream.count[...]
             key = original(stream)
+            # a spec's `draw:` statement: the values the model draws from the key, where it draws them (in an
+            # nnx.vmap lane, as jax.vmap computes them)
+            value = draw_fn(rec.draw)(key) if rec.draw is not None else None
             traced = isinstance(count, jax.core.Tracer) or isinstance(jax.random.key_data(key), jax.core.Tracer)
             if traced:  # inside a jitted step or a transform: recorded when it runs
                 step, site, tag = rec.step, rec.site, _tag(stream)
 
-                def record(c, k):
+                def record(c, k, v=None):
                     words = tuple(int(w) for w in np.asarray(k).ravel())
                     rec.records.append({"step": step, "site": site, "tag": tag, "count": int(c), "key": words})
+                    if v is not None:
+                        rec.records[-1]["value"] = np.asarray(v)
 
-                jax.debug.callback(record, count, jax.random.key_data(key), ordered=True)
+                jax.debug.callback(
+                    record, count, jax.random.key_data(key), *(() if value is None else (value,)), ordered=True
+                )
             elif not rec.off:
                 rec.records.append(
                     {
@@ -108,6 +116,7 @@ class _Recorder:
                         "tag": _tag(stream),
                         "count": int(count),
                         "key": key_words(key),
+                        **({} if value is None else {"value": np.asarray(value)}),
                     }
                 )
             return key
@@ -206,7 +215,11 @@ def _class(mod: NnxModule, rec: _Recorder, path: str, cache: dict):
             elif isinstance(st, NnxDraw):
                 for _ in range(st.repeat):
                     rec.site = path or "(root)"
-                    getattr(rngs, st.stream)()
+                    rec.draw = st.draw
+                    try:
+                        getattr(rngs, st.stream)()
+                    finally:
+                        rec.draw = None
         if mod.keep_rngs:
             self.rngs = rngs
 
@@ -281,7 +294,11 @@ def _class(mod: NnxModule, rec: _Recorder, path: str, cache: dict):
             elif isinstance(st, NnxDraw):
                 for _ in range(st.repeat):
                     rec.site = path or "(root)"
-                    getattr(self.rngs, st.stream)()
+                    rec.draw = st.draw
+                    try:
+                        getattr(self.rngs, st.stream)()
+                    finally:
+                        rec.draw = None
 
     return type(mod.cls, (nnx.Module,), {"__init__": __init__, "__call__": __call__})
 
@@ -443,7 +460,7 @@ def derive_records(report) -> list[dict]:
             continue
         if "vmap" in d.broadcast and d.lane > 0:
             continue
-        out.append({"step": d.step, "site": d.site, "tag": d.tag, "count": d.count, "key": tuple(c.key)})
+        out.append({"step": d.step, "site": d.site, "tag": d.tag, "count": d.count, "key": tuple(c.key), "call": c})
     return out
 
 
@@ -507,14 +524,23 @@ def check_against_nnx(spec: NnxSpec) -> dict:
         # jitted step the debug callbacks of a ToNNX's draws and its Linen keys' callbacks interleave
         order = lambda r: (r["step"], r["tag"], r["count"], r["key"])
         ours, theirs = sorted(ours, key=order), sorted(theirs, key=order)
+    seen = set()
     for i, (a, b) in enumerate(zip(ours, theirs)):
         same = (a["step"], a["tag"], a["count"], a["key"]) == (b["step"], b["tag"], b["count"], b["key"])
         assert same and _same_site(a["site"], b["site"]), f"key {i}: rngaudit {a} != nnx {b}"
+        c = a["call"]
+        if "value" in b:
+            # the values the model drew (under nnx.vmap as jax.vmap draws them)
+            assert c.values is not None, f"key {i}: nnx drew {b['value']}, rngaudit no values"
+            assert c.values.dtype == b["value"].dtype and np.array_equal(c.values, b["value"]), (
+                f"key {i}: values differ: rngaudit {c.values}, nnx {b['value']}"
+            )
+            seen.add(c.index)
     return {
         "keys": len(ours),
         **({"linen": len(ours_linen)} if ours_linen else {}),
         **({"given": len(ours_given)} if ours_given else {}),
-        "values": _check_values(report),
+        "values": _check_values(report, seen),
     }
 
 
@@ -543,14 +569,16 @@ def _has_lanes(spec: NnxSpec) -> bool:
     return module(spec.model) or any(getattr(e, "transform", None) is not None for e in spec.run)
 
 
-def _check_values(report) -> int:
-    """derive's drawn values against jax.random on the key NNX handed out (the key already matched)."""
-    from flax_oracle import draw_fn
-
-    n = 0
+def _check_values(report, seen: set) -> int:
+    """derive's drawn values: those the model drew (`seen`, compared already), the others against jax.random on
+    the key NNX handed out (the key already matched), but for rbg keys in an nnx.vmap lane, which jax.vmap draws
+    all at once (the model's layers' parameters there: checked as `draw:` statements in lanes are)."""
+    n = len(seen)
     with nnx_settings(report.spec):
         for c in report.calls:
-            if c.values is None or c.draw is None:
+            if c.values is None or c.draw is None or c.index in seen:
+                continue
+            if c.derivation.batched and report.spec.prng_impl in ("rbg", "unsafe_rbg"):
                 continue
             key = jax.random.wrap_key_data(jnp.asarray(c.key, jnp.uint32))
             assert np.array_equal(np.asarray(draw_fn(c.draw)(key)), c.values), f"values of key {c.index} differ"

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..errors import SpecError
 from ..spec.tree import Draw, Spec
-from .draws import draw_values
+from .draws import RBG_IMPLS, draw_values, draw_values_lanes
 from .keys import KeyData, KeyEngine, derive_keys, engine_for, root_keys
 from .records import Derivation, LazyRows
 from .replay import replay
@@ -93,11 +93,87 @@ class DeriveReport:
         return self.calls.discarded()
 
 
-def _draw(spec: Spec, key: KeyData, draw: Draw) -> np.ndarray:
+def _draw(spec: Spec, key: KeyData | np.ndarray, draw: Draw) -> np.ndarray:
+    """The values of `draw` from `key`, or in every lane of the keys `key` (an array: lane sizes, then words)."""
     try:
+        if isinstance(key, np.ndarray):
+            return draw_values_lanes(spec, key, draw)
         return draw_values(spec, key, draw)
     except (ValueError, TypeError, ArithmeticError, IndexError) as e:
         raise SpecError(f"cannot draw {draw.describe()}: {e}", draw.loc) from None
+
+
+class _LaneDraws:
+    """Values drawn inside nn.vmap with rbg keys: jax draws all lanes of a call at once, each lane's bits a row
+    of a draw from the first lane's key (rngaudit.engine.draws.draw_values_lanes). One draw per call and lanes
+    of the other axes, its lanes' keys given by `keys(members)`; None where a lane's key never exists."""
+
+    def __init__(self, spec: Spec, keys):
+        self.spec = spec
+        self.keys = keys
+        self.done: dict = {}
+
+    def values(self, group, members: list, shape: tuple[int, ...], at: tuple[int, ...], draw: Draw):
+        hit = self.done.get(group, False)
+        if hit is False:
+            ks = self.keys(members)
+            hit = None if ks is None else _draw(self.spec, ks.reshape(shape + ks.shape[-1:]), draw)
+            self.done[group] = hit
+        return None if hit is None else hit[at]
+
+
+def _fast_lane_draw(table: KeyTable, lane_draws: _LaneDraws, row: int, draw: Draw):
+    """Row `row`'s values as jax.vmap draws them with rbg keys (its template has batched axes)."""
+    t = int(table.block[row])
+    tpl = table.templates[t]
+    sizes = table.axis_size
+    axes = tpl.axes
+    lane = table.lane_of(row)
+    nl = int(table.n_lanes[t])
+    first = int(table.start[t]) + (row - int(table.start[t])) // nl * nl
+    pos = tpl.batched
+    shape = tuple(sizes[axes[p]] for p in pos)
+    group = (first, tuple(x for i, x in enumerate(lane) if i not in pos))
+    at = tuple(lane[p] for p in pos)
+    members: list[int] = []
+    if group in lane_draws.done:
+        return lane_draws.values(group, members, shape, at, draw)
+    for combo in _lanes_of(shape):
+        other = list(lane)
+        for p, x in zip(pos, combo):
+            other[p] = x
+        li = 0
+        for x, a in zip(other, axes):
+            li = li * sizes[a] + x
+        members.append(first + li)
+    return lane_draws.values(group, members, shape, at, draw)
+
+
+def _plain_lane_groups(rows: list[Derivation]) -> dict:
+    """Per row whose key is batched along nn.vmap axes: (the rows of the same call in every lane of those axes,
+    row-major, and their shape). The plain path's rows of one template are consecutive, lanes in order."""
+    groups: dict = {}
+    for d in rows:
+        if d.batched:
+            rest = tuple(x for i, x in enumerate(d.lane) if i not in d.batched)
+            where = (d.location, d.path, d.stream, d.count, d.hash_input, d.discarded, rest)
+            groups.setdefault(where, []).append(d)
+    out: dict = {}
+    for members in groups.values():
+        pos = members[0].batched
+        shape = tuple(max(d.lane[p] for d in members) + 1 for p in pos)
+        if len(members) != int(np.prod(shape)):
+            continue  # (not every lane there: each drawn from its own key)
+        ids = tuple(d.index for d in members)
+        for d in members:
+            out[d.index] = (ids, shape)
+    return out
+
+
+def _lanes_of(shape: tuple[int, ...]):
+    from itertools import product
+
+    return product(*(range(n) for n in shape))
 
 
 def derive(
@@ -137,11 +213,23 @@ def _derive_fast(
     if values:
         tdraw = [tpl.draw or default_draw for tpl in table.templates]
         has_draw = np.array([d is not None for d in tdraw], dtype=bool)
+        lane_draws = None
+        if spec.prng_impl in RBG_IMPLS:
+
+            def lane_keys(members: list):
+                m = np.asarray(members, dtype=np.int64)
+                return None if (table.base[m] < 0).any() else table.keys(keng, m)
+
+            lane_draws = _LaneDraws(spec, lane_keys)
         # only the rows whose statement draws, and whose key exists
         for j in np.flatnonzero(has_draw[table.block[rows]] & (table.base[rows] >= 0)).tolist():
-            draw = tdraw[int(table.block[rows[j]])]
+            row = int(rows[j])
+            draw = tdraw[int(table.block[row])]
             assert draw is not None
-            drawn[j] = _draw(spec, tuple(int(w) for w in keys[j]), draw)
+            vals = None
+            if lane_draws is not None and table.templates[int(table.block[row])].batched:
+                vals = _fast_lane_draw(table, lane_draws, row, draw)
+            drawn[j] = _draw(spec, tuple(int(w) for w in keys[j]), draw) if vals is None else vals
     calls = TableCalls(table, rows, keys, default_draw, drawn)
     return DeriveReport(spec, root_keys(spec, keng), calls, table.n if filtered else None)
 
@@ -149,10 +237,26 @@ def _derive_fast(
 def _derive_plain(spec: Spec, keng: KeyEngine, values: bool, default_draw: Draw | None) -> DeriveReport:
     rows = replay(spec)
     keys = derive_keys(spec, rows, keng)
+    lanes = _plain_lane_groups(rows) if values and spec.prng_impl in RBG_IMPLS else {}
+    lane_draws = _LaneDraws(
+        spec,
+        lambda members: (
+            None
+            if any(rows[i].base is None for i in members)
+            else np.asarray([keys[i] for i in members], dtype=np.uint32)
+        ),
+    )
     calls = []
     for d, k in zip(rows, keys):
         key = tuple(int(w) for w in k) if d.base is not None else None
         draw = d.draw or default_draw
-        vals = _draw(spec, key, draw) if values and draw is not None and key is not None else None
+        vals = None
+        if values and draw is not None and key is not None:
+            group = lanes.get(d.index)
+            if group is not None:
+                members, shape = group
+                vals = lane_draws.values(members, list(members), shape, tuple(d.lane[p] for p in d.batched), draw)
+            if vals is None:
+                vals = _draw(spec, key, draw)
         calls.append(KeyedCall(d, key, draw, vals))
     return DeriveReport(spec, root_keys(spec, keng), ListCalls(calls))

@@ -13,6 +13,21 @@ if TYPE_CHECKING:
     from .keys import KeyData
 
 
+RBG_IMPLS = ("rbg", "unsafe_rbg")  # bits from XLA's RngBitGenerator
+RBG_LANES = (
+    "with rbg keys jax.vmap draws every lane's bits from lane 0's key (jax/_src/lax/control_flow/loops.py "
+    "_rng_bit_generator_batching_rule): a lane's values are its row of one draw for all lanes, not a draw from "
+    "the key shown"
+)
+
+UNSAFE_RBG_LANES = (
+    "rngaudit does not model unsafe_rbg keys {what} inside a vmap: JAX batches rng_bit_generator from the first "
+    "lane's {whose} (jax/_src/lax/control_flow/loops.py _rng_bit_generator_batching_rule), so the other lanes' keys "
+    "are not per-lane {op}s; audit the model with `jax: {{prng_impl: rbg}}` (or threefry2x32), or file an issue "
+    "with the model"
+)
+
+
 def draw(key, d: Draw):
     """What jax.random (or jax.nn.initializers) draws from the typed key `key` for `d`."""
     import jax
@@ -46,3 +61,18 @@ def draw_values(spec: Spec | NnxSpec, key: KeyData, d: Draw) -> np.ndarray:
 
     with jax.threefry_partitionable(spec.threefry_partitionable):
         return np.asarray(draw(jax.random.wrap_key_data(jnp.asarray(key, jnp.uint32), impl=spec.prng_impl), d))
+
+
+def draw_values_lanes(spec: Spec | NnxSpec, keys: np.ndarray, d: Draw) -> np.ndarray:
+    """The values drawn for `d` in every lane of nested vmaps whose keys are `keys` (shape: the lane sizes,
+    outermost first, then the key's words), as jax.vmap draws them: with rbg keys rng_bit_generator's batching
+    rule draws all lanes' bits from the first lane's key, a row each; with threefry each lane from its own key."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    f = lambda k: draw(k, d)
+    for _ in range(keys.ndim - 1):
+        f = jax.vmap(f)
+    with jax.threefry_partitionable(spec.threefry_partitionable):
+        return np.asarray(f(jax.random.wrap_key_data(jnp.asarray(keys, jnp.uint32), impl=spec.prng_impl)))

@@ -47,7 +47,7 @@ def traces(r: Replayer, lift: Lift, inst: Instance, run: Run):
     kind = lift.kind
     if kind in ("vmap", "scan"):
         n = lift.opt("axis_size") if kind == "vmap" else lift.opt("length")
-        axis = r.new_axis(n)
+        axis = r.new_axis(n, kind)
         rngs = {}
         # mirrors flax/core/lift.py vmap/scan: split_rngs keys filter the streams; split acts on
         # the raw base key (tree_map_rngs over LazyRng.rng) and keeps the suffix
@@ -385,7 +385,7 @@ def while_loop(r: Replayer, inst: Instance, item: WhileLoop, cursor: dict, run: 
         (item.cond_items, True, item.iterations + 1, "cond"),
         (item.body_items, False, item.iterations, "body"),
     ):
-        axis = r.new_axis(size)
+        axis = r.new_axis(size, "while_loop")
         rngs = {}
         for s, split in sorted(selected):
             # the loop's rngs pass through jax.lax.while_loop as a dict: in sorted order inside

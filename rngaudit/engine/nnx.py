@@ -43,6 +43,7 @@ from ..spec.nnx import (
     NnxTransform,
 )
 from ..spec.tree import Draw
+from .draws import UNSAFE_RBG_LANES
 from .keys import KeyData, KeyEngine
 from .records import LazyRows
 
@@ -111,6 +112,7 @@ class NnxKey:
     linen_lane: tuple[int, ...] = ()  # its Linen vmap lane / scan step / while iteration indices, outermost first
     linen_input: bytes = b""  # what Linen hashed for it (path and count)
     given: str = ""  # a key given to a Dropout's call (as written in the spec): used as it is, no stream drew it
+    batched: bool = False  # drawn in an nnx.vmap lane from a per-lane key: inside jax.vmap one traced key array
 
     @property
     def fallback(self) -> bool:
@@ -300,6 +302,11 @@ class NnxReplayer:
                 loc,
             )
         broadcast = "+".join(t for t, uids in (("vmap", self.broadcast), ("scan", self.frozen)) if s.uid in uids)
+        # (a stacked module is built under nnx.vmap; a stack called under nnx.scan runs member by member)
+        batched = self.lane >= 0 and (self.vmapping or self.stacking > 0) and "vmap" not in broadcast
+        if batched and self.spec.prng_impl == "unsafe_rbg":
+            # (nnx.split_rngs maps the count too: fold_in's rng_bit_generator is seeded from lane 0's count)
+            raise SpecError(UNSAFE_RBG_LANES.format(what="drawn", whose="count", op="fold_in"), loc)
         self.keys.append(
             NnxKey(
                 self.step,
@@ -320,6 +327,7 @@ class NnxReplayer:
                 self.iteration,
                 broadcast,
                 self.scan,
+                batched=batched,
             )
         )
         s.count += n
@@ -1078,7 +1086,7 @@ def derive_nnx(
     from fnmatch import fnmatchcase
 
     from ..errors import SpecError
-    from .draws import draw_values
+    from .draws import RBG_IMPLS, draw_values, draw_values_lanes
 
     engine = KeyEngine(spec.prng_impl, spec.threefry_partitionable)
     import numpy as np
@@ -1105,16 +1113,52 @@ def derive_nnx(
         draws = [k.draw or (default_draw if k.kind != "fork" else None) for k in blocks]
         has = np.array([d is not None for d in draws], dtype=bool)
         rows = np.arange(len(table.block)) if selected is None else selected
+        lanes = _lane_groups(table) if spec.prng_impl in RBG_IMPLS else {}
+        done: dict = {}
         for j in np.flatnonzero(has[table.block[rows]] if len(rows) else np.zeros(0, dtype=bool)).tolist():
             i = int(rows[j])
             draw = draws[int(table.block[i])]
             assert draw is not None
             try:
-                calls.values[j] = draw_values(spec, tuple(int(w) for w in table.keys[i]), draw)
+                group = lanes.get(i)
+                if group is None:
+                    calls.values[j] = draw_values(spec, tuple(int(w) for w in table.keys[i]), draw)
+                    continue
+                # inside jax.vmap with rbg keys every lane's bits are a row of one draw from lane 0's key
+                members, lane = group
+                if members not in done:
+                    done[members] = draw_values_lanes(spec, table.keys[np.asarray(members)], draw)
+                calls.values[j] = done[members][lane]
             except (ValueError, TypeError, ArithmeticError, IndexError) as e:
                 raise SpecError(f"cannot draw {draw.describe()}: {e}", draw.loc) from None
     roots = {name: engine.eval(src.expr) for name, src in spec.rngs.items()}
     return NnxDeriveReport(spec, roots, calls, len(table.block) if filtered else None, rules_of(spec))
+
+
+def _lane_groups(table: NnxTable) -> dict:
+    """Per row drawn in an nnx.vmap lane from a per-lane key: (the rows of the same draw in lanes 0..n-1, its
+    lane). A draw whose lanes are not all there is left out (drawn from its own key)."""
+    import numpy as np
+
+    groups: dict = {}
+    blocks = table.blocks
+    if not any(k.batched for k in blocks):
+        return {}
+    starts = np.searchsorted(table.block, np.arange(len(blocks)))
+    for b, k in enumerate(blocks):
+        if not k.batched:
+            continue
+        for r in range(k.n):
+            where = (k.step, k.site, k.kind, k.requested, k.tag, k.count + r, k.loc, k.iteration, k.scan, k.label)
+            groups.setdefault(where, {})[k.lane] = int(starts[b]) + r
+    out: dict = {}
+    for by_lane in groups.values():
+        if sorted(by_lane) != list(range(len(by_lane))):
+            continue
+        members = tuple(by_lane[lane] for lane in range(len(by_lane)))
+        for lane, row in enumerate(members):
+            out[row] = (members, lane)
+    return out
 
 
 class NnxCalls(LazyRows, Sequence[NnxKeyedCall]):

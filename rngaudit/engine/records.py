@@ -29,6 +29,7 @@ class Derivation:
     notes: tuple[str, ...] = ()
     lane: tuple[int, ...] = ()  # vmap lane / scan step / while iteration indices, outermost first
     discarded: bool = False  # made in a trace whose keys Flax throws away (scan's constancy check)
+    batched: tuple[int, ...] = ()  # positions in `lane` of the nn.vmap axes the key is batched along
 
     @property
     def path_str(self) -> str:
@@ -59,6 +60,7 @@ class Template(NamedTuple):
     axes: tuple[int, ...]  # lane axes (indices into Replayer.axis_size), outermost first
     discarded: bool  # made in a trace whose keys Flax throws away
     n: int = 1
+    batched: tuple[int, ...] = ()  # positions in `axes` of the nn.vmap axes its key is batched along
 
 
 class LazyRows:

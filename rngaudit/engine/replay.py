@@ -25,12 +25,13 @@ from ..spec.tree import (
     Variable,
     WhileLoop,
 )
+from .draws import RBG_IMPLS, RBG_LANES, UNSAFE_RBG_LANES
 from .hashing import hash_input, hash_word
 from .lifts import cond, traces, validate_setup, while_loop
 from .records import Derivation, Template
-from .refs import Discovered, ForkKey, RootKey, concrete
+from .refs import Discovered, ForkKey, ForkOf, LaneSplit, RootKey, concrete
 from .scope import KEPT, MAP_RUN1, SCAN_CHECK, Instance, Run, Scope
-from .variables import param, variable
+from .variables import lane_axes, param, variable
 
 MAX_DERIVATIONS = 50_000_000
 
@@ -47,6 +48,7 @@ class Replayer:
         self.blocks = blocks
         self.templates: list[Template] = []
         self.axis_size: list[int] = []
+        self.axis_kind: list[str] = []  # per axis: vmap | scan | while_loop
 
     def run(self) -> list[Derivation]:
         """Every key request, in execution order."""
@@ -84,8 +86,9 @@ class Replayer:
         streams = self.spec.rngs if streams is None else streams
         return Instance(self.spec.model, Scope((), {s: (RootKey(s), ()) for s in streams}))
 
-    def new_axis(self, size: int) -> int:
+    def new_axis(self, size: int, kind: str) -> int:
         self.axis_size.append(size)
+        self.axis_kind.append(kind)
         return len(self.axis_size) - 1
 
     def call(self, inst: Instance, run: Run) -> None:
@@ -323,10 +326,37 @@ class Replayer:
         self, path, stream, used, count, kind, label, suffix, ref, loc, draw, notes, axes, discarded, n: int
     ) -> int:
         """Append a template; returns its number."""
+        batched = self.batched(ref, axes)
+        if self.spec.prng_impl == "unsafe_rbg" and not discarded:
+            self.refuse_unsafe_split(ref, loc)
+        if batched and self.spec.prng_impl in RBG_IMPLS and draw is not None:
+            notes = (RBG_LANES,) + notes
         self.templates.append(
-            Template(path, stream, used, count, kind, label, suffix, ref, loc, draw, notes, axes, discarded, n)
+            Template(path, stream, used, count, kind, label, suffix, ref, loc, draw, notes, axes, discarded, n, batched)
         )
         return len(self.templates) - 1
+
+    def refuse_unsafe_split(self, ref, loc) -> None:
+        """An unsafe_rbg key split (nn.vmap, nn.scan) where the key is already batched by an nn.vmap around:
+        JAX's split there is not the per-lane split rngaudit computes."""
+        while ref is not None and type(ref) is not RootKey:
+            if type(ref) is ForkOf:
+                ref = self.templates[ref.template].ref
+                continue
+            if type(ref) is LaneSplit and any(
+                self.axis_kind[a] == "vmap" for a in lane_axes(self.templates, ref.parent)
+            ):
+                raise SpecError(UNSAFE_RBG_LANES.format(what="split", whose="key", op="split"), loc)
+            ref = ref.parent
+
+    def batched(self, ref, axes: tuple[int, ...]) -> tuple[int, ...]:
+        """The positions in `axes` of the nn.vmap axes a key of reference `ref` is batched along (those it
+        was split along, or a key it derives from was): inside jax.vmap the key is one traced array."""
+        if not axes or ref is None or type(ref) is RootKey:
+            return ()
+        depends = lane_axes(self.templates, ref)
+        kinds = self.axis_kind
+        return tuple(i for i, a in enumerate(axes) if a in depends and kinds[a] == "vmap")
 
     def expand(self) -> list[Derivation]:
         """One Derivation per template and lane of its axes, with concrete key references."""
@@ -334,9 +364,23 @@ class Replayer:
         index_of: dict = {}
         memo: dict = {}
         sep = self.sep
-        for t, (path, req, used, count, kind, label, suffix, ref, loc, draw, notes, axes, discarded, _) in enumerate(
-            self.templates
-        ):
+        for t, (
+            path,
+            req,
+            used,
+            count,
+            kind,
+            label,
+            suffix,
+            ref,
+            loc,
+            draw,
+            notes,
+            axes,
+            discarded,
+            _,
+            batched,
+        ) in enumerate(self.templates):
             items = suffix + (count,)
             data = hash_input(items, sep)
             word = hash_word(data)
@@ -364,6 +408,7 @@ class Replayer:
                         notes,
                         lane,
                         discarded or base is None,
+                        batched,
                     )
                 )
         return rows

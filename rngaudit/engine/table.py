@@ -191,6 +191,7 @@ class KeyTable:
             notes,
             self.lane_of(i),
             bool(self.discarded[i]),
+            tpl.batched,
         )
 
     def derivations(self, rows: Iterable[int] | None = None) -> list[Derivation]:

@@ -8,6 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..engine.derive import DeriveReport
+from ..engine.draws import RBG_IMPLS, RBG_LANES
 from ..engine.nnx import NnxDeriveReport
 from .text_derive import _values, render_derive
 
@@ -84,10 +85,19 @@ def render_nnx_derive(report: NnxDeriveReport, console: Console) -> None:
             "[" + " ".join(str(w) for w in c.key) + "]",
         )
     console.print(table)
+    lanes = []
     for c in report.calls:
         if c.values is not None and c.draw is not None:
             d = c.derivation
             console.print(f"#{c.index} {d.site} {d.label or d.requested} {c.draw.describe()}:")
             console.print(Text(_values(c.values)))
+            if d.batched and spec.prng_impl in RBG_IMPLS:
+                lanes.append(f"#{c.index}")
+    if lanes:
+        console.print(Text(f"note ({_rows(lanes)}): {RBG_LANES}", style="dim"))
     shown = f"{len(report.calls)} keys" + (f" (of {report.total})" if report.total is not None else "")
     console.print(f"{shown}, {report.fallbacks} served by 'default' for another stream")
+
+
+def _rows(rows: list[str]) -> str:
+    return ", ".join(rows) if len(rows) <= 4 else f"{', '.join(rows[:3])} and {len(rows) - 3} more"
