@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from .errors import Location, UsageError
+from .errors import FlaxError, InputError, Location, RngauditError, UnsupportedError, UsageError
 
 if TYPE_CHECKING:
     from .collision.nnx import NnxAudit
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from .refactor.keys_file import Capture
     from .shard.report import ShardReport
     from .spec.nnx import NnxSpec
+    from .spec.parse import SpecBytes
     from .spec.tree import Draw, Spec
 
 
@@ -84,7 +85,7 @@ def _check_draw_budget(spec: Spec, default_draw: Draw, text: str) -> None:
 
 # ---------------------------------------------------------------- derive
 def derive(
-    spec: str | os.PathLike[str] | Spec | NnxSpec,
+    spec: str | os.PathLike[str] | Spec | NnxSpec | SpecBytes,
     *,
     phase: str | None = None,
     values: bool = True,
@@ -100,9 +101,11 @@ def derive(
     (`flavour: nnx`) gives an NnxDeriveReport: every key its streams hand out, construction and steps."""
     from .engine.derive import derive as run_derive
     from .spec.nnx import NnxSpec
-    from .spec.parse import load_spec
+    from .spec.parse import SpecBytes, load_spec
     from .spec.tree import Spec
 
+    if isinstance(spec, SpecBytes):
+        spec = spec.load()
     loaded = spec if isinstance(spec, (Spec, NnxSpec)) else load_spec(os.fspath(spec))
     if isinstance(loaded, NnxSpec):
         return _derive_nnx(loaded, phase, values, draw, streams, paths, limit)
@@ -152,7 +155,7 @@ def _audit_nnx(spec: NnxSpec, phase: str | None) -> NnxAudit:
 
 # ---------------------------------------------------------------- collisions
 def audit_input(
-    source: str | os.PathLike[str] | Spec | NnxSpec,
+    source: str | os.PathLike[str] | Spec | NnxSpec | SpecBytes,
     *,
     phase: str | None = None,
     keys: bool = True,
@@ -168,7 +171,10 @@ def audit_input(
 
     bound = DEFAULT_LATENT_MAX_COUNT if latent_max_count is None else latent_max_count
     from .spec.nnx import NnxSpec
+    from .spec.parse import SpecBytes
 
+    if isinstance(source, SpecBytes):
+        source = source.load()
     if isinstance(source, NnxSpec):
         return _audit_nnx(source, phase)
     path = None if isinstance(source, Spec) else os.fspath(source)
@@ -193,7 +199,7 @@ def audit_input(
 
 
 def collisions(
-    *inputs: str | os.PathLike[str] | Spec | NnxSpec,
+    *inputs: str | os.PathLike[str] | Spec | NnxSpec | SpecBytes,
     phase: str | None = None,
     keys: bool = True,
     fix_rng_separator: bool | None = None,
@@ -201,10 +207,13 @@ def collisions(
     strict: bool = False,
     fail_on: Iterable[str] | None = None,
     advance: Callable[[int], None] | None = None,
+    keep_going: bool = False,
 ) -> CollisionsReport:
     """Call sites that receive identical keys in each input, why, and the fixes checked. `report.failing`
     says whether a finding of a failing category was found (`fail_on`; `strict`: every category).
-    `advance(1)` is called after each input."""
+    `advance(1)` is called after each input. An input that cannot be read, is not a valid spec, or models
+    something Flax raises on raises its error; with `keep_going` it is `report.errors` instead (in input
+    order), and the other inputs are audited."""
     from .collision.results import FINDING_CATEGORIES, CollisionsReport, fail_categories
 
     wanted = None if fail_on is None else list(fail_on)
@@ -212,15 +221,25 @@ def collisions(
         if c not in FINDING_CATEGORIES:
             raise UsageError(f"fail_on {c!r}: use one of {', '.join(FINDING_CATEGORIES)}")
     audits = []
+    errors: list[RngauditError] = []
     for source in inputs:
-        audits.append(
-            audit_input(
-                source, phase=phase, keys=keys, fix_rng_separator=fix_rng_separator, latent_max_count=latent_max_count
+        try:
+            audits.append(
+                audit_input(
+                    source,
+                    phase=phase,
+                    keys=keys,
+                    fix_rng_separator=fix_rng_separator,
+                    latent_max_count=latent_max_count,
+                )
             )
-        )
+        except (InputError, FlaxError, UnsupportedError) as e:
+            if not keep_going:
+                raise
+            errors.append(e)
         if advance is not None:
             advance(1)
-    return CollisionsReport(tuple(audits), fail_categories(strict, wanted))
+    return CollisionsReport(tuple(audits), fail_categories(strict, wanted), tuple(errors))
 
 
 # ---------------------------------------------------------------- shard-check

@@ -36,9 +36,14 @@ def invoke(*args: object):
 
 
 def run_cli(
-    *args: object, cwd: Path | str = REPO, env_extra: dict | None = None, timeout: float = 120
+    *args: object,
+    cwd: Path | str = REPO,
+    env_extra: dict | None = None,
+    timeout: float = 120,
+    input_text: str | None = None,
 ) -> subprocess.CompletedProcess:
-    """`python -m rngaudit ARGS` as a real process, with colour off and no debug tracebacks."""
+    """`python -m rngaudit ARGS` as a real process, with colour off and no debug tracebacks (`input_text`: its
+    standard input)."""
     env = dict(os.environ, NO_COLOR="1", PYTHONIOENCODING="utf-8")
     env.pop("RNGAUDIT_DEBUG", None)
     env.update(env_extra or {})
@@ -50,4 +55,5 @@ def run_cli(
         text=True,
         encoding="utf-8",
         timeout=timeout,
+        input=input_text,
     )

@@ -1,10 +1,13 @@
 """`rngaudit collisions`: find call sites that receive identical keys, say why, and check the fixes."""
 
 # (no `from __future__ import annotations`: see cli/derive.py)
+import dataclasses
+import sys
 from typing import NamedTuple
 
 import typer
 
+from ..errors import EXIT_ERROR
 from .options import CONFIG, EXIT_ZERO, FORMAT, MAX_SPEC_MIB, MAX_YAML_NODES, OUTPUT, Category, Format, Phase
 
 
@@ -21,12 +24,17 @@ class CollisionsOptions(NamedTuple):
     exit_zero: bool
     max_spec_mib: int | None
     max_yaml_nodes: int | None
+    include: list[str] | None
+    exclude: list[str] | None
 
 
 def collisions(
     ctx: typer.Context,
     inputs: list[str] = typer.Argument(
-        ..., metavar="SPEC...", help="Model specs (YAML), or JSON files (*.json) of module paths or a params tree."
+        ...,
+        metavar="SPEC...",
+        help="Model specs (YAML), JSON files (*.json) of module paths or a params tree, directories (walked for "
+        "specs) or - (a spec on standard input).",
     ),
     fmt: Format = FORMAT,
     output: str | None = OUTPUT,
@@ -60,11 +68,40 @@ def collisions(
     exit_zero: bool = EXIT_ZERO,
     max_spec_mib: int | None = MAX_SPEC_MIB,
     max_yaml_nodes: int | None = MAX_YAML_NODES,
+    include: list[str] | None = typer.Option(
+        None,
+        "--include",
+        metavar="GLOB",
+        help="In directories, read the files matching these globs (name or path below the directory; repeatable; "
+        "default *.yaml, *.yml). YAML without a top-level rngaudit: key is skipped.",
+    ),
+    exclude: list[str] | None = typer.Option(
+        None,
+        "--exclude",
+        metavar="GLOB",
+        help="In directories, skip files and folders matching these globs (a path below the directory or any "
+        "part of it; repeatable).",
+    ),
+    stdin_filename: str | None = typer.Option(
+        None, "--stdin-filename", metavar="NAME", help="The name a spec read from - (standard input) is reported as."
+    ),
     config: str | None = CONFIG,
 ) -> None:
-    """Find call sites that receive identical keys, say why, and check the fixes."""
+    """Find call sites that receive identical keys, say why, and check the fixes. Every input is reported: one
+    that cannot be read is an error diagnostic (exit 2 at the end) and the others still run."""
     given = CollisionsOptions(
-        fmt, phase, keys, separator, latent_max_count, strict, fail_on, exit_zero, max_spec_mib, max_yaml_nodes
+        fmt,
+        phase,
+        keys,
+        separator,
+        latent_max_count,
+        strict,
+        fail_on,
+        exit_zero,
+        max_spec_mib,
+        max_yaml_nodes,
+        include,
+        exclude,
     )
 
     def go() -> None:
@@ -72,14 +109,18 @@ def collisions(
         from ..output.collisions_json import to_json
         from ..output.formats import Report
         from ..output.progress import progress
-        from .boundary import finish, spec_limits
+        from .boundary import finish, one_line, spec_limits
         from .defaults import configured
+        from .inputs import expand
         from .writing import emit
 
         o = configured(ctx, "collisions", config, given)
-        with spec_limits(o.max_spec_mib, o.max_yaml_nodes), progress(len(inputs), "collisions") as advance:
+        with spec_limits(o.max_spec_mib, o.max_yaml_nodes):
+            sources, missing = expand(inputs, o.include, o.exclude or (), stdin_filename)
+            advance_total = len(sources)
+        with spec_limits(o.max_spec_mib, o.max_yaml_nodes), progress(advance_total, "collisions") as advance:
             report = api.collisions(
-                *inputs,
+                *sources,
                 phase=o.phase.value if o.phase else None,
                 keys=o.keys,
                 fix_rng_separator=o.separator,
@@ -87,23 +128,34 @@ def collisions(
                 strict=o.strict,
                 fail_on=[c.value for c in o.fail_on] if o.fail_on is not None else None,
                 advance=advance,
+                keep_going=True,
             )
+        if missing:
+            report = dataclasses.replace(report, errors=tuple(missing) + report.errors)
+        for e in report.errors:  # (each bad input: one `error:` line, as a single bad input gets)
+            sys.stderr.write(f"error: {one_line(str(e))}\n")
+        if report.errors and (not report.audits or output is not None):
+            # nothing audited: no report, as for a single bad input; and --output is written only by a run
+            # that succeeds (no partial file): the reports and annotations go to stdout
+            raise typer.Exit(EXIT_ERROR)
 
         def render(console) -> None:
             from ..output.text_collisions import render_collisions
 
-            render_collisions(report.audits, console)
+            render_collisions(report.audits, console, report.errors)
 
         emit(
             o.fmt,
             output,
             Report(
                 "collisions",
-                lambda: to_json(report.audits),
+                lambda: to_json(report.audits, report.errors),
                 render,
                 lambda: api.findings(report),
             ),
         )
+        if report.errors:
+            raise typer.Exit(EXIT_ERROR)
         finish(report.failing, o.exit_zero)
 
     from .boundary import run

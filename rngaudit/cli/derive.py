@@ -3,6 +3,7 @@
 # No `from __future__ import annotations` in cli/: typer reads every option's annotation on every run, and a
 # string annotation costs it an eval (about 5 ms of each start). Annotations must be valid at runtime.
 import os
+import sys
 from typing import NamedTuple
 
 import typer
@@ -25,7 +26,9 @@ class DeriveOptions(NamedTuple):
 
 def derive(
     ctx: typer.Context,
-    spec: str = typer.Argument(..., metavar="SPEC", help="The model spec (YAML, format version 1)."),
+    spec: str = typer.Argument(
+        ..., metavar="SPEC", help="The model spec (YAML, format version 1), or - to read it from standard input."
+    ),
     fmt: DeriveFormat = typer.Option(
         DeriveFormat.text, "--format", "-f", help="Output format; jsonl streams one record per call site."
     ),
@@ -62,6 +65,9 @@ def derive(
     exit_zero: bool = EXIT_ZERO,
     max_spec_mib: int | None = MAX_SPEC_MIB,
     max_yaml_nodes: int | None = MAX_YAML_NODES,
+    stdin_filename: str | None = typer.Option(
+        None, "--stdin-filename", metavar="NAME", help="The name a spec read from - (standard input) is reported as."
+    ),
     config: str | None = CONFIG,
 ) -> None:
     """Print the key every make_rng call receives, exactly as Flax derives it."""
@@ -74,12 +80,14 @@ def derive(
         from ..output.progress import progress
         from .boundary import finish, spec_limits
         from .defaults import configured
+        from .inputs import STDIN, stdin_spec
         from .writing import emit, write_stream
 
         o = configured(ctx, "derive", config, given)
         with spec_limits(o.max_spec_mib, o.max_yaml_nodes), progress(None, f"replaying {os.path.basename(spec)}"):
+            source = stdin_spec(stdin_filename) if spec == STDIN else spec
             report = api.derive(
-                spec,
+                source,
                 phase=o.phase.value if o.phase else None,
                 values=o.values,
                 draw=o.draw,
@@ -88,6 +96,8 @@ def derive(
                 limit=limit,
                 engine=engine,
             )
+        for warning in report.unmatched:  # (a typo in a filter must not pass for an empty answer)
+            sys.stderr.write(f"warning: {warning}\n")
         if o.fmt is DeriveFormat.jsonl:
             with progress(len(report.calls), "writing") as advance:
                 write_stream(jsonl_lines(report, advance), output)

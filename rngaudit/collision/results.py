@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..errors import Location
+from ..errors import Location, RngauditError
 
 if TYPE_CHECKING:
     from .nnx import NnxAudit
@@ -212,6 +212,7 @@ class CollisionsReport:
 
     audits: tuple[Audit | NnxAudit, ...]
     fail_on: frozenset[str] = frozenset(FAILING_CATEGORIES)
+    errors: tuple[RngauditError, ...] = ()  # inputs that could not be audited (collisions(keep_going=True))
 
     @property
     def failing(self) -> bool:

@@ -82,6 +82,7 @@ class DeriveReport:
     roots: dict[str, KeyData]
     calls: Calls
     total: int | None = None  # call sites before --stream/--path/--limit; None: no filter
+    unmatched: tuple[str, ...] = ()  # a warning per --stream/--path that matches no call site
 
     @property
     def fallbacks(self) -> int:
@@ -231,7 +232,7 @@ def _derive_fast(
                 vals = _fast_lane_draw(table, lane_draws, row, draw)
             drawn[j] = _draw(spec, tuple(int(w) for w in keys[j]), draw) if vals is None else vals
     calls = TableCalls(table, rows, keys, default_draw, drawn)
-    return DeriveReport(spec, root_keys(spec, keng), calls, table.n if filtered else None)
+    return DeriveReport(spec, root_keys(spec, keng), calls, table.n if filtered else None, table.unmatched)
 
 
 def _derive_plain(spec: Spec, keng: KeyEngine, values: bool, default_draw: Draw | None) -> DeriveReport:

@@ -1056,6 +1056,7 @@ class NnxDeriveReport:
     calls: NnxCalls
     total: int | None = None  # keys before --stream/--path/--limit; None: no filter
     rules: str = RULES
+    unmatched: tuple[str, ...] = ()  # a warning per --stream/--path that matches no key
 
     @property
     def fallbacks(self) -> int:
@@ -1095,6 +1096,7 @@ def derive_nnx(
     blocks = table.blocks
     filtered = bool(streams or paths or limit is not None)
     selected = None
+    unmatched: tuple[str, ...] = ()
     if filtered:
         keep = np.ones(len(blocks), dtype=bool)
         for b, k in enumerate(blocks):
@@ -1106,6 +1108,15 @@ def derive_nnx(
             ):
                 keep[b] = False
         selected = np.flatnonzero(keep[table.block]) if len(table.block) else np.zeros(0, dtype=np.int64)
+        from .table import unmatched_filters
+
+        unmatched = unmatched_filters(
+            streams, (), {k.requested for k in blocks} | {k.tag for k in blocks}, set()
+        ) + tuple(
+            f"--path {g} matches no site"
+            for g in dict.fromkeys(paths)
+            if not any(fnmatchcase(k.site, g) for k in blocks)
+        )
         if limit is not None:
             selected = selected[:limit]
     calls = NnxCalls(table, selected, default_draw, {})
@@ -1132,7 +1143,7 @@ def derive_nnx(
             except (ValueError, TypeError, ArithmeticError, IndexError) as e:
                 raise SpecError(f"cannot draw {draw.describe()}: {e}", draw.loc) from None
     roots = {name: engine.eval(src.expr) for name, src in spec.rngs.items()}
-    return NnxDeriveReport(spec, roots, calls, len(table.block) if filtered else None, rules_of(spec))
+    return NnxDeriveReport(spec, roots, calls, len(table.block) if filtered else None, rules_of(spec), unmatched)
 
 
 def _lane_groups(table: NnxTable) -> dict:

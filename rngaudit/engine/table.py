@@ -29,6 +29,7 @@ class KeyTable:
 
     def __init__(self, r: Replayer):
         self.spec: Spec = r.spec
+        self.unmatched: tuple[str, ...] = ()  # set by select(): the filters that match no call site
         self.sep = r.sep
         self.templates = r.templates
         self.axis_size = r.axis_size
@@ -202,19 +203,25 @@ class KeyTable:
         """Row indices kept by the filters: a stream (requested or used) in `streams`, a path
         ('/'-joined, '(root)' for the root) matching a glob in `paths`, the first `limit` of them."""
         keep_t = np.ones(len(self.templates), dtype=bool)
+        self.unmatched = ()
         if streams or paths:
             cache: dict = {}
+            seen_streams: set[str] = set()
+            texts: set[str] = set()
             for t, tpl in enumerate(self.templates):
+                seen_streams.update((tpl.stream_requested, tpl.stream))
+                p = tpl.path
+                text = "/".join(p) if p else "(root)"
+                texts.add(text)
                 if streams and tpl.stream_requested not in streams and tpl.stream not in streams:
                     keep_t[t] = False
                     continue
                 if paths:
-                    p = tpl.path
                     hit = cache.get(p)
                     if hit is None:
-                        text = "/".join(p) if p else "(root)"
                         hit = cache[p] = any(fnmatch.fnmatchcase(text, g) for g in paths)
                     keep_t[t] = hit
+            self.unmatched = unmatched_filters(streams, paths, seen_streams, texts)
         rows = np.flatnonzero(keep_t[self.block]) if not keep_t.all() else np.arange(self.n, dtype=np.int64)
         if limit is not None:
             rows = rows[:limit]
@@ -262,6 +269,20 @@ class KeyTable:
             if b >= 0:
                 out[k] = engine.fold_in(res.key(self.bases[b]), w)
         return out
+
+
+def unmatched_filters(streams, paths, seen_streams: set[str], texts: set[str]) -> tuple[str, ...]:
+    """A warning for each --stream / --path that matches no call site of the whole replay (a typo must not pass
+    for an empty answer)."""
+    out = []
+    for s in dict.fromkeys(streams):
+        if s not in seen_streams:
+            have = ", ".join(sorted(seen_streams)) or "none"
+            out.append(f"--stream {s} matches no call site (the streams asked for: {have})")
+    for g in dict.fromkeys(paths):
+        if not any(fnmatch.fnmatchcase(t, g) for t in texts):
+            out.append(f"--path {g} matches no module path ('/'-joined, '(root)' for the root)")
+    return tuple(out)
 
 
 def _lanes(axes, sizes):

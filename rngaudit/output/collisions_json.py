@@ -14,6 +14,7 @@ from ..collision.results import (
     Rename,
     SeparatorCheck,
 )
+from ..errors import RngauditError
 
 JSON_FORMAT = "rngaudit.collisions"
 JSON_FORMAT_VERSION = 1
@@ -160,16 +161,29 @@ def nnx_audit_json(a: NnxAudit) -> dict:
     }
 
 
-def to_json(audits: Sequence[Audit | NnxAudit]) -> dict:
-    return {
+def to_json(audits: Sequence[Audit | NnxAudit], errors: Sequence[RngauditError] = ()) -> dict:
+    """The report; `errors` (the inputs that could not be audited, each `file`, `line`, `col`, `message`) only
+    when there are some."""
+    summary: dict[str, int] = {
+        "inputs": len(audits),
+        "failing": sum(a.failing for a in audits),
+        "info": sum(a.info for a in audits),
+        "latent": sum(len(a.latent) for a in audits),
+    }
+    doc: dict = {
         "format": JSON_FORMAT,
         "format_version": JSON_FORMAT_VERSION,
         "rngaudit_version": __version__,
         "inputs": [nnx_audit_json(a) if isinstance(a, NnxAudit) else audit_json(a) for a in audits],
-        "summary": {
-            "inputs": len(audits),
-            "failing": sum(a.failing for a in audits),
-            "info": sum(a.info for a in audits),
-            "latent": sum(len(a.latent) for a in audits),
-        },
+        "summary": summary,
     }
+    if errors:
+        doc["errors"] = [
+            {
+                **(e.location.as_json() if e.location else {"file": None, "line": None, "col": None}),
+                "message": e.message,
+            }
+            for e in errors
+        ]
+        summary["errors"] = len(errors)
+    return doc

@@ -178,6 +178,13 @@ COLLISION_RULES = (
         "A shorter path drawing more keys would meet a longer path's keys (information). Rename a module if "
         "the model may draw that many keys.",
     ),
+    Rule(
+        "collisions/input-error",
+        "InputError",
+        "an input could not be audited: it cannot be read, is not a valid spec, or models what Flax raises on",
+        "The message says what is wrong at file:line:col and how to fix it; the other inputs were audited, and the "
+        "run exits 2.",
+    ),
 )
 _CATEGORY_RULE = {
     "shared_stream_key": "collisions/shared-stream-key",
@@ -242,8 +249,9 @@ def _nnx_collision_findings(a: NnxAudit, failing) -> list[Finding]:
 
 
 def collision_findings(report: CollisionsReport) -> list[Finding]:
-    """One finding per collision and per latent collision, at its first call site; the others are related."""
-    out = []
+    """One finding per input that could not be audited, then one per collision and per latent collision, at its
+    first call site; the others are related."""
+    out = [Finding("collisions/input-error", ERROR, e.message, e.location) for e in report.errors]
     failing = report.fail_on
     for a in report.audits:
         if isinstance(a, NnxAudit):

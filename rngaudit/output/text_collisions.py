@@ -338,7 +338,9 @@ def render_nnx_audit(a: NnxAudit, console: Console) -> None:
     _print(console, Text(f"{a.failing} failing, {a.info} information"))
 
 
-def render_collisions(audits: Sequence[Audit | NnxAudit], console: Console) -> None:
+def render_collisions(audits: Sequence[Audit | NnxAudit], console: Console, errors: Sequence = ()) -> None:
+    """Every audit, a total over several, and (`errors`: inputs that could not be audited, each said on stderr
+    already) how many were not audited."""
     for k, a in enumerate(audits):
         if k:
             _print(console, Text())
@@ -353,5 +355,17 @@ def render_collisions(audits: Sequence[Audit | NnxAudit], console: Console) -> N
             Text(
                 f"total: {sum(a.failing for a in audits)} failing, {sum(a.info for a in audits)} "
                 f"information, {sum(len(a.latent) for a in audits)} latent in {len(audits)} inputs"
+            ),
+        )
+    if errors:
+        _print(console, Text())
+        where = ", ".join(e.location.file if e.location else "?" for e in errors[:3])
+        more = f" and {len(errors) - 3} more" if len(errors) > 3 else ""
+        _print(
+            console,
+            Text(
+                f"{len(errors)} input{'s' if len(errors) > 1 else ''} not audited ({where}{more}): "
+                "the error lines say why",
+                style="bold red",
             ),
         )

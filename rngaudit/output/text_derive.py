@@ -100,4 +100,5 @@ def render_derive(report: DeriveReport, console: Console) -> None:
             d = c.derivation
             console.print(f"#{d.index} {d.path_str} {d.label or d.stream} {c.draw.describe()}:")
             console.print(Text(_values(c.values)))
-    console.print(f"{len(report.calls)} keys, {report.fallbacks} falling back to 'params'")
+    shown = f"{len(report.calls)}" + (f" of {report.total}" if report.total is not None else "")
+    console.print(f"{shown} keys, {report.fallbacks} falling back to 'params'")

@@ -95,7 +95,7 @@ def render_nnx_derive(report: NnxDeriveReport, console: Console) -> None:
                 lanes.append(f"#{c.index}")
     if lanes:
         console.print(Text(f"note ({_rows(lanes)}): {RBG_LANES}", style="dim"))
-    shown = f"{len(report.calls)} keys" + (f" (of {report.total})" if report.total is not None else "")
+    shown = f"{len(report.calls)}" + (f" of {report.total}" if report.total is not None else "") + " keys"
     console.print(f"{shown}, {report.fallbacks} served by 'default' for another stream")
 
 

@@ -4,6 +4,7 @@ file:line:col."""
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 from ..errors import SpecError
 from . import keyexpr
@@ -22,7 +23,7 @@ from .releases import (
 from .releases import release as read_release
 from .statements import BodyParser
 from .tree import PHASES, RngSource, Spec
-from .yaml_source import YNode, load_file, load_text
+from .yaml_source import YNode, load_bytes, load_file, load_text
 
 FORMAT_VERSION = 1
 JAX_KEYS = ("prng_impl", "threefry_partitionable", "version")
@@ -220,6 +221,18 @@ def _no_nnx(top: Fields) -> None:
 def load_spec(path: str, release: Release | None = None) -> Spec | NnxSpec:
     """Load and validate a spec file (either flavour), under another release's rules if `release` says."""
     return spec_from_node(load_file(path), release)
+
+
+@dataclass(frozen=True)
+class SpecBytes:
+    """A spec given as its bytes (standard input's, for `-`), shown as `name` in every location."""
+
+    data: bytes
+    name: str
+
+    def load(self) -> Spec | NnxSpec:
+        """Parsed and validated as a spec file of that name would be."""
+        return spec_from_node(load_bytes(self.data, self.name))
 
 
 def parse_spec(text: str, file: str = "<spec>") -> Spec | NnxSpec:

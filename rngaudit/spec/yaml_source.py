@@ -315,6 +315,13 @@ def load_file(path: str) -> YNode:
         raise SpecError("is a directory, not a spec file; name a YAML file", top) from None
     except OSError as e:
         raise SpecError(f"cannot read: {e.strerror or e}", top) from None
+    return load_bytes(data, path)
+
+
+def load_bytes(data: bytes, path: str) -> YNode:
+    """Parse a spec's bytes (a file's, or standard input's) as load_file does: size, UTF-8, then YAML."""
+    top = Location(path, 1, 1)
+    max_bytes = current_limits().max_bytes
     if len(data) > max_bytes:
         raise SpecError(
             f"the file is larger than {max_bytes / (1024 * 1024):g} MiB; a spec this large needs --max-spec-mib", top

@@ -382,3 +382,18 @@ def test_no_values_does_not_import_jax(tmp_path, fmt):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "imported: []" in r.stdout
     assert out.exists() and out.stat().st_size > 0
+
+
+def test_filters_that_match_nothing_warn_and_the_summary_says_n_of_m():
+    r = invoke("derive", GUIDE, "--stream", "nosuch", "--path", "zz*")
+    assert r.exit_code == 0
+    assert r.stderr.splitlines() == [
+        "warning: --stream nosuch matches no call site (the streams asked for: other, params)",
+        "warning: --path zz* matches no module path ('/'-joined, '(root)' for the root)",
+    ]
+    assert r.stdout.rstrip().endswith("0 of 6 keys, 0 falling back to 'params'")
+    one = invoke("derive", GUIDE, "--stream", "other")
+    assert one.stderr == "" and one.stdout.rstrip().endswith("1 of 6 keys, 0 falling back to 'params'")
+    nnx = invoke("derive", REPO / "rngaudit" / "examples" / "nnx_guide.yaml", "--stream", "nosuch")
+    assert "warning: --stream nosuch matches no call site" in nnx.stderr
+    assert nnx.stdout.rstrip().endswith("0 of 26 keys, 0 served by 'default' for another stream")
