@@ -8,7 +8,18 @@ from typing import NamedTuple
 import typer
 
 from ..errors import EXIT_ERROR
-from .options import CONFIG, EXIT_ZERO, FORMAT, MAX_SPEC_MIB, MAX_YAML_NODES, OUTPUT, Category, Format, Phase
+from .options import (
+    CONFIG,
+    EXIT_ZERO,
+    FORMAT,
+    MAX_SPEC_MIB,
+    MAX_YAML_NODES,
+    OUTPUT,
+    Category,
+    Format,
+    Phase,
+    category,
+)
 
 
 class CollisionsOptions(NamedTuple):
@@ -61,6 +72,7 @@ def collisions(
     fail_on: list[Category] | None = typer.Option(
         None,
         "--fail-on",
+        parser=category,
         metavar="CATEGORY",
         help="Exit 1 only on findings of these categories; repeatable (default: concatenation, count_meets_name, "
         "hash_word, shared_seed; --strict: all, with unsplit_lanes and latent).",

@@ -50,6 +50,19 @@ class Category(str, enum.Enum):
     default_fallback = "default_fallback"
 
 
+def category(value: str) -> str:
+    """--fail-on's value: a category's name, dashed, or its rule id as annotations and SARIF show it
+    (`hash_word`, `hash-word`, `collisions/hash-word`), as the category's name (typer makes it a Category)."""
+    name = str(value.value if isinstance(value, Category) else value).strip()
+    name = name.removeprefix("collisions/").replace("-", "_")
+    if name not in Category._value2member_map_:
+        raise typer.BadParameter(
+            f"{value!r} is not a category: use one of {', '.join(c.value for c in Category)} (or its rule id, "
+            "e.g. collisions/hash-word)"
+        )
+    return name
+
+
 EXIT_ZERO = typer.Option(False, "--exit-zero/--no-exit-zero", help="Report findings but exit 0 (errors still exit 2).")
 CONFIG = typer.Option(
     None,

@@ -148,6 +148,13 @@ COLLISION_RULES = (
         "draw the key outside the scan and pass it in.",
     ),
     Rule(
+        "collisions/keyless-dropout",
+        "KeylessDropout",
+        "NNX: a Dropout built without rngs is given the same key at every call",
+        "`drop(x, rngs=key)` uses the key as it is, so the same units are dropped every step: split a fresh key per "
+        "call (or give the Dropout its own stream).",
+    ),
+    Rule(
         "collisions/reseed-order",
         "ReseedOrder",
         "NNX: after nnx.reseed a stream draws the keys another stream drew",

@@ -318,3 +318,22 @@ def test_rows_print_as_the_rich_table_does(rows, console_kind):
         table.add_row(*(Text(cell, style="bold" if c == 1 else "") for c, cell in enumerate(r)))
     console(theirs).print(table)
     assert ours.getvalue() == theirs.getvalue()
+
+
+def test_fail_on_takes_every_rule_by_the_name_annotations_and_sarif_show():
+    """One name per rule: `--fail-on` takes a category as named in JSON (`hash_word`), dashed (`hash-word`) or as
+    the rule id of its github annotation and SARIF result (`collisions/hash-word`)."""
+    from rngaudit.cli.options import Category, category
+    from rngaudit.output.findings import _CATEGORY_RULE, COLLISION_RULES
+
+    # every finding's rule is a category's (an input error is no finding to fail on)
+    assert {r.id for r in COLLISION_RULES} - {"collisions/input-error"} == set(_CATEGORY_RULE.values())
+    for cat, rule in _CATEGORY_RULE.items():
+        assert category(rule) == category(rule.split("/")[1]) == category(cat) == cat
+        assert Category(category(rule)).value == cat
+    hit = "fixtures/collisions/hash_word.yaml"
+    for name in ("hash_word", "hash-word", "collisions/hash-word"):
+        assert support.invoke("collisions", hit, "--fail-on", name).exit_code == 1, name
+    assert support.invoke("collisions", hit, "--fail-on", "collisions/concatenation").exit_code == 0
+    bad = support.invoke("collisions", hit, "--fail-on", "collisions/nope")
+    assert bad.exit_code == 2 and "'collisions/nope' is not a category" in bad.stderr

@@ -133,7 +133,7 @@ def cases() -> list[tuple[str, list[str]]]:
     out += [
         ("usage no spec", ["derive"]),
         ("usage bad format", ["derive", "rngaudit/examples/guide.yaml", "--format", "nope"]),
-        ("usage fail-on", ["collisions", "--fail-on", "hash-word", "rngaudit/examples/guide.yaml"]),
+        ("usage fail-on", ["collisions", "--fail-on", "hash-words", "rngaudit/examples/guide.yaml"]),
         ("usage no such file", ["derive", "nosuch.yaml"]),
         ("usage stream filter", ["derive", "rngaudit/examples/guide.yaml", "--stream", "nosuch"]),
         ("usage limit", ["derive", "rngaudit/examples/guide.yaml", "--limit", "2", "--path", "Dense*", "-f", "json"]),
