@@ -415,15 +415,38 @@ def shard_findings(report) -> list[Finding]:
     return out
 
 
+def repository_root(start: str | None = None) -> str | None:
+    """The checkout CI annotates: $GITHUB_WORKSPACE when set, else the nearest directory at or above the working
+    directory that holds `.git` (a folder, or a file in a worktree or submodule); None outside a repository."""
+    workspace = os.environ.get("GITHUB_WORKSPACE")
+    if workspace and os.path.isdir(workspace):
+        return os.path.realpath(workspace)
+    here = os.path.realpath(start or os.getcwd())
+    while True:
+        if os.path.exists(os.path.join(here, ".git")):
+            return here
+        parent = os.path.dirname(here)
+        if parent == here:
+            return None
+        here = parent
+
+
 def report_path(file: str) -> str:
-    """A path as CI tools resolve it: relative to the working directory (the checkout) when inside it."""
-    if os.path.isabs(file):
+    """A path as CI tools resolve it: relative to the repository root (GitHub resolves annotations and SARIF
+    `%SRCROOT%` there, whichever directory the command ran in), else to the working directory when inside it;
+    otherwise as given. Names that are no files (`<stdin>`) stay as they are."""
+    if file.startswith("<") or not file:
+        return file
+    absolute = os.path.realpath(file)
+    for base in (repository_root(), os.path.realpath(os.getcwd())):
+        if base is None:
+            continue
         try:
-            rel = os.path.relpath(file)
+            rel = os.path.relpath(absolute, base)
         except ValueError:  # another drive on Windows
-            return file
-        if not rel.startswith(os.pardir):
-            return rel
+            continue
+        if not rel.startswith(os.pardir + os.sep) and rel != os.pardir:
+            return rel.replace(os.sep, "/")
     return file
 
 

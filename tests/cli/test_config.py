@@ -159,7 +159,11 @@ def test_shard_check_defaults_reach_the_request(project):
         ("[tool.rngaudit.collisions]\nlatent-max-count = 1.5\n", "pyproject.toml:2:1", ["must be an integer"]),
         ('[tool.rngaudit]\nformat = "xml"\n', "pyproject.toml:2:1", ["'xml' is not one of"]),
         ('[tool.rngaudit.collisions]\nfail-on = "hash_word"\n', "pyproject.toml:2:1", ["must be a list of strings"]),
-        ('[tool.rngaudit.collisions]\nfail-on = ["hash"]\n', "pyproject.toml:2:1", ["'hash' is not a category: use one of"]),
+        (
+            '[tool.rngaudit.collisions]\nfail-on = ["hash"]\n',
+            "pyproject.toml:2:1",
+            ["'hash' is not a category: use one of"],
+        ),
         ('[tool.rngaudit]\nformat = "github\n', "pyproject.toml:2:17", ["invalid TOML"]),
         ("[tool]\nrngaudit = 3\n", "pyproject.toml:2:1", ["[tool.rngaudit] must be a table"]),
         (

@@ -141,3 +141,26 @@ def test_stdin_is_a_spec_named_as_asked():
     assert bad.returncode == 2 and bad.stderr.startswith("error: <stdin>:3:1: invalid YAML")
     twice = run_cli("collisions", "-", "-", input_text=text)
     assert twice.returncode == 2 and "given twice" in twice.stderr
+
+
+def test_ci_paths_are_relative_to_the_repository_root_from_any_directory(tmp_path):
+    """GitHub resolves annotation files and SARIF %SRCROOT% URIs at the checkout's root, not where the command ran."""
+    repo = tmp_path / "repo"
+    (repo / ".git").mkdir(parents=True)
+    (repo / "models").mkdir()
+    (repo / "tools" / "ci").mkdir(parents=True)
+    write(repo / "models", "m.yaml", COLLIDING)
+    env = {"GITHUB_WORKSPACE": ""}
+    gh = run_cli("collisions", "../../models/m.yaml", "-f", "github", cwd=repo / "tools" / "ci", env_extra=env)
+    assert gh.returncode == 1 and gh.stdout.startswith("::error file=models/m.yaml,line=6,"), gh.stdout
+    sarif = run_cli("collisions", "../../models/m.yaml", "-f", "sarif", cwd=repo / "tools" / "ci", env_extra=env)
+    where = json.loads(sarif.stdout)["runs"][0]["results"][0]["locations"][0]["physicalLocation"]["artifactLocation"]
+    assert where == {"uri": "models/m.yaml", "uriBaseId": "%SRCROOT%"}
+    # GITHUB_WORKSPACE names the root when set (the runner's checkout)
+    ws = run_cli("collisions", "m.yaml", "-f", "github", cwd=repo / "models", env_extra={"GITHUB_WORKSPACE": str(repo)})
+    assert ws.stdout.startswith("::error file=models/m.yaml,")
+    # outside any repository: relative to the working directory, as before
+    (tmp_path / "plain").mkdir()
+    write(tmp_path / "plain", "m.yaml", COLLIDING)
+    plain = run_cli("collisions", "m.yaml", "-f", "github", cwd=tmp_path / "plain", env_extra=env)
+    assert plain.stdout.startswith("::error file=m.yaml,")
