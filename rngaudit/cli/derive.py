@@ -68,9 +68,23 @@ def derive(
     stdin_filename: str | None = typer.Option(
         None, "--stdin-filename", metavar="NAME", help="The name a spec read from - (standard input) is reported as."
     ),
+    wide: bool = typer.Option(
+        False,
+        "--wide/--no-wide",
+        help="Text: every column, however wide the terminal (by default a narrow terminal leaves out bytes, hash "
+        "input, word and label, never the key).",
+    ),
+    columns: str | None = typer.Option(
+        None,
+        "--columns",
+        metavar="LIST",
+        help="Text: the columns to show, comma-separated, from path, lane, stream, count, label, hash-input, bytes, "
+        "word, key (# always).",
+    ),
     config: str | None = CONFIG,
 ) -> None:
     """Print the key every make_rng call receives, exactly as Flax derives it."""
+    picked = _columns(columns)
     given = DeriveOptions(fmt, phase, draw, values, strict, exit_zero, max_spec_mib, max_yaml_nodes)
 
     def go() -> None:
@@ -101,6 +115,12 @@ def derive(
         if o.fmt is DeriveFormat.jsonl:
             with progress(len(report.calls), "writing") as advance:
                 write_stream(jsonl_lines(report, advance), output)
+        elif o.fmt is DeriveFormat.text:
+            # streamed as it is made (flat memory), fitted to the terminal without cropping what matters
+            from ..output.text_rows import derive_text, terminal
+
+            width, color = terminal(output)
+            write_stream(derive_text(report, width=width, color=color, wide=wide, columns=picked), output)
         else:
 
             def render(console) -> None:
@@ -118,3 +138,18 @@ def derive(
     from .boundary import run
 
     run(go)
+
+
+def _columns(text: str | None) -> list[str] | None:
+    """--columns: known names, comma-separated."""
+    if text is None:
+        return None
+    from ..output.text_rows import COLUMNS
+
+    names = [c.strip() for c in text.split(",") if c.strip()]
+    unknown = [c for c in names if c not in COLUMNS]
+    if unknown or not names:
+        raise typer.BadParameter(
+            f"{', '.join(unknown) or 'nothing'}: name columns among {', '.join(COLUMNS)}", param_hint="'--columns'"
+        )
+    return names
