@@ -115,6 +115,12 @@ def derive(
         if o.fmt is DeriveFormat.jsonl:
             with progress(len(report.calls), "writing") as advance:
                 write_stream(jsonl_lines(report, advance), output)
+        elif o.fmt is DeriveFormat.json:
+            # encoded as it is written (flat memory), byte for byte the whole document's encoding
+            from ..output.derive_json import json_chunks
+
+            with progress(len(report.calls), "writing") as advance:
+                write_stream(json_chunks(report, advance), output)
         elif o.fmt is DeriveFormat.text:
             # streamed as it is made (flat memory), fitted to the terminal without cropping what matters
             from ..output.text_rows import derive_text, terminal

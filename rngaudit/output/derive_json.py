@@ -95,6 +95,51 @@ def to_json(report: DeriveReport | NnxDeriveReport) -> dict:
     return {**_meta(report), "calls": [call_json(c) for c in report.calls], "summary": _summary(report)}
 
 
+class _LazyList(list):
+    """A list json's (pure-Python, indenting) encoder iterates without holding: `n` items made by `items()` as it
+    asks for them."""
+
+    def __init__(self, n: int, items):
+        super().__init__()
+        self._n = n
+        self._items = items
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __bool__(self) -> bool:
+        return self._n > 0
+
+    def __iter__(self):
+        return iter(self._items())
+
+
+def json_chunks(report: DeriveReport | NnxDeriveReport, advance=None):
+    """`--format json`, written as it is encoded (flat memory): byte for byte `dumps(to_json(report))`, the calls
+    made one at a time while the indenting encoder walks them."""
+    calls = report.calls
+
+    def made():
+        for j, c in enumerate(calls):
+            if advance is not None and j and not j % 4096:
+                advance(4096)
+            yield nnx_call_json(c) if isinstance(report, NnxDeriveReport) else call_json(c)
+
+    meta = _nnx_meta(report) if isinstance(report, NnxDeriveReport) else _meta(report)
+    doc = {**meta, "calls": _LazyList(len(calls), made), "summary": _summary(report)}
+    encoder = json.JSONEncoder(sort_keys=True, indent=2, ensure_ascii=False)
+    buf: list[str] = []
+    size = 0
+    for piece in encoder.iterencode(doc):
+        buf.append(piece)
+        size += len(piece)
+        if size >= 1 << 16:
+            yield "".join(buf)
+            buf, size = [], 0
+    buf.append("\n")
+    yield "".join(buf)
+
+
 # ---------------------------------------------------------------- NNX
 def _nnx_meta(report: NnxDeriveReport) -> dict:
     spec = report.spec

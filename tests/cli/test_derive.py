@@ -313,7 +313,10 @@ def test_python_dash_m(tmp_path):
 @pytest.mark.parametrize(
     "args, line",
     [
-        (["derive", GUIDE, "--bogus"], "error: no such option: --bogus (Possible options: --columns); see 'rngaudit derive --help'"),
+        (
+            ["derive", GUIDE, "--bogus"],
+            "error: no such option: --bogus (Possible options: --columns); see 'rngaudit derive --help'",
+        ),
         (["derive"], "error: missing argument 'SPEC'; see 'rngaudit derive --help'"),
         (
             ["derive", GUIDE, "--format", "yaml"],

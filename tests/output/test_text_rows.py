@@ -174,3 +174,23 @@ def test_rows_stream_and_match_the_keys(tmp_path):
     for line, c in zip(rows[::997], list(report.calls)[::997], strict=True):
         assert line.endswith("[" + " ".join(map(str, c.key)) + "]")
         assert line.split()[3] == str(c.derivation.count)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        GUIDE,
+        REPO / "rngaudit" / "examples" / "nnx_guide.yaml",
+        REPO / "tests" / "golden" / "specs" / "transformed_058.yaml",
+    ],
+    ids=["linen", "nnx", "lanes"],
+)
+def test_streamed_json_is_the_whole_documents_encoding(spec):
+    """--format json is encoded as it is written; byte for byte what encoding the whole document gives."""
+    from rngaudit.output.derive_json import json_chunks, to_json
+    from rngaudit.output.formats import dumps
+
+    report = derive(load_spec(str(spec)))
+    assert "".join(json_chunks(report)) == dumps(to_json(report))
+    empty = derive(load_spec(str(spec)), limit=0)
+    assert "".join(json_chunks(empty)) == dumps(to_json(empty))
