@@ -15,6 +15,7 @@ from .options import (
     MAX_SPEC_MIB,
     MAX_YAML_NODES,
     OUTPUT,
+    STDIN_FILENAME,
     Category,
     Format,
     Phase,
@@ -94,9 +95,7 @@ def collisions(
         help="In directories, skip files and folders matching these globs (a path below the directory or any "
         "part of it; repeatable).",
     ),
-    stdin_filename: str | None = typer.Option(
-        None, "--stdin-filename", metavar="NAME", help="The name a spec read from - (standard input) is reported as."
-    ),
+    stdin_filename: str | None = STDIN_FILENAME,
     config: str | None = CONFIG,
 ) -> None:
     """Find call sites that receive identical keys, say why, and check the fixes. Every input is reported: one

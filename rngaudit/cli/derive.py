@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import typer
 
-from .options import CONFIG, EXIT_ZERO, MAX_SPEC_MIB, MAX_YAML_NODES, OUTPUT, DeriveFormat, Phase
+from .options import CONFIG, EXIT_ZERO, MAX_SPEC_MIB, MAX_YAML_NODES, OUTPUT, STDIN_FILENAME, DeriveFormat, Phase
 
 
 class DeriveOptions(NamedTuple):
@@ -65,9 +65,7 @@ def derive(
     exit_zero: bool = EXIT_ZERO,
     max_spec_mib: int | None = MAX_SPEC_MIB,
     max_yaml_nodes: int | None = MAX_YAML_NODES,
-    stdin_filename: str | None = typer.Option(
-        None, "--stdin-filename", metavar="NAME", help="The name a spec read from - (standard input) is reported as."
-    ),
+    stdin_filename: str | None = STDIN_FILENAME,
     wide: bool = typer.Option(
         False,
         "--wide/--no-wide",

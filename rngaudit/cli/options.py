@@ -17,6 +17,7 @@ __all__ = [
     "MAX_SPEC_MIB",
     "MAX_YAML_NODES",
     "OUTPUT",
+    "STDIN_FILENAME",
     "Category",
     "DeriveFormat",
     "Format",
@@ -85,4 +86,7 @@ MAX_YAML_NODES = typer.Option(
     help=f"Accept specs of up to N YAML nodes, aliases expanded (default {MAX_NODES}).",
 )
 FORMAT = typer.Option(Format.text, "--format", "-f", help="Output format.")
+STDIN_FILENAME = typer.Option(
+    None, "--stdin-filename", metavar="NAME", help="The name a spec read from - (standard input) is reported as."
+)
 OUTPUT = typer.Option(None, "--output", "-o", help="Write the report here (only if the run succeeds).")
