@@ -89,4 +89,4 @@ FORMAT = typer.Option(Format.text, "--format", "-f", help="Output format.")
 STDIN_FILENAME = typer.Option(
     None, "--stdin-filename", metavar="NAME", help="The name a spec read from - (standard input) is reported as."
 )
-OUTPUT = typer.Option(None, "--output", "-o", help="Write the report here (only if the run succeeds).")
+OUTPUT = typer.Option(None, "--output", "-o", metavar="FILE", help="Write the report here (only if the run succeeds).")

@@ -43,7 +43,9 @@ def capture(
     inputs: list[str] | None = typer.Option(None, "--input", "-i", metavar="[NAME=]DTYPE[SHAPE]", help=_INPUT_HELP),
     rngs: str | None = typer.Option(None, "--rngs", metavar="STREAM=SEED,...", help=_RNGS_HELP),
     phase: Phase = typer.Option(Phase.init, "--phase", help="Run init, or init then apply (keys of apply)."),
-    method: str | None = typer.Option(None, "--method", help="The module method to run (default __call__)."),
+    method: str | None = typer.Option(
+        None, "--method", metavar="NAME", help="The module method to run (default __call__)."
+    ),
     steps: int | None = typer.Option(
         None,
         "--steps",
@@ -63,7 +65,7 @@ def capture(
         "replays, or exits 2).",
     ),
     output: str | None = typer.Option(
-        None, "--output", "-o", help="Write the spec (or, with --format json, the keys) here."
+        None, "--output", "-o", metavar="FILE", help="Write the spec (or, with --format json, the keys) here."
     ),
     exit_zero: bool = EXIT_ZERO,
     config: str | None = CONFIG,
@@ -147,7 +149,7 @@ def verify(
     rngs: str | None = typer.Option(
         None, "--rngs", metavar="STREAM=SEED,...", help="The keys for TARGET (default: the spec's integer seeds)."
     ),
-    method: str | None = typer.Option(None, "--method", help="The module method TARGET runs."),
+    method: str | None = typer.Option(None, "--method", metavar="NAME", help="The module method TARGET runs."),
     fmt: Format = FORMAT,
     output: str | None = OUTPUT,
     exit_zero: bool = EXIT_ZERO,

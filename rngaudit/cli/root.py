@@ -73,12 +73,15 @@ def _root(
     """See and check the PRNG keys Flax hands every make_rng call."""
 
 
-app.command()(derive.derive)
-app.command()(collisions.collisions)
-app.command("shard-check")(shard_check.shard_check)
-app.command()(refactor.capture)
-app.command()(refactor.verify)
-app.command()(refactor.diff)
+# (short help said whole in `rngaudit --help`: click would cut a docstring's first line with "...")
+app.command(short_help="Print the key every make_rng call receives, bit-exact with Flax.")(derive.derive)
+app.command(short_help="Find call sites that receive identical keys, say why and how to fix it.")(collisions.collisions)
+app.command("shard-check", short_help="Check keys, draws and a (key, x) function on many devices.")(
+    shard_check.shard_check
+)
+app.command(short_help="Record every key a live Flax model hands out, and write its spec.")(refactor.capture)
+app.command(short_help="Check a spec against a live model or a capture, key by key.")(refactor.verify)
+app.command(short_help="Which call sites keep, change, gain or lose their keys, and why.")(refactor.diff)
 
 
 def main() -> None:

@@ -81,7 +81,10 @@ def shard_check(
         None, "--input", metavar="ones|normal", help="x for --fn: ones (default) or a normal sample seeded by --seed."
     ),
     seed: int | None = typer.Option(
-        None, "--seed", help="Seed of the key for --fn, jax.random.key(SEED), and of x with --input normal (default 0)."
+        None,
+        "--seed",
+        metavar="N",
+        help="Seed of the key for --fn, jax.random.key(SEED), and of x with --input normal (default 0).",
     ),
     key: str | None = typer.Option(
         None, "--key", metavar="EXPR", help="The key for --fn as a key expression instead, e.g. 'split(key(0))[1]'."
@@ -100,6 +103,7 @@ def shard_check(
     atol: float | None = typer.Option(
         None,
         "--atol",
+        metavar="TOL",
         help="Accept jit/eager differences up to this (0: bit for bit). Default: XLA's rounding, never different random values.",
     ),
     timeout: float | None = typer.Option(
