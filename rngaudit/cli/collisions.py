@@ -96,6 +96,12 @@ def collisions(
         "part of it; repeatable).",
     ),
     stdin_filename: str | None = STDIN_FILENAME,
+    statistics: bool = typer.Option(
+        False,
+        "--statistics/--no-statistics",
+        help="Text: instead of the report, how many findings of each rule (and its level), most first, as ruff "
+        "--statistics.",
+    ),
     config: str | None = CONFIG,
 ) -> None:
     """Find call sites that receive identical keys, say why, and check the fixes. Every input is reported: one
@@ -151,9 +157,12 @@ def collisions(
             raise typer.Exit(EXIT_ERROR)
 
         def render(console) -> None:
-            from ..output.text_collisions import render_collisions
+            from ..output.text_collisions import render_collisions, render_statistics
 
-            render_collisions(report.audits, console, report.errors)
+            if statistics:
+                render_statistics(api.findings(report), len(report.audits), console)
+            else:
+                render_collisions(report.audits, console, report.errors)
 
         emit(
             o.fmt,

@@ -369,3 +369,17 @@ def render_collisions(audits: Sequence[Audit | NnxAudit], console: Console, erro
                 style="bold red",
             ),
         )
+
+
+def render_statistics(findings: Sequence, inputs: int, console: Console) -> None:
+    """`--statistics`: a line per rule and level, `count  rule  level`, the most frequent first (as ruff)."""
+    from collections import Counter
+
+    counts = Counter((f.rule, f.level) for f in findings)
+    rows = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    width = max((len(str(n)) for _, n in rows), default=1)
+    rule_width = max((len(rule) for (rule, _), _ in rows), default=0)
+    for (rule, level), n in rows:
+        _print(console, Text(f"{str(n).rjust(width)}  {rule.ljust(rule_width)}  {level}"))
+    total = sum(counts.values())
+    _print(console, Text(f"{total} finding{'' if total == 1 else 's'} in {inputs} input{'' if inputs == 1 else 's'}"))

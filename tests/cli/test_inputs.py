@@ -164,3 +164,14 @@ def test_ci_paths_are_relative_to_the_repository_root_from_any_directory(tmp_pat
     write(tmp_path / "plain", "m.yaml", COLLIDING)
     plain = run_cli("collisions", "m.yaml", "-f", "github", cwd=tmp_path / "plain", env_extra=env)
     assert plain.stdout.startswith("::error file=m.yaml,")
+
+
+def test_statistics_count_the_findings_by_rule(tmp_path):
+    colliding = write(tmp_path, "c.yaml", COLLIDING)
+    r = invoke("collisions", colliding, GUIDE, "--statistics")
+    assert r.exit_code == 1
+    assert r.stdout.splitlines() == ["1  collisions/concatenation  error", "1 finding in 2 inputs"]
+    latent = invoke("collisions", "fixtures/collisions/latent.yaml", colliding, "--statistics", "--fail-on", "latent")
+    lines = latent.stdout.splitlines()
+    assert lines[-1] == "2 findings in 2 inputs"
+    assert sorted(lines[:-1]) == ["1  collisions/concatenation  warning", "1  collisions/latent         error"]
