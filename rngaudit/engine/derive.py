@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
 from ..errors import SpecError
 from ..spec.tree import Draw, Spec
-from .draws import RBG_IMPLS, draw_values, draw_values_lanes
+from .draws import RBG_IMPLS, draw_values_lanes
 from .keys import KeyData, KeyEngine, derive_keys, engine_for, root_keys
 from .records import Derivation, LazyRows
 from .replay import replay
@@ -97,9 +98,7 @@ class DeriveReport:
 def _draw(spec: Spec, key: KeyData | np.ndarray, draw: Draw) -> np.ndarray:
     """The values of `draw` from `key`, or in every lane of the keys `key` (an array: lane sizes, then words)."""
     try:
-        if isinstance(key, np.ndarray):
-            return draw_values_lanes(spec, key, draw)
-        return draw_values(spec, key, draw)
+        return draw_values_lanes(spec, np.asarray(key, dtype=np.uint32), draw)
     except (ValueError, TypeError, ArithmeticError, IndexError) as e:
         raise SpecError(f"cannot draw {draw.describe()}: {e}", draw.loc) from None
 
@@ -114,10 +113,11 @@ class _LaneDraws:
         self.keys = keys
         self.done: dict = {}
 
-    def values(self, group, members: list, shape: tuple[int, ...], at: tuple[int, ...], draw: Draw):
+    def values(self, group, members, shape: tuple[int, ...], at: tuple[int, ...], draw: Draw):
+        """Lane `at` of the call `group`, drawn once; `members()` gives its rows in every lane, row-major."""
         hit = self.done.get(group, False)
         if hit is False:
-            ks = self.keys(members)
+            ks = self.keys(members())
             hit = None if ks is None else _draw(self.spec, ks.reshape(shape + ks.shape[-1:]), draw)
             self.done[group] = hit
         return None if hit is None else hit[at]
@@ -135,19 +135,20 @@ def _fast_lane_draw(table: KeyTable, lane_draws: _LaneDraws, row: int, draw: Dra
     pos = tpl.batched
     shape = tuple(sizes[axes[p]] for p in pos)
     group = (first, tuple(x for i, x in enumerate(lane) if i not in pos))
-    at = tuple(lane[p] for p in pos)
-    members: list[int] = []
-    if group in lane_draws.done:
-        return lane_draws.values(group, members, shape, at, draw)
-    for combo in _lanes_of(shape):
-        other = list(lane)
-        for p, x in zip(pos, combo):
-            other[p] = x
-        li = 0
-        for x, a in zip(other, axes):
-            li = li * sizes[a] + x
-        members.append(first + li)
-    return lane_draws.values(group, members, shape, at, draw)
+
+    def members() -> list[int]:
+        out = []
+        for combo in _lanes_of(shape):
+            other = list(lane)
+            for p, x in zip(pos, combo):
+                other[p] = x
+            li = 0
+            for x, a in zip(other, axes):
+                li = li * sizes[a] + x
+            out.append(first + li)
+        return out
+
+    return lane_draws.values(group, members, shape, tuple(lane[p] for p in pos), draw)
 
 
 def _plain_lane_groups(rows: list[Derivation]) -> dict:
@@ -256,7 +257,9 @@ def _derive_plain(spec: Spec, keng: KeyEngine, values: bool, default_draw: Draw 
             group = lanes.get(d.index)
             if group is not None:
                 members, shape = group
-                vals = lane_draws.values(members, list(members), shape, tuple(d.lane[p] for p in d.batched), draw)
+                vals = lane_draws.values(
+                    members, partial(list, members), shape, tuple(d.lane[p] for p in d.batched), draw
+                )
             if vals is None:
                 vals = _draw(spec, key, draw)
         calls.append(KeyedCall(d, key, draw, vals))

@@ -55,18 +55,16 @@ def draw(key, d: Draw):
 
 def draw_values(spec: Spec | NnxSpec, key: KeyData, d: Draw) -> np.ndarray:
     """The values drawn for `d` from the key whose data is `key`, eagerly, under the spec's settings."""
-    import jax
-    import jax.numpy as jnp
     import numpy as np
 
-    with jax.threefry_partitionable(spec.threefry_partitionable):
-        return np.asarray(draw(jax.random.wrap_key_data(jnp.asarray(key, jnp.uint32), impl=spec.prng_impl), d))
+    return draw_values_lanes(spec, np.asarray(key, dtype=np.uint32), d)
 
 
 def draw_values_lanes(spec: Spec | NnxSpec, keys: np.ndarray, d: Draw) -> np.ndarray:
     """The values drawn for `d` in every lane of nested vmaps whose keys are `keys` (shape: the lane sizes,
-    outermost first, then the key's words), as jax.vmap draws them: with rbg keys rng_bit_generator's batching
-    rule draws all lanes' bits from the first lane's key, a row each; with threefry each lane from its own key."""
+    outermost first, then the key's words; one key, no vmap), as jax.vmap draws them: with rbg keys
+    rng_bit_generator's batching rule draws all lanes' bits from the first lane's key, a row each; with threefry
+    each lane from its own key."""
     import jax
     import jax.numpy as jnp
     import numpy as np

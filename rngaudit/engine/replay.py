@@ -339,14 +339,15 @@ class Replayer:
     def refuse_unsafe_split(self, ref, loc) -> None:
         """An unsafe_rbg key split (nn.vmap, nn.scan) where the key is already batched by an nn.vmap around:
         JAX's split there is not the per-lane split rngaudit computes."""
+        split_below = False  # a split nearer the key than `ref`: done on what `ref` gives
         while ref is not None and type(ref) is not RootKey:
             if type(ref) is ForkOf:
                 ref = self.templates[ref.template].ref
                 continue
-            if type(ref) is LaneSplit and any(
-                self.axis_kind[a] == "vmap" for a in lane_axes(self.templates, ref.parent)
-            ):
-                raise SpecError(UNSAFE_RBG_LANES.format(what="split", whose="key", op="split"), loc)
+            if type(ref) is LaneSplit:
+                if split_below and self.axis_kind[ref.axis] == "vmap":
+                    raise SpecError(UNSAFE_RBG_LANES.format(what="split", whose="key", op="split"), loc)
+                split_below = True
             ref = ref.parent
 
     def batched(self, ref, axes: tuple[int, ...]) -> tuple[int, ...]:
