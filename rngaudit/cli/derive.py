@@ -127,10 +127,10 @@ def derive(
             write_stream(derive_text(report, width=width, color=color, wide=wide, columns=picked), output)
         else:
 
-            def render(console) -> None:
-                from ..output.text_nnx import render_any_derive
+            def render(console) -> None:  # (the text report, had a format asked for it: the one above)
+                from ..output.text_rows import derive_text
 
-                render_any_derive(report, console)
+                console.out("".join(derive_text(report, width=None, color=False)), end="")
 
             emit(
                 o.fmt,

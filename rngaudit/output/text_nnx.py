@@ -7,18 +7,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..engine.derive import DeriveReport
 from ..engine.draws import RBG_IMPLS, RBG_LANES
 from ..engine.nnx import NnxDeriveReport
-from .text_derive import _values, render_derive
-
-
-def render_any_derive(report: DeriveReport | NnxDeriveReport, console: Console) -> None:
-    """derive's text report of either flavour."""
-    if isinstance(report, NnxDeriveReport):
-        render_nnx_derive(report, console)
-    else:
-        render_derive(report, console)
+from .text_derive import _values
 
 
 def chain_text(chain: tuple[str, ...], count: int, linen: str = "") -> str:
