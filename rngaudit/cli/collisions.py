@@ -134,8 +134,7 @@ def collisions(
         o = configured(ctx, "collisions", config, given)
         with spec_limits(o.max_spec_mib, o.max_yaml_nodes):
             sources, missing = expand(inputs, o.include, o.exclude or (), stdin_filename)
-            advance_total = len(sources)
-        with spec_limits(o.max_spec_mib, o.max_yaml_nodes), progress(advance_total, "collisions") as advance:
+        with spec_limits(o.max_spec_mib, o.max_yaml_nodes), progress(len(sources), "collisions") as advance:
             report = api.collisions(
                 *sources,
                 phase=o.phase.value if o.phase else None,
