@@ -38,6 +38,7 @@ class CollisionsOptions(NamedTuple):
     max_yaml_nodes: int | None
     include: list[str] | None
     exclude: list[str] | None
+    statistics: bool
 
 
 def collisions(
@@ -119,6 +120,7 @@ def collisions(
         max_yaml_nodes,
         include,
         exclude,
+        statistics,
     )
 
     def go() -> None:
@@ -158,7 +160,7 @@ def collisions(
         def render(console) -> None:
             from ..output.text_collisions import render_collisions, render_statistics
 
-            if statistics:
+            if o.statistics:
                 render_statistics(api.findings(report), len(report.audits), console)
             else:
                 render_collisions(report.audits, console, report.errors)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 import inspect
+import os
 import types
 import typing
 from typing import Any, TypeVar
@@ -16,17 +17,39 @@ from . import config as configuration
 
 T = TypeVar("T")
 
-_NOT_CONFIGURABLE = {"output", "config"}  # per-run choices, never defaults
+# Options that name what one run reads or writes are never defaults; [tool.rngaudit] says why. By long option,
+# for every command ("*") or one.
+_PER_RUN = {
+    ("*", "output"): "it names the file one run writes its report to",
+    ("*", "config"): "it names the configuration file itself",
+    ("*", "stdin-filename"): "it names the spec one run reads from standard input",
+    ("capture", "keys"): "it names the keys file one capture writes",
+    ("verify", "against"): "it names the keys file one run checks against",
+    **{("diff", k): "it names the releases one run compares" for k in ("from-flax", "to-flax", "from-jax", "to-jax")},
+}
+# options that name a file: a relative path in [tool.rngaudit] is relative to the pyproject.toml's directory
+PATH_KEYS = {"baseline"}
 
 
-def _config_key(param) -> str | None:
-    if getattr(param, "param_type_name", None) != "option" or param.name in _NOT_CONFIGURABLE:
+def per_run(command: str, key: str) -> str | None:
+    """Why `key` cannot be set in [tool.rngaudit] for `command`; None when it can."""
+    return _PER_RUN.get((command, key)) or _PER_RUN.get(("*", key))
+
+
+def _long(param) -> str | None:
+    if getattr(param, "param_type_name", None) != "option" or getattr(param, "hidden", False):
         return None
     return next((o[2:] for o in param.opts if o.startswith("--")), None)
 
 
-def _config_keys(command) -> dict:
-    return {k: p for p in command.params if (k := _config_key(p)) is not None}
+def _options(command) -> dict:
+    """Every visible option of a command, by its long name."""
+    return {k: p for p in command.params if (k := _long(p)) is not None}
+
+
+def _config_keys(name: str, command) -> dict:
+    """The options of a command that [tool.rngaudit] may set, by key."""
+    return {k: p for k, p in _options(command).items() if per_run(name, k) is None}
 
 
 def _did_you_mean(word: str, choices) -> str:
@@ -37,8 +60,8 @@ def _did_you_mean(word: str, choices) -> str:
 
 
 def _check_config(cfg, commands: dict) -> None:
-    """Every key of [tool.rngaudit] must be an option of some command (of its section's command)."""
-    keys = {name: _config_keys(c) for name, c in commands.items()}
+    """Every key of [tool.rngaudit] must be an option some command (its section's command) takes from it."""
+    keys = {name: _config_keys(name, c) for name, c in commands.items()}
     every = set().union(*keys.values())
     for section, settings in cfg.sections.items():
         if section not in commands:
@@ -49,17 +72,27 @@ def _check_config(cfg, commands: dict) -> None:
                 cfg.section_locations[section],
             )
         for key, s in settings.items():
-            if key not in keys[section]:
+            if key in keys[section]:
+                continue
+            why = per_run(section, key) if key in _options(commands[section]) else None
+            if why:
                 raise ConfigError(
-                    f"[{s.table}]: unknown key {key!r}{_did_you_mean(key, keys[section])} "
-                    f"(`rngaudit {section} --help` lists the options)",
-                    s.location,
+                    f"[{s.table}] {key}: cannot be set here: {why}; give --{key} on the command line", s.location
                 )
-    for key, s in cfg.common.items():
-        if key not in every:
             raise ConfigError(
-                f"[{s.table}]: unknown key {key!r}{_did_you_mean(key, every | set(commands))}", s.location
+                f"[{s.table}]: unknown key {key!r}{_did_you_mean(key, keys[section])} "
+                f"(`rngaudit {section} --help` lists the options)",
+                s.location,
             )
+    for key, s in cfg.common.items():
+        if key in every:
+            continue
+        why = next((per_run(n, key) for n, c in commands.items() if key in _options(c)), None)
+        if why:
+            raise ConfigError(
+                f"[{s.table}] {key}: cannot be set here: {why}; give --{key} on the command line", s.location
+            )
+        raise ConfigError(f"[{s.table}]: unknown key {key!r}{_did_you_mean(key, every | set(commands))}", s.location)
 
 
 _TOML_TYPE = {bool: "a boolean (true or false)", int: "an integer", float: "a number", str: "a string"}
@@ -110,14 +143,28 @@ def _config_value(ctx: typer.Context, param, hint, s):
     return value
 
 
+def _accepted_elsewhere(ctx: typer.Context, commands: dict, command: str, s) -> bool:
+    """Whether a common key's value, refused by `command`, is one another command that has the option takes
+    (`format = "jsonl"`: derive's): it is then meant for those, and `command` keeps its own default."""
+    for name, other in commands.items():
+        param = _config_keys(name, other).get(s.key)
+        if name == command or param is None:
+            continue
+        try:
+            _config_value(ctx, param, None, s)
+        except ConfigError:
+            continue
+        return True
+    return False
+
+
 def configured(ctx: typer.Context, command: str, config: str | None, options: T) -> T:
     """`options` (a NamedTuple of the command's configurable options, by parameter name) with [tool.rngaudit]
-    defaults filled in where the command line did not give the option. A key for an option that is not a
-    field of `options` is refused (that option is taken on the command line only)."""
+    defaults filled in where the command line did not give the option."""
     cfg = configuration.discover(config)
     commands = dict(getattr(ctx.find_root().command, "commands", None) or {ctx.info_name: ctx.command})
     _check_config(cfg, commands)
-    by_key = _config_keys(ctx.command)
+    by_key = _config_keys(command, ctx.command)
     callback = ctx.command.callback
     assert callback is not None  # (every command is a function)
     hints = typing.get_type_hints(inspect.unwrap(callback))
@@ -128,11 +175,18 @@ def configured(ctx: typer.Context, command: str, config: str | None, options: T)
         param = by_key.get(key)
         if param is None:  # a common key for another command's option
             continue
-        if param.name not in fields:
-            raise ConfigError(
-                f"[{s.table}] {key}: `rngaudit {command}` takes --{key} only on the command line", s.location
-            )
+        if param.name not in fields:  # (tests/cli/test_config.py checks every settable option is a field)
+            raise ConfigError(f"[{s.table}] {key}: `rngaudit {command}` cannot take --{key} from here", s.location)
         source = ctx.get_parameter_source(param.name)
-        if source is not None and source.name in ("DEFAULT", "DEFAULT_MAP"):
-            values[param.name] = _config_value(ctx, param, hints.get(param.name), s)
+        if source is None or source.name not in ("DEFAULT", "DEFAULT_MAP"):
+            continue
+        try:
+            value = _config_value(ctx, param, hints.get(param.name), s)
+        except ConfigError:
+            if s.section is None and _accepted_elsewhere(ctx, commands, command, s):
+                continue
+            raise
+        if key in PATH_KEYS and isinstance(value, str) and cfg.file and not os.path.isabs(value):
+            value = os.path.join(os.path.dirname(cfg.file), value)
+        values[param.name] = value
     return record._replace(**values)

@@ -22,6 +22,11 @@ class DeriveOptions(NamedTuple):
     exit_zero: bool
     max_spec_mib: int | None
     max_yaml_nodes: int | None
+    stream: list[str] | None
+    path: list[str] | None
+    limit: int | None
+    wide: bool
+    columns: str | None
 
 
 def derive(
@@ -75,6 +80,7 @@ def derive(
     columns: str | None = typer.Option(
         None,
         "--columns",
+        parser=lambda text: ",".join(_columns(text)),
         metavar="LIST",
         help="Text: the columns to show, comma-separated, from path, lane, stream, count, label, hash-input, bytes, "
         "word, key (# always).",
@@ -82,8 +88,9 @@ def derive(
     config: str | None = CONFIG,
 ) -> None:
     """Print the key every make_rng call receives, exactly as Flax derives it."""
-    picked = _columns(columns)
-    given = DeriveOptions(fmt, phase, draw, values, strict, exit_zero, max_spec_mib, max_yaml_nodes)
+    given = DeriveOptions(
+        fmt, phase, draw, values, strict, exit_zero, max_spec_mib, max_yaml_nodes, stream, path, limit, wide, columns
+    )
 
     def go() -> None:
         from .. import api
@@ -103,9 +110,9 @@ def derive(
                 phase=o.phase.value if o.phase else None,
                 values=o.values,
                 draw=o.draw,
-                streams=tuple(stream or ()),
-                paths=tuple(path or ()),
-                limit=limit,
+                streams=tuple(o.stream or ()),
+                paths=tuple(o.path or ()),
+                limit=o.limit,
                 engine=engine,
             )
         for warning in report.unmatched:  # (a typo in a filter must not pass for an empty answer)
@@ -124,7 +131,12 @@ def derive(
             from ..output.text_rows import derive_text, terminal
 
             width, color = terminal(output)
-            write_stream(derive_text(report, width=width, color=color, wide=wide, columns=picked), output)
+            write_stream(
+                derive_text(
+                    report, width=width, color=color, wide=o.wide, columns=_columns(o.columns) if o.columns else None
+                ),
+                output,
+            )
         else:
 
             def render(console) -> None:  # (the text report, had a format asked for it: the one above)
@@ -144,10 +156,8 @@ def derive(
     run(go)
 
 
-def _columns(text: str | None) -> list[str] | None:
+def _columns(text: str) -> list[str]:
     """--columns: known names, comma-separated."""
-    if text is None:
-        return None
     from ..output.text_rows import COLUMNS
 
     names = [c.strip() for c in text.split(",") if c.strip()]

@@ -149,7 +149,17 @@ def test_shard_check_defaults_reach_the_request(project):
             "pyproject.toml:1:1",
             ["no command is called 'colisions'; did you mean 'collisions'?"],
         ),
-        ('[tool.rngaudit]\noutput = "report.txt"\n', "pyproject.toml:2:1", ["unknown key 'output'"]),
+        (
+            '[tool.rngaudit]\noutput = "report.txt"\n',
+            "pyproject.toml:2:1",
+            ["output: cannot be set here: it names the file one run writes its report to; give --output"],
+        ),
+        (
+            '[tool.rngaudit.collisions]\nstdin-filename = "x.yaml"\n',
+            "pyproject.toml:2:1",
+            ["stdin-filename: cannot be set here: it names the spec one run reads from standard input"],
+        ),
+        ('[tool.rngaudit]\nformat = "jsnol"\n', "pyproject.toml:2:1", ["'jsnol' is not one of"]),
         (
             '[tool.rngaudit]\nstrict = "yes"\n',
             "pyproject.toml:2:1",
@@ -232,3 +242,68 @@ def test_key_positions_follow_tables_dotted_keys_and_skip_strings(tmp_path):
     cfg = load(str(f))
     assert cfg.for_command("derive")["phase"].value == "apply"
     assert cfg.sections["collisions"]["strict"].location.line == 6
+
+
+def test_every_option_is_settable_or_says_why():
+    """Each command's visible options are either fields of its configurable options (the NamedTuple the command
+    fills from [tool.rngaudit]) or named as per-run with a reason: none is silently refused."""
+    import typer.main
+
+    from rngaudit.cli import collisions, derive, refactor, shard_check
+    from rngaudit.cli.defaults import _config_keys, _options, per_run
+    from rngaudit.cli.root import app
+
+    records = {
+        "derive": derive.DeriveOptions,
+        "collisions": collisions.CollisionsOptions,
+        "shard-check": shard_check.ShardCheckOptions,
+        "capture": refactor.CaptureOptions,
+        "verify": refactor.VerifyOptions,
+        "diff": refactor.DiffOptions,
+    }
+    commands = typer.main.get_command(app).commands
+    assert set(commands) == set(records)
+    for name, command in commands.items():
+        settable = _config_keys(name, command)
+        assert {p.name for p in settable.values()} <= set(records[name]._fields), name
+        for key in set(_options(command)) - set(settable):
+            assert per_run(name, key), (name, key)
+
+
+def test_derive_filters_and_columns_from_the_configuration(project):
+    """README lists `stream`, `path` (lists) and `limit` as settable: derive takes them, as --stream/--path/--limit
+    would, and a bad `columns` is refused at its line."""
+    project("""
+        [tool.rngaudit.derive]
+        format = "jsonl"
+        stream = ["params"]
+        path = ["(root)"]
+        limit = 2
+        """)
+    r = invoke("derive", "fallback.yaml")
+    assert r.exit_code == 0, r.stderr
+    calls = [json.loads(line) for line in r.stdout.splitlines()][1:-1]
+    # 'dropout' falls back to 'params': its rows are used from 'params', so the stream filter keeps them
+    assert [c["stream_requested"] for c in calls] == ["params", "dropout"], calls
+    assert len(invoke("derive", "fallback.yaml", "--limit", "3").stdout.splitlines()) == 5  # the flag wins
+    project('[tool.rngaudit.derive]\nformat = "jsonl"\nstream = ["nosuch"]\n')
+    r = invoke("derive", "fallback.yaml")
+    assert r.exit_code == 0 and "warning: " in r.stderr and "nosuch" in r.stderr
+    project('[tool.rngaudit.derive]\ncolumns = "path,kye"\n')
+    refused(invoke("derive", "fallback.yaml"), "pyproject.toml:2:1", "columns: kye: name columns among")
+    project('[tool.rngaudit.derive]\ncolumns = "path,key"\n')
+    text = invoke("derive", "fallback.yaml", "-f", "text").stdout
+    assert text.splitlines()[3].split() == ["#", "path", "key"], text
+
+
+def test_a_common_value_only_some_commands_take_applies_to_those(project):
+    """`format = "jsonl"` under [tool.rngaudit] is derive's: collisions keeps its own default (text) and runs,
+    instead of refusing a value that was never meant for it."""
+    project('[tool.rngaudit]\nformat = "jsonl"\n')
+    r = invoke("collisions", "sharp.yaml")
+    assert r.exit_code == 1 and r.stdout.startswith("sharp.yaml  (spec"), r.stdout + r.stderr
+    r = invoke("derive", "fallback.yaml")
+    assert r.exit_code == 0 and json.loads(r.stdout.splitlines()[0])["record"] == "header"
+    # in a command's own section the value is that command's: refused there
+    project('[tool.rngaudit.collisions]\nformat = "jsonl"\n')
+    refused(invoke("collisions", "sharp.yaml"), "pyproject.toml:2:1", "'jsonl' is not one of")
