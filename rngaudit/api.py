@@ -208,21 +208,48 @@ def collisions(
     fail_on: Iterable[str] | None = None,
     advance: Callable[[int], None] | None = None,
     keep_going: bool = False,
+    select: Iterable[str] | None = None,
+    ignore: Iterable[str] = (),
+    per_path_ignore: Iterable[str] = (),
+    inline_ignores: bool = True,
+    baseline: str | os.PathLike[str] | None = None,
 ) -> CollisionsReport:
     """Call sites that receive identical keys in each input, why, and the fixes checked. `report.failing`
     says whether a finding of a failing category was found (`fail_on`; `strict`: every category).
     `advance(1)` is called after each input. An input that cannot be read, is not a valid spec, or models
     something Flax raises on raises its error; with `keep_going` it is `report.errors` instead (in input
-    order), and the other inputs are audited."""
+    order), and the other inputs are audited.
+
+    Findings left out: rules not in `select` (all by default) or in `ignore`; findings at a call site whose spec
+    line says `# rngaudit: ignore[RULE]` (`inline_ignores`); `per_path_ignore` entries `GLOB:RULE[,RULE]` (an
+    input's path or a call site's module path); and those the `baseline` file lists (`report.suppressed` holds
+    the last three, `report.baseline_unmatched` counts baseline entries no finding matched)."""
+    from .collision import suppress
     from .collision.results import FINDING_CATEGORIES, CollisionsReport, fail_categories
+    from .spec.parse import SpecBytes
 
     wanted = None if fail_on is None else list(fail_on)
     for c in wanted or ():
         if c not in FINDING_CATEGORIES:
             raise UsageError(f"fail_on {c!r}: use one of {', '.join(FINDING_CATEGORIES)}")
+    try:
+        policy = suppress.Policy(
+            select=None if select is None else suppress.parse_rules(select, "select"),
+            ignore=suppress.parse_rules(ignore, "ignore"),
+            per_path=tuple(suppress.PathIgnore.parse(p) for p in per_path_ignore),
+            inline=inline_ignores,
+        )
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if baseline is not None:
+        policy = dataclasses.replace(policy, baseline=suppress.load_baseline(os.fspath(baseline)))
+    texts: dict[str, str] = {}
+    warnings: list[str] = []
     audits = []
     errors: list[RngauditError] = []
     for source in inputs:
+        if isinstance(source, SpecBytes) and inline_ignores:
+            texts[source.name] = source.data.decode("utf-8", "replace")
         try:
             audits.append(
                 audit_input(
@@ -239,7 +266,29 @@ def collisions(
             errors.append(e)
         if advance is not None:
             advance(1)
-    return CollisionsReport(tuple(audits), fail_categories(strict, wanted), tuple(errors))
+    if inline_ignores:
+        for a in audits:
+            text = texts.get(a.source)
+            if text is None and a.input_kind != "paths" and a.input_kind != "params_tree":
+                text = texts[a.source] = _read_text(a.source) or ""
+            warnings.extend(suppress.unknown_inline_rules(text or "", a.source))
+    report = CollisionsReport(tuple(audits), fail_categories(strict, wanted), tuple(errors), warnings=tuple(warnings))
+    return suppress.apply(report, policy, texts)
+
+
+def check_per_path_ignore(entry: str) -> None:
+    """A ValueError saying what is wrong with a `per_path_ignore` entry (GLOB:RULE[,RULE])."""
+    from .collision.suppress import PathIgnore
+
+    PathIgnore.parse(entry)
+
+
+def _read_text(file: str) -> str | None:
+    try:
+        with open(file, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return None
 
 
 # ---------------------------------------------------------------- shard-check

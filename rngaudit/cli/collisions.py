@@ -20,6 +20,7 @@ from .options import (
     Format,
     Phase,
     category,
+    path_ignore,
 )
 
 
@@ -39,6 +40,11 @@ class CollisionsOptions(NamedTuple):
     include: list[str] | None
     exclude: list[str] | None
     statistics: bool
+    select: list[Category] | None
+    ignore: list[Category] | None
+    per_path_ignore: list[str] | None
+    inline_ignores: bool
+    baseline: str | None
 
 
 def collisions(
@@ -103,6 +109,41 @@ def collisions(
         help="Text: instead of the report, how many findings of each rule (and its level), most first, as ruff "
         "--statistics.",
     ),
+    select: list[Category] | None = typer.Option(
+        None,
+        "--select",
+        parser=category,
+        metavar="RULE",
+        help="Report only findings of these rules (hash-word, collisions/latent, ...); repeatable (default: all).",
+    ),
+    ignore: list[Category] | None = typer.Option(
+        None, "--ignore", parser=category, metavar="RULE", help="Do not report findings of these rules; repeatable."
+    ),
+    per_path_ignore: list[str] | None = typer.Option(
+        None,
+        "--per-path-ignore",
+        parser=path_ignore,
+        metavar="GLOB:RULES",
+        help="Leave out findings of these rules (comma-separated, * for all) in inputs whose path, or at call sites "
+        "whose module path, matches GLOB, e.g. 'specs/legacy/*:latent'; repeatable.",
+    ),
+    inline_ignores: bool = typer.Option(
+        True,
+        "--inline-ignores/--no-inline-ignores",
+        help="Honour `# rngaudit: ignore[RULE,...]` comments on a call site's spec line (--no-inline-ignores: "
+        "report every finding, as ruff --ignore-noqa).",
+    ),
+    baseline: str | None = typer.Option(
+        None,
+        "--baseline",
+        metavar="FILE",
+        help="Leave out the findings this baseline file lists (known ones): exit 1 only on new findings.",
+    ),
+    write_baseline: bool = typer.Option(
+        False,
+        "--write-baseline",
+        help="Write every finding of this run to the --baseline FILE (and no report); exit 0 unless an input fails.",
+    ),
     config: str | None = CONFIG,
 ) -> None:
     """Find call sites that receive identical keys, say why, and check the fixes. Every input is reported: one
@@ -121,19 +162,30 @@ def collisions(
         include,
         exclude,
         statistics,
+        select,
+        ignore,
+        per_path_ignore,
+        inline_ignores,
+        baseline,
     )
 
     def go() -> None:
         from .. import api
+        from ..errors import UsageError
         from ..output.collisions_json import to_json
+        from ..output.findings import suppressed_findings
         from ..output.formats import Report
         from ..output.progress import progress
         from .boundary import finish, one_line, spec_limits
         from .defaults import configured
         from .inputs import expand
-        from .writing import emit
+        from .writing import check_writable, emit, write_output
 
         o = configured(ctx, "collisions", config, given)
+        if write_baseline and o.baseline is None:
+            raise UsageError("--write-baseline writes the file --baseline names: give --baseline FILE")
+        if write_baseline and o.baseline is not None:
+            check_writable(o.baseline, "--baseline")
         with spec_limits(o.max_spec_mib, o.max_yaml_nodes):
             sources, missing = expand(inputs, o.include, o.exclude or (), stdin_filename)
         with spec_limits(o.max_spec_mib, o.max_yaml_nodes), progress(len(sources), "collisions") as advance:
@@ -147,15 +199,39 @@ def collisions(
                 fail_on=[c.value for c in o.fail_on] if o.fail_on is not None else None,
                 advance=advance,
                 keep_going=True,
+                select=[c.value for c in o.select] if o.select else None,
+                ignore=[c.value for c in o.ignore or ()],
+                per_path_ignore=o.per_path_ignore or (),
+                inline_ignores=o.inline_ignores,
+                baseline=None if write_baseline else o.baseline,
             )
         if missing:
             report = dataclasses.replace(report, errors=tuple(missing) + report.errors)
         for e in report.errors:  # (each bad input: one `error:` line, as a single bad input gets)
             sys.stderr.write(f"error: {one_line(str(e))}\n")
-        if report.errors and (not report.audits or output is not None):
+        for w in report.warnings:
+            sys.stderr.write(f"warning: {one_line(w)}\n")
+        if report.errors and (not report.audits or output is not None or write_baseline):
             # nothing audited: no report, as for a single bad input; and --output is written only by a run
             # that succeeds (no partial file): the reports and annotations go to stdout
             raise typer.Exit(EXIT_ERROR)
+
+        if write_baseline:
+            assert o.baseline is not None
+            from ..output.collisions_json import baseline_json
+            from ..output.formats import dumps
+
+            doc = baseline_json(report, o.baseline)
+            write_output(dumps(doc), o.baseline, "--baseline")
+            n = len(doc["findings"])
+            sys.stderr.write(f"wrote {n} finding{'' if n == 1 else 's'} to the baseline {o.baseline}\n")
+            return
+        if report.baseline_unmatched:
+            n = report.baseline_unmatched
+            sys.stderr.write(
+                f"warning: {o.baseline}: {n} finding{' is' if n == 1 else 's are'} in the baseline and no longer "
+                "found (fixed?); --write-baseline drops them\n"
+            )
 
         def render(console) -> None:
             from ..output.text_collisions import render_collisions, render_statistics
@@ -163,16 +239,19 @@ def collisions(
             if o.statistics:
                 render_statistics(api.findings(report), len(report.audits), console)
             else:
-                render_collisions(report.audits, console, report.errors)
+                render_collisions(
+                    report.audits, console, report.errors, suppressed=report.suppressed_counts, baseline=o.baseline
+                )
 
         emit(
             o.fmt,
             output,
             Report(
                 "collisions",
-                lambda: to_json(report.audits, report.errors),
+                lambda: to_json(report.audits, report.errors, report.suppressed_counts, report.baseline_unmatched),
                 render,
                 lambda: api.findings(report),
+                lambda: suppressed_findings(report),
             ),
         )
         if report.errors:

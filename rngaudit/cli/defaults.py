@@ -25,6 +25,7 @@ _PER_RUN = {
     ("*", "stdin-filename"): "it names the spec one run reads from standard input",
     ("capture", "keys"): "it names the keys file one capture writes",
     ("verify", "against"): "it names the keys file one run checks against",
+    ("collisions", "write-baseline"): "it makes one run write the baseline instead of a report",
     **{("diff", k): "it names the releases one run compares" for k in ("from-flax", "to-flax", "from-jax", "to-jax")},
 }
 # options that name a file: a relative path in [tool.rngaudit] is relative to the pyproject.toml's directory

@@ -52,8 +52,9 @@ class Category(str, enum.Enum):
 
 
 def category(value: str) -> str:
-    """--fail-on's value: a category's name, dashed, or its rule id as annotations and SARIF show it
-    (`hash_word`, `hash-word`, `collisions/hash-word`), as the category's name (typer makes it a Category)."""
+    """--fail-on's (--select's, --ignore's) value: a category's name, dashed, or its rule id as annotations and
+    SARIF show it (`hash_word`, `hash-word`, `collisions/hash-word`), as the category's name (typer makes it a
+    Category)."""
     name = str(value.value if isinstance(value, Category) else value).strip()
     name = name.removeprefix("collisions/").replace("-", "_")
     if name not in Category._value2member_map_:
@@ -90,3 +91,14 @@ STDIN_FILENAME = typer.Option(
     None, "--stdin-filename", metavar="NAME", help="The name a spec read from - (standard input) is reported as."
 )
 OUTPUT = typer.Option(None, "--output", "-o", metavar="FILE", help="Write the report here (only if the run succeeds).")
+
+
+def path_ignore(value: str) -> str:
+    """--per-path-ignore's value, GLOB:RULE[,RULE] (checked here, parsed by rngaudit.collision.suppress)."""
+    from ..api import check_per_path_ignore
+
+    try:
+        check_per_path_ignore(value)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    return value

@@ -213,6 +213,18 @@ class CollisionsReport:
     audits: tuple[Audit | NnxAudit, ...]
     fail_on: frozenset[str] = frozenset(FAILING_CATEGORIES)
     errors: tuple[RngauditError, ...] = ()  # inputs that could not be audited (collisions(keep_going=True))
+    suppressed: tuple = ()  # findings left out by ignore comments, per-path ignores, the baseline (suppress.py)
+    baseline_unmatched: int = 0  # baseline entries no finding matched (fixed since it was written)
+    warnings: tuple[str, ...] = ()  # e.g. an ignore comment naming no rule
+
+    @property
+    def suppressed_counts(self) -> dict[str, int]:
+        """How many findings each reason (inline, config, baseline) left out; reasons that left out none are
+        absent."""
+        out: dict[str, int] = {}
+        for s in sorted(self.suppressed, key=lambda s: ("inline", "config", "baseline").index(s.reason)):
+            out[s.reason] = out.get(s.reason, 0) + len(s.audit.collisions) + len(s.audit.latent)
+        return out
 
     @property
     def failing(self) -> bool:

@@ -161,9 +161,15 @@ def nnx_audit_json(a: NnxAudit) -> dict:
     }
 
 
-def to_json(audits: Sequence[Audit | NnxAudit], errors: Sequence[RngauditError] = ()) -> dict:
-    """The report; `errors` (the inputs that could not be audited, each `file`, `line`, `col`, `message`) only
-    when there are some."""
+def to_json(
+    audits: Sequence[Audit | NnxAudit],
+    errors: Sequence[RngauditError] = (),
+    suppressed: dict[str, int] | None = None,
+    baseline_unmatched: int = 0,
+) -> dict:
+    """The report; `errors` (the inputs that could not be audited, each `file`, `line`, `col`, `message`),
+    `summary.suppressed` (findings left out, by reason: inline, config, baseline) and
+    `summary.baseline_unmatched` only when there are some."""
     summary: dict[str, int] = {
         "inputs": len(audits),
         "failing": sum(a.failing for a in audits),
@@ -177,6 +183,10 @@ def to_json(audits: Sequence[Audit | NnxAudit], errors: Sequence[RngauditError] 
         "inputs": [nnx_audit_json(a) if isinstance(a, NnxAudit) else audit_json(a) for a in audits],
         "summary": summary,
     }
+    if suppressed:
+        summary["suppressed"] = dict(suppressed)  # type: ignore[assignment]
+    if baseline_unmatched:
+        summary["baseline_unmatched"] = baseline_unmatched
     if errors:
         doc["errors"] = [
             {
@@ -187,3 +197,19 @@ def to_json(audits: Sequence[Audit | NnxAudit], errors: Sequence[RngauditError] 
         ]
         summary["errors"] = len(errors)
     return doc
+
+
+def baseline_json(report, path: str) -> dict:
+    """The baseline file `--write-baseline` writes at `path` for a report (format rngaudit.baseline): its findings,
+    and those the file as it was lists for inputs the run did not audit."""
+    import os
+
+    from ..collision.suppress import BASELINE_FORMAT, BASELINE_VERSION, baseline_entries, load_baseline
+
+    old = load_baseline(path) if os.path.isfile(path) else None
+    return {
+        "format": BASELINE_FORMAT,
+        "format_version": BASELINE_VERSION,
+        "rngaudit_version": __version__,
+        "findings": baseline_entries(report, path, old),
+    }

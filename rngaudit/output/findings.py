@@ -38,6 +38,7 @@ class Finding:
     message: str
     location: Location | None
     related: tuple[tuple[Location, str], ...] = ()
+    suppression: tuple[str, str] | None = None  # SARIF (kind, justification) of a finding left out of the report
 
 
 # ---------------------------------------------------------------- derive
@@ -259,8 +260,31 @@ def collision_findings(report: CollisionsReport) -> list[Finding]:
     """One finding per input that could not be audited, then one per collision and per latent collision, at its
     first call site; the others are related."""
     out = [Finding("collisions/input-error", ERROR, e.message, e.location) for e in report.errors]
-    failing = report.fail_on
-    for a in report.audits:
+    return out + _audit_findings(report.audits, report.fail_on)
+
+
+_SUPPRESSION = {
+    "inline": ("inSource", "a `# rngaudit: ignore` comment on a call site's line"),
+    "config": ("external", "a per-path-ignore of the configuration or command line"),
+    "baseline": ("external", "listed in the baseline file"),
+}
+
+
+def suppressed_findings(report: CollisionsReport) -> list[Finding]:
+    """The findings ignore comments, per-path ignores and the baseline left out, each with its SARIF suppression
+    (code scanning shows them as suppressed, not as open alerts)."""
+    import dataclasses
+
+    out: list[Finding] = []
+    for s in report.suppressed:
+        kind, why = _SUPPRESSION[s.reason]
+        out.extend(dataclasses.replace(f, suppression=(kind, why)) for f in _audit_findings((s.audit,), report.fail_on))
+    return out
+
+
+def _audit_findings(audits, failing) -> list[Finding]:
+    out: list[Finding] = []
+    for a in audits:
         if isinstance(a, NnxAudit):
             out.extend(_nnx_collision_findings(a, failing))
             continue

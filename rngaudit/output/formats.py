@@ -40,6 +40,7 @@ class Report(NamedTuple):
     json_doc: Callable[[], dict[str, Any]]
     render_text: Callable[[Console], None]
     findings: Callable[[], Sequence[Finding]]  # (its rules: output.findings.RULES[command])
+    suppressed: Callable[[], Sequence[Finding]] = tuple  # findings left out (SARIF lists them as suppressed)
 
 
 def dumps(doc: dict[str, Any]) -> str:
@@ -76,7 +77,8 @@ class SarifFormat:
         from .findings import RULES
         from .sarif import to_sarif
 
-        return dumps(to_sarif(report.command, report.findings(), RULES[report.command]))
+        findings = [*report.findings(), *report.suppressed()]
+        return dumps(to_sarif(report.command, findings, RULES[report.command]))
 
 
 def formatter(fmt: str, to_terminal: bool | None = None) -> TextFormat | JsonFormat | GithubFormat | SarifFormat:

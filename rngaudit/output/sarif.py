@@ -43,7 +43,8 @@ def _rule_json(r: Rule) -> dict:
 
 
 def to_sarif(command: str, findings: Sequence[Finding], rules: Sequence[Rule]) -> dict:
-    """One run of `rngaudit COMMAND`: its rules and one result per finding (no results for a clean run)."""
+    """One run of `rngaudit COMMAND`: its rules and one result per finding (no results for a clean run); a
+    suppressed finding (an ignore comment, the baseline) is a result with its `suppressions`."""
     rules = list(rules)
     index = {r.id: i for i, r in enumerate(rules)}
     for f in findings:  # a finding of a kind the table does not describe still gets a descriptor
@@ -59,6 +60,8 @@ def to_sarif(command: str, findings: Sequence[Finding], rules: Sequence[Rule]) -
             result["relatedLocations"] = [
                 dict(_physical(loc), id=i, message={"text": text}) for i, (loc, text) in enumerate(f.related)
             ]
+        if f.suppression is not None:
+            result["suppressions"] = [{"kind": f.suppression[0], "justification": f.suppression[1]}]
         results.append(result)
     return {
         "$schema": SARIF_SCHEMA,

@@ -338,9 +338,15 @@ def render_nnx_audit(a: NnxAudit, console: Console) -> None:
     _print(console, Text(f"{a.failing} failing, {a.info} information"))
 
 
-def render_collisions(audits: Sequence[Audit | NnxAudit], console: Console, errors: Sequence = ()) -> None:
-    """Every audit, a total over several, and (`errors`: inputs that could not be audited, each said on stderr
-    already) how many were not audited."""
+def render_collisions(
+    audits: Sequence[Audit | NnxAudit],
+    console: Console,
+    errors: Sequence = (),
+    suppressed: dict[str, int] | None = None,
+    baseline: str | None = None,
+) -> None:
+    """Every audit, a total over several, how many findings were left out (`suppressed`, by reason) and
+    (`errors`: inputs that could not be audited, each said on stderr already) how many were not audited."""
     for k, a in enumerate(audits):
         if k:
             _print(console, Text())
@@ -357,6 +363,15 @@ def render_collisions(audits: Sequence[Audit | NnxAudit], console: Console, erro
                 f"information, {sum(len(a.latent) for a in audits)} latent in {len(audits)} inputs"
             ),
         )
+    if suppressed:
+        how = {
+            "inline": "by ignore comments",
+            "config": "by per-path ignores",
+            "baseline": f"by the baseline {baseline}" if baseline else "by the baseline",
+        }
+        n = sum(suppressed.values())
+        reasons = ", ".join(f"{k} {how[r]}" for r, k in suppressed.items())
+        _print(console, Text(f"{n} finding{'' if n == 1 else 's'} left out ({reasons})"))
     if errors:
         _print(console, Text())
         where = ", ".join(e.location.file if e.location else "?" for e in errors[:3])

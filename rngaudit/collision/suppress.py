@@ -1,0 +1,400 @@
+"""Which `collisions` findings a run reports: `--select`/`--ignore` by rule, `# rngaudit: ignore[RULE]` comments on
+a spec line, `--per-path-ignore GLOB:RULE` from the command line or [tool.rngaudit], and a baseline file of known
+findings (`--baseline`), so a team adopts rngaudit on a model with findings and fails only on new ones.
+
+A finding is known to a baseline by its input (relative to the baseline file), its rule, and a fingerprint of its
+call sites (module path, stream, count, lane), not by line numbers: editing a spec does not make old findings new.
+Hashing only: no JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import hashlib
+import json
+import os
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+from ..errors import InputError, Location
+from .nnx import NnxAudit, NnxCollision
+from .results import FINDING_CATEGORIES, Audit, Collision, CollisionsReport, LatentCollision
+
+BASELINE_FORMAT = "rngaudit.baseline"
+BASELINE_VERSION = 1
+MAX_BASELINE_BYTES = 64 * 1024 * 1024
+
+INLINE = "inline"  # `# rngaudit: ignore[...]` on a call site's line
+CONFIG = "config"  # --per-path-ignore (or per-path-ignore in [tool.rngaudit])
+BASELINE = "baseline"  # in the --baseline file
+REASONS = (INLINE, CONFIG, BASELINE)
+
+# `# rngaudit: ignore` or `# rngaudit: ignore[hash-word, collisions/latent]`, as a YAML comment (after a blank)
+_COMMENT = re.compile(r"(?:^|\s)#\s*rngaudit:\s*ignore\b(?:\[([^\]]*)\])?", re.IGNORECASE)
+
+
+def category_name(text: str) -> str | None:
+    """A finding category from any name it is shown under: `hash_word`, `hash-word` or the rule id
+    `collisions/hash-word`; None for no category."""
+    name = text.strip().removeprefix("collisions/").replace("-", "_")
+    return name if name in FINDING_CATEGORIES else None
+
+
+def rule_id(category: str) -> str:
+    return "collisions/" + category.replace("_", "-")
+
+
+def _did_you_mean(word: str) -> str:
+    import difflib
+
+    names = [rule_id(c).removeprefix("collisions/") for c in FINDING_CATEGORIES]
+    close = difflib.get_close_matches(word.strip().removeprefix("collisions/").replace("_", "-"), names, n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def parse_rules(names: Iterable[str], what: str) -> frozenset[str]:
+    """Categories from rule names; an unknown name is a ValueError naming the rules."""
+    out = set()
+    for n in names:
+        c = category_name(n)
+        if c is None:
+            rules = ", ".join(rule_id(c).removeprefix("collisions/") for c in FINDING_CATEGORIES)
+            raise ValueError(f"{what}: {n.strip()!r} is not a rule{_did_you_mean(n)} (rules: {rules})")
+        out.add(c)
+    return frozenset(out)
+
+
+@dataclass(frozen=True)
+class PathIgnore:
+    """`GLOB:RULE[,RULE]`: findings of these rules (None: every rule) in inputs whose path, or at call sites whose
+    module path, matches GLOB."""
+
+    glob: str
+    categories: frozenset[str] | None
+
+    @classmethod
+    def parse(cls, text: str) -> PathIgnore:
+        glob, colon, rules = text.rpartition(":")
+        if not colon or not glob.strip():
+            raise ValueError(
+                f"{text!r}: write GLOB:RULE[,RULE...], e.g. 'specs/legacy/*:latent' or 'encoder/*:hash-word' "
+                "(GLOB: an input's path or a call site's module path; RULE '*': every rule)"
+            )
+        names = [r for r in rules.split(",") if r.strip()]
+        if not names:
+            raise ValueError(f"{text!r}: name the rules after ':' (or '*' for every rule)")
+        cats = None if [r.strip() for r in names] == ["*"] else parse_rules(names, text)
+        return cls(glob.strip(), cats)
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A baseline file: how many findings of each (input, rule, fingerprint) it knows."""
+
+    file: str
+    entries: Counter = field(default_factory=Counter)
+    records: tuple[dict, ...] = ()  # the file's findings as written (kept for inputs a run does not audit)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What a run leaves out of its report (and its exit code)."""
+
+    select: frozenset[str] | None = None  # only these categories (None: all)
+    ignore: frozenset[str] = frozenset()
+    per_path: tuple[PathIgnore, ...] = ()
+    inline: bool = True
+    baseline: Baseline | None = None
+
+    @property
+    def empty(self) -> bool:
+        return self.select is None and not self.ignore and not self.per_path and not self.inline and not self.baseline
+
+
+# ---------------------------------------------------------------- the findings of an audit
+Item = Collision | LatentCollision | NnxCollision
+
+
+def _lane(lane) -> str:
+    return f" lane {list(lane)}" if lane else ""
+
+
+def _sites(item: Item) -> list:
+    if isinstance(item, LatentCollision):
+        return [item.site] + [p.site for p in item.partners]
+    return list(item.sites)
+
+
+def _site_ids(item: Item) -> list[str]:
+    """What identifies a finding's call sites across edits of the spec (no lines, no keys)."""
+    if isinstance(item, LatentCollision):
+        return [f"{item.site.path_str} {item.site.stream}"] + sorted(
+            f"{p.site.path_str} {p.site.stream}" for p in item.partners
+        )
+    if isinstance(item, NnxCollision):
+        out = []
+        for s in item.sites:
+            extra = (f" lane {s.lane}" if s.lane >= 0 else "") + (f" step {s.iteration}" if s.iteration >= 0 else "")
+            out.append(f"{s.site} {s.stream_path} count {s.count}{extra}" + (f" call {s.step}" if s.step else ""))
+        return sorted(out)
+    return sorted(f"{s.path_str} {s.stream} count {s.count}{_lane(s.lane)}" for s in item.sites)
+
+
+def _category(item: Item) -> str:
+    return "latent" if isinstance(item, LatentCollision) else item.category
+
+
+def _module_paths(item: Item) -> list[str]:
+    return [str(getattr(s, "path_str", None) or getattr(s, "site", "")) for s in _sites(item)]
+
+
+def items(audit: Audit | NnxAudit) -> Iterator[Item]:
+    yield from audit.collisions
+    yield from audit.latent
+
+
+def _rebuilt(audit, keep: Callable[[Item], bool]):
+    return dataclasses.replace(
+        audit,
+        collisions=tuple(c for c in audit.collisions if keep(c)),
+        latent=tuple(lt for lt in audit.latent if keep(lt)),
+    )
+
+
+# ---------------------------------------------------------------- inline comments
+def inline_ignores(text: str) -> dict[int, frozenset[str] | None]:
+    """The `# rngaudit: ignore[...]` comments of a spec, by line: the categories each names (None: every one).
+    A name that is no rule is left out (see `unknown_inline_rules`)."""
+    out: dict[int, frozenset[str] | None] = {}
+    if "rngaudit" not in text:
+        return out
+    for n, line in enumerate(text.splitlines(), 1):
+        m = _COMMENT.search(line)
+        if m is None:
+            continue
+        if m.group(1) is None or not m.group(1).strip():
+            out[n] = None
+        else:
+            out[n] = frozenset(c for name in m.group(1).split(",") if (c := category_name(name)) is not None)
+    return out
+
+
+def unknown_inline_rules(text: str, file: str) -> list[str]:
+    """Warnings for rule names in ignore comments that are no rule (they suppress nothing)."""
+    out: list[str] = []
+    if "rngaudit" not in text:
+        return out
+    for n, line in enumerate(text.splitlines(), 1):
+        m = _COMMENT.search(line)
+        if m is None or not m.group(1):
+            continue
+        for name in m.group(1).split(","):
+            if name.strip() and category_name(name) is None:
+                col = m.start(1) + 1 + line[m.start(1) :].index(name.strip())
+                out.append(
+                    f"{Location(file, n, col)}: {name.strip()!r} in `# rngaudit: ignore[...]` is not a rule and "
+                    f"suppresses nothing{_did_you_mean(name)}"
+                )
+    return out
+
+
+# ---------------------------------------------------------------- the baseline file
+def _input_name(source: str, base_dir: str) -> str:
+    """An input as the baseline names it: relative to the baseline's directory, with '/'."""
+    if source.startswith("<") or not source:
+        return source
+    try:
+        rel = os.path.relpath(os.path.realpath(source), os.path.realpath(base_dir))
+    except ValueError:  # another drive
+        return source.replace(os.sep, "/")
+    return rel.replace(os.sep, "/")
+
+
+def fingerprint(item: Item) -> str:
+    return hashlib.sha1("\n".join(_site_ids(item)).encode("utf-8")).hexdigest()[:20]
+
+
+def _key(audit, item: Item, base_dir: str) -> tuple[str, str, str]:
+    return (_input_name(audit.source, base_dir), rule_id(_category(item)), fingerprint(item))
+
+
+def load_baseline(path: str) -> Baseline:
+    """A baseline file written by `--write-baseline`; a file that is not one is an InputError at its place."""
+    top = Location(path, 1, 1)
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_BASELINE_BYTES + 1)
+    except FileNotFoundError:
+        raise InputError("no such baseline file; write it with --write-baseline", top) from None
+    except IsADirectoryError:
+        raise InputError("is a directory, not a baseline file", top) from None
+    except OSError as e:
+        raise InputError(f"cannot read the baseline: {e.strerror or e}", top) from None
+    if len(data) > MAX_BASELINE_BYTES:
+        raise InputError(f"the baseline is larger than {MAX_BASELINE_BYTES // (1024 * 1024)} MiB", top)
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise InputError("the baseline is not UTF-8 JSON", top) from None
+    except json.JSONDecodeError as e:
+        raise InputError(f"the baseline is not valid JSON: {e.msg}", Location(path, e.lineno, e.colno)) from None
+    if not isinstance(doc, dict) or doc.get("format") != BASELINE_FORMAT:
+        raise InputError(
+            f'not an rngaudit baseline (no "format": "{BASELINE_FORMAT}"); write one with --write-baseline', top
+        )
+    if doc.get("format_version") != BASELINE_VERSION:
+        raise InputError(
+            f"baseline format_version {doc.get('format_version')!r}: this rngaudit reads version {BASELINE_VERSION}; "
+            "write it again with --write-baseline",
+            top,
+        )
+    entries: Counter = Counter()
+    found = doc.get("findings")
+    if not isinstance(found, list):
+        raise InputError('the baseline has no "findings" list', top)
+    for k, entry in enumerate(found):
+        ok = isinstance(entry, dict) and all(isinstance(entry.get(f), str) for f in ("input", "rule", "fingerprint"))
+        count = entry.get("count", 1) if isinstance(entry, dict) else None
+        if not ok or not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            raise InputError(
+                f'findings[{k}]: each finding needs "input", "rule" and "fingerprint" strings and a positive '
+                '"count"; write the baseline again with --write-baseline',
+                top,
+            )
+        entries[(entry["input"], entry["rule"], entry["fingerprint"])] += count
+    return Baseline(path, entries, tuple(found))
+
+
+def baseline_entries(report: CollisionsReport, path: str, old: Baseline | None = None) -> list[dict]:
+    """The baseline file's findings for a report's findings (those it still reports), for --write-baseline. The
+    findings `old` (the file as it was) lists for inputs this run did not audit are kept: a run on the changed specs
+    only (pre-commit) updates their findings and leaves the others'."""
+    base_dir = os.path.dirname(os.path.abspath(path))
+    audited = {_input_name(a.source, base_dir) for a in report.audits}
+    audited |= {_input_name(e.location.file, base_dir) for e in report.errors if e.location is not None}
+    counts: Counter = Counter()
+    shown: dict[tuple[str, str, str], list[str]] = {}
+    for a in report.audits:
+        for it in items(a):
+            k = _key(a, it, base_dir)
+            counts[k] += 1
+            shown.setdefault(k, _site_ids(it)[:4])
+    for e in old.records if old is not None else ():
+        k = (e["input"], e["rule"], e["fingerprint"])
+        if e["input"] not in audited:
+            counts[k] += e.get("count", 1)
+            sites = e.get("sites")
+            shown.setdefault(k, [str(x) for x in sites] if isinstance(sites, list) else [])
+    return [
+        {"input": k[0], "rule": k[1], "fingerprint": k[2], "sites": shown[k], "count": n}
+        for k, n in sorted(counts.items())
+    ]
+
+
+# ---------------------------------------------------------------- applying a policy
+@dataclass(frozen=True)
+class Suppressed:
+    """Findings left out of the report for one reason (an audit holding only them), for counts and SARIF."""
+
+    reason: str  # inline | config | baseline
+    audit: Audit | NnxAudit
+
+
+def _reader(texts: dict[str, str]) -> Callable[[str], dict[int, frozenset[str] | None]]:
+    cache: dict[str, dict[int, frozenset[str] | None]] = {}
+
+    def comments(file: str) -> dict[int, frozenset[str] | None]:
+        if file not in cache:
+            text = texts.get(file)
+            if text is None and not file.startswith("<"):
+                try:
+                    with open(file, encoding="utf-8", errors="replace") as f:
+                        text = f.read()
+                except OSError:
+                    text = ""
+            cache[file] = inline_ignores(text or "")
+        return cache[file]
+
+    return comments
+
+
+def apply(report: CollisionsReport, policy: Policy, texts: dict[str, str] | None = None) -> CollisionsReport:
+    """`report` with the findings `policy` leaves out removed (its exit code follows). `texts`: spec texts by
+    file name for inputs that are no files (standard input); files are read for their comments."""
+    if policy.empty:
+        return report
+    comments = _reader(texts or {})
+    base_dir = os.path.dirname(os.path.abspath(policy.baseline.file)) if policy.baseline else ""
+    left = Counter(policy.baseline.entries) if policy.baseline else Counter()
+    audits = []
+    dropped: dict[str, list] = {r: [] for r in REASONS}
+    audited = {_input_name(a.source, base_dir) for a in report.audits}
+    for a in report.audits:
+        kept, out = _split(a, policy, comments, base_dir, left)
+        audits.append(kept)
+        for r, part in out.items():
+            dropped[r].append(part)
+    return dataclasses.replace(
+        report,
+        audits=tuple(audits),
+        suppressed=tuple(Suppressed(r, a) for r in REASONS for a in dropped[r]),
+        # (entries of inputs this run did not audit are not stale: pre-commit passes the changed specs only)
+        baseline_unmatched=sum(n for k, n in left.items() if k[0] in audited),
+    )
+
+
+def _selected(policy: Policy, it: Item) -> bool:
+    c = _category(it)
+    return (policy.select is None or c in policy.select) and c not in policy.ignore
+
+
+def _why(policy: Policy, a, it: Item, comments, base_dir: str, left: Counter) -> str | None:
+    """Why a finding is left out of the report (None: it is reported)."""
+    if policy.inline:
+        for s in _sites(it):
+            if s.location is None:
+                continue
+            cats = comments(s.location.file).get(s.location.line, ())
+            if cats is None or _category(it) in cats:
+                return INLINE
+    if policy.per_path and _path_ignored(policy.per_path, a.source, it):
+        return CONFIG
+    if policy.baseline is not None:
+        k = _key(a, it, base_dir)
+        if left[k] > 0:
+            left[k] -= 1
+            return BASELINE
+    return None
+
+
+def _with_reason(reasons: dict[int, str], reason: str) -> Callable[[Item], bool]:
+    return lambda it: reasons.get(id(it)) == reason
+
+
+def _split(a, policy: Policy, comments, base_dir: str, left: Counter):
+    """An audit's reported findings (an audit of them), and those left out per reason (an audit each)."""
+    reasons: dict[int, str] = {}
+    for it in items(a):
+        if _selected(policy, it) and (why := _why(policy, a, it, comments, base_dir, left)) is not None:
+            reasons[id(it)] = why
+    kept = _rebuilt(a, lambda it: _selected(policy, it) and id(it) not in reasons)
+    out = {r: _rebuilt(a, _with_reason(reasons, r)) for r in REASONS if r in reasons.values()}
+    return kept, out
+
+
+def _path_ignored(rules: tuple[PathIgnore, ...], source: str, it: Item) -> bool:
+    c = _category(it)
+    names = [source, source.replace(os.sep, "/")]
+    if not source.startswith("<"):
+        rel = os.path.relpath(os.path.abspath(source)).replace(os.sep, "/")
+        names.append(rel)
+    paths = _module_paths(it)
+    for p in rules:
+        if p.categories is not None and c not in p.categories:
+            continue
+        if any(fnmatch.fnmatchcase(n, p.glob) for n in names) or any(fnmatch.fnmatchcase(m, p.glob) for m in paths):
+            return True
+    return False
