@@ -80,7 +80,8 @@ def main() -> None:
         print(f"{'command':<40} {'time':>8} {'x floor':>8} {'peak MB':>8}")
         for label, cmd in (
             ("derive -f jsonl", ["derive", spec, "-f", "jsonl", "-o", out]),
-            ("derive -f text", ["derive", spec, "-o", out]),
+            ("derive -f text --max-rows 0", ["derive", spec, "--max-rows", "0", "-o", out]),
+            ("derive -f text (first 1,000 rows)", ["derive", spec, "-o", out]),
             ("derive -f json", ["derive", spec, "-f", "json", "-o", out]),
             ("derive -f jsonl --no-values", ["derive", spec, "-f", "jsonl", "--no-values", "-o", out]),
             ("collisions -f text", ["collisions", spec, "-o", out]),

@@ -10,6 +10,8 @@ import typer
 
 from .options import CONFIG, EXIT_ZERO, MAX_SPEC_MIB, MAX_YAML_NODES, OUTPUT, STDIN_FILENAME, DeriveFormat, Phase
 
+DEFAULT_MAX_ROWS = 1000  # a longer text report lists these, then counts (jsonl and json carry every row)
+
 
 class DeriveOptions(NamedTuple):
     """derive's options that [tool.rngaudit] may set."""
@@ -27,6 +29,7 @@ class DeriveOptions(NamedTuple):
     limit: int | None
     wide: bool
     columns: str | None
+    max_rows: int
 
 
 def derive(
@@ -83,13 +86,33 @@ def derive(
         parser=lambda text: ",".join(_columns(text)),
         metavar="LIST",
         help="Text: the columns to show, comma-separated, from path, lane, stream, count, label, hash-input, bytes, "
-        "word, key (# always).",
+        "word, key (# always); NNX: step, site (or path), stream, count, key, chain.",
+    ),
+    max_rows: int = typer.Option(
+        DEFAULT_MAX_ROWS,
+        "--max-rows",
+        min=0,
+        metavar="N",
+        help="Text: list the first N call sites, then how many more per stream and module (0: every row).",
     ),
     config: str | None = CONFIG,
 ) -> None:
     """Print the key every make_rng call receives, exactly as Flax derives it."""
     given = DeriveOptions(
-        fmt, phase, draw, values, strict, exit_zero, max_spec_mib, max_yaml_nodes, stream, path, limit, wide, columns
+        fmt,
+        phase,
+        draw,
+        values,
+        strict,
+        exit_zero,
+        max_spec_mib,
+        max_yaml_nodes,
+        stream,
+        path,
+        limit,
+        wide,
+        columns,
+        max_rows,
     )
 
     def go() -> None:
@@ -133,7 +156,12 @@ def derive(
             width, color = terminal(output)
             write_stream(
                 derive_text(
-                    report, width=width, color=color, wide=o.wide, columns=_columns(o.columns) if o.columns else None
+                    report,
+                    width=width,
+                    color=color,
+                    wide=o.wide,
+                    columns=_columns(o.columns) if o.columns else None,
+                    max_rows=o.max_rows,
                 ),
                 output,
             )
@@ -158,12 +186,14 @@ def derive(
 
 def _columns(text: str) -> list[str]:
     """--columns: known names, comma-separated."""
+    from ..output.text_nnx import NNX_COLUMNS
     from ..output.text_rows import COLUMNS
 
     names = [c.strip() for c in text.split(",") if c.strip()]
-    unknown = [c for c in names if c not in COLUMNS]
+    known = COLUMNS + tuple(c for c in NNX_COLUMNS if c not in COLUMNS)
+    unknown = [c for c in names if c not in known]
     if unknown or not names:
         raise typer.BadParameter(
-            f"{', '.join(unknown) or 'nothing'}: name columns among {', '.join(COLUMNS)}", param_hint="'--columns'"
+            f"{', '.join(unknown) or 'nothing'}: name columns among {', '.join(known)}", param_hint="'--columns'"
         )
     return names

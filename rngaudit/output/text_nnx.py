@@ -1,15 +1,17 @@
-"""Human-readable `derive` output of an NNX spec, with rich: every key a stream hands out, with the chain its
-stream key was made by."""
+"""Human-readable `derive` output of an NNX spec: every key a stream hands out, with the chain its stream key was
+made by, in fixed-width columns fitted to the terminal (as text_rows does for Linen)."""
 
 from __future__ import annotations
 
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
+from collections import Counter
+from collections.abc import Iterator, Sequence
 
 from ..engine.draws import RBG_IMPLS, RBG_LANES
 from ..engine.nnx import NnxDeriveReport
 from .text_derive import _values
+from .text_rows import GAP, Style, more_rows, shown
+from .text_rows import _line as line_of
+from .text_rows import cells as text_cells
 
 
 def chain_text(chain: tuple[str, ...], count: int, linen: str = "") -> str:
@@ -40,54 +42,101 @@ def site_text(d) -> str:
     return d.site + kind + (f" [{', '.join(where)}]" if where else "")
 
 
-def render_nnx_derive(report: NnxDeriveReport, console: Console) -> None:
-    spec = report.spec
-    head = Text()
-    head.append(spec.file, style="bold")
-    head.append(
-        f"  flavour=nnx  steps={spec.steps}  impl={spec.prng_impl}  "
-        f"threefry_partitionable={str(spec.threefry_partitionable).lower()}"
+NNX_COLUMNS = ("step", "site", "stream", "count", "key", "chain")  # (the long chain last: it may run on)
+NNX_DROP_ORDER = ("chain",)  # left out when the terminal is narrow; never the site, stream, count or key
+_ALIAS = {"path": "site"}  # --columns names Linen's columns; an NNX report reads `path` as its `site`
+
+
+def _cells(c) -> tuple[dict[str, str], bool]:
+    d = c.derivation
+    stream = d.requested if d.requested == d.tag else f"{d.requested}->{d.tag}"
+    return (
+        {
+            "#": str(c.index),
+            "step": "init" if d.step == 0 else str(d.step),
+            "site": shown(site_text(d)),
+            "stream": shown(stream),
+            "count": str(d.count),
+            "chain": shown(chain_text(d.chain, d.count, d.linen or ("used as it is" if d.given else ""))),
+            "key": "[" + " ".join(str(w) for w in c.key) + "]",
+        },
+        bool(d.fallback),
     )
-    console.print(head)
-    console.print(f"  rules: {report.rules}")
+
+
+def render_nnx_rows(
+    report: NnxDeriveReport,
+    *,
+    width: int | None = None,
+    color: bool = False,
+    wide: bool = False,
+    columns: Sequence[str] | None = None,
+    max_rows: int | None = None,
+) -> Iterator[str]:
+    """derive's text report of an NNX spec, in chunks of lines, in fixed-width columns as Linen's (text_rows): a
+    narrow terminal leaves out the chain (and says so), never the site, stream, count or key. `max_rows`: list the
+    first rows only, then counts per stream and per top-level module."""
+    st = Style(color)
+    spec = report.spec
+    yield (
+        st.bold(spec.file)
+        + f"  flavour=nnx  steps={spec.steps}  impl={spec.prng_impl}  "
+        + f"threefry_partitionable={str(spec.threefry_partitionable).lower()}\n"
+    )
+    yield f"  rules: {report.rules}\n"
     for s in sorted(report.roots):
-        console.print(f"  rngs[{s!r}] = {spec.rngs[s].text} -> {list(report.roots[s])}")
-    table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
-    for col, just in (
-        ("#", "right"),
-        ("step", "left"),
-        ("site", "left"),
-        ("stream", "left"),
-        ("count", "right"),
-        ("chain", "left"),
-        ("key", "left"),
-    ):
-        table.add_column(col, justify=just, no_wrap=col != "chain")  # type: ignore[arg-type]
-    for c in report.calls:
-        d = c.derivation
-        stream = d.requested if d.requested == d.tag else f"{d.requested}->{d.tag}"
-        table.add_row(
-            str(c.index),
-            "init" if d.step == 0 else str(d.step),
-            Text(site_text(d)),
-            Text(stream, style="yellow" if d.fallback else ""),
-            str(d.count),
-            Text(chain_text(d.chain, d.count, d.linen or ("used as it is" if d.given else ""))),
-            "[" + " ".join(str(w) for w in c.key) + "]",
+        yield f"  rngs[{s!r}] = {spec.rngs[s].text} -> {list(report.roots[s])}\n"
+    calls = list(report.calls)
+    limit = len(calls) if not max_rows else min(max_rows, len(calls))
+    rows = [_cells(c) for c in calls[:limit]]
+    widths = {c: len(c) for c in ("#", *NNX_COLUMNS)}
+    for cells, _ in rows:
+        for k, v in cells.items():
+            widths[k] = max(widths[k], text_cells(v))
+    picked = [_ALIAS.get(c, c) for c in columns] if columns else None
+    every = list(NNX_COLUMNS)
+    left_out: list[str] = []
+    if picked:
+        cols = [k for k in every if k in picked] or every
+    else:
+        cols = every
+        if not wide and width is not None:
+            for col in NNX_DROP_ORDER:
+                if widths["#"] + sum(len(GAP) + widths[k] for k in cols) <= width:
+                    break
+                cols.remove(col)
+                left_out.append(col)
+    yield st.bold(line_of({k: k for k in ("#", *NNX_COLUMNS)}, cols, widths)) + "\n"
+    yellow = {"stream": st.yellow} if st.color else None
+    out = []
+    for cells, fallback in rows:
+        out.append(line_of(cells, cols, widths, yellow if fallback else None))
+    if out:
+        yield "\n".join(out) + "\n"
+    if limit < len(calls):
+        yield from more_rows(
+            len(calls) - limit,
+            calls[limit].index,
+            calls[-1].index,
+            Counter(c.derivation.requested for c in calls),
+            Counter(c.derivation.site.split("/")[0].split(".")[0] for c in calls),
+            "draws",
         )
-    console.print(table)
+    if left_out:
+        yield (
+            st.dim(f"(left out to fit {width} columns: chain; --wide shows every column, --columns picks them)") + "\n"
+        )
     lanes = []
-    for c in report.calls:
+    for c in calls[:limit]:
         if c.values is not None and c.draw is not None:
             d = c.derivation
-            console.print(f"#{c.index} {d.site} {d.label or d.requested} {c.draw.describe()}:")
-            console.print(Text(_values(c.values)))
+            yield f"#{c.index} {d.site} {d.label or d.requested} {c.draw.describe()}:\n{_values(c.values)}\n"
             if d.batched and spec.prng_impl in RBG_IMPLS:
                 lanes.append(f"#{c.index}")
     if lanes:
-        console.print(Text(f"note ({_rows(lanes)}): {RBG_LANES}", style="dim"))
-    shown = f"{len(report.calls)}" + (f" of {report.total}" if report.total is not None else "") + " keys"
-    console.print(f"{shown}, {report.fallbacks} served by 'default' for another stream")
+        yield st.dim(f"note ({_rows(lanes)}): {RBG_LANES}") + "\n"
+    total = f"{len(calls)}" + (f" of {report.total}" if report.total is not None else "") + " keys"
+    yield f"{total}, {report.fallbacks} served by 'default' for another stream\n"
 
 
 def _rows(rows: list[str]) -> str:

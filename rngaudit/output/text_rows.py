@@ -6,6 +6,7 @@ always whole, even if the line then runs past the terminal's edge. `--wide` show
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -282,9 +283,11 @@ def render_rows(
     color: bool = False,
     wide: bool = False,
     columns: Sequence[str] | None = None,
+    max_rows: int | None = None,
 ) -> Iterator[str]:
     """The text report of a Linen derive, in chunks of lines: the header, the rows, the notes, the drawn values
-    and the summary. `width`: the terminal's (None: piped, every column)."""
+    and the summary. `width`: the terminal's (None: piped, every column). `max_rows` (None or 0: every row): list
+    the first rows only, then how many more there are, per stream and per top-level module, and how to see them."""
     st = Style(color)
     spec = report.spec
     yield (
@@ -304,7 +307,11 @@ def render_rows(
     yield st.bold(_line(head, cols, widths)) + "\n"
     chunk: list[str] = []
     yellow = {"stream": st.yellow} if st.color else None
-    for cells, fallback, discarded in rows.cells():
+    n = len(report.calls)
+    limit = n if not max_rows else min(max_rows, n)
+    for k, (cells, fallback, discarded) in enumerate(rows.cells()):
+        if k == limit:
+            break
         if discarded:
             line = st.dim(_line(cells, cols, widths))
         else:
@@ -315,6 +322,8 @@ def render_rows(
             chunk = []
     if chunk:
         yield "\n".join(chunk) + "\n"
+    if limit < n:
+        yield from more_rows(n - limit, *_index_range(report, limit), *_breakdown(report), "call sites")
     if left_out:
         yield (
             st.dim(
@@ -326,7 +335,10 @@ def render_rows(
     for (note, loc), at in _row_notes(report).items():
         yield st.yellow(f"note: {_ranges(at)} ({loc}): {note}") + "\n"
     calls = report.calls
-    drawn = (calls[j] for j in sorted(calls.values)) if isinstance(calls, TableCalls) else iter(calls)
+    if isinstance(calls, TableCalls):
+        drawn = (calls[j] for j in sorted(calls.values) if j < limit)
+    else:
+        drawn = (calls[j] for j in range(limit))
     for c in drawn:
         if c.values is not None and c.draw is not None:
             d = c.derivation
@@ -335,15 +347,70 @@ def render_rows(
     yield f"{count} keys, {report.fallbacks} falling back to 'params'\n"
 
 
-def derive_text(report, *, width: int | None, color: bool, wide: bool = False, columns: Sequence[str] | None = None):
-    """derive's text report of either flavour, in chunks: Linen's streamed rows; an NNX spec's table (NNX replays
-    are bounded by rngaudit's draw limit) as rich lays it out."""
+def derive_text(
+    report,
+    *,
+    width: int | None,
+    color: bool,
+    wide: bool = False,
+    columns: Sequence[str] | None = None,
+    max_rows: int | None = None,
+):
+    """derive's text report of either flavour, in chunks: Linen's streamed rows, an NNX spec's rows."""
     from ..engine.nnx import NnxDeriveReport
 
     if isinstance(report, NnxDeriveReport):
-        from .console import console_text
-        from .text_nnx import render_nnx_derive
+        from .text_nnx import render_nnx_rows
 
-        yield console_text(lambda console: render_nnx_derive(report, console), to_terminal=color or width is not None)
+        yield from render_nnx_rows(report, width=width, color=color, wide=wide, columns=columns, max_rows=max_rows)
         return
-    yield from render_rows(report, width=width, color=color, wide=wide, columns=columns)
+    yield from render_rows(report, width=width, color=color, wide=wide, columns=columns, max_rows=max_rows)
+
+
+MODULES_SHOWN = 10
+
+
+def more_rows(more: int, first: int, last: int, by_stream: Counter, by_module: Counter, what: str) -> Iterator[str]:
+    """The lines after the first rows of a long report: how many more (and which), per stream and per top-level
+    module (the largest first), and how to see them."""
+
+    def listed(counts: Counter, cap: int | None = None) -> str:
+        items = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        shown_items = items[:cap] if cap else items
+        text = ", ".join(f"{shown(str(k))} {v:,}" for k, v in shown_items)
+        return text + (f" and {len(items) - cap:,} more" if cap and len(items) > cap else "")
+
+    yield (
+        f"... {more:,} more {what} not listed (#{first}-#{last}): --max-rows 0 lists every row, --path/--stream "
+        "pick some, --format jsonl streams them all\n"
+    )
+    total = sum(by_stream.values())
+    yield f"{what} by stream ({total:,}): {listed(by_stream)}\n"
+    yield f"{what} by top-level module: {listed(by_module, MODULES_SHOWN)}\n"
+
+
+def _index_range(report: DeriveReport, limit: int) -> tuple[int, int]:
+    calls = report.calls
+    if isinstance(calls, TableCalls):
+        return int(calls.rows[limit]), int(calls.rows[-1])
+    return calls[limit].derivation.index, calls[len(calls) - 1].derivation.index
+
+
+def _breakdown(report: DeriveReport) -> tuple[Counter, Counter]:
+    """Call sites per requested stream and per top-level module (`(root)` for the root), of every row."""
+    calls = report.calls
+    streams: Counter = Counter()
+    modules: Counter = Counter()
+    if isinstance(calls, TableCalls):
+        t = calls.table
+        per = np.bincount(t.block[calls.rows], minlength=len(t.templates))
+        for b in np.flatnonzero(per).tolist():
+            tpl = t.templates[b]
+            streams[tpl.stream_requested] += int(per[b])
+            modules[tpl.path[0] if tpl.path else "(root)"] += int(per[b])
+        return streams, modules
+    for c in calls:
+        d = c.derivation
+        streams[d.stream_requested] += 1
+        modules[d.path[0] if d.path else "(root)"] += 1
+    return streams, modules

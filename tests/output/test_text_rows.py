@@ -194,3 +194,87 @@ def test_streamed_json_is_the_whole_documents_encoding(spec):
     assert "".join(json_chunks(report)) == dumps(to_json(report))
     empty = derive(load_spec(str(spec)), limit=0)
     assert "".join(json_chunks(empty)) == dumps(to_json(empty))
+
+
+NNX_GUIDE = REPO / "rngaudit" / "examples" / "nnx_guide.yaml"
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_every_nnx_key_is_whole_in_a_terminal(columns):
+    """An NNX spec's rows are fixed-width too: site, stream, count and key whole at 80 and 120 columns; the chain,
+    when it does not fit, is left out and the report says so."""
+    shown = in_terminal(columns, "derive", NNX_GUIDE)
+    rows = [line for line in shown.splitlines() if re.match(r"^\s*\d+  (init|\d+)  ", line)]
+    report = derive(load_spec(NNX_GUIDE))
+    assert len(rows) == len(report.calls) > 20
+    for row, c in zip(rows, report.calls, strict=True):
+        key = "[" + " ".join(map(str, c.key)) + "]"
+        assert key in row and c.derivation.site in row, (row, key)
+        assert "…" not in row
+    if any(len(line) > columns for line in run_cli("derive", NNX_GUIDE).stdout.splitlines()):
+        assert "left out to fit" in shown and "chain" in shown
+    piped = run_cli("derive", NNX_GUIDE).stdout
+    assert piped.splitlines()[4].split() == ["#", "step", "site", "stream", "count", "key", "chain"]
+    assert "rngs.fork() for block" in piped  # the chain, piped
+
+
+def _big(tmp_path, blocks: int) -> str:
+    return write(
+        tmp_path,
+        "big.yaml",
+        f"""
+        rngaudit: 1
+        rngs: {{params: 0, dropout: 1}}
+        model:
+          class: Model
+          body:
+            - module: {{class: Block, repeat: {blocks}, body: [{{make_rng: {{stream: dropout, repeat: 10}}}}]}}
+            - module: {{class: Head, body: [make_rng]}}
+        """,
+    )
+
+
+def test_a_big_report_is_concise_by_default_and_whole_on_request(tmp_path):
+    spec = _big(tmp_path, 150)  # 1,501 call sites
+    r = invoke("derive", spec)
+    lines = r.stdout.splitlines()
+    rows = [line for line in lines if re.match(r"^\s*\d+  ", line)]
+    assert len(rows) == 1000 and rows[-1].lstrip().startswith("999 ")
+    assert (
+        "... 501 more call sites not listed (#1000-#1500): --max-rows 0 lists every row, --path/--stream pick some, "
+        "--format jsonl streams them all"
+    ) in lines
+    assert "call sites by stream (1,501): dropout 1,500, params 1" in lines
+    assert "call sites by top-level module: Block_0 10, Block_1 10, Block_10 10, " in r.stdout
+    assert "and 141 more" in r.stdout
+    assert lines[-1] == "1501 keys, 0 falling back to 'params'"
+    full = invoke("derive", spec, "--max-rows", "0").stdout
+    assert len([line for line in full.splitlines() if re.match(r"^\s*\d+  ", line)]) == 1501
+    assert "more call sites" not in full
+    # a report within the limit is whole, and the limit counts rows after the filters
+    assert "not listed" not in invoke("derive", spec, "--max-rows", "1501").stdout
+    few = invoke("derive", spec, "--max-rows", "2", "--path", "Head*").stdout
+    assert "not listed" not in few and "1 of 1501 keys" in few
+    assert invoke("derive", spec, "--max-rows", "-1").exit_code == 2
+
+
+def test_a_big_nnx_report_is_concise_too(tmp_path):
+    spec = write(
+        tmp_path,
+        "nnx.yaml",
+        """
+        rngaudit: 1
+        flavour: nnx
+        rngs: {params: 0, dropout: 1}
+        run: [{call: 30}]
+        model: {class: M, init: [Linear, {Dropout: {name: d, rate: 0.5}}], call: [{call: d}]}
+        """,
+    )
+    r = invoke("derive", spec, "--max-rows", "5")
+    rows = [line for line in r.stdout.splitlines() if re.match(r"^\s*\d+  (init|\d+)  ", line)]
+    calls = derive(load_spec(spec)).calls
+    n, params = len(calls), sum(c.derivation.requested == "params" for c in calls)
+    assert len(rows) == 5 and n > 30 and params == 2
+    assert f"... {n - 5} more draws not listed (#5-#{n - 1})" in r.stdout
+    assert f"draws by stream ({n}): dropout {n - params}, params {params}" in r.stdout, r.stdout
+    assert r.stdout.splitlines()[-1].startswith(f"{n} keys")
