@@ -95,49 +95,150 @@ def to_json(report: DeriveReport | NnxDeriveReport) -> dict:
     return {**_meta(report), "calls": [call_json(c) for c in report.calls], "summary": _summary(report)}
 
 
-class _LazyList(list):
-    """A list json's (pure-Python, indenting) encoder iterates without holding: `n` items made by `items()` as it
-    asks for them."""
-
-    def __init__(self, n: int, items):
-        super().__init__()
-        self._n = n
-        self._items = items
-
-    def __len__(self) -> int:
-        return self._n
-
-    def __bool__(self) -> bool:
-        return self._n > 0
-
-    def __iter__(self):
-        return iter(self._items())
-
-
 def json_chunks(report: DeriveReport | NnxDeriveReport, advance=None):
-    """`--format json`, written as it is encoded (flat memory): byte for byte `dumps(to_json(report))`, the calls
-    made one at a time while the indenting encoder walks them."""
+    """`--format json`, written as it is encoded (flat memory): byte for byte `dumps(to_json(report))`. The calls
+    of a Linen replay come from the columns, each record laid out from its template's text encoded once
+    (indented_call_records); others are encoded one at a time, the same way."""
     calls = report.calls
-
-    def made():
-        for j, c in enumerate(calls):
-            if advance is not None and j and not j % 4096:
-                advance(4096)
-            yield nnx_call_json(c) if isinstance(report, NnxDeriveReport) else call_json(c)
-
     meta = _nnx_meta(report) if isinstance(report, NnxDeriveReport) else _meta(report)
-    doc = {**meta, "calls": _LazyList(len(calls), made), "summary": _summary(report)}
     encoder = json.JSONEncoder(sort_keys=True, indent=2, ensure_ascii=False)
-    buf: list[str] = []
-    size = 0
-    for piece in encoder.iterencode(doc):
-        buf.append(piece)
-        size += len(piece)
-        if size >= 1 << 16:
-            yield "".join(buf)
-            buf, size = [], 0
-    buf.append("\n")
-    yield "".join(buf)
+    head, tail = encoder.encode({**meta, "calls": _CALLS, "summary": _summary(report)}).split(json.dumps(_CALLS))
+    yield head
+    if not len(calls):
+        yield "[]"
+    else:
+        if isinstance(calls, TableCalls):
+            records = indented_call_records(calls, encoder)
+        else:
+            one = nnx_call_json if isinstance(report, NnxDeriveReport) else call_json
+            records = (_nested(encoder.encode(one(c))) for c in calls)  # type: ignore[arg-type]
+        buf = ["[\n" + _ITEM]
+        size = 0
+        for j, record in enumerate(records):
+            if j:
+                buf.append(",\n" + _ITEM)
+                if advance is not None and not j % 4096:
+                    advance(4096)
+            buf.append(record)
+            size += len(record)
+            if size >= 1 << 16:
+                yield "".join(buf)
+                buf, size = [], 0
+        buf.append("\n  ]")
+        yield "".join(buf)
+    yield tail + "\n"
+
+
+_CALLS = "\x00rngaudit:calls\x00"  # stands for the calls list while the rest of the document is encoded
+_ITEM = " " * 4  # a call record's indent in the document (the calls list's items)
+
+
+def _nested(text: str) -> str:
+    """An object encoded on its own (indent 2) as an item of the calls list: each line after the first indented
+    by the item's indent (JSON strings hold no raw newline)."""
+    return text.replace("\n", "\n" + _ITEM)
+
+
+_SLOTS = ("base", "count", "discarded", "hash_hex", "count_item", "hash_word", "index", "key", "lane")
+
+
+def _slot(name: str) -> str:
+    return f"\x00rngaudit:{name}\x00"
+
+
+def indented_call_records(calls: TableCalls, encoder):
+    """Each call record of a Linen replay as the indenting encoder lays it out inside the document, made from
+    the columns: a template's record is encoded once with placeholders for what varies per row (base, count,
+    discarded, hash word, index, key, lane), then each row fills them in. Rows with drawn values are encoded
+    whole."""
+    table, rows, keys, skip = calls.table, calls.rows, calls.keys, calls.values
+    consts: dict = {}
+    bases_json: dict = {-1: "null"}
+    lanes: dict = {}
+    sep = "00" if table.sep else ""
+    inner = _ITEM + "    "  # a list's items inside a call record
+    step = 1 << 15
+    for j0 in range(0, len(rows), step):
+        r = rows[j0 : j0 + step]
+        cols = zip(
+            range(j0, j0 + len(r)),
+            r.tolist(),
+            table.block[r].tolist(),
+            table.count[r].tolist(),
+            table.word[r].tolist(),
+            table.base[r].tolist(),
+            table.lane_ix[r].tolist(),
+            table.discarded[r].tolist(),
+            keys[j0 : j0 + step].tolist(),
+        )
+        for j, i, t, c, w, b, li, disc, key in cols:
+            if j in skip:
+                yield _nested(encoder.encode(call_json(calls[j])))
+                continue
+            p = consts.get(t, ())
+            if p == ():
+                p = consts[t] = _indented_template(table, t, encoder)
+            if p is None:  # (a name holding a placeholder's text: this template's records are encoded whole)
+                yield _nested(encoder.encode(call_json(calls[j])))
+                continue
+            bj = bases_json.get(b)
+            if bj is None:
+                bj = bases_json[b] = json.dumps(str(table.bases[b]), ensure_ascii=False)
+            sizes = p[9]
+            if sizes:
+                lane = lanes.get((sizes, li))
+                if lane is None:
+                    words = table.lane_of(i)
+                    lane = lanes[(sizes, li)] = (
+                        "[\n" + inner + (",\n" + inner).join(map(str, words)) + "\n" + _ITEM + "  ]" if words else "[]"
+                    )
+            else:
+                lane = "[]"
+            kj = "null" if b < 0 else "[\n" + inner + (",\n" + inner).join(map(str, key)) + "\n" + _ITEM + "  ]"
+            hexed = c.to_bytes((c.bit_length() + 7) // 8, "big").hex()
+            yield (
+                f"{p[0]}{bj}{p[1]}{c}{p[2]}{'true' if disc else 'false'}{p[3]}{sep}{hexed}{p[4]}{c}{p[5]}{w}"
+                f"{p[6]}{i}{p[7]}{kj}{p[8]}{lane}{p[10]}"
+            )
+
+
+def _indented_template(table: KeyTable, t: int, encoder) -> tuple | None:
+    """Template t's call record as the document's encoder lays it out, cut at the placeholders (in _SLOTS order):
+    11 pieces of text around 9 slots, and the lane axes' sizes at index 9 (the pieces are 0-8 and 10); None if a
+    placeholder is not found exactly once (a name that holds its text)."""
+    tpl = table.templates[t]
+    record = {
+        "index": _slot("index"),
+        "path": list(tpl.path),
+        "path_str": "/".join(tpl.path) if tpl.path else "(root)",
+        "stream_requested": tpl.stream_requested,
+        "stream": tpl.stream,
+        "fallback": tpl.stream_requested != tpl.stream,
+        "count": _slot("count"),
+        "kind": tpl.kind,
+        "label": tpl.label,
+        "hash_items": [*tpl.suffix, _slot("count_item")],
+        "hash_input_hex": hash_input(tpl.suffix, table.sep).hex() + _slot("hash_hex"),
+        "hash_word": _slot("hash_word"),
+        "base": _slot("base"),
+        "key": _slot("key"),
+        "lane": _slot("lane"),
+        "discarded": _slot("discarded"),
+        "notes": list(tpl.notes),
+        "location": tpl.location.as_json(),
+    }
+    text = _nested(encoder.encode(record))
+    pieces = []
+    for name in _SLOTS:
+        marker = json.dumps(_slot(name), ensure_ascii=False)
+        if name == "hash_hex":
+            marker = marker[1:-1]  # (inside the hex string)
+        before, found, text = text.partition(marker)
+        if not found or marker in text or marker in before:
+            return None
+        pieces.append(before)
+    pieces.append(text)
+    return (*pieces[:9], tuple(table.axis_size[a] for a in tpl.axes), pieces[9])
 
 
 # ---------------------------------------------------------------- NNX

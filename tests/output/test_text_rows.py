@@ -196,6 +196,44 @@ def test_streamed_json_is_the_whole_documents_encoding(spec):
     assert "".join(json_chunks(empty)) == dumps(to_json(empty))
 
 
+def test_templated_json_is_the_documents_encoding_on_every_golden_spec():
+    """The Linen calls of --format json are laid out from each template's encoding with the per-row values filled
+    in: byte for byte the indenting encoder's output, on every golden spec (lanes, discarded rows, fallbacks, rbg
+    and values included)."""
+    from rngaudit.output.derive_json import json_chunks, to_json
+    from rngaudit.output.formats import dumps
+
+    from rngaudit.errors import RngauditError
+
+    compared = 0
+    for spec in sorted((REPO / "tests" / "golden" / "specs").glob("*.yaml")):
+        try:
+            report = derive(load_spec(str(spec)))
+        except RngauditError:  # (the golden corpus keeps the specs Flax raises on, too)
+            continue
+        assert "".join(json_chunks(report)) == dumps(to_json(report)), spec.name
+        compared += 1
+    assert compared > 140
+
+
+def test_a_name_holding_a_placeholder_is_encoded_whole(tmp_path):
+    spec = write(
+        tmp_path,
+        "odd.yaml",
+        """
+        rngaudit: 1
+        rngs: {params: 0}
+        model: {class: M, body: [{module: {class: B, name: "\\0rngaudit:count\\0", body: [make_rng, make_rng]}}]}
+        """,
+    )
+    from rngaudit.output.derive_json import json_chunks, to_json
+    from rngaudit.output.formats import dumps
+
+    report = derive(load_spec(spec))
+    assert "rngaudit:count" in report.calls[0].derivation.path_str
+    assert "".join(json_chunks(report)) == dumps(to_json(report))
+
+
 NNX_GUIDE = REPO / "rngaudit" / "examples" / "nnx_guide.yaml"
 
 
