@@ -85,6 +85,20 @@ class FlaxUnavailableError(RngauditError):
     """The command runs real Flax, which is not installed."""
 
 
+NEEDS_JAX = (
+    "this needs JAX, which is not installed: pip install 'rngaudit[jax]' (drawn values, unsafe_rbg keys, "
+    "shard-check and capture use it; threefry and rbg keys, `derive --no-values` and `collisions` of such specs "
+    "do not)"
+)
+
+
+class JaxUnavailableError(RngauditError):
+    """The command needs JAX (the `jax` extra), which is not installed."""
+
+    def __init__(self, message: str = NEEDS_JAX, location: Location | None = None):
+        super().__init__(message, location)
+
+
 class UnsupportedError(RngauditError):
     """The input is valid but uses something rngaudit cannot handle yet (a gap in rngaudit, not a mistake of the
     user), e.g. a transform capture cannot describe as a spec."""

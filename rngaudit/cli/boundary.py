@@ -12,7 +12,7 @@ from contextlib import AbstractContextManager
 
 import typer
 
-from ..errors import EXIT_ERROR, EXIT_FINDINGS, EXIT_INTERNAL, RngauditError
+from ..errors import EXIT_ERROR, EXIT_FINDINGS, EXIT_INTERNAL, NEEDS_JAX, RngauditError
 
 
 def one_line(text: str) -> str:
@@ -36,6 +36,11 @@ def run(fn: Callable[[], None]) -> None:
     except RngauditError as e:
         sys.stderr.write(f"error: {one_line(str(e))}\n")
         raise typer.Exit(e.exit_code) from None
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] not in ("jax", "jaxlib"):
+            raise _internal(e) from None
+        sys.stderr.write(f"error: {NEEDS_JAX}\n")
+        raise typer.Exit(EXIT_ERROR) from None
     except KeyboardInterrupt:
         sys.stderr.write("error: interrupted\n")
         raise typer.Exit(EXIT_ERROR) from None
@@ -46,13 +51,18 @@ def run(fn: Callable[[], None]) -> None:
         sys.stderr.write("error: out of memory; the spec asks for too many keys or values\n")
         raise typer.Exit(EXIT_ERROR) from None
     except Exception as e:  # noqa: BLE001 - a bug of ours: say so, briefly, with its own exit code
-        if os.environ.get("RNGAUDIT_DEBUG"):
-            traceback.print_exc()
-        sys.stderr.write(
-            f"error: internal error ({type(e).__name__}: {one_line(str(e))}); "
-            "please report it with the spec (RNGAUDIT_DEBUG=1 shows details)\n"
-        )
-        raise typer.Exit(EXIT_INTERNAL) from None
+        raise _internal(e) from None
+
+
+def _internal(e: BaseException) -> typer.Exit:
+    """A bug of ours: said as one, briefly, with its own exit code."""
+    if os.environ.get("RNGAUDIT_DEBUG"):
+        traceback.print_exception(e)
+    sys.stderr.write(
+        f"error: internal error ({type(e).__name__}: {one_line(str(e))}); "
+        "please report it with the spec (RNGAUDIT_DEBUG=1 shows details)\n"
+    )
+    return typer.Exit(EXIT_INTERNAL)
 
 
 def finish(failing: bool, exit_zero: bool) -> None:

@@ -11,7 +11,7 @@ import sys
 import tempfile
 
 from .. import errors
-from ..errors import DeviceError, InternalError, RngauditError
+from ..errors import DeviceError, InternalError, JaxUnavailableError, RngauditError
 from ..output.shard_json import from_json
 from .report import ShardReport
 from .request import ShardRequest, request_json
@@ -60,6 +60,10 @@ def _error(kind: str, message: str) -> RngauditError:
 def run(r: ShardRequest) -> ShardReport:
     """Run the checks in a fresh process started with the devices asked for; raise RngauditError when it
     cannot (bad input it finds, devices that cannot be had, a function that fails, a timeout)."""
+    import importlib.util
+
+    if importlib.util.find_spec("jax") is None:  # (the device process runs JAX: say so before starting it)
+        raise JaxUnavailableError()
     with tempfile.TemporaryDirectory(prefix="rngaudit-shard-") as tmp:
         req_path, res_path = os.path.join(tmp, "request.json"), os.path.join(tmp, "result.json")
         with open(req_path, "w", encoding="utf-8") as f:

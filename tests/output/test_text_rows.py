@@ -200,10 +200,9 @@ def test_templated_json_is_the_documents_encoding_on_every_golden_spec():
     """The Linen calls of --format json are laid out from each template's encoding with the per-row values filled
     in: byte for byte the indenting encoder's output, on every golden spec (lanes, discarded rows, fallbacks, rbg
     and values included)."""
+    from rngaudit.errors import RngauditError
     from rngaudit.output.derive_json import json_chunks, to_json
     from rngaudit.output.formats import dumps
-
-    from rngaudit.errors import RngauditError
 
     compared = 0
     for spec in sorted((REPO / "tests" / "golden" / "specs").glob("*.yaml")):
