@@ -5,7 +5,7 @@
 import sys
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from .. import __version__
 from ..errors import EXIT_ERROR, EXIT_OK
@@ -73,15 +73,27 @@ def _root(
     """See and check the PRNG keys Flax hands every make_rng call."""
 
 
+class _Command(TyperCommand):
+    """A command whose usage line names a required argument plainly (`SPEC...`), as click and argparse do, not in
+    typer's braces (`{SPEC...}`); optional ones keep their brackets."""
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        return [p[1:-1] if p.startswith("{") and p.endswith("}") else p for p in super().collect_usage_pieces(ctx)]
+
+
 # (short help said whole in `rngaudit --help`: click would cut a docstring's first line with "...")
-app.command(short_help="Print the key every make_rng call receives, bit-exact with Flax.")(derive.derive)
-app.command(short_help="Find call sites that receive identical keys, say why and how to fix it.")(collisions.collisions)
-app.command("shard-check", short_help="Check keys, draws and a (key, x) function on many devices.")(
+app.command(cls=_Command, short_help="Print the key every make_rng call receives, bit-exact with Flax.")(derive.derive)
+app.command(cls=_Command, short_help="Find call sites that receive identical keys, say why and how to fix it.")(
+    collisions.collisions
+)
+app.command("shard-check", cls=_Command, short_help="Check keys, draws and a (key, x) function on many devices.")(
     shard_check.shard_check
 )
-app.command(short_help="Record every key a live Flax model hands out, and write its spec.")(refactor.capture)
-app.command(short_help="Check a spec against a live model or a capture, key by key.")(refactor.verify)
-app.command(short_help="Which call sites keep, change, gain or lose their keys, and why.")(refactor.diff)
+app.command(cls=_Command, short_help="Record every key a live Flax model hands out, and write its spec.")(
+    refactor.capture
+)
+app.command(cls=_Command, short_help="Check a spec against a live model or a capture, key by key.")(refactor.verify)
+app.command(cls=_Command, short_help="Which call sites keep, change, gain or lose their keys, and why.")(refactor.diff)
 
 
 def main() -> None:

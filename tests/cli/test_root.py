@@ -9,7 +9,7 @@ import sys
 import textwrap
 
 import pytest
-from support import REPO
+from support import REPO, invoke
 
 _IMPORTS = textwrap.dedent("""
     import sys
@@ -49,3 +49,11 @@ def test_lazy_package_api_is_the_eager_one():
     """)
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.stdout.strip() == "ok", r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("command", ["derive", "collisions", "shard-check", "capture", "verify", "diff"])
+def test_usage_names_arguments_plainly(command):
+    """`Usage: rngaudit derive [OPTIONS] SPEC`, as click and argparse write it: no typer braces around a required
+    argument."""
+    usage = invoke(command, "--help").stdout.splitlines()[0]
+    assert usage.startswith(f"Usage: rngaudit {command} [OPTIONS] ") and "{" not in usage and "}" not in usage
