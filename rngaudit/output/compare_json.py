@@ -41,7 +41,29 @@ def to_json(cmp: Comparison) -> dict:
             side: rules_of(cap) if cap is not None else None for side, cap in (("old", cmp.old), ("new", cmp.new))
         },
         "sites": [entry(e) for e in cmp.entries],
+        **(
+            {
+                "things": [
+                    {
+                        "old_module": list(t.old_module),
+                        "new_module": list(t.new_module),
+                        "what": t.what,
+                        "nth": t.nth,
+                        "stream": t.stream,
+                        "lane": list(t.lane),
+                        "old_count": t.old.count,
+                        "new_count": t.new.count,
+                        "old_key": list(t.old.key) if t.old.key is not None else None,
+                        "new_key": list(t.new.key) if t.new.key is not None else None,
+                    }
+                    for t in cmp.things
+                ]
+            }
+            if cmp.kind == "diff"
+            else {}
+        ),
         "notes": list(cmp.notes),
         "fixes": list(cmp.fixes),
-        "summary": dict({s: cmp.count(s) for s in statuses}, failing=cmp.failing),
+        "summary": dict({s: cmp.count(s) for s in statuses}, failing=cmp.failing)
+        | ({"things_changed": len(cmp.things)} if cmp.kind == "diff" else {}),
     }

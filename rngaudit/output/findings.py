@@ -491,6 +491,14 @@ DIFF_RULES = (
         "module its old name to get the old keys back.",
     ),
     Rule(
+        "diff/thing-changed",
+        "ThingKeyChanged",
+        "a param, variable or make_rng of a module (followed across renames and insertions) draws another key",
+        "What users mean by 'did my layer's initialisation change': the module that was at the old path, and "
+        "its draw by label, now receives a different key, even where every (path, count) kept its key (a param "
+        "swapped with a make_rng, a layer inserted before it).",
+    ),
+    Rule(
         "diff/gone",
         "GoneCallSite",
         "a call site that no longer exists",
@@ -578,7 +586,20 @@ def compare_findings(cmp: Comparison) -> list[Finding]:
         if cmp.kind == "diff" and e.old is not None and e.old.location is not None and e.new is None:
             related = ((e.old.location, f"{s.path_str} in {cmp.old_name}"),)
         out.append(Finding(f"{cmp.kind}/{e.status}", ERROR, msg + note, where, related))
+    for t in cmp.things:
+        moved = "" if t.old_module == t.new_module else f" (the module that was {_path(t.old_module)})"
+        lane = f" lane {list(t.lane)}" if t.lane else ""
+        msg = (
+            f"thing changed: {t.name} ({t.stream}{lane}) of {_path(t.new_module)}{moved} draws another key: count "
+            f"{t.old.count} -> {t.new.count}, key {list(t.old.key or ())} -> {list(t.new.key or ())}"
+        )
+        where = t.new.location or Location(cmp.new_name, 1, 1)
+        out.append(Finding("diff/thing-changed", ERROR, msg, where))
     return out
+
+
+def _path(p: tuple) -> str:
+    return "/".join(p) if p else "(root)"
 
 
 RULES = {

@@ -31,6 +31,9 @@ def render_text(cmp: Comparison) -> str:
                 lines.append(f"         why: {w}")
             if e.fix:
                 lines.append(f"         fix: {e.fix}")
+    if cmp.things:
+        lines.append("things whose key changed (a module followed across renames and insertions, its draws by label):")
+        lines.extend(f"  {line}" for line in thing_lines(cmp.things))
     for n in cmp.notes:
         lines.append(f"note: {n}")
     for f in dict.fromkeys(cmp.fixes):
@@ -40,6 +43,7 @@ def render_text(cmp: Comparison) -> str:
             f"{cmp.count('kept')} kept, {cmp.count('changed')} changed, {cmp.count('new')} new, "
             f"{cmp.count('gone')} gone"
             + (f", {cmp.count('moved')} moved (the same keys under other names)" if cmp.count("moved") else "")
+            + (f"; {len(cmp.things)} things with another key" if cmp.things else "")
         )
     else:
         lines.append(
@@ -47,3 +51,28 @@ def render_text(cmp: Comparison) -> str:
             f"{cmp.count('extra')} extra"
         )
     return "\n".join(lines) + "\n"
+
+
+def _path(p: tuple) -> str:
+    return "/".join(p) if p else "(root)"
+
+
+def thing_lines(things) -> list[str]:
+    """One line per module: `Dense_0 -> Dense_1: kernel, bias (params)`, or `Dense_0: w (params)` when it kept
+    its path (a draw of it now gets another count)."""
+    by: dict = {}
+    for t in things:
+        by.setdefault((t.old_module, t.new_module), []).append(t)
+    out = []
+    for (mo, mn), ts in by.items():
+        where = _path(mn) if mo == mn else f"the module that was {_path(mo)} is now {_path(mn)}"
+        streams: dict = {}
+        for t in ts:
+            lane = f" lane {list(t.lane)}" if t.lane else ""
+            streams.setdefault(t.stream, []).append(t.name + lane)
+        said = "; ".join(f"{', '.join(names)} ({s})" for s, names in streams.items())
+        counts = ""
+        if mo == mn and len(ts) <= 3:
+            counts = " [" + ", ".join(f"{t.name}: count {t.old.count} -> {t.new.count}" for t in ts) + "]"
+        out.append(f"{where}: {said}{counts}")
+    return out

@@ -36,6 +36,27 @@ class Entry:
         return site
 
 
+@dataclass(frozen=True)
+class Thing:
+    """What draws a key, as a user names it: a module (followed across renames and insertions where both sides
+    record the modules' classes and hyper-parameters) and, in it, the param, variable or make_rng by its label,
+    stream and lane (the n-th of its kind). A thing on both sides whose key differs is reported by `diff` (a
+    param swapped with a make_rng keeps every (path, count) key and still changes the param's)."""
+
+    old_module: tuple[str, ...]
+    new_module: tuple[str, ...]
+    what: str  # the label (kernel, bias, dropout), or the kind when the draw has none (make_rng)
+    nth: int  # 0 for the first of its module, stream, label and lane; 1 for the next ...
+    stream: str
+    lane: tuple[int, ...]
+    old: Site
+    new: Site
+
+    @property
+    def name(self) -> str:
+        return self.what if not self.nth else f"{self.what} #{self.nth + 1}"
+
+
 @dataclass
 class Comparison:
     kind: str  # diff | verify
@@ -46,6 +67,7 @@ class Comparison:
     fixes: list[str] = field(default_factory=list)
     old: Capture | None = None
     new: Capture | None = None
+    things: list[Thing] = field(default_factory=list)  # diff: things on both sides whose key changed
 
     def count(self, status: str) -> int:
         return sum(1 for e in self.entries if e.status == status)
@@ -53,7 +75,7 @@ class Comparison:
     @property
     def failing(self) -> bool:
         bad = ("changed", "new", "gone") if self.kind == "diff" else ("differs", "missing", "extra")
-        return any(e.status in bad for e in self.entries)
+        return any(e.status in bad for e in self.entries) or bool(self.things)
 
 
 def rules_of(cap: Capture) -> str:
@@ -167,7 +189,72 @@ def diff(old: Capture, new: Capture) -> Comparison:
     lanes = _lane_keys(old.sites), _lane_keys(new.sites)
     _explain_changed(cmp, old, new, lanes)
     _explain_moves(cmp, old, new, lanes)
+    cmp.things = changed_things(old, new)
     return cmp
+
+
+# ---------------------------------------------------------------- things: what draws the key, as users name it
+_NOT_THINGS = {"jit_fork"}  # keys Flax makes for itself, not for a thing of the model
+
+
+def _thing_ids(sites: list[Site]) -> dict:
+    """(module path, what, stream, lane, n) -> site: each draw of a Linen model named as the user would."""
+    out: dict = {}
+    seen: dict = {}
+    for s in sorted(sites, key=lambda t: (t.path, t.requested, t.lane, t.count)):
+        if s.kind in _NOT_THINGS or s.key is None:
+            continue
+        what = s.label or s.kind
+        base = (s.path, what, s.requested, s.lane)
+        n = seen.get(base, 0)
+        seen[base] = n + 1
+        out[base + (n,)] = s
+    return out
+
+
+def module_pairs(old: Capture, new: Capture) -> dict:
+    """Old module path -> new module path for the modules that are the same thing on both sides: paired by class
+    and hyper-parameters in creation order where both sides record them (captures), else by path."""
+    if not (old.modules and new.modules):
+        return {}
+    pairs = _pair_by_fields(old, new)
+    for path, m in old.modules.items():
+        if path in pairs or any(path[:i] in pairs for i in range(1, len(path))):
+            continue
+        other = new.modules.get(path)
+        if other is not None and path not in pairs.values():
+            same = (_base_class(m.get("class", "")), m.get("fields")) == (
+                _base_class(other.get("class", "")),
+                other.get("fields"),
+            )
+            if not same:
+                pairs[path] = None  # the module at this path is another thing now
+    return pairs
+
+
+def _moved(path: tuple, pairs: dict) -> tuple | None:
+    """Where the module at old `path` is in the new version (None: no longer the same thing)."""
+    for i in range(len(path), 0, -1):
+        if path[:i] in pairs:
+            to = pairs[path[:i]]
+            return None if to is None else to + path[i:]
+    return path
+
+
+def changed_things(old: Capture, new: Capture) -> list[Thing]:
+    """Every thing on both sides whose key changed, in the new version's order."""
+    pairs = module_pairs(old, new)
+    a, b = _thing_ids(old.sites), _thing_ids(new.sites)
+    out = []
+    for (path, what, stream, lane, n), so in a.items():
+        to = _moved(path, pairs)
+        if to is None:
+            continue
+        sn = b.get((to, what, stream, lane, n))
+        if sn is not None and sn.key != so.key:
+            out.append(Thing(path, to, what, n, stream, lane, so, sn))
+    order = {id(s): i for i, s in enumerate(new.sites)}
+    return sorted(out, key=lambda t: order.get(id(t.new), 0))
 
 
 def _explain_releases(cmp: Comparison, old: Capture, new: Capture) -> None:

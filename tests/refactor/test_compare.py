@@ -424,7 +424,7 @@ def test_config_defaults_for_diff_and_verify(tmp_path, base):
     assert r.exit_code == 0 and (tmp_path / "cfg.yaml").read_text().startswith("# Captured by rngaudit capture")
     cfg.write_text('[tool.rngaudit.verify]\nagainst = "x.json"\n')
     r = invoke("verify", old_keys.with_suffix(".yaml"), "--against", old_keys, "--config", cfg)
-    assert r.exit_code == 2 and "takes --against only on the command line" in r.stderr
+    assert r.exit_code == 2 and "against: cannot be set here: it names the keys file one run checks against" in r.stderr
     cfg.write_text("[tool.rngaudit.diff]\nexit-zeros = true\n")
     r = invoke("diff", old_keys, new_keys, "--config", cfg)
     assert r.exit_code == 2 and "unknown key 'exit-zeros'" in r.stderr and "did you mean 'exit-zero'" in r.stderr
@@ -437,3 +437,62 @@ def test_root_keys_compare_as_keys_whichever_side_wrote_them():
     assert _root_key(0) == _root_key("0") == _root_key("key(0)") == _root_key(" key( 0 ) ") == "key(0)"
     assert _root_key("split(key(0))[1]") == "split(key(0), 2)[1]" != _root_key(1)
     assert _root_key(None) == "not given"
+
+
+def _at(module: str, what: str) -> tuple:
+    return (*module.split("/"), what) if module else (what,)
+
+
+def _things(doc) -> set:
+    return {("/".join(t["old_module"]), "/".join(t["new_module"]), t["what"]) for t in doc["things"]}
+
+
+def test_things_follow_a_layer_across_an_insertion(tmp_path, base):
+    """After a Dense is inserted first, the path Dense_0 keeps its kernel key, but the layer that was Dense_0 is
+    now Dense_1 and its kernel and bias draw other keys (real Flax's params say so): diff says it by thing."""
+    _, old_keys, old_params = base
+    new_f, new_keys = capture(tmp_path, "insert", VARIANTS["insert"])
+    new_params = flax_params(new_f)
+    code, doc = run_diff(tmp_path, old_keys, new_keys)
+    assert code == 1
+    things = _things(doc)
+    assert {("Dense_0", "Dense_1", "kernel"), ("Dense_0", "Dense_1", "bias")} <= things
+    assert {("Dense_1", "Dense_2", "kernel"), ("Dense_1", "Dense_2", "bias")} <= things
+    for mo, mn, what in things:  # each claim holds in Flax: the layer's kernel values differ (biases are zeros)
+        if what == "kernel":
+            assert not np.array_equal(old_params[_at(mo, what)], new_params[_at(mn, what)]), (mo, mn, what)
+    # the layers that kept their place kept their keys: not listed
+    assert not any(mo.startswith("Block_0") for mo, _, _ in things)
+    text = invoke("diff", old_keys, new_keys).stdout
+    assert "the module that was Dense_0 is now Dense_1: kernel, bias (params)" in text, text
+    github = invoke("diff", old_keys, new_keys, "-f", "github").stdout
+    assert "title=rngaudit diff/thing-changed::thing changed: kernel (params) of Dense_1" in github
+
+
+SWAP = HEADER + textwrap.dedent("""
+    class Model(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        FIRST
+        SECOND
+        return x
+
+    def make():
+      return Model(), (jnp.ones((1, 4)),)
+""")
+PARAM = "w = self.param('w', nn.initializers.normal(), (3,))"
+DRAW = "k = self.make_rng('params')"
+
+
+def test_a_param_swapped_with_a_make_rng_fails_although_every_path_count_kept_its_key(tmp_path):
+    old_f, old_keys = capture(tmp_path, "before", SWAP.replace("FIRST", PARAM).replace("SECOND", DRAW))
+    new_f, new_keys = capture(tmp_path, "after", SWAP.replace("FIRST", DRAW).replace("SECOND", PARAM))
+    assert not np.array_equal(flax_params(old_f)[("w",)], flax_params(new_f)[("w",)])  # Flax: w changed
+    for old, new in ((old_keys, new_keys), (old_keys.with_suffix(".yaml"), new_keys.with_suffix(".yaml"))):
+        code, doc = run_diff(tmp_path, old, new)
+        assert code == 1 and doc["summary"]["changed"] == doc["summary"]["new"] == doc["summary"]["gone"] == 0
+        assert ("", "", "w") in _things(doc) and doc["summary"]["things_changed"] == 2, doc["things"]
+        w = next(t for t in doc["things"] if t["what"] == "w")
+        assert (w["old_count"], w["new_count"]) == (1, 2)
+    text = invoke("diff", old_keys, new_keys).stdout
+    assert "(root): w, param" in text or "(root): make_rng, w" in text or "(root): w, make_rng" in text, text

@@ -131,6 +131,21 @@ def _truth(spec) -> dict:
     return out
 
 
+def _thing_truth(spec) -> dict:
+    """(module path, label or kind, requested stream, lane, n-th) -> key of every thing that draws, from derive."""
+    out: dict = {}
+    rows = [c for c in rngaudit.derive(spec, values=False).calls if not c.derivation.discarded]
+    rows.sort(key=lambda c: (tuple(c.derivation.path), c.derivation.stream_requested, c.derivation.lane))
+    for c in sorted(rows, key=lambda c: c.derivation.count):
+        d = c.derivation
+        if d.kind == "jit_fork" or c.key is None:
+            continue
+        base = (tuple(d.path), d.label or d.kind, d.stream_requested, tuple(d.lane))
+        n = sum(1 for k in out if k[:4] == base)
+        out[base + (n,)] = tuple(c.key)
+    return out
+
+
 @settings(
     max_examples=EXAMPLES,
     deadline=None,
@@ -156,7 +171,10 @@ def test_diff_of_random_refactors(case):
             truth[ident] = "kept" if a[ident] == b[ident] else "changed"
     got = {e.ident: e.status for e in report.entries}
     assert got == truth
-    assert report.failing == any(s != "kept" for s in truth.values())
+    ta, tb = _thing_truth(old), _thing_truth(new)
+    things = {k for k in ta.keys() & tb.keys() if ta[k] != tb[k]}
+    assert {(t.old_module, t.what, t.stream, t.lane, t.nth) for t in report.things} == things
+    assert report.failing == (any(s != "kept" for s in truth.values()) or bool(things))
     for e in report.entries:
         if e.status != "kept":
             assert e.why, (kind, e.ident, e.status)
