@@ -16,13 +16,13 @@ from ..spec.tree import (
     Cond,
     Define,
     MakeRng,
-    ModuleDef,
     Param,
     Sequential,
     Spec,
     Transform,
     Variable,
     WhileLoop,
+    renamed_modules,
 )
 from .results import CallSite, frozen_record
 from .sites import RenameTarget, Sites, vectorised, words_of
@@ -176,7 +176,7 @@ class SpecSites(Sites):
         from ..errors import RngauditError
 
         names = {id(t.module): name for t, name in changes}
-        spec = dataclasses.replace(self.spec, model=_renamed_module(self.spec.model, names))
+        spec = dataclasses.replace(self.spec, model=renamed_modules(self.spec.model, names))
         try:
             return self._sites_of(spec)
         except RngauditError:
@@ -586,35 +586,3 @@ def _without_fork(ref) -> bool:
             return True
         ref = ref.parent
     return False
-
-
-def _renamed_module(m: ModuleDef, names: dict[int, str]) -> ModuleDef:
-    """`m` with the modules whose id is in `names` given those explicit names."""
-
-    def items(xs: tuple) -> tuple:
-        new = tuple(item(x) for x in xs)
-        return xs if all(a is b for a, b in zip(new, xs)) else new
-
-    def item(x):
-        if isinstance(x, (Child, Define)):
-            new = _renamed_module(x.module, names)
-            return x if new is x.module else dataclasses.replace(x, module=new)
-        if isinstance(x, Transform):
-            new = _renamed_module(x.target, names)
-            return x if new is x.target else dataclasses.replace(x, target=new)
-        if isinstance(x, Sequential):
-            layers = tuple(_renamed_module(c, names) for c in x.layers)
-            return x if all(a is b for a, b in zip(layers, x.layers)) else dataclasses.replace(x, layers=layers)
-        if isinstance(x, Cond):
-            branches = tuple(items(b) for b in x.branches)
-            return x if all(a is b for a, b in zip(branches, x.branches)) else dataclasses.replace(x, branches=branches)
-        if isinstance(x, WhileLoop):
-            c, b = items(x.cond_items), items(x.body_items)
-            return x if c is x.cond_items and b is x.body_items else dataclasses.replace(x, cond_items=c, body_items=b)
-        return x
-
-    setup, body = items(m.setup), items(m.body)
-    out = m if setup is m.setup and body is m.body else dataclasses.replace(m, setup=setup, body=body)
-    if id(m) in names:
-        out = dataclasses.replace(out, name=names[id(m)])
-    return out

@@ -49,6 +49,7 @@ class Replayer:
         self.templates: list[Template] = []
         self.axis_size: list[int] = []
         self.axis_kind: list[str] = []  # per axis: vmap | scan | while_loop
+        self.modules: dict[tuple[str, ...], ModuleDef] = {}  # each submodule path -> the module made there first
 
     def run(self) -> list[Derivation]:
         """Every key request, in execution order."""
@@ -130,7 +131,9 @@ class Replayer:
         else:
             name = mod.name
         inst.reserve(name, None, "submodule", loc)
-        return Instance(mod, self.push(inst.scope, name, run))
+        child = Instance(mod, self.push(inst.scope, name, run))
+        self.modules.setdefault(child.path, mod)
+        return child
 
     @staticmethod
     def push(scope: Scope, name: str, run: Run) -> Scope:

@@ -187,9 +187,9 @@ def diff(old: Capture, new: Capture) -> Comparison:
         _explain_nnx(cmp, old, new)
         return cmp
     lanes = _lane_keys(old.sites), _lane_keys(new.sites)
+    cmp.things = changed_things(old, new)
     _explain_changed(cmp, old, new, lanes)
     _explain_moves(cmp, old, new, lanes)
-    cmp.things = changed_things(old, new)
     return cmp
 
 
@@ -653,19 +653,29 @@ def _explain_moves(cmp: Comparison, old: Capture, new: Capture, lanes: tuple[dic
         forked = mn in new_forks and mo not in _forks(old)
         if forked:
             fix += "; its keys still change, because nn.jit forks the streams there (a new jit fork)"
+        if inserted is not None and why.startswith("shifted auto-name index"):
+            checked = _checked(cmp, old, new, {inserted: _free_name(new, inserted)}, mo[:-1])
+        else:
+            checked = _checked(cmp, old, new, {mn: mo[-1]}, mo)
         cmp.notes.append(f"{_p(mo)} -> {_p(mn)}: {why}")
-        cmp.fixes.append(fix)
+        fixed: str | None = fix + checked
+        if checked.startswith(_REFUSED):  # a fix that fails when applied is no fix: said as a note instead
+            tried = fix.split(" (")[0].split(":")[0]
+            cmp.notes.append(f"no fix by a name here: {tried} was tried, and{checked[len(_REFUSED) : -1]}")
+            fixed = None
+        else:
+            cmp.fixes.append(fix + checked)
         for e in cmp.entries:
             s = e.site
             if e.status == "gone" and s.path[: len(mo)] == mo:
                 e.why.append(f"{why}; its keys moved to {_p(mn + s.path[len(mo) :])}")
-                e.fix = fix
+                e.fix = fixed
             elif e.status == "new" and s.path[: len(mn)] == mn:
                 if s.kind == "jit_fork" and s.path == mn:
                     e.why.append(f"a new jit fork at {_p(mn)} ({why})")
                 else:
                     e.why.append(f"{why}; was {_p(mo + s.path[len(mn) :])}")
-                e.fix = fix
+                e.fix = fixed
     _explain_insertions(cmp, old, new, mods_old, mods_new, set(paired.values()))
     for e in cmp.entries:
         if e.status in ("new", "gone") and not e.why:
@@ -674,6 +684,70 @@ def _explain_moves(cmp: Comparison, old: Capture, new: Capture, lanes: tuple[dic
                 or _lane_count_change(e, lanes)
                 or ("a call site that did not exist before" if e.status == "new" else "this call site no longer exists")
             )
+
+
+def _free_name(cap: Capture, path: tuple) -> str:
+    """An explicit name for the module at `path` that no sibling has (the fix names it; any free name works)."""
+    taken = {p[-1] for p in _modules_of(cap) if p and p[:-1] == path[:-1]}
+    base = f"{path[-1].rsplit('_', 1)[0].lower()}_inserted"
+    name, k = base, 1
+    while name in taken:
+        k += 1
+        name = f"{base}_{k}"
+    return name
+
+
+_REFUSED = " [checked: refused:"
+
+
+def _checked(cmp: Comparison, old: Capture, new: Capture, names: dict, scope: tuple) -> str:
+    """A fix applied: NEW re-derived with the explicit `names` ({module path: name}) and compared with OLD, said
+    as it came out; empty where NEW cannot be re-derived (a keys file) or a path is no module of its spec."""
+    if new.renamed is None:
+        return ""
+    fixed = new.renamed(names)
+    if fixed is None:
+        return ""
+    what = ", ".join(f"name={n!r} at {_p(p)}" for p, n in names.items())
+    if isinstance(fixed, str):
+        return f"{_REFUSED} with {what} the model fails: {fixed}]"
+    kept = {e.ident for e in cmp.entries if e.status == "kept"}
+    now = {s.ident: s.key for s in fixed.sites}
+
+    # an old key of the scope changed when its site (path, count) lost it, or its thing (the layer's kernel ...)
+    # draws another now; it comes back when both hold again after the fix
+    def thing(t: Thing) -> tuple:
+        return (t.old_module, t.what, t.stream, t.lane, t.nth)
+
+    things_now = {thing(t): t for t in cmp.things if t.old_module[: len(scope)] == scope}
+    things_fixed = {thing(t) for t in changed_things(old, fixed)}
+    by_site = {id(t.old): k for k, t in things_now.items()}
+    lost = [
+        site
+        for site in old.sites
+        if site.path[: len(scope)] == scope and (site.ident not in kept or id(site) in by_site)
+    ]
+    back = sum(
+        1
+        for site in lost
+        if (site.ident in kept or now.get(site.ident) == site.key)
+        and (id(site) not in by_site or by_site[id(site)] not in things_fixed)
+    )
+    broken = sum(1 for site in old.sites if site.ident in kept and now.get(site.ident) != site.key)
+    where = _p(scope) if scope else "the model"
+    if not lost:
+        said = f"re-derived with {what}"
+    elif back == len(lost):
+        said = f"re-derived with {what}: " + (
+            f"the changed key of {where} comes back" if back == 1 else f"all {back} changed keys of {where} come back"
+        )
+    elif back:
+        said = f"re-derived with {what}: {back} of the {len(lost)} changed keys of {where} come back"
+    else:
+        said = f"re-derived with {what}: the paths come back, but none of the {len(lost)} changed keys of {where} do"
+    if broken:
+        said += f", and {broken} key{'s' if broken > 1 else ''} kept now would change"
+    return f" [checked: {said}]"
 
 
 def _unmatched_sibling(new: Capture, mn: tuple, matched: set, old: Capture):
@@ -771,8 +845,17 @@ def _explain_insertions(cmp, old: Capture, new: Capture, mods_old, mods_new, ren
                 f"give the inserted {cls} (now {where}) an explicit name= (explicit names do not advance the "
                 f"auto-name counter): the later {cls} modules get their old names and keys back"
             )
+            results = [
+                _checked(cmp, old, new, {at: _free_name(new, at)}, mn[:-1])
+                for at in (mn[:-1] + (f"{cls}_{i}",) for i in places)
+            ]
+            if results and all(r.startswith(_REFUSED) for r in results):
+                fix = None
+            else:
+                fix += "".join(r for r in results if not r.startswith(_REFUSED))
             cmp.notes.append(why)
-            cmp.fixes.append(fix)
+            if fix is not None:
+                cmp.fixes.append(fix)
         for e in cmp.entries:
             # an addition explains only what nothing else did; an insertion (with its fix) explains every site
             if e.status == "new" and e.site.path[: len(mn)] == mn and (fix is not None or not e.why):

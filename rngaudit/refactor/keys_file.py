@@ -87,6 +87,10 @@ class Capture:
     # a spec's: its sites under other releases' rules, rederive(flax_version, jax_version, threefry_partitionable)
     # (None: the newest), or None if that model cannot be derived there; None for a keys file
     rederive: Callable[[str | None, str | None, bool], Capture | None] | None = None
+    # a Linen spec's: its sites with explicit names given to the modules at some paths ({path: name}), a string
+    # saying why that cannot be (the replay's error: a name in use), or None where a path is no module of the
+    # spec's; None for a keys file (no model to re-derive)
+    renamed: Callable[[dict], Capture | str | None] | None = None
 
     def locate(self) -> None:
         """Give each site of a keys file the line:col of its record (one pass over the file)."""
@@ -293,6 +297,23 @@ def spec_capture(name: str, spec) -> Capture:
             return None  # (the model fails under those rules: no key of it is attributed to them)
 
     cap.rederive = rederive
+    if getattr(spec, "flavour", "linen") == "linen":
+
+        def renamed(names: dict) -> Capture | str | None:
+            from ..engine.replay import Replayer
+            from ..spec.tree import renamed_modules
+
+            walk = Replayer(spec)
+            walk.walk()
+            if any(path not in walk.modules for path in names):
+                return None
+            ids = {id(walk.modules[path]): new_name for path, new_name in names.items()}
+            try:
+                return _spec_capture(name, dataclasses.replace(spec, model=renamed_modules(spec.model, ids)))
+            except RngauditError as e:
+                return e.message
+
+        cap.renamed = renamed
     return cap
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from ..errors import Location
@@ -194,3 +195,36 @@ class WhileLoop(Item):
     body_items: tuple[Item, ...]
     iterations: int
     split_rngs: tuple[tuple[object, bool], ...] = ()
+
+
+def renamed_modules(m: ModuleDef, names: dict[int, str]) -> ModuleDef:
+    """`m` with the modules whose id is in `names` given those explicit names (a rename fix applied: collisions'
+    rename search, diff's fixes)."""
+
+    def items(xs: tuple) -> tuple:
+        new = tuple(item(x) for x in xs)
+        return xs if all(a is b for a, b in zip(new, xs)) else new
+
+    def item(x):
+        if isinstance(x, (Child, Define)):
+            new = renamed_modules(x.module, names)
+            return x if new is x.module else dataclasses.replace(x, module=new)
+        if isinstance(x, Transform):
+            new = renamed_modules(x.target, names)
+            return x if new is x.target else dataclasses.replace(x, target=new)
+        if isinstance(x, Sequential):
+            layers = tuple(renamed_modules(c, names) for c in x.layers)
+            return x if all(a is b for a, b in zip(layers, x.layers)) else dataclasses.replace(x, layers=layers)
+        if isinstance(x, Cond):
+            branches = tuple(items(b) for b in x.branches)
+            return x if all(a is b for a, b in zip(branches, x.branches)) else dataclasses.replace(x, branches=branches)
+        if isinstance(x, WhileLoop):
+            c, b = items(x.cond_items), items(x.body_items)
+            return x if c is x.cond_items and b is x.body_items else dataclasses.replace(x, cond_items=c, body_items=b)
+        return x
+
+    setup, body = items(m.setup), items(m.body)
+    out = m if setup is m.setup and body is m.body else dataclasses.replace(m, setup=setup, body=body)
+    if id(m) in names:
+        out = dataclasses.replace(out, name=names[id(m)])
+    return out

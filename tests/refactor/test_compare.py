@@ -496,3 +496,64 @@ def test_a_param_swapped_with_a_make_rng_fails_although_every_path_count_kept_it
         assert (w["old_count"], w["new_count"]) == (1, 2)
     text = invoke("diff", old_keys, new_keys).stdout
     assert "(root): w, param" in text or "(root): make_rng, w" in text or "(root): w, make_rng" in text, text
+
+
+CHECK_BASE = """rngaudit: 1
+rngs: {params: 0, dropout: 1}
+model:
+  class: M
+  body:
+    - BLOCK
+    - module: {class: Dense, body: [{param: kernel}]}
+"""
+BLOCK_BODY = "body: [{module: {class: Dense, body: [{param: kernel}, {param: bias}]}}, {make_rng: dropout}]"
+
+
+def _check_spec(tmp_path, name: str, block: str) -> str:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(CHECK_BASE.replace("BLOCK", block))
+    return str(path)
+
+
+def _fixes(doc) -> list[str]:
+    return doc["fixes"]
+
+
+def test_each_fix_is_applied_and_re_derived_before_it_is_printed(tmp_path):
+    """issue 18: a fix is checked by applying it to NEW and deriving again; what the check found is printed with
+    it, and applying the fix by hand gives exactly that."""
+    old = _check_spec(tmp_path, "old", f"module: {{class: Block, {BLOCK_BODY}}}")
+    new = _check_spec(tmp_path, "new", f"module: {{class: Block, name: encoder, {BLOCK_BODY}}}")
+    _, doc = run_diff(tmp_path, old, new)
+    says = "[checked: re-derived with name='Block_0' at encoder: all 3 changed keys of Block_0 come back]"
+    assert any(says in f for f in doc["fixes"]), doc["fixes"]
+    fixed = _check_spec(tmp_path, "fixed", f"module: {{class: Block, name: Block_0, {BLOCK_BODY}}}")
+    assert invoke("diff", old, fixed).exit_code == 0
+
+
+def test_an_insertion_fix_is_checked_at_the_place_it_names(tmp_path):
+    old, new = _denses(tmp_path, "old"), _denses(tmp_path, "inserted_first")
+    _, doc = run_diff(tmp_path, old, new)
+    says = "[checked: re-derived with name='dense_inserted' at Dense_0: the changed key of the model comes back]"
+    assert any(says in f for f in doc["fixes"]), doc["fixes"]
+    fixed = tmp_path / "fixed.yaml"
+    fixed.write_text(new.read_text().replace("- Dense: {features: 4}", "- Dense: {features: 4, name: dense_inserted}"))
+    r = invoke("diff", old, fixed, "-f", "json")
+    assert r.exit_code == 1  # the named layer is new, every old key is back
+    assert [s["path_str"] for s in json.loads(r.stdout)["sites"] if s["status"] != "kept"] == ["dense_inserted"] * 2
+
+
+def test_a_fix_that_fails_when_applied_is_not_printed(tmp_path):
+    """A fix the re-derived model refuses (Flax's NameInUseError, say) is not printed as a fix: a note says it
+    was tried and why it fails."""
+    from rngaudit.refactor.compare import diff
+    from rngaudit.refactor.keys_file import load_sites
+
+    old = load_sites(_check_spec(tmp_path, "old", f"module: {{class: Block, {BLOCK_BODY}}}"))
+    new = load_sites(_check_spec(tmp_path, "new", f"module: {{class: Block, name: encoder, {BLOCK_BODY}}}"))
+    assert any("name='Block_0'" in f for f in diff(old, new).fixes)
+    new.renamed = lambda names: 'Flax raises NameInUseError: Could not create submodule "Block_0"'
+    cmp = diff(old, new)
+    assert not cmp.fixes and not any(e.fix for e in cmp.entries)
+    assert any("was tried" in n and "NameInUseError" in n for n in cmp.notes), cmp.notes
+    assert all(e.why for e in cmp.entries if e.status != "kept")  # still explained

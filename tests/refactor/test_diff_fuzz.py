@@ -171,6 +171,9 @@ def test_diff_of_random_refactors(case):
             truth[ident] = "kept" if a[ident] == b[ident] else "changed"
     got = {e.ident: e.status for e in report.entries}
     assert got == truth
+    # every fix printed was applied to NEW and derived again (both sides are specs), and none that failed is printed
+    for fix in report.fixes:
+        assert "[checked: " in fix and "[checked: refused:" not in fix, (kind, fix)
     ta, tb = _thing_truth(old), _thing_truth(new)
     things = {k for k in ta.keys() & tb.keys() if ta[k] != tb[k]}
     assert {(t.old_module, t.what, t.stream, t.lane, t.nth) for t in report.things} == things
