@@ -187,9 +187,10 @@ def diff(old: Capture, new: Capture) -> Comparison:
         _explain_nnx(cmp, old, new)
         return cmp
     lanes = _lane_keys(old.sites), _lane_keys(new.sites)
-    cmp.things = changed_things(old, new)
+    moves = module_moves(old, new)
+    cmp.things = changed_things(old, new, moves)
     _explain_changed(cmp, old, new, lanes)
-    _explain_moves(cmp, old, new, lanes)
+    _explain_moves(cmp, old, new, lanes, dict(moves))
     return cmp
 
 
@@ -212,12 +213,12 @@ def _thing_ids(sites: list[Site]) -> dict:
     return out
 
 
-def module_pairs(old: Capture, new: Capture) -> dict:
-    """Old module path -> new module path for the modules that are the same thing on both sides: paired by class
-    and hyper-parameters in creation order where both sides record them (captures), else by path."""
+def module_pairs(old: Capture, new: Capture, moves: dict | None = None) -> dict:
+    """Old module path -> new module path (None: no longer the same thing) where a module is not the same thing
+    at the same path: the moves (module_moves), and a module whose class or hyper-parameters changed in place."""
+    pairs = dict(module_moves(old, new) if moves is None else moves)
     if not (old.modules and new.modules):
-        return {}
-    pairs = _pair_by_fields(old, new)
+        return pairs
     for path, m in old.modules.items():
         if path in pairs or any(path[:i] in pairs for i in range(1, len(path))):
             continue
@@ -241,9 +242,9 @@ def _moved(path: tuple, pairs: dict) -> tuple | None:
     return path
 
 
-def changed_things(old: Capture, new: Capture) -> list[Thing]:
+def changed_things(old: Capture, new: Capture, moves: dict | None = None) -> list[Thing]:
     """Every thing on both sides whose key changed, in the new version's order."""
-    pairs = module_pairs(old, new)
+    pairs = module_pairs(old, new, moves)
     a, b = _thing_ids(old.sites), _thing_ids(new.sites)
     out = []
     for (path, what, stream, lane, n), so in a.items():
@@ -620,9 +621,10 @@ def _rename_kind(old_name: str, new_name: str) -> str:
     return f"renamed path ({old_name} -> {new_name})"
 
 
-def _explain_moves(cmp: Comparison, old: Capture, new: Capture, lanes: tuple[dict, dict]) -> None:
-    """Pair modules that exist on one side only (same parent, same keys drawn) as renames; explain
-    auto-name shifts and new jit forks on them."""
+def module_moves(old: Capture, new: Capture) -> dict:
+    """Old module path -> new path of the modules that moved: paired by class and hyper-parameters in creation
+    order where both sides record them (keys files), then modules on one side only paired by the keys they draw
+    relative to their path (same parent)."""
     mods_old, mods_new = _modules_of(old), _modules_of(new)
     paired = _pair_by_fields(old, new) if old.modules and new.modules else {}
     only_old = sorted(m for m in mods_old - mods_new if m)
@@ -636,6 +638,12 @@ def _explain_moves(cmp: Comparison, old: Capture, new: Capture, lanes: tuple[dic
         if cands:
             paired[mo] = cands[0]
             used.add(cands[0])
+    return paired
+
+
+def _explain_moves(cmp: Comparison, old: Capture, new: Capture, lanes: tuple[dict, dict], paired: dict) -> None:
+    """Explain the module moves (renames, auto-name shifts, new jit forks on them) and fix them."""
+    mods_old, mods_new = _modules_of(old), _modules_of(new)
     new_forks = _forks(new)
     for mo, mn in paired.items():
         why = _rename_kind(mo[-1], mn[-1])

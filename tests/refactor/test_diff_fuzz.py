@@ -174,8 +174,18 @@ def test_diff_of_random_refactors(case):
     # every fix printed was applied to NEW and derived again (both sides are specs), and none that failed is printed
     for fix in report.fixes:
         assert "[checked: " in fix and "[checked: refused:" not in fix, (kind, fix)
+    # things: each old module followed to where diff's pairing puts it (renames and shifts it found from the keys
+    # drawn), the keys of its draws from derive on both sides
+    from rngaudit.refactor.compare import _moved, module_pairs
+    from rngaudit.refactor.keys_file import spec_capture
+
+    pairs = module_pairs(spec_capture("old", old), spec_capture("new", new))
     ta, tb = _thing_truth(old), _thing_truth(new)
-    things = {k for k in ta.keys() & tb.keys() if ta[k] != tb[k]}
+    things = set()
+    for (path, *rest), key in ta.items():
+        to = _moved(path, pairs)
+        if to is not None and (to, *rest) in tb and tb[(to, *rest)] != key:
+            things.add((path, *rest))
     assert {(t.old_module, t.what, t.stream, t.lane, t.nth) for t in report.things} == things
     assert report.failing == (any(s != "kept" for s in truth.values()) or bool(things))
     for e in report.entries:
