@@ -638,6 +638,19 @@ def module_moves(old: Capture, new: Capture) -> dict:
         if cands:
             paired[mo] = cands[0]
             used.add(cands[0])
+    # a module wrapped in a lifted transform: auto-named after the transform's class (Block_0 -> JitBlock_0), its
+    # keys moved by the fork the transform adds, so the keys alone do not pair it
+    for mo in only_old:
+        if mo in paired or any(mo[:i] in paired for i in range(1, len(mo))):
+            continue
+        cands = [
+            mn
+            for mn in only_new
+            if mn[:-1] == mo[:-1] and mn not in used and mn[-1] != mo[-1] and _base_class(mn[-1]) == mo[-1]
+        ]
+        if len(cands) == 1:
+            paired[mo] = cands[0]
+            used.add(cands[0])
     return paired
 
 

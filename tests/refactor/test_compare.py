@@ -339,8 +339,11 @@ def test_diff_of_specs_annotates_the_new_specs_lines(tmp_path, base):
     failing = [s for s in doc["sites"] if s["status"] != "kept"]
     r = invoke("diff", old_spec, new_spec, "--format", "github")
     assert r.exit_code == 1 and r.stderr == ""
-    got = annotations(r.stdout)
-    assert len(got) == len(failing)
+    every = annotations(r.stdout)
+    got = [a for a in every if a[4] != "rngaudit diff/thing-changed"]
+    things = [a for a in every if a[4] == "rngaudit diff/thing-changed"]
+    assert len(got) == len(failing) and len(things) == len(doc["things"]) == 5
+    assert all(a[1] == str(new_spec) and (a[2], a[3]) in rows.values() for a in things)  # at the draw's new row
     for (kind, file, line, col, title, message), s in zip(got, failing):
         assert kind == "error" and file == str(new_spec) and title == f"rngaudit diff/{s['status']}"
         if s["status"] == "new":  # a row of the new spec: exactly its statement
@@ -349,10 +352,10 @@ def test_diff_of_specs_annotates_the_new_specs_lines(tmp_path, base):
             assert (line, col) in rows.values() and "has no such call site; shown at" in message
         assert line > 1
     places = sarif(invoke("diff", old_spec, new_spec, "--format", "sarif").stdout)
-    assert [(ln, c) for _, ln, c in places] == [(ln, c) for _, _, ln, c, _, _ in got]
-    assert {rule for rule, _, _ in places} == {"diff/new", "diff/gone"}
+    assert [(ln, c) for _, ln, c in places] == [(ln, c) for _, _, ln, c, _, _ in every]
+    assert {rule for rule, _, _ in places} == {"diff/new", "diff/gone", "diff/thing-changed"}
     r = invoke("diff", old_spec, new_spec, "--format", "github", "--exit-zero")
-    assert r.exit_code == 0 and annotations(r.stdout) == got
+    assert r.exit_code == 0 and annotations(r.stdout) == every
 
 
 def test_diff_of_keys_files_annotates_each_record(tmp_path, base):
@@ -529,6 +532,21 @@ def test_each_fix_is_applied_and_re_derived_before_it_is_printed(tmp_path):
     assert any(says in f for f in doc["fixes"]), doc["fixes"]
     fixed = _check_spec(tmp_path, "fixed", f"module: {{class: Block, name: Block_0, {BLOCK_BODY}}}")
     assert invoke("diff", old, fixed).exit_code == 0
+
+
+def test_a_jit_wrap_of_a_spec_is_paired_and_its_fix_said_to_keep_the_fork(tmp_path):
+    """A module wrapped in nn.jit in a spec: paired as a keys file pairs it (Block_0 -> JitBlock_0, the same
+    things), and the checked fix says the path comes back while the fork still moves every key."""
+    old = _check_spec(tmp_path, "old", f"module: {{class: Block, {BLOCK_BODY}}}")
+    new = _check_spec(tmp_path, "new", f"jit: {{module: {{class: Block, {BLOCK_BODY}}}}}")
+    _, doc = run_diff(tmp_path, old, new)
+    assert "Block_0 -> JitBlock_0: renamed path: nn.jit renames class Block to JitBlock" in doc["notes"][0]
+    assert ("Block_0/Dense_0", "JitBlock_0/Dense_0", "kernel") in _things(doc)
+    says = "[checked: re-derived with name='Block_0' at JitBlock_0: the paths come back, but none of the 3 changed"
+    assert any(says in f and "a new jit fork" in f for f in doc["fixes"]), doc["fixes"]
+    fixed = _check_spec(tmp_path, "fixed", f"jit: {{name: Block_0, module: {{class: Block, {BLOCK_BODY}}}}}")
+    r = json.loads(invoke("diff", old, fixed, "-f", "json").stdout)["summary"]
+    assert r["gone"] == 0 and r["changed"] > 0  # the paths are back, the keys are not
 
 
 def test_an_insertion_fix_is_checked_at_the_place_it_names(tmp_path):
