@@ -534,7 +534,10 @@ def _explain_changed(cmp: Comparison, old: Capture, new: Capture, lanes: tuple[d
                 e.why.append(split.format(stream=s.stream))
         e.why += root
         if not e.why:
-            e.why.append("the key this site folds into (its base) changed")
+            e.why.append(
+                "unexplained: none of the causes rngaudit knows (a jit fork, a split, a root key, a setting, a "
+                "release's rule) holds here; the key this site folds into (its base) differs"
+            )
 
 
 def _root_key(value) -> str:
