@@ -57,7 +57,7 @@ def collisions(
     ),
     fmt: Format = FORMAT,
     output: str | None = OUTPUT,
-    phase: Phase | None = typer.Option(None, "--phase", help="Override the specs' phase."),
+    phase: Phase | None = typer.Option(None, "--phase", metavar="init|apply", help="Override the specs' phase."),
     keys: bool = typer.Option(
         True,
         "--keys/--no-keys",

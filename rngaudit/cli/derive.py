@@ -38,10 +38,14 @@ def derive(
         ..., metavar="SPEC", help="The model spec (YAML, format version 1), or - to read it from standard input."
     ),
     fmt: DeriveFormat = typer.Option(
-        DeriveFormat.text, "--format", "-f", help="Output format; jsonl streams one record per call site."
+        DeriveFormat.text,
+        "--format",
+        "-f",
+        metavar="text|json|github|sarif|jsonl",
+        help="Output format; jsonl streams one record per call site.",
     ),
     output: str | None = OUTPUT,
-    phase: Phase | None = typer.Option(None, "--phase", help="Override the spec's phase."),
+    phase: Phase | None = typer.Option(None, "--phase", metavar="init|apply", help="Override the spec's phase."),
     draw: str | None = typer.Option(
         None,
         "--draw",

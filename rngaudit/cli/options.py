@@ -86,7 +86,7 @@ MAX_YAML_NODES = typer.Option(
     metavar="N",
     help=f"Accept specs of up to N YAML nodes, aliases expanded (default {MAX_NODES}).",
 )
-FORMAT = typer.Option(Format.text, "--format", "-f", help="Output format.")
+FORMAT = typer.Option(Format.text, "--format", "-f", metavar="text|json|github|sarif", help="Output format.")
 STDIN_FILENAME = typer.Option(
     None, "--stdin-filename", metavar="NAME", help="The name a spec read from - (standard input) is reported as."
 )

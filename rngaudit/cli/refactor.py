@@ -42,7 +42,9 @@ def capture(
     ),
     inputs: list[str] | None = typer.Option(None, "--input", "-i", metavar="[NAME=]DTYPE[SHAPE]", help=_INPUT_HELP),
     rngs: str | None = typer.Option(None, "--rngs", metavar="STREAM=SEED,...", help=_RNGS_HELP),
-    phase: Phase = typer.Option(Phase.init, "--phase", help="Run init, or init then apply (keys of apply)."),
+    phase: Phase = typer.Option(
+        Phase.init, "--phase", metavar="init|apply", help="Run init, or init then apply (keys of apply)."
+    ),
     method: str | None = typer.Option(
         None, "--method", metavar="NAME", help="The module method to run (default __call__)."
     ),
@@ -60,6 +62,7 @@ def capture(
         Format.text,
         "--format",
         "-f",
+        metavar="text|json|github|sarif",
         help="text: the spec (YAML); json: the observed keys document; github and sarif "
         "write the spec as text does (capture has no findings: it writes a spec that "
         "replays, or exits 2).",

@@ -67,7 +67,7 @@ def shard_check(
     stream: list[str] | None = typer.Option(
         None, "--stream", metavar="S", help="Check only keys of this stream; repeatable."
     ),
-    phase: Phase | None = typer.Option(None, "--phase", help="Override the specs' phase."),
+    phase: Phase | None = typer.Option(None, "--phase", metavar="init|apply", help="Override the specs' phase."),
     draw: str | None = typer.Option(
         None, "--draw", metavar="KIND:SHAPE", help="Draw values from every key without a `draw:`, e.g. normal:8,1."
     ),
