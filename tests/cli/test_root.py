@@ -63,6 +63,6 @@ def test_usage_names_arguments_plainly(command):
 def test_help_shows_choices_as_the_readme_writes_them(command):
     """`--format text|json|github|sarif`, `--phase init|apply`: no `<...>` around choices, no `<str>`."""
     text = invoke(command, "--help").stdout
-    options = [line.split("  ")[0] for line in text.splitlines() if line.lstrip().startswith("-")]
+    options = [line.strip().split("  ")[0] for line in text.splitlines() if line.lstrip().startswith("-")]
     assert not [o for o in options if "<" in o], options
     assert any("--format text|json|github|sarif" in o for o in options)
