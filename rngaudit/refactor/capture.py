@@ -182,8 +182,12 @@ def observe_module(module, args: tuple, kwargs: dict, keys: dict, phase: str, ta
 
     try:
         if phase == "apply" and variables is None:
-            variables = module.init({"params": jax.random.key(0), **keys}, *args, **kwargs)
-            jax.effects_barrier()
+            # under the hooks too (recording nothing): Flax keeps the lifted function a method decorator (nn.jit)
+            # makes at its first call, and apply must run the hooked one to be observed
+            with flax_hooks.recording({}) as pre:
+                pre.recording = False
+                variables = module.init({"params": jax.random.key(0), **keys}, *args, **kwargs)
+                jax.effects_barrier()
         rec = run({})
         records = _every_branch(rec, run, target)
     except RngauditError:

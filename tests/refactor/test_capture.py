@@ -160,6 +160,34 @@ def test_vmap_ensemble(tmp_path):
     assert_replays(spec, doc)
 
 
+JIT_ROOT = textwrap.dedent("""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+
+    class Block(nn.Module):
+      @nn.jit
+      @nn.compact
+      def __call__(self, x):
+        x = nn.Dense(2)(x)
+        return x + jax.random.normal(self.make_rng('dropout'), x.shape)
+
+    def make():
+      return Block(), (jnp.ones((1, 2)),)
+""")
+
+
+@pytest.mark.parametrize("phase", ["init", "apply"])
+def test_a_jit_method_decorator_on_the_root_is_captured_in_apply_too(tmp_path, phase):
+    """Flax keeps the lifted function nn.jit makes at a method's first call: capture's init before apply made it
+    without the hooks, so apply's fork went unseen and the spec did not replay (found by the keys-file fuzzer)."""
+    f = write(tmp_path, "jit_root.py", JIT_ROOT)
+    spec, doc = capture(tmp_path, f"{f}:make", "--rngs", "params=0,dropout=1", "--phase", phase)
+    assert "transforms:" in spec.read_text() and "jit:" in spec.read_text()
+    assert any(c["kind"] == "jit_fork" for c in doc["calls"])
+    assert_replays(spec, doc)
+
+
 def test_input_option_and_stdout_spec(tmp_path):
     f = write(tmp_path, "ensemble.py", ENSEMBLE + "\ndef bare():\n  return Ensemble()\n")
     r = invoke("capture", f"{f}:bare", "--input", "f32[2,4]", "--rngs", "params=0,dropout=1")
