@@ -157,20 +157,7 @@ def indented_call_records(calls: TableCalls, encoder):
     lanes: dict = {}
     sep = "00" if table.sep else ""
     inner = _ITEM + "    "  # a list's items inside a call record
-    step = 1 << 15
-    for j0 in range(0, len(rows), step):
-        r = rows[j0 : j0 + step]
-        cols = zip(
-            range(j0, j0 + len(r)),
-            r.tolist(),
-            table.block[r].tolist(),
-            table.count[r].tolist(),
-            table.word[r].tolist(),
-            table.base[r].tolist(),
-            table.lane_ix[r].tolist(),
-            table.discarded[r].tolist(),
-            keys[j0 : j0 + step].tolist(),
-        )
+    for cols in _column_chunks(table, rows, keys):
         for j, i, t, c, w, b, li, disc, key in cols:
             if j in skip:
                 yield _nested(encoder.encode(call_json(calls[j])))
@@ -378,20 +365,12 @@ def jsonl_lines(report: DeriveReport | NnxDeriveReport, advance=None):
     yield dumps({"record": "summary", **_summary(report)}) + "\n"
 
 
-def table_call_lines(table: KeyTable, rows: np.ndarray, keys: np.ndarray, encode, skip=frozenset()):
-    """`{"record": "call", ...}` JSON lines for `rows` (keys: their key data): byte for byte what
-    `encode` (sorted keys, compact) makes of call_json's objects, without making a
-    Derivation per row: what a template fixes is encoded once. Rows at positions in `skip` (those
-    with drawn values) are yielded as None for the caller."""
-    consts: dict = {}
-    bases_json: dict = {-1: "null"}
-    lanes_json: dict = {}
-    sep = "00" if table.sep else ""
-    step = 1 << 15
+def _column_chunks(table: KeyTable, rows: np.ndarray, keys: np.ndarray, step: int = 1 << 15):
+    """The rows' columns a chunk at a time, as Python values zipped per row (numpy scalars are slow one at a time):
+    (position, row, template, count, word, base, lane index, discarded, key words)."""
     for j0 in range(0, len(rows), step):
-        # numpy scalars are slow one at a time: a chunk of each column as Python values
         r = rows[j0 : j0 + step]
-        cols = zip(
+        yield zip(
             range(j0, j0 + len(r)),
             r.tolist(),
             table.block[r].tolist(),
@@ -402,6 +381,18 @@ def table_call_lines(table: KeyTable, rows: np.ndarray, keys: np.ndarray, encode
             table.discarded[r].tolist(),
             keys[j0 : j0 + step].tolist(),
         )
+
+
+def table_call_lines(table: KeyTable, rows: np.ndarray, keys: np.ndarray, encode, skip=frozenset()):
+    """`{"record": "call", ...}` JSON lines for `rows` (keys: their key data): byte for byte what
+    `encode` (sorted keys, compact) makes of call_json's objects, without making a
+    Derivation per row: what a template fixes is encoded once. Rows at positions in `skip` (those
+    with drawn values) are yielded as None for the caller."""
+    consts: dict = {}
+    bases_json: dict = {-1: "null"}
+    lanes_json: dict = {}
+    sep = "00" if table.sep else ""
+    for cols in _column_chunks(table, rows, keys):
         for j, i, t, c, w, b, li, disc, key in cols:
             if j in skip:
                 yield None
