@@ -677,6 +677,11 @@ def _explain_moves(cmp: Comparison, old: Capture, new: Capture, lanes: tuple[dic
         forked = mn in new_forks and mo not in _forks(old)
         if forked:
             fix += "; its keys still change, because nn.jit forks the streams there (a new jit fork)"
+        laned = any(t.lane for t in new.sites if t.path[: len(mn)] == mn) and not any(
+            t.lane for t in old.sites if t.path[: len(mo)] == mo
+        )
+        if laned:
+            fix += "; its keys still change: they are drawn per lane now (an nn.vmap/nn.scan around it)"
         if inserted is not None and why.startswith("shifted auto-name index"):
             checked = _checked(cmp, old, new, {inserted: _free_name(new, inserted)}, mo[:-1])
         else:
@@ -767,6 +772,8 @@ def _checked(cmp: Comparison, old: Capture, new: Capture, names: dict, scope: tu
         )
     elif back:
         said = f"re-derived with {what}: {back} of the {len(lost)} changed keys of {where} come back"
+    elif len(lost) == 1:
+        said = f"re-derived with {what}: the path comes back, but the changed key of {where} does not"
     else:
         said = f"re-derived with {what}: the paths come back, but none of the {len(lost)} changed keys of {where} do"
     if broken:

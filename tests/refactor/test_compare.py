@@ -549,6 +549,24 @@ def test_a_jit_wrap_of_a_spec_is_paired_and_its_fix_said_to_keep_the_fork(tmp_pa
     assert r["gone"] == 0 and r["changed"] > 0  # the paths are back, the keys are not
 
 
+def test_a_vmap_wrap_fix_says_the_keys_are_per_lane_now(tmp_path):
+    """issue 18: for a module wrapped in nn.vmap the name fix restored the path and claimed nothing about keys,
+    which are per lane now. The fix says so (from the sites' lanes, keys files too), and the check agrees."""
+    old = tmp_path / "old.yaml"
+    old.write_text(
+        "rngaudit: 1\nrngs: {params: 0}\nmodel:\n  class: M\n  body:\n    - module: {class: Attn, body: [{param: kernel}]}\n"
+    )
+    new = tmp_path / "new.yaml"
+    new.write_text(
+        "rngaudit: 1\nrngs: {params: 0}\nmodel:\n  class: M\n  body:\n    - vmap: {module: {class: Attn, body: "
+        "[{param: kernel}]}, axis_size: 2, split_rngs: {params: true}, variable_axes: {params: 0}}\n"
+    )
+    _, doc = run_diff(tmp_path, old, new)
+    (fix,) = doc["fixes"]
+    assert "name='Attn_0'" in fix and "they are drawn per lane now" in fix
+    assert "the path comes back, but the changed key of Attn_0 does not" in fix
+
+
 def test_an_insertion_fix_is_checked_at_the_place_it_names(tmp_path):
     old, new = _denses(tmp_path, "old"), _denses(tmp_path, "inserted_first")
     _, doc = run_diff(tmp_path, old, new)
