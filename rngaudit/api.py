@@ -213,6 +213,7 @@ def collisions(
     per_path_ignore: Iterable[str] = (),
     inline_ignores: bool = True,
     baseline: str | os.PathLike[str] | None = None,
+    per_path_base: str | None = None,
 ) -> CollisionsReport:
     """Call sites that receive identical keys in each input, why, and the fixes checked. `report.failing`
     says whether a finding of a failing category was found (`fail_on`; `strict`: every category).
@@ -223,7 +224,8 @@ def collisions(
     Findings left out: rules not in `select` (all by default) or in `ignore`; findings at a call site whose spec
     line says `# rngaudit: ignore[RULE]` (`inline_ignores`); `per_path_ignore` entries `GLOB:RULE[,RULE]` (an
     input's path or a call site's module path); and those the `baseline` file lists (`report.suppressed` holds
-    the last three, `report.baseline_unmatched` counts baseline entries no finding matched)."""
+    the last three, `report.baseline_unmatched` counts baseline entries no finding matched). `per_path_base`: the
+    folder `per_path_ignore`'s input paths are also relative to (the pyproject.toml's, for its entries)."""
     from .collision import suppress
     from .collision.results import FINDING_CATEGORIES, CollisionsReport, fail_categories
     from .spec.parse import SpecBytes
@@ -236,7 +238,7 @@ def collisions(
         policy = suppress.Policy(
             select=None if select is None else suppress.parse_rules(select, "select"),
             ignore=suppress.parse_rules(ignore, "ignore"),
-            per_path=tuple(suppress.PathIgnore.parse(p) for p in per_path_ignore),
+            per_path=tuple(suppress.PathIgnore.parse(p, per_path_base) for p in per_path_ignore),
             inline=inline_ignores,
         )
     except ValueError as e:

@@ -177,7 +177,7 @@ def collisions(
         from ..output.formats import Report
         from ..output.progress import progress
         from .boundary import finish, one_line, spec_limits
-        from .defaults import configured
+        from .defaults import config_dir, configured
         from .inputs import expand
         from .writing import check_writable, emit, write_output
 
@@ -204,6 +204,7 @@ def collisions(
                 per_path_ignore=o.per_path_ignore or (),
                 inline_ignores=o.inline_ignores,
                 baseline=None if write_baseline else o.baseline,
+                per_path_base=config_dir(ctx, config, "per_path_ignore"),
             )
         if missing:
             report = dataclasses.replace(report, errors=tuple(missing) + report.errors)

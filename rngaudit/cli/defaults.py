@@ -144,12 +144,16 @@ def _config_value(ctx: typer.Context, param, hint, s):
     return value
 
 
+def _is_choice(param) -> bool:
+    return getattr(param.type, "name", "") == "choice"
+
+
 def _accepted_elsewhere(ctx: typer.Context, commands: dict, command: str, s) -> bool:
     """Whether a common key's value, refused by `command`, is one another command that has the option takes
     (`format = "jsonl"`: derive's): it is then meant for those, and `command` keeps its own default."""
     for name, other in commands.items():
         param = _config_keys(name, other).get(s.key)
-        if name == command or param is None:
+        if name == command or param is None or not _is_choice(param):
             continue
         try:
             _config_value(ctx, param, None, s)
@@ -184,10 +188,22 @@ def configured(ctx: typer.Context, command: str, config: str | None, options: T)
         try:
             value = _config_value(ctx, param, hints.get(param.name), s)
         except ConfigError:
-            if s.section is None and _accepted_elsewhere(ctx, commands, command, s):
+            # a choice another command offers (format = "jsonl": derive's) is that command's; a value of another
+            # type is a mistake whichever command runs
+            if s.section is None and _is_choice(param) and _accepted_elsewhere(ctx, commands, command, s):
                 continue
             raise
         if key in PATH_KEYS and isinstance(value, str) and cfg.file and not os.path.isabs(value):
             value = os.path.join(os.path.dirname(cfg.file), value)
         values[param.name] = value
     return record._replace(**values)
+
+
+def config_dir(ctx: typer.Context, config: str | None, name: str) -> str | None:
+    """The folder of the pyproject.toml that set option `name` (its paths are relative to it); None when the
+    command line gave it or nothing did."""
+    source = ctx.get_parameter_source(name)
+    if source is None or source.name not in ("DEFAULT", "DEFAULT_MAP"):
+        return None
+    cfg = configuration.discover(config)
+    return os.path.dirname(cfg.file) or "." if cfg.file else None

@@ -142,6 +142,8 @@ def derive(
                 limit=o.limit,
                 engine=engine,
             )
+        if o.columns:
+            _columns_of_flavour(_columns(o.columns), getattr(report.spec, "flavour", "linen"))
         for warning in report.unmatched:  # (a typo in a filter must not pass for an empty answer)
             sys.stderr.write(f"warning: {warning}\n")
         if o.fmt is DeriveFormat.jsonl:
@@ -201,3 +203,18 @@ def _columns(text: str) -> list[str]:
             f"{', '.join(unknown) or 'nothing'}: name columns among {', '.join(known)}", param_hint="'--columns'"
         )
     return names
+
+
+def _columns_of_flavour(names: list[str], flavour: str) -> None:
+    """--columns names only columns this spec's report has (`path` also names an NNX report's `site`)."""
+    from ..errors import UsageError
+    from ..output.text_nnx import NNX_COLUMNS
+    from ..output.text_rows import COLUMNS
+
+    have = set(NNX_COLUMNS) | {"path"} if flavour == "nnx" else set(COLUMNS)
+    other = [c for c in names if c not in have]
+    if other:
+        raise UsageError(
+            f"--columns {','.join(other)}: {'an NNX' if flavour == 'nnx' else 'a Linen'} spec's report has no such "
+            f"column; it has {', '.join(c for c in (NNX_COLUMNS if flavour == 'nnx' else COLUMNS))}"
+        )

@@ -75,9 +75,10 @@ class PathIgnore:
 
     glob: str
     categories: frozenset[str] | None
+    base: str | None = None  # from [tool.rngaudit]: input paths also match relative to the pyproject.toml's folder
 
     @classmethod
-    def parse(cls, text: str) -> PathIgnore:
+    def parse(cls, text: str, base: str | None = None) -> PathIgnore:
         glob, colon, rules = text.rpartition(":")
         if not colon or not glob.strip():
             raise ValueError(
@@ -88,7 +89,7 @@ class PathIgnore:
         if not names:
             raise ValueError(f"{text!r}: name the rules after ':' (or '*' for every rule)")
         cats = None if [r.strip() for r in names] == ["*"] else parse_rules(names, text)
-        return cls(glob.strip(), cats)
+        return cls(glob.strip(), cats, base)
 
 
 @dataclass(frozen=True)
@@ -192,9 +193,11 @@ def unknown_inline_rules(text: str, file: str) -> list[str]:
         m = _COMMENT.search(line)
         if m is None or not m.group(1):
             continue
+        offset = m.start(1)
         for name in m.group(1).split(","):
+            start, offset = offset, offset + len(name) + 1
             if name.strip() and category_name(name) is None:
-                col = m.start(1) + 1 + line[m.start(1) :].index(name.strip())
+                col = start + 1 + (len(name) - len(name.lstrip()))
                 out.append(
                     f"{Location(file, n, col)}: {name.strip()!r} in `# rngaudit: ignore[...]` is not a rule and "
                     f"suppresses nothing{_did_you_mean(name)}"
@@ -244,7 +247,9 @@ def load_baseline(path: str) -> Baseline:
         raise InputError(f"the baseline is not valid JSON: {e.msg}", Location(path, e.lineno, e.colno)) from None
     if not isinstance(doc, dict) or doc.get("format") != BASELINE_FORMAT:
         raise InputError(
-            f'not an rngaudit baseline (no "format": "{BASELINE_FORMAT}"); write one with --write-baseline', top
+            f'not an rngaudit baseline (no "format": "{BASELINE_FORMAT}"): name the baseline file, or write one '
+            "with --write-baseline (it does not overwrite a file that is not a baseline)",
+            top,
         )
     if doc.get("format_version") != BASELINE_VERSION:
         raise InputError(
@@ -332,7 +337,7 @@ def apply(report: CollisionsReport, policy: Policy, texts: dict[str, str] | None
     left = Counter(policy.baseline.entries) if policy.baseline else Counter()
     audits = []
     dropped: dict[str, list] = {r: [] for r in REASONS}
-    audited = {_input_name(a.source, base_dir) for a in report.audits}
+    audited = {_input_name(a.source, base_dir): a for a in report.audits}
     for a in report.audits:
         kept, out = _split(a, policy, comments, base_dir, left)
         audits.append(kept)
@@ -343,7 +348,9 @@ def apply(report: CollisionsReport, policy: Policy, texts: dict[str, str] | None
         audits=tuple(audits),
         suppressed=tuple(Suppressed(r, a) for r in REASONS for a in dropped[r]),
         # (entries of inputs this run did not audit are not stale: pre-commit passes the changed specs only)
-        baseline_unmatched=sum(n for k, n in left.items() if k[0] in audited),
+        baseline_unmatched=sum(
+            n for k, n in left.items() if k[0] in audited and _possible(policy, audited[k[0]], k[1])
+        ),
     )
 
 
@@ -353,7 +360,14 @@ def _selected(policy: Policy, it: Item) -> bool:
 
 
 def _why(policy: Policy, a, it: Item, comments, base_dir: str, left: Counter) -> str | None:
-    """Why a finding is left out of the report (None: it is reported)."""
+    """Why a finding is left out of the report (None: it is reported). A finding the baseline lists uses up its
+    entry whatever leaves it out (a comment added later does not make the entry stale)."""
+    listed = False
+    if policy.baseline is not None:
+        k = _key(a, it, base_dir)
+        if left[k] > 0:
+            left[k] -= 1
+            listed = True
     if policy.inline:
         for s in _sites(it):
             if s.location is None:
@@ -363,12 +377,21 @@ def _why(policy: Policy, a, it: Item, comments, base_dir: str, left: Counter) ->
                 return INLINE
     if policy.per_path and _path_ignored(policy.per_path, a.source, it):
         return CONFIG
-    if policy.baseline is not None:
-        k = _key(a, it, base_dir)
-        if left[k] > 0:
-            left[k] -= 1
-            return BASELINE
-    return None
+    return BASELINE if listed else None
+
+
+def _possible(policy: Policy, audit, rule: str) -> bool:
+    """Whether this run could have found a finding of `rule` in `audit`: a rule left out by --select/--ignore,
+    latent pairs not looked for (--latent-max-count 0) or key classes without keys (--no-keys) cannot make a
+    baseline entry stale."""
+    c = category_name(rule)
+    if c is None or not (policy.select is None or c in policy.select) or c in policy.ignore:
+        return False
+    if c == "latent":
+        return bool(getattr(audit, "latent_max_count", 0))
+    if c in ("shared_seed", "unsplit_lanes"):
+        return bool(getattr(audit, "keys_checked", True))
+    return True
 
 
 def _with_reason(reasons: dict[int, str], reason: str) -> Callable[[Item], bool]:
@@ -396,6 +419,9 @@ def _path_ignored(rules: tuple[PathIgnore, ...], source: str, it: Item) -> bool:
     for p in rules:
         if p.categories is not None and c not in p.categories:
             continue
-        if any(fnmatch.fnmatchcase(n, p.glob) for n in names) or any(fnmatch.fnmatchcase(m, p.glob) for m in paths):
+        mine = names
+        if p.base is not None and not source.startswith("<"):
+            mine = names + [os.path.relpath(os.path.abspath(source), os.path.abspath(p.base)).replace(os.sep, "/")]
+        if any(fnmatch.fnmatchcase(n, p.glob) for n in mine) or any(fnmatch.fnmatchcase(m, p.glob) for m in paths):
             return True
     return False

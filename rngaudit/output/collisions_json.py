@@ -203,13 +203,45 @@ def baseline_json(report, path: str) -> dict:
     """The baseline file `--write-baseline` writes at `path` for a report (format rngaudit.baseline): its findings,
     and those the file as it was lists for inputs the run did not audit."""
     import os
+    import sys
 
     from ..collision.suppress import BASELINE_FORMAT, BASELINE_VERSION, baseline_entries, load_baseline
+    from ..errors import InputError
 
-    old = load_baseline(path) if os.path.isfile(path) else None
+    old = None
+    if os.path.isfile(path):
+        try:
+            old = load_baseline(path)
+        except InputError as e:
+            if not _replaceable(path):
+                raise InputError(
+                    f"{e.message}; --write-baseline does not overwrite a file that is not an rngaudit baseline: "
+                    "name another file, or remove this one",
+                    e.location,
+                ) from None
+            # a baseline of another version, or one that is broken: written again from this run alone
+            sys.stderr.write(f"warning: {path}: the old baseline cannot be read; written again from this run\n")
     return {
         "format": BASELINE_FORMAT,
         "format_version": BASELINE_VERSION,
         "rngaudit_version": __version__,
         "findings": baseline_entries(report, path, old),
     }
+
+
+def _replaceable(path: str) -> bool:
+    """Whether --write-baseline may overwrite a file it cannot read as a baseline: an empty one, or one that says it
+    is an rngaudit baseline (another version, broken entries). Anything else may be a file named by mistake."""
+    import json
+    import os
+
+    from ..collision.suppress import BASELINE_FORMAT
+
+    if os.path.getsize(path) == 0:
+        return True
+    try:
+        with open(path, "rb") as f:
+            doc = json.loads(f.read(1 << 20).decode("utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and doc.get("format") == BASELINE_FORMAT

@@ -307,6 +307,11 @@ def spec_capture(name: str, spec) -> Capture:
             walk.walk()
             if any(path not in walk.modules for path in names):
                 return None
+            shared: dict[int, int] = {}  # a statement with repeat: (or a definition called twice) makes several modules
+            for m in walk.modules.values():
+                shared[id(m)] = shared.get(id(m), 0) + 1
+            if any(shared[id(walk.modules[path])] > 1 for path in names):
+                return None  # (a name on it would name every instance alike: not the fix, which names one)
             ids = {id(walk.modules[path]): new_name for path, new_name in names.items()}
             try:
                 return _spec_capture(name, dataclasses.replace(spec, model=renamed_modules(spec.model, ids)))

@@ -307,3 +307,15 @@ def test_a_common_value_only_some_commands_take_applies_to_those(project):
     # in a command's own section the value is that command's: refused there
     project('[tool.rngaudit.collisions]\nformat = "jsonl"\n')
     refused(invoke("collisions", "sharp.yaml"), "pyproject.toml:2:1", "'jsonl' is not one of")
+
+
+def test_a_common_value_of_the_wrong_type_is_refused_not_given_to_another_command(project):
+    """`input = "f32[3,5]"` under [tool.rngaudit] is a string: capture's --input is a list, so capture refuses it
+    at its line (shard-check's --input, a string, does not make it capture's business to ignore it)."""
+    project('[tool.rngaudit]\ninput = "f32[3,5]"\n')
+    refused(invoke("capture", "nosuch.py:make"), "pyproject.toml:2:1", "input: must be a list of strings")
+
+
+def test_columns_of_the_other_flavour_are_refused(project):
+    r = invoke("derive", "fallback.yaml", "--columns", "chain")
+    assert r.exit_code == 2 and "a Linen spec's report has no such column" in r.stderr

@@ -241,3 +241,51 @@ def test_sarif_lists_suppressed_findings_as_suppressed(project):
     }
     r = invoke("collisions", "sharp.yaml", "hash.yaml", "latent.yaml", "--baseline", "base.json", "-f", "github")
     assert r.stdout.count("::") == 2 and "collisions/latent" in r.stdout  # (`::notice` for latent: 2 colons)
+
+
+def test_baseline_entries_left_out_otherwise_are_not_stale(project):
+    """A finding still there but left out by --ignore, by not looking (--latent-max-count 0), by a comment or a
+    per-path ignore keeps its baseline entry: no "no longer found" warning."""
+    files = ("sharp.yaml", "hash.yaml", "latent.yaml")
+    invoke("collisions", *files, "--baseline", "base.json", "--write-baseline")
+    for extra in (
+        ["--ignore", "latent"],
+        ["--select", "concatenation"],
+        ["--latent-max-count", "0"],
+        ["--per-path-ignore", "*:latent"],
+    ):
+        r = invoke("collisions", *files, "--baseline", "base.json", *extra)
+        assert r.exit_code == 0 and "no longer found" not in r.stderr, (extra, r.stderr)
+    (project / "sharp.yaml").write_text(SHARP.replace(ABC, ABC + "  # rngaudit: ignore"))
+    r = invoke("collisions", *files, "--baseline", "base.json")
+    assert r.exit_code == 0 and "no longer found" not in r.stderr, r.stderr
+    assert "1 by ignore comments" in r.stdout
+
+
+def test_write_baseline_replaces_an_unreadable_baseline_but_no_other_file(project):
+    for text in ("", '{"format": "rngaudit.baseline", "format_version": 2, "findings": []}'):
+        (project / "base.json").write_text(text)
+        r = invoke("collisions", "hash.yaml", "--baseline", "base.json", "--write-baseline")
+        assert r.exit_code == 0, r.stderr
+        assert json.loads((project / "base.json").read_text())["format_version"] == 1
+    (project / "notes.json").write_text('{"todo": 1}')
+    r = invoke("collisions", "hash.yaml", "--baseline", "notes.json", "--write-baseline")
+    _one_error(r, "does not overwrite a file that is not an rngaudit baseline")
+    assert (project / "notes.json").read_text() == '{"todo": 1}'
+
+
+def test_per_path_ignores_from_the_configuration_are_relative_to_it(project):
+    (project / "specs").mkdir()
+    (project / "specs" / "latent.yaml").write_text(LATENT)
+    (project / "pyproject.toml").write_text('[tool.rngaudit.collisions]\nper-path-ignore = ["specs/*:latent"]\n')
+    assert "1 by per-path ignores" in invoke("collisions", "specs/latent.yaml").stdout
+    (project / "sub").mkdir()
+    os.chdir(project / "sub")
+    assert "1 by per-path ignores" in invoke("collisions", "../specs/latent.yaml").stdout
+
+
+def test_each_unknown_name_in_a_comment_is_warned_at_its_own_column(project):
+    line = ABC + "  # rngaudit: ignore[hash-word, hash]"
+    (project / "sharp.yaml").write_text(SHARP.replace(ABC, line))
+    r = invoke("collisions", "sharp.yaml")
+    assert f"warning: sharp.yaml:9:{line.index('hash]') + 1}: 'hash' in" in r.stderr, r.stderr

