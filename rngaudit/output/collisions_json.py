@@ -64,10 +64,18 @@ def rename_json(r: Rename) -> dict:
     }
 
 
+def rule_of(category: str) -> str:
+    """The rule id a finding's annotation, SARIF result, --fail-on, --select and ignore comments name it by."""
+    from ..collision.suppress import rule_id
+
+    return rule_id(category)
+
+
 def collision_json(c: Collision) -> dict:
     return {
         "class": c.collision_class,
         "category": c.category,
+        "rule": rule_of(c.category),
         "failing": c.failing,
         "inputs": [
             {
@@ -86,6 +94,7 @@ def collision_json(c: Collision) -> dict:
 
 def latent_json(lt: LatentCollision) -> dict:
     return {
+        "rule": rule_of("latent"),
         "site": site_json(lt.site),
         "max_count": lt.max_count,
         "partners": [
@@ -131,6 +140,7 @@ def nnx_audit_json(a: NnxAudit) -> dict:
         "collisions": [
             {
                 "category": c.category,
+                "rule": rule_of(c.category),
                 "failing": c.failing,
                 "key": list(c.key) if c.key is not None else None,
                 "why": c.why,

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..collision.nnx import NnxAudit
+from ..collision.suppress import rule_id
 from ..errors import Location
 
 if TYPE_CHECKING:
@@ -194,24 +195,6 @@ COLLISION_RULES = (
         "run exits 2.",
     ),
 )
-_CATEGORY_RULE = {
-    "shared_stream_key": "collisions/shared-stream-key",
-    "count_rewind": "collisions/count-rewind",
-    "broadcast_lanes": "collisions/broadcast-lanes",
-    "frozen_scan_broadcast": "collisions/frozen-scan-broadcast",
-    "keyless_dropout": "collisions/keyless-dropout",
-    "scan_broadcast": "collisions/scan-broadcast",
-    "reseed_order": "collisions/reseed-order",
-    "reseed_repeat": "collisions/reseed-repeat",
-    "default_fallback": "collisions/default-fallback",
-    "concatenation": "collisions/concatenation",
-    "jit_trace_reuse": "collisions/jit-trace-reuse",
-    "count_meets_name": "collisions/count-meets-name",
-    "hash_word": "collisions/hash-word",
-    "shared_seed": "collisions/shared-seed",
-    "unsplit_lanes": "collisions/unsplit-lanes",
-    "latent": "collisions/latent",
-}
 
 
 def _site_text(s) -> str:
@@ -246,7 +229,7 @@ def _nnx_collision_findings(a: NnxAudit, failing) -> list[Finding]:
             msg = f"{c.category}: {len(sites)} draws get the same key: {c.why}. Fix: {c.fix}"
         out.append(
             Finding(
-                _CATEGORY_RULE[c.category],
+                rule_id(c.category),
                 level,
                 msg,
                 sites[0].location,
@@ -300,7 +283,7 @@ def _audit_findings(audits, failing) -> list[Finding]:
             )
             out.append(
                 Finding(
-                    _CATEGORY_RULE[c.category],
+                    rule_id(c.category),
                     level,
                     msg,
                     sites[0].location,

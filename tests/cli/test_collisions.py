@@ -324,11 +324,15 @@ def test_fail_on_takes_every_rule_by_the_name_annotations_and_sarif_show():
     """One name per rule: `--fail-on` takes a category as named in JSON (`hash_word`), dashed (`hash-word`) or as
     the rule id of its github annotation and SARIF result (`collisions/hash-word`)."""
     from rngaudit.cli.options import Category, category
-    from rngaudit.output.findings import _CATEGORY_RULE, COLLISION_RULES
+    from rngaudit.collision.results import FINDING_CATEGORIES
+    from rngaudit.collision.suppress import rule_id
+    from rngaudit.output.findings import COLLISION_RULES
 
     # every finding's rule is a category's (an input error is no finding to fail on)
-    assert {r.id for r in COLLISION_RULES} - {"collisions/input-error"} == set(_CATEGORY_RULE.values())
-    for cat, rule in _CATEGORY_RULE.items():
+    rules = {c: rule_id(c) for c in FINDING_CATEGORIES}
+    assert {r.id for r in COLLISION_RULES} - {"collisions/input-error"} == set(rules.values())
+    assert {c.value for c in Category} == set(FINDING_CATEGORIES)
+    for cat, rule in rules.items():
         assert category(rule) == category(rule.split("/")[1]) == category(cat) == cat
         assert Category(category(rule)).value == cat
     hit = "fixtures/collisions/hash_word.yaml"
@@ -337,3 +341,6 @@ def test_fail_on_takes_every_rule_by_the_name_annotations_and_sarif_show():
     assert support.invoke("collisions", hit, "--fail-on", "collisions/concatenation").exit_code == 0
     bad = support.invoke("collisions", hit, "--fail-on", "collisions/nope")
     assert bad.exit_code == 2 and "'collisions/nope' is not a category" in bad.stderr
+    # JSON names each finding by its rule too, as the annotation does
+    doc = json.loads(support.invoke("collisions", hit, "-f", "json").stdout)
+    assert doc["inputs"][0]["collisions"][0]["rule"] == "collisions/hash-word"
