@@ -234,8 +234,10 @@ class _Builder:
         out: list = []
         defined: list[str] = []
         firsts = self.first_calls(call)
+        pending_var = None
         for item in setup.items:
             if isinstance(item, tuple) and item[0] == "define":
+                pending_var = None
                 name = item[1]
                 defined.append(name)
                 child = firsts.get(name)
@@ -247,7 +249,7 @@ class _Builder:
                     stmt = self.module(child, name)
                     out.append(stmt)
             else:
-                out.extend(self.own(item, setup))
+                pending_var = _add_event(out, self.own(item, setup), item, pending_var)
         return out, defined
 
     def first_calls(self, call, out=None) -> dict:
@@ -332,21 +334,7 @@ class _Builder:
                 else:
                     out.append(self.module(item, name))
             elif kind == "Event":
-                stmts = self.own(item, node)
-                # several keys drawn while creating one variable: one `variable` with a list of streams
-                if (
-                    stmts
-                    and "variable" in stmts[0]
-                    and pending_var is not None
-                    and out
-                    and pending_var == (item.init_col, item.var_name)
-                ):
-                    prev = out[-1]["variable"]
-                    streams = prev["make_rng"] if isinstance(prev["make_rng"], list) else [prev["make_rng"]]
-                    prev["make_rng"] = streams + [item.requested]
-                    continue
-                pending_var = (item.init_col, item.var_name) if stmts and "variable" in stmts[0] else None
-                out.extend(stmts)
+                pending_var = _add_event(out, self.own(item, node), item, pending_var)
             elif _is_flow(item):
                 out.append(self.flow(item, path, defined, cursor, seen))
                 pending_var = None
@@ -409,6 +397,18 @@ class _At:
     def __init__(self, items, path):
         self.items = items
         self.path = path
+
+
+def _add_event(out: list, stmts: list, ev, pending):
+    """Append a key event's statements; several keys drawn while creating one variable make one `variable` with a
+    list of streams (in setup() as in a method). Returns the variable being created, if any."""
+    if stmts and "variable" in stmts[0] and pending is not None and out and pending == (ev.init_col, ev.var_name):
+        prev = out[-1]["variable"]
+        streams = prev["make_rng"] if isinstance(prev["make_rng"], list) else [prev["make_rng"]]
+        prev["make_rng"] = streams + [ev.requested]
+        return pending
+    out.extend(stmts)
+    return (ev.init_col, ev.var_name) if stmts and "variable" in stmts[0] else None
 
 
 def model_doc(rec, phase: str, target: str) -> dict:

@@ -188,6 +188,35 @@ def test_a_jit_method_decorator_on_the_root_is_captured_in_apply_too(tmp_path, p
     assert_replays(spec, doc)
 
 
+SETUP_VARIABLE = textwrap.dedent("""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+
+    class Block(nn.Module):
+      def setup(self):
+        # one variable whose initialiser draws two keys
+        self.w = self.variable('state', 'w', lambda: jax.random.normal(self.make_rng('params'), (2,))
+                               + jax.random.normal(self.make_rng('params'), (2,)))
+
+      def __call__(self, x):
+        return x + self.w.value
+
+    def make():
+      return Block(), (jnp.ones((1, 2)),)
+""")
+
+
+def test_a_setup_variable_drawing_two_keys_is_one_variable(tmp_path):
+    """Found by the keys-file diff fuzzer: in setup() each key of one variable's initialiser became a `variable`
+    statement of its own, which Flax refuses (NameInUseError), so capture wrote no spec (exit 3)."""
+    f = write(tmp_path, "setup_variable.py", SETUP_VARIABLE)
+    spec, doc = capture(tmp_path, f"{f}:make", "--rngs", "params=0")
+    assert spec.read_text().count("name: w") == 1 and "[params, params]" in spec.read_text()
+    assert len(doc["calls"]) == 2
+    assert_replays(spec, doc)
+
+
 def test_input_option_and_stdout_spec(tmp_path):
     f = write(tmp_path, "ensemble.py", ENSEMBLE + "\ndef bare():\n  return Ensemble()\n")
     r = invoke("capture", f"{f}:bare", "--input", "f32[2,4]", "--rngs", "params=0,dropout=1")
