@@ -401,14 +401,21 @@ class _At:
 
 def _add_event(out: list, stmts: list, ev, pending):
     """Append a key event's statements; several keys drawn while creating one variable make one `variable` with a
-    list of streams (in setup() as in a method). Returns the variable being created, if any."""
-    if stmts and "variable" in stmts[0] and pending is not None and out and pending == (ev.init_col, ev.var_name):
-        prev = out[-1]["variable"]
-        streams = prev["make_rng"] if isinstance(prev["make_rng"], list) else [prev["make_rng"]]
-        prev["make_rng"] = streams + [ev.requested]
+    list of streams (in setup() as in a method). A `param` draws one key: a second key for the same name was a
+    `variable` of the params collection all along. Returns the variable being created, if any."""
+    made = stmts[0] if len(stmts) == 1 else None
+    kind = next(iter(made)) if isinstance(made, dict) else None
+    if kind in ("variable", "param") and pending is not None and out and pending[:2] == (ev.init_col, ev.var_name):
+        prev = out[-1]
+        if "param" in prev:  # (the first key was taken for a param's)
+            prev.pop("param")
+            prev["variable"] = {"collection": ev.init_col, "name": ev.var_name, "make_rng": pending[2]}
+        var = prev["variable"]
+        streams = var["make_rng"] if isinstance(var["make_rng"], list) else [var["make_rng"]]
+        var["make_rng"] = streams + [ev.requested]
         return pending
     out.extend(stmts)
-    return (ev.init_col, ev.var_name) if stmts and "variable" in stmts[0] else None
+    return (ev.init_col, ev.var_name, ev.requested) if kind in ("variable", "param") else None
 
 
 def model_doc(rec, phase: str, target: str) -> dict:

@@ -207,10 +207,12 @@ SETUP_VARIABLE = textwrap.dedent("""
 """)
 
 
-def test_a_setup_variable_drawing_two_keys_is_one_variable(tmp_path):
+@pytest.mark.parametrize("collection", ["state", "params"])
+def test_a_setup_variable_drawing_two_keys_is_one_variable(tmp_path, collection):
     """Found by the keys-file diff fuzzer: in setup() each key of one variable's initialiser became a `variable`
-    statement of its own, which Flax refuses (NameInUseError), so capture wrote no spec (exit 3)."""
-    f = write(tmp_path, "setup_variable.py", SETUP_VARIABLE)
+    statement of its own (of the params collection: a `param` per key), which Flax refuses (NameInUseError), so
+    capture wrote no spec (exit 3)."""
+    f = write(tmp_path, "setup_variable.py", SETUP_VARIABLE.replace("'state'", f"'{collection}'"))
     spec, doc = capture(tmp_path, f"{f}:make", "--rngs", "params=0")
     assert spec.read_text().count("name: w") == 1 and "[params, params]" in spec.read_text()
     assert len(doc["calls"]) == 2
