@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 from ..engine.draws import RBG_IMPLS, RBG_LANES
 from ..engine.nnx import NnxDeriveReport
 from .text_derive import _values
-from .text_rows import GAP, Style, more_rows, shown
+from .text_rows import Style, fit_columns, left_out_line, more_rows, shown
 from .text_rows import _line as line_of
 from .text_rows import cells as text_cells
 
@@ -94,18 +94,8 @@ def render_nnx_rows(
         for k, v in cells.items():
             widths[k] = max(widths[k], text_cells(v))
     picked = [_ALIAS.get(c, c) for c in columns] if columns else None
-    every = list(NNX_COLUMNS)
-    left_out: list[str] = []
-    if picked:
-        cols = [k for k in every if k in picked] or every
-    else:
-        cols = every
-        if not wide and width is not None:
-            for col in NNX_DROP_ORDER:
-                if widths["#"] + sum(len(GAP) + widths[k] for k in cols) <= width:
-                    break
-                cols.remove(col)
-                left_out.append(col)
+    cols, left_out = fit_columns(NNX_COLUMNS, NNX_DROP_ORDER, widths, width, wide, picked)
+    cols = cols or list(NNX_COLUMNS)
     yield st.bold(line_of({k: k for k in ("#", *NNX_COLUMNS)}, cols, widths)) + "\n"
     yellow = {"stream": st.yellow} if st.color else None
     out = []
@@ -123,9 +113,7 @@ def render_nnx_rows(
             "draws",
         )
     if left_out:
-        yield (
-            st.dim(f"(left out to fit {width} columns: chain; --wide shows every column, --columns picks them)") + "\n"
-        )
+        yield left_out_line(st, width, left_out)
     lanes = []
     for c in calls[:limit]:
         if c.values is not None and c.draw is not None:

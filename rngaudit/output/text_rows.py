@@ -241,27 +241,49 @@ def _row_notes(report: DeriveReport) -> dict:
     return {k: sorted(v) for k, v in sorted(out.items(), key=lambda kv: min(kv[1]))}
 
 
-def choose_columns(
-    widths: dict[str, int], lanes: bool, width: int | None, wide: bool, picked: Sequence[str] | None
+def fit_columns(
+    every: Sequence[str],
+    drop_order: Sequence[str],
+    widths: dict[str, int],
+    width: int | None,
+    wide: bool,
+    picked: Sequence[str] | None,
 ) -> tuple[list[str], list[str]]:
-    """The columns to show (after `#`), and those left out to fit `width` (None: no limit)."""
-    every = [c for c in COLUMNS if c != "lane" or lanes]
+    """The columns to show (after `#`) of `every`, and those left out, in `drop_order`, to fit `width` (None: no
+    limit); `picked` (--columns) or `wide` (--wide) decide instead. Both flavours' reports fit their rows so."""
     if picked:
         return [c for c in every if c in picked], []
     if wide or width is None:
-        return every, []
+        return list(every), []
     shown = list(every)
     left_out: list[str] = []
 
     def total(cols) -> int:
         return widths["#"] + sum(len(GAP) + widths[c] for c in cols)
 
-    for c in DROP_ORDER:
+    for c in drop_order:
         if total(shown) <= width:
             break
         shown.remove(c)
         left_out.append(c)
     return shown, left_out
+
+
+def choose_columns(
+    widths: dict[str, int], lanes: bool, width: int | None, wide: bool, picked: Sequence[str] | None
+) -> tuple[list[str], list[str]]:
+    """A Linen report's columns to show (after `#`), and those left out to fit `width` (None: no limit)."""
+    return fit_columns([c for c in COLUMNS if c != "lane" or lanes], DROP_ORDER, widths, width, wide, picked)
+
+
+def left_out_line(st: Style, width: int | None, titles: Sequence[str]) -> str:
+    """The line saying which columns a narrow terminal left out, and how to see them."""
+    return (
+        st.dim(
+            f"(left out to fit {width} columns: {', '.join(titles)}; --wide shows every column, --columns picks them)"
+        )
+        + "\n"
+    )
 
 
 def _line(cells: dict[str, str], cols: list[str], widths: dict[str, int], styled: dict | None = None) -> str:
@@ -325,13 +347,7 @@ def render_rows(
     if limit < n:
         yield from more_rows(n - limit, *_index_range(report, limit), *_breakdown(report), "call sites")
     if left_out:
-        yield (
-            st.dim(
-                f"(left out to fit {width} columns: {', '.join(_TITLE.get(c, c) for c in left_out)}; --wide shows every "
-                "column, --columns picks them)"
-            )
-            + "\n"
-        )
+        yield left_out_line(st, width, [_TITLE.get(c, c) for c in left_out])
     for (note, loc), at in _row_notes(report).items():
         yield st.yellow(f"note: {_ranges(at)} ({loc}): {note}") + "\n"
     calls = report.calls
