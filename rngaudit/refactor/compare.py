@@ -683,14 +683,14 @@ def _explain_moves(cmp: Comparison, old: Capture, new: Capture, lanes: tuple[dic
         if laned:
             fix += "; its keys still change: they are drawn per lane now (an nn.vmap/nn.scan around it)"
         if inserted is not None and why.startswith("shifted auto-name index"):
-            checked = _checked(cmp, old, new, {inserted: _free_name(new, inserted)}, mo[:-1])
+            checked, refused = _checked(cmp, old, new, {inserted: _free_name(new, inserted)}, mo[:-1])
         else:
-            checked = _checked(cmp, old, new, {mn: mo[-1]}, mo)
+            checked, refused = _checked(cmp, old, new, {mn: mo[-1]}, mo)
         cmp.notes.append(f"{_p(mo)} -> {_p(mn)}: {why}")
         fixed: str | None = fix + checked
-        if checked.startswith(_REFUSED):  # a fix that fails when applied is no fix: said as a note instead
+        if refused is not None:  # a fix that fails when applied is no fix: said as a note instead
             tried = fix.split(" (")[0].split(":")[0]
-            cmp.notes.append(f"no fix by a name here: {tried} was tried, and{checked[len(_REFUSED) : -1]}")
+            cmp.notes.append(f"no fix by a name here: {tried} was tried, and {refused}")
             fixed = None
         else:
             cmp.fixes.append(fix + checked)
@@ -726,20 +726,18 @@ def _free_name(cap: Capture, path: tuple) -> str:
     return name
 
 
-_REFUSED = " [checked: refused:"
-
-
-def _checked(cmp: Comparison, old: Capture, new: Capture, names: dict, scope: tuple) -> str:
-    """A fix applied: NEW re-derived with the explicit `names` ({module path: name}) and compared with OLD, said
-    as it came out; empty where NEW cannot be re-derived (a keys file) or a path is no module of its spec."""
+def _checked(cmp: Comparison, old: Capture, new: Capture, names: dict, scope: tuple) -> tuple[str, str | None]:
+    """A fix applied: NEW re-derived with the explicit `names` ({module path: name}) and compared with OLD. Returns
+    what to add to the fix (empty where NEW cannot be re-derived: a keys file, a path that is no single module of
+    its spec), and why the fix fails when the re-derived model does (None: it does not)."""
     if new.renamed is None:
-        return ""
+        return "", None
     fixed = new.renamed(names)
     if fixed is None:
-        return ""
+        return "", None
     what = ", ".join(f"name={n!r} at {_p(p)}" for p, n in names.items())
     if isinstance(fixed, str):
-        return f"{_REFUSED} with {what} the model fails: {fixed}]"
+        return "", f"with {what} the model fails: {fixed}"
     kept = {e.ident for e in cmp.entries if e.status == "kept"}
     now = {s.ident: s.key for s in fixed.sites}
 
@@ -778,7 +776,7 @@ def _checked(cmp: Comparison, old: Capture, new: Capture, names: dict, scope: tu
         said = f"re-derived with {what}: the paths come back, but none of the {len(lost)} changed keys of {where} do"
     if broken:
         said += f", and {broken} key{'s' if broken > 1 else ''} kept now would change"
-    return f" [checked: {said}]"
+    return f" [checked: {said}]", None
 
 
 def _unmatched_sibling(new: Capture, mn: tuple, matched: set, old: Capture):
@@ -880,10 +878,10 @@ def _explain_insertions(cmp, old: Capture, new: Capture, mods_old, mods_new, ren
                 _checked(cmp, old, new, {at: _free_name(new, at)}, mn[:-1])
                 for at in (mn[:-1] + (f"{cls}_{i}",) for i in places)
             ]
-            if results and all(r.startswith(_REFUSED) for r in results):
+            if results and all(refused is not None for _, refused in results):
                 fix = None
             else:
-                fix += "".join(r for r in results if not r.startswith(_REFUSED))
+                fix += "".join(text for text, refused in results if refused is None)
             cmp.notes.append(why)
             if fix is not None:
                 cmp.fixes.append(fix)

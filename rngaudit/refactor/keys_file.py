@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -298,21 +299,24 @@ def spec_capture(name: str, spec) -> Capture:
 
     cap.rederive = rederive
     if getattr(spec, "flavour", "linen") == "linen":
+        modules: dict = {}  # the module made at each path, and how many paths each definition makes
 
         def renamed(names: dict) -> Capture | str | None:
             from ..engine.replay import Replayer
             from ..spec.tree import renamed_modules
 
-            walk = Replayer(spec)
-            walk.walk()
-            if any(path not in walk.modules for path in names):
+            if not modules:  # (one walk of the spec, made by the first fix checked)
+                walk = Replayer(spec)
+                walk.walk()
+                modules["at"] = walk.modules
+                # a statement with repeat: (or a definition called twice) makes several modules
+                modules["paths"] = Counter(id(m) for m in walk.modules.values())
+            at, paths = modules["at"], modules["paths"]
+            if any(path not in at for path in names):
                 return None
-            shared: dict[int, int] = {}  # a statement with repeat: (or a definition called twice) makes several modules
-            for m in walk.modules.values():
-                shared[id(m)] = shared.get(id(m), 0) + 1
-            if any(shared[id(walk.modules[path])] > 1 for path in names):
+            if any(paths[id(at[path])] > 1 for path in names):
                 return None  # (a name on it would name every instance alike: not the fix, which names one)
-            ids = {id(walk.modules[path]): new_name for path, new_name in names.items()}
+            ids = {id(at[path]): new_name for path, new_name in names.items()}
             try:
                 return _spec_capture(name, dataclasses.replace(spec, model=renamed_modules(spec.model, ids)))
             except RngauditError as e:
