@@ -278,6 +278,14 @@ def collisions(
     return suppress.apply(report, policy, texts)
 
 
+def finding_category(name: str) -> str | None:
+    """The `collisions` finding category `name` stands for, by any name it is shown under (`hash_word`,
+    `hash-word`, the rule id `collisions/hash-word`); None for no category."""
+    from .collision.suppress import category_name
+
+    return category_name(name)
+
+
 def check_per_path_ignore(entry: str) -> None:
     """A ValueError saying what is wrong with a `per_path_ignore` entry (GLOB:RULE[,RULE])."""
     from .collision.suppress import PathIgnore

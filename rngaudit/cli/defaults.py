@@ -54,10 +54,10 @@ def _config_keys(name: str, command) -> dict:
 
 
 def _did_you_mean(word: str, choices) -> str:
-    import difflib
+    from ..spec.fields import closest
 
-    close = difflib.get_close_matches(word, sorted(choices), n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else ""
+    close = closest(word, choices)
+    return f"; did you mean {close!r}?" if close else ""
 
 
 def _check_config(cfg, commands: dict) -> None:

@@ -55,9 +55,10 @@ def category(value: str) -> str:
     """--fail-on's (--select's, --ignore's) value: a category's name, dashed, or its rule id as annotations and
     SARIF show it (`hash_word`, `hash-word`, `collisions/hash-word`), as the category's name (typer makes it a
     Category)."""
-    name = str(value.value if isinstance(value, Category) else value).strip()
-    name = name.removeprefix("collisions/").replace("-", "_")
-    if name not in Category._value2member_map_:
+    from ..api import finding_category
+
+    name = finding_category(str(value.value if isinstance(value, Category) else value))
+    if name is None:
         raise typer.BadParameter(
             f"{value!r} is not a category: use one of {', '.join(c.value for c in Category)} (or its rule id, "
             "e.g. collisions/hash-word)"

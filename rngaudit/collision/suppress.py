@@ -49,11 +49,11 @@ def rule_id(category: str) -> str:
 
 
 def _did_you_mean(word: str) -> str:
-    import difflib
+    from ..spec.fields import closest
 
     names = [rule_id(c).removeprefix("collisions/") for c in FINDING_CATEGORIES]
-    close = difflib.get_close_matches(word.strip().removeprefix("collisions/").replace("_", "-"), names, n=1)
-    return f"; did you mean {close[0]!r}?" if close else ""
+    close = closest(word.strip().removeprefix("collisions/").replace("_", "-"), names)
+    return f"; did you mean {close!r}?" if close else ""
 
 
 def parse_rules(names: Iterable[str], what: str) -> frozenset[str]:
@@ -167,16 +167,21 @@ def _rebuilt(audit, keep: Callable[[Item], bool]):
 
 
 # ---------------------------------------------------------------- inline comments
+def _ignore_comments(text: str) -> Iterator[tuple[int, re.Match]]:
+    """(line number, match) of each `# rngaudit: ignore[...]` comment of a spec."""
+    if _ANY.search(text) is None:  # (one scan of the whole text: most specs have no ignore comment)
+        return
+    for n, line in enumerate(text.splitlines(), 1):
+        m = _COMMENT.search(line)
+        if m is not None:
+            yield n, m
+
+
 def inline_ignores(text: str) -> dict[int, frozenset[str] | None]:
     """The `# rngaudit: ignore[...]` comments of a spec, by line: the categories each names (None: every one).
     A name that is no rule is left out (see `unknown_inline_rules`)."""
     out: dict[int, frozenset[str] | None] = {}
-    if _ANY.search(text) is None:  # (one scan of the whole text: most specs have no ignore comment)
-        return out
-    for n, line in enumerate(text.splitlines(), 1):
-        m = _COMMENT.search(line)
-        if m is None:
-            continue
+    for n, m in _ignore_comments(text):
         if m.group(1) is None or not m.group(1).strip():
             out[n] = None
         else:
@@ -187,11 +192,8 @@ def inline_ignores(text: str) -> dict[int, frozenset[str] | None]:
 def unknown_inline_rules(text: str, file: str) -> list[str]:
     """Warnings for rule names in ignore comments that are no rule (they suppress nothing)."""
     out: list[str] = []
-    if _ANY.search(text) is None:  # (one scan of the whole text: most specs have no ignore comment)
-        return out
-    for n, line in enumerate(text.splitlines(), 1):
-        m = _COMMENT.search(line)
-        if m is None or not m.group(1):
+    for n, m in _ignore_comments(text):
+        if not m.group(1):
             continue
         offset = m.start(1)
         for name in m.group(1).split(","):
@@ -221,8 +223,9 @@ def fingerprint(item: Item) -> str:
     return hashlib.sha1("\n".join(_site_ids(item)).encode("utf-8")).hexdigest()[:20]
 
 
-def _key(audit, item: Item, base_dir: str) -> tuple[str, str, str]:
-    return (_input_name(audit.source, base_dir), rule_id(_category(item)), fingerprint(item))
+def _key(input_name: str, item: Item) -> tuple[str, str, str]:
+    """A finding as a baseline knows it; `input_name`: its input as _input_name gives it (once per input)."""
+    return (input_name, rule_id(_category(item)), fingerprint(item))
 
 
 def load_baseline(path: str) -> Baseline:
@@ -284,8 +287,9 @@ def baseline_entries(report: CollisionsReport, path: str, old: Baseline | None =
     counts: Counter = Counter()
     shown: dict[tuple[str, str, str], list[str]] = {}
     for a in report.audits:
+        name = _input_name(a.source, base_dir)
         for it in items(a):
-            k = _key(a, it, base_dir)
+            k = _key(name, it)
             counts[k] += 1
             shown.setdefault(k, _site_ids(it)[:4])
     for e in old.records if old is not None else ():
@@ -337,9 +341,10 @@ def apply(report: CollisionsReport, policy: Policy, texts: dict[str, str] | None
     left = Counter(policy.baseline.entries) if policy.baseline else Counter()
     audits = []
     dropped: dict[str, list] = {r: [] for r in REASONS}
-    audited = {_input_name(a.source, base_dir): a for a in report.audits}
-    for a in report.audits:
-        kept, out = _split(a, policy, comments, base_dir, left)
+    names = [_input_name(a.source, base_dir) for a in report.audits]
+    audited = dict(zip(names, report.audits))
+    for name, a in zip(names, report.audits):
+        kept, out = _split(a, name, policy, comments, left)
         audits.append(kept)
         for r, part in out.items():
             dropped[r].append(part)
@@ -359,12 +364,12 @@ def _selected(policy: Policy, it: Item) -> bool:
     return (policy.select is None or c in policy.select) and c not in policy.ignore
 
 
-def _why(policy: Policy, a, it: Item, comments, base_dir: str, left: Counter) -> str | None:
+def _why(policy: Policy, a, name: str, it: Item, comments, left: Counter) -> str | None:
     """Why a finding is left out of the report (None: it is reported). A finding the baseline lists uses up its
     entry whatever leaves it out (a comment added later does not make the entry stale)."""
     listed = False
     if policy.baseline is not None:
-        k = _key(a, it, base_dir)
+        k = _key(name, it)
         if left[k] > 0:
             left[k] -= 1
             listed = True
@@ -398,11 +403,12 @@ def _with_reason(reasons: dict[int, str], reason: str) -> Callable[[Item], bool]
     return lambda it: reasons.get(id(it)) == reason
 
 
-def _split(a, policy: Policy, comments, base_dir: str, left: Counter):
-    """An audit's reported findings (an audit of them), and those left out per reason (an audit each)."""
+def _split(a, name: str, policy: Policy, comments, left: Counter):
+    """An audit's reported findings (an audit of them), and those left out per reason (an audit each); `name`: its
+    input as the baseline names it."""
     reasons: dict[int, str] = {}
     for it in items(a):
-        if _selected(policy, it) and (why := _why(policy, a, it, comments, base_dir, left)) is not None:
+        if _selected(policy, it) and (why := _why(policy, a, name, it, comments, left)) is not None:
             reasons[id(it)] = why
     kept = _rebuilt(a, lambda it: _selected(policy, it) and id(it) not in reasons)
     out = {r: _rebuilt(a, _with_reason(reasons, r)) for r in REASONS if r in reasons.values()}

@@ -9,11 +9,17 @@ from ..errors import SpecError
 from .yaml_source import YNode
 
 
-def suggest(word: str, choices: Iterable[str]) -> str:
+def closest(word: str, choices: Iterable[str]) -> str | None:
+    """The choice `word` was most likely meant to be (for "did you mean" in error messages), if any is close."""
     import difflib  # only for error messages
 
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    return close[0] if close else None
+
+
+def suggest(word: str, choices: Iterable[str]) -> str:
+    close = closest(word, choices)
+    return f" (did you mean {close!r}?)" if close else ""
 
 
 def type_name(v: object) -> str:

@@ -164,11 +164,9 @@ class _Parser:
                 break
         func = _FUNCS.get(name)
         if func is None:
-            import difflib  # only for this error
+            from .fields import suggest  # only for this error
 
-            close = difflib.get_close_matches(name, list(_FUNCS), n=1, cutoff=0.6)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise self.error(f"unknown function {tok[1]!r}{hint}")
+            raise self.error(f"unknown function {tok[1]!r}{suggest(name, _FUNCS)}")
         self.depth += 1
         if self.depth > MAX_EXPR_DEPTH:
             raise self.error(f"the expression nests deeper than {MAX_EXPR_DEPTH} calls")
