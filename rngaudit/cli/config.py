@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError, Location
+from ..spec.limits import read_bounded
 
 FILE_NAME = "pyproject.toml"
 TABLE = ("tool", "rngaudit")
@@ -126,15 +127,9 @@ def load(path: str) -> Config:
     """Read [tool.rngaudit] of `path`; a file that cannot be read or parsed is a ConfigError with its place."""
     shown = _shown(path)
     top = Location(shown, 1, 1)
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_BYTES + 1)
-    except FileNotFoundError:
-        raise ConfigError("no such file", top) from None
-    except IsADirectoryError:
-        raise ConfigError("is a directory, not a pyproject.toml", top) from None
-    except OSError as e:
-        raise ConfigError(f"cannot read: {e.strerror or e}", top) from None
+    data = read_bounded(
+        path, MAX_BYTES, lambda message: ConfigError(message, top), directory="is a directory, not a pyproject.toml"
+    )
     if len(data) > MAX_BYTES:
         raise ConfigError(f"the file is larger than {MAX_BYTES // (1024 * 1024)} MiB", top)
     try:

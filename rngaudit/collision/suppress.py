@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from ..errors import InputError, Location
+from ..spec.limits import read_bounded
 from .nnx import NnxAudit, NnxCollision
 from .results import FINDING_CATEGORIES, Audit, Collision, CollisionsReport, LatentCollision
 
@@ -231,15 +232,14 @@ def _key(input_name: str, item: Item) -> tuple[str, str, str]:
 def load_baseline(path: str) -> Baseline:
     """A baseline file written by `--write-baseline`; a file that is not one is an InputError at its place."""
     top = Location(path, 1, 1)
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_BASELINE_BYTES + 1)
-    except FileNotFoundError:
-        raise InputError("no such baseline file; write it with --write-baseline", top) from None
-    except IsADirectoryError:
-        raise InputError("is a directory, not a baseline file", top) from None
-    except OSError as e:
-        raise InputError(f"cannot read the baseline: {e.strerror or e}", top) from None
+    data = read_bounded(
+        path,
+        MAX_BASELINE_BYTES,
+        lambda message: InputError(message, top),
+        missing="no such baseline file; write it with --write-baseline",
+        directory="is a directory, not a baseline file",
+        cannot="cannot read the baseline",
+    )
     if len(data) > MAX_BASELINE_BYTES:
         raise InputError(f"the baseline is larger than {MAX_BASELINE_BYTES // (1024 * 1024)} MiB", top)
     try:

@@ -11,6 +11,7 @@ from typing import cast
 
 from ..errors import InputError, Location
 from ..gcpause import paused
+from .limits import read_bounded
 
 MAX_BYTES = 512 * 1024 * 1024
 
@@ -240,19 +241,9 @@ def load_json(path: str) -> JsonDoc:
     if os.path.isdir(path):
         raise InputError("is a directory, not a JSON file", top)
     too_big = InputError(f"the file is larger than {MAX_BYTES // (1024 * 1024)} MiB", top)
-    try:
-        with open(path, "rb") as f:
-            chunks, size = [], 0
-            while chunk := f.read(1 << 22):  # f.read(MAX_BYTES + 1) would allocate all of it up front
-                chunks.append(chunk)
-                size += len(chunk)
-                if size > MAX_BYTES:
-                    raise too_big
-            data = b"".join(chunks)
-    except FileNotFoundError:
-        raise InputError("no such file", top) from None
-    except OSError as e:
-        raise InputError(f"cannot read: {e.strerror or e}", top) from None
+    data = read_bounded(path, MAX_BYTES, lambda message: InputError(message, top))
+    if len(data) > MAX_BYTES:
+        raise too_big
     if data.startswith(b"\xef\xbb\xbf"):
         data = data[3:]
     try:

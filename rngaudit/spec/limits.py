@@ -3,7 +3,7 @@ specs load. Stdlib only: the command line states the defaults in --help without 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import NamedTuple
@@ -40,3 +40,32 @@ def limits(max_bytes: int | None = None, max_nodes: int | None = None) -> Iterat
         yield chosen
     finally:
         _LIMITS.reset(token)
+
+
+def read_bounded(
+    path: str,
+    max_bytes: int,
+    fail: Callable[[str], Exception],
+    *,
+    missing: str = "no such file",
+    directory: str | None = None,
+    cannot: str = "cannot read",
+) -> bytes:
+    """The bytes of the file at `path`, at most `max_bytes` + 1 of them (more than `max_bytes`: the caller says the
+    file is too large), read in chunks (f.read(max_bytes + 1) would allocate all of it up front). A file that
+    cannot be read raises `fail(message)`: `missing`, `directory` (None: said as any other OS error), or
+    `cannot: <the OS's reason>`. Every loader of a bounded input file (spec, JSON, pyproject.toml, baseline) reads
+    through here."""
+    try:
+        with open(path, "rb") as f:
+            chunks, size = [], 0
+            while size <= max_bytes and (chunk := f.read(min(1 << 22, max_bytes + 1 - size))):
+                chunks.append(chunk)
+                size += len(chunk)
+            return b"".join(chunks)
+    except FileNotFoundError:
+        raise fail(missing) from None
+    except IsADirectoryError as e:
+        raise fail(directory if directory is not None else f"{cannot}: {e.strerror or e}") from None
+    except OSError as e:
+        raise fail(f"{cannot}: {e.strerror or e}") from None

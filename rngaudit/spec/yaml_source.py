@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 
 from ..errors import Location, SpecError
-from .limits import MAX_DEPTH, current_limits
+from .limits import MAX_DEPTH, current_limits, read_bounded
 
 # Only the YAML core schema is allowed; anything else (!!python/object, !!binary,
 # timestamps, sets, custom tags) is refused rather than constructed.
@@ -302,19 +302,12 @@ def load_file(path: str) -> YNode:
     max_bytes = current_limits().max_bytes
     if os.path.isdir(path):
         raise SpecError("is a directory, not a spec file; name a YAML file", top)
-    try:
-        with open(path, "rb") as f:
-            chunks, size = [], 0
-            while size <= max_bytes and (chunk := f.read(min(1 << 22, max_bytes + 1 - size))):
-                chunks.append(chunk)  # chunked: f.read(max_bytes + 1) would allocate all of it up front
-                size += len(chunk)
-            data = b"".join(chunks)
-    except FileNotFoundError:
-        raise SpecError("no such file", top) from None
-    except IsADirectoryError:
-        raise SpecError("is a directory, not a spec file; name a YAML file", top) from None
-    except OSError as e:
-        raise SpecError(f"cannot read: {e.strerror or e}", top) from None
+    data = read_bounded(
+        path,
+        max_bytes,
+        lambda message: SpecError(message, top),
+        directory="is a directory, not a spec file; name a YAML file",
+    )
     return load_bytes(data, path)
 
 
