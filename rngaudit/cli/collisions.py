@@ -204,7 +204,7 @@ def collisions(
                 per_path_ignore=o.per_path_ignore or (),
                 inline_ignores=o.inline_ignores,
                 baseline=None if write_baseline else o.baseline,
-                per_path_base=config_dir(ctx, config, "per_path_ignore"),
+                per_path_base=config_dir(ctx, "per_path_ignore"),
             )
         if missing:
             report = dataclasses.replace(report, errors=tuple(missing) + report.errors)

@@ -167,6 +167,7 @@ def configured(ctx: typer.Context, command: str, config: str | None, options: T)
     """`options` (a NamedTuple of the command's configurable options, by parameter name) with [tool.rngaudit]
     defaults filled in where the command line did not give the option."""
     cfg = configuration.discover(config)
+    ctx.meta[_CONFIG_FILE] = cfg.file  # (config_dir: the folder config paths are relative to, without reading it again)
     commands = dict(getattr(ctx.find_root().command, "commands", None) or {ctx.info_name: ctx.command})
     _check_config(cfg, commands)
     by_key = _config_keys(command, ctx.command)
@@ -199,11 +200,14 @@ def configured(ctx: typer.Context, command: str, config: str | None, options: T)
     return record._replace(**values)
 
 
-def config_dir(ctx: typer.Context, config: str | None, name: str) -> str | None:
-    """The folder of the pyproject.toml that set option `name` (its paths are relative to it); None when the
-    command line gave it or nothing did."""
+_CONFIG_FILE = "rngaudit.config_file"
+
+
+def config_dir(ctx: typer.Context, name: str) -> str | None:
+    """The folder of the pyproject.toml `configured` read, when it set option `name` (its paths are relative to
+    it); None when the command line gave it or nothing did."""
     source = ctx.get_parameter_source(name)
-    if source is None or source.name not in ("DEFAULT", "DEFAULT_MAP"):
+    file = ctx.meta.get(_CONFIG_FILE)
+    if source is None or source.name not in ("DEFAULT", "DEFAULT_MAP") or not file:
         return None
-    cfg = configuration.discover(config)
-    return os.path.dirname(cfg.file) or "." if cfg.file else None
+    return os.path.dirname(file) or "."
