@@ -142,8 +142,9 @@ def derive(
                 limit=o.limit,
                 engine=engine,
             )
-        if o.columns:
-            _columns_of_flavour(_columns(o.columns), getattr(report.spec, "flavour", "linen"))
+        picked = _columns(o.columns) if o.columns else None
+        if picked and o.fmt is DeriveFormat.text:  # (columns are the text report's; other formats carry them all)
+            _columns_of_flavour(picked, getattr(report.spec, "flavour", "linen"))
         for warning in report.unmatched:  # (a typo in a filter must not pass for an empty answer)
             sys.stderr.write(f"warning: {warning}\n")
         if o.fmt is DeriveFormat.jsonl:
@@ -166,7 +167,7 @@ def derive(
                     width=width,
                     color=color,
                     wide=o.wide,
-                    columns=_columns(o.columns) if o.columns else None,
+                    columns=picked,
                     max_rows=o.max_rows,
                 ),
                 output,
