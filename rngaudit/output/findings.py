@@ -543,6 +543,8 @@ def _where(cmp: Comparison, e: Entry):
 def compare_findings(cmp: Comparison) -> list[Finding]:
     """Every failing entry as a findings.Finding (for the github and sarif formats), at the spec line of
     the call site's statement, or the keys file's record."""
+    from ..refactor.compare import path_text
+
     out = []
     bad = ("changed", "new", "gone") if cmp.kind == "diff" else ("differs", "missing", "extra")
     if any(e.status in bad for e in cmp.entries):
@@ -570,19 +572,15 @@ def compare_findings(cmp: Comparison) -> list[Finding]:
             related = ((e.old.location, f"{s.path_str} in {cmp.old_name}"),)
         out.append(Finding(f"{cmp.kind}/{e.status}", ERROR, msg + note, where, related))
     for t in cmp.things:
-        moved = "" if t.old_module == t.new_module else f" (the module that was {_path(t.old_module)})"
+        moved = "" if t.old_module == t.new_module else f" (the module that was {path_text(t.old_module)})"
         lane = f" lane {list(t.lane)}" if t.lane else ""
         msg = (
-            f"thing changed: {t.name} ({t.stream}{lane}) of {_path(t.new_module)}{moved} draws another key: count "
+            f"thing changed: {t.name} ({t.stream}{lane}) of {path_text(t.new_module)}{moved} draws another key: count "
             f"{t.old.count} -> {t.new.count}, key {list(t.old.key or ())} -> {list(t.new.key or ())}"
         )
         where = t.new.location or Location(cmp.new_name, 1, 1)
         out.append(Finding("diff/thing-changed", ERROR, msg, where))
     return out
-
-
-def _path(p: tuple) -> str:
-    return "/".join(p) if p else "(root)"
 
 
 RULES = {

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..refactor.compare import Comparison, rules_of
+from ..refactor.compare import Comparison, path_text, rules_of
 
 
 def render_text(cmp: Comparison) -> str:
@@ -53,10 +53,6 @@ def render_text(cmp: Comparison) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _path(p: tuple) -> str:
-    return "/".join(p) if p else "(root)"
-
-
 def thing_lines(things) -> list[str]:
     """One line per module: `Dense_0 -> Dense_1: kernel, bias (params)`, or `Dense_0: w (params)` when it kept
     its path (a draw of it now gets another count)."""
@@ -65,7 +61,7 @@ def thing_lines(things) -> list[str]:
         by.setdefault((t.old_module, t.new_module), []).append(t)
     out = []
     for (mo, mn), ts in by.items():
-        where = _path(mn) if mo == mn else f"the module that was {_path(mo)} is now {_path(mn)}"
+        where = path_text(mn) if mo == mn else f"the module that was {path_text(mo)} is now {path_text(mn)}"
         streams: dict = {}
         for t in ts:
             lane = f" lane {list(t.lane)}" if t.lane else ""

@@ -930,5 +930,9 @@ def _count_shift(e: Entry, old: Capture, new: Capture) -> str | None:
     return None
 
 
-def _p(path: tuple) -> str:
+def path_text(path: tuple) -> str:
+    """A module path as reports write it: '/'-joined, `(root)` for the root."""
     return "/".join(path) if path else "(root)"
+
+
+_p = path_text
