@@ -116,11 +116,18 @@ def post_init(self):
     if rec is None:
         return _ORIG["post_init"](self)
     name_before = self.name
-    out = _ORIG["post_init"](self)
+    # a bound module adopts the modules in its dataclass fields (nn.Sequential's layers) inside its own
+    # __post_init__: such a child lives as long as its parent, as one defined in the parent's setup() does
+    adopted = bool(rec.binding) and rec.binding[-1] is self.parent
+    rec.binding.append(self)
+    try:
+        out = _ORIG["post_init"](self)
+    finally:
+        rec.binding.pop()
     # the parent is only known after Flax's __post_init__ (it is taken from the module stack there)
     parent = self.parent
     is_mod = isinstance(parent, nn.Module)
-    parent_setup = bool(is_mod and parent._state.in_setup)
+    parent_setup = bool(is_mod and (parent._state.in_setup or adopted))
     parent_compact = bool(is_mod and parent._state.in_compact_method)
     rec.post_init(self, name_before, parent_setup, parent_compact)
     return out

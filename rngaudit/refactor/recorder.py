@@ -188,6 +188,7 @@ class Recorder:
         self.stack: list = [self.root]
         self.modules: dict[tuple, ModuleInfo] = {}
         self.setups: list[CallNode] = []
+        self.binding: list = []  # the modules whose __post_init__ is running, innermost last
         self.selection: dict[int, int] = {}  # nn.cond/switch call -> the branch to run instead
         self.branch_calls = itertools.count()
         self.loop_iterations: dict[tuple, set] = {}  # a while_loop's (owner path, ordinal) -> counts run

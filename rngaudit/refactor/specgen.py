@@ -198,10 +198,25 @@ class _Builder:
         body = {"class": inner.cls}
         setup = self.setup_of(inner)
         defined: list[str] = []
+        items: list = []
         if setup is not None:
             items, defined = self.setup_items(setup, inner)
-            if items:
-                body["setup"] = items
+        # children Flax adopted from the module's dataclass fields (nn.Sequential(layers=[...])) are bound while
+        # it sets up, before its setup() runs: a spec defines them in setup too, so a second call of the module
+        # reuses them (and their setup() draws once) instead of making them anew as a compact body would
+        firsts = self.first_calls(inner)
+        adopted = [
+            name
+            for name in firsts
+            if name not in defined
+            and (info := self.rec.modules.get(inner.path + (name,))) is not None
+            and info.naming == "setup"
+        ]
+        if adopted:
+            items = [self.module(firsts[name], name) for name in adopted] + items
+            defined = adopted + defined
+        if items:
+            body["setup"] = items
         body["body"] = self.body(inner, set(defined))
         # class transforms rename the class (VmapMLP, nested: ScanCheckpointBlock); a method decorator keeps it
         classes = _class_levels([kind for kind, _, _ in lifts], lifts[0][2] if lifts else inner.cls, inner.cls)
@@ -229,6 +244,10 @@ class _Builder:
             ((kind, opts),) = stmt.items()
             stmt = {kind: dict(opts, name=name)}
         return stmt
+
+    def _setup_draws(self, call) -> bool:
+        setup = self.setup_of(call)
+        return setup is not None and any(not isinstance(x, tuple) for x in setup.items)
 
     def setup_items(self, setup, call) -> tuple[list, list[str]]:
         out: list = []
@@ -307,7 +326,11 @@ class _Builder:
                     continue  # this call defined the module where its key-less first call was
                 name = item.path[-1]
                 if name in defined or name in seen:
-                    if item.items:  # a call that did nothing key-related (no draw, child or transform) is left out
+                    # a call that did nothing key-related (no draw, child or transform) is left out, unless it
+                    # is the first call of a setup-defined module whose setup() draws (Flax runs it lazily there)
+                    first = name in defined and name not in seen
+                    seen.add(name)
+                    if item.items or (first and self._setup_draws(item)):
                         out.append({"call": name})
                     continue
                 seen.add(name)

@@ -898,3 +898,61 @@ def test_a_stream_that_falls_back_to_params_is_a_warning(tmp_path):
     ), r.stderr
     r = invoke("capture", f"{f}:make", "--phase", "apply", "--rngs", "params=0,dropout=1", "-o", tmp_path / "b.yaml")
     assert r.exit_code == 0 and r.stderr == ""
+
+
+ADOPTED = HEADER + textwrap.dedent("""
+    class Noise(nn.Module):
+        # a layer whose setup() draws: Flax runs it once per instance, at its first call
+        def setup(self):
+            self.scale = self.param('scale', nn.initializers.normal(), (4,))
+            self.offset = jax.random.normal(self.make_rng('noise'), (4,))
+
+        def __call__(self, x):
+            return x * self.scale + self.offset
+
+    class Residual(nn.Module):
+        # a module holding another in a dataclass field, as public models write residual wrappers
+        layer: nn.Module
+
+        def __call__(self, x):
+            return x + self.layer(x)
+
+    class Siamese(nn.Module):
+        # one tower (an nn.Sequential built in setup, whose layers Flax adopts from its field) applied twice
+        def setup(self):
+            self.tower = nn.Sequential([nn.Dense(4), Residual(Noise()), Noise()])
+
+        def __call__(self, a, b):
+            return self.tower(a) - self.tower(b)
+
+    class Inline(nn.Module):
+        # the same tower made inline in a compact method called twice: new instances on each call
+        @nn.compact
+        def __call__(self, x):
+            return nn.Sequential([nn.Dense(4), Residual(Noise())])(x)
+
+    class Twice(nn.Module):
+        def setup(self):
+            self.inner = Inline()
+
+        def __call__(self, x):
+            return self.inner(self.inner(x))
+
+    def siamese():
+        return Siamese(), (jnp.ones((1, 4)), jnp.ones((1, 4)))
+
+    def twice():
+        return Twice(), (jnp.ones((1, 4)),)
+""")
+
+
+@pytest.mark.parametrize("factory, n", [("siamese", 6), ("twice", 5)])
+def test_layers_adopted_from_a_field_replay_bit_exactly(tmp_path, factory, n):
+    # issue 18's keys-file fuzzer: nn.Sequential's layers were written as compact children of its body, so a second
+    # call of the Sequential ran a layer's setup() again in the replay (a key Flax never handed out)
+    f = write(tmp_path, "adopted.py", ADOPTED)
+    spec, doc = capture(tmp_path, f"{f}:{factory}", "--rngs", "params=0,noise=1")
+    assert len(doc["calls"]) == n
+    assert_replays(spec, doc)
+    r = invoke("verify", spec, "--against", f"{f}:{factory}", "--rngs", "params=0,noise=1")
+    assert r.exit_code == 0 and f"{n} same, 0 differ, 0 missing, 0 extra" in r.output, r.output
