@@ -321,11 +321,16 @@ def shard_check(
     allow_replicated: bool = False,
     atol: float | None = None,
     timeout: float | None = None,
+    args: str | None = None,
+    processes: int | None = None,
+    data_axes: Sequence[str] = (),
 ) -> ShardReport:
     """Keys and draws of `specs` re-derived on many devices, and `fns` ("FILE.py:NAME", (key, x) -> y) run
     eagerly, under jax.jit and under shard_map, in a fresh process with the devices asked for. A Spec given
-    as an object must have been loaded from its file (the device process loads it again)."""
-    from .shard.request import SpecTarget, make_request, parse_fn_target
+    as an object must have been loaded from its file (the device process loads it again). With `args`
+    ("FILE.py:FACTORY"), each of `fns` is a training step run once, as written, on the factory's arguments, and the
+    randomness it draws on each device (and each of `processes` local processes) is compared."""
+    from .shard.request import SpecTarget, make_request, parse_args_factory, parse_fn_target
     from .shard.runner import run
     from .spec.limits import current_limits
     from .spec.tree import Spec
@@ -359,6 +364,9 @@ def shard_check(
         allow_replicated=allow_replicated,
         atol=atol,
         timeout=timeout,
+        args=parse_args_factory(args) if args is not None else None,
+        processes=processes,
+        data_axes=tuple(data_axes),
     )
     limits = current_limits()
     return run(dataclasses.replace(request, spec_limits=(limits.max_bytes, limits.max_nodes)))

@@ -28,6 +28,9 @@ class ShardCheckOptions(NamedTuple):
     allow_replicated: bool
     atol: float | None
     timeout: float | None
+    args: str | None
+    processes: int | None
+    data_axis: list[str] | None
     fmt: Format
     exit_zero: bool
     max_spec_mib: int | None
@@ -109,6 +112,27 @@ def shard_check(
     timeout: float | None = typer.Option(
         None, "--timeout", metavar="SECONDS", help="Give up on the device process after this long (default 300)."
     ),
+    args: str | None = typer.Option(
+        None,
+        "--args",
+        metavar="FILE.py:FACTORY",
+        help="A factory of the --fn step's arguments (given the mesh if it takes `mesh`): the step runs once as "
+        "written, and the randomness each device and process draws is compared.",
+    ),
+    processes: int | None = typer.Option(
+        None,
+        "--processes",
+        metavar="P",
+        help="Run the --args step in P local processes joined with jax.distributed (each with --devices CPU "
+        "devices) and find randomness repeated across them (default 1).",
+    ),
+    data_axis: list[str] | None = typer.Option(
+        None,
+        "--data-axis",
+        metavar="NAME",
+        help="A mesh axis that splits the data (identical randomness along it is a finding); repeatable. "
+        "Default: the axes that shard the step's arguments.",
+    ),
     fmt: Format = FORMAT,
     output: str | None = OUTPUT,
     exit_zero: bool = EXIT_ZERO,
@@ -134,6 +158,9 @@ def shard_check(
         allow_replicated,
         atol,
         timeout,
+        args,
+        processes,
+        data_axis,
         fmt,
         exit_zero,
         max_spec_mib,
@@ -169,6 +196,9 @@ def shard_check(
                 allow_replicated=o.allow_replicated,
                 atol=o.atol,
                 timeout=o.timeout,
+                args=o.args,
+                processes=o.processes,
+                data_axes=o.data_axis or (),
             )
 
         def render(console) -> None:

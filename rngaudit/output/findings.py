@@ -399,6 +399,9 @@ def _module_file(module: str) -> str | None:
 
 
 def _check_location(target, check) -> Location | None:
+    if target.kind == "step":
+        loc = check.details.get("location")
+        return Location(loc["file"], loc["line"], loc["col"]) if loc else None
     if target.kind == "fn":
         return _fn_location(target)
     for m in check.details.get("mismatches") or ():

@@ -44,7 +44,14 @@ def to_json(r: ShardReport) -> dict:
             "XLA_FLAGS": e.xla_flags,
             "JAX_PLATFORMS": e.jax_platforms,
         },
-        "devices": {"platform": d.platform, "kind": d.kind, "count": d.count, "ids": list(d.ids), "forced": d.forced},
+        "devices": {
+            "platform": d.platform,
+            "kind": d.kind,
+            "count": d.count,
+            "ids": list(d.ids),
+            "forced": d.forced,
+            "processes": d.processes,
+        },
         "mesh": {"axis_names": list(m.names), "axis_sizes": list(m.sizes), "device_ids": m.device_ids},
         "targets": [
             {"kind": t.kind, "name": t.name, "info": t.info, "checks": [check_json(c) for c in t.checks]}
@@ -77,7 +84,7 @@ def from_json(doc: dict) -> ShardReport:
         e["XLA_FLAGS"],
         e["JAX_PLATFORMS"],
     )
-    devices = DeviceSet(d["platform"], d["kind"], tuple(d["ids"]), d["forced"])
+    devices = DeviceSet(d["platform"], d["kind"], tuple(d["ids"]), d["forced"], d.get("processes", 1))
     mesh = MeshLayout(tuple(m["axis_names"]), tuple(m["axis_sizes"]), m["device_ids"])
     targets = tuple(
         TargetResult(

@@ -50,6 +50,20 @@ def _target_head(t: TargetResult) -> Text:
         if i["draw"]:
             head.append(f"; --draw {i['draw']}")
         return head
+    if t.kind == "step":
+        procs = i["processes"]
+        where = (
+            (f"{procs} processes, each on its own data" if i["process_local"] else f"{procs} processes")
+            if procs > 1
+            else "1 process"
+        )
+        axes = ", ".join(i["data_axes"]) if i["data_axes"] else "unknown (give --data-axis)"
+        head.append(
+            f"  training step with --args {i['args']}, run once as written on {where}; data axes {axes}"
+            + (f" (from {i['data_axes_from']})" if i["data_axes"] else "")
+            + f"; {i['draws']} draw(s) observed at {i['draw_sites']} site(s)"
+        )
+        return head
     key, x = i["key"], i["x"]
     fill = "ones" if x["fill"] == "ones" else f"normal (seed {x['seed']})"
     head.append(
@@ -74,6 +88,16 @@ def _check_extra(c: Check) -> list[str]:
     if c.id == "jit_equals_eager" and d.get("mismatched"):
         lines.append("eager    " + ", ".join(_value(v) for v in d["eager"]))
         lines.append("jit      " + ", ".join(_value(v) for v in d["jit"]))
+    for g in d.get("same", []):
+        members = g["members"]
+        shown = ", ".join(members[:MAX_DEVICES_SHOWN]) + (
+            f", ... ({len(members) - MAX_DEVICES_SHOWN} more)" if len(members) > MAX_DEVICES_SHOWN else ""
+        )
+        lines.append(f"same randomness on {shown}")
+    if d.get("same_groups", 0) > len(d.get("same", [])):
+        lines.append(
+            f"... {d['same_groups'] - len(d['same'])} more groups (--format json lists the first {len(d['same'])})"
+        )
     for m in d.get("mismatches", []):
         if "base" in m:
             lines.append(f"{m['base']}: host {m['host']} device {m['device']}")
@@ -98,7 +122,10 @@ def _check_extra(c: Check) -> list[str]:
 
 def render_shard(report: ShardReport, console: Console) -> None:
     dev, mesh, env = report.devices, report.mesh, report.environment
-    forced = f", forced with --devices {dev.count}" if dev.forced else ""
+    per = dev.count // max(dev.processes, 1)
+    forced = f", forced with --devices {per}" if dev.forced else ""
+    if dev.processes > 1:
+        forced += f", in each of {dev.processes} processes joined with jax.distributed"
     head = Text("shard-check", style="bold")
     head.append(
         f" on {dev.count} {dev.platform} device(s) ({dev.kind}{forced}); mesh {mesh.describe()}, "

@@ -20,8 +20,8 @@ def pick_devices(r: ShardRequest) -> list:
     import jax
 
     if r.devices is not None:
-        devices = jax.devices("cpu")
-        if len(devices) != r.devices:
+        devices = jax.devices("cpu")  # with --processes: every process's, in process order
+        if len(jax.local_devices(backend="cpu")) != r.devices:
             raise DeviceError(
                 f"--devices {r.devices}: JAX started with {len(devices)} CPU device(s) "
                 f"(XLA_FLAGS={os.environ.get('XLA_FLAGS')!r}); something configured JAX first"

@@ -57,6 +57,7 @@ class DeviceSet:
     kind: str
     ids: tuple[int, ...]
     forced: bool  # CPU devices made with --devices
+    processes: int = 1  # --processes: the devices of that many local processes, in process order
 
     @property
     def count(self) -> int:

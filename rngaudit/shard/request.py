@@ -15,6 +15,7 @@ from ..spec.tree import Draw
 from ..usercode import CodeRef, parse_code_ref
 
 MAX_DEVICES = 1024  # --devices: XLA makes this many host devices in well under a second
+MAX_PROCESSES = 16  # --processes: each is a JAX process on this machine
 DEFAULT_TIMEOUT = 300.0  # seconds the device process may run
 MAX_INPUT_ELEMENTS = 1 << 24  # --shape
 DEVICE_SPLIT_MAX = 1 << 20  # a split of more keys is not re-derived on the devices (it would materialise them)
@@ -49,6 +50,9 @@ class ShardRequest:
     atol: float | None = None  # None: XLA's rounding is accepted; a number: that tolerance (0: bit for bit)
     timeout: float = DEFAULT_TIMEOUT
     spec_limits: tuple[int, int] | None = None  # (bytes, YAML nodes) the specs were loaded with; None: defaults
+    args: CodeRef | None = None  # --args: the factory of the step's arguments; the --fn functions are steps
+    processes: int = 1  # --processes: local processes joined with jax.distributed
+    data_axes: tuple[str, ...] = ()  # --data-axis: mesh axes that split the data; () = from the arguments
 
 
 def parse_mesh(text: str) -> tuple[tuple[str, int], ...]:
@@ -89,6 +93,11 @@ def parse_fn_target(text: str) -> CodeRef:
     return parse_code_ref(text, "--fn", "FUNCTION", "forward")
 
 
+def parse_args_factory(text: str) -> CodeRef:
+    """--args `path/to/train.py:make_args`: the factory of a step's arguments."""
+    return parse_code_ref(text, "--args", "FACTORY", "make_args")
+
+
 def make_request(
     *,
     specs=(),
@@ -104,11 +113,43 @@ def make_request(
     allow_replicated=False,
     atol=None,
     timeout=None,
+    args=None,
+    processes=None,
+    data_axes=(),
 ) -> ShardRequest:
     """Validate the options (as the command line gives them) into a request; every mistake is a UsageError
     or UserCodeError naming the option, raised before any process starts."""
     if not specs and not fns:
         raise UsageError("give a SPEC to check its keys and draws, or --fn FILE.py:FUNCTION to check a function")
+    if args is not None:
+        if not fns:
+            raise UsageError("--args builds the arguments of a --fn training step, and no --fn is given")
+        given = [
+            o
+            for o, v in (("--shape", shape), ("--input", fill), ("--seed", seed), ("--key", key), ("--atol", atol))
+            if v is not None
+        ]
+        given += ["--replicated-key"] if replicated_key else []
+        given += ["--allow-replicated"] if allow_replicated else []
+        if given:
+            raise UsageError(
+                f"{given[0]} applies to a (key, x) --fn; with --args the step is called with the factory's "
+                "arguments as written"
+            )
+    elif data_axes:
+        raise UsageError("--data-axis applies to a --fn step run with --args, and no --args is given")
+    for a in data_axes:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", a):
+            raise UsageError(f"--data-axis {a!r}: give the name of a mesh axis, e.g. --data-axis data")
+    if processes is not None:
+        if not 1 <= processes <= MAX_PROCESSES:
+            raise UsageError(f"--processes {processes}: run 1 to {MAX_PROCESSES} processes")
+        if processes > 1 and args is None:
+            raise UsageError("--processes runs a --fn training step in each process; give its arguments with --args")
+        if processes > 1 and specs:
+            raise UsageError("--processes runs a --fn step; check SPECs in a run of one process")
+        if processes > 1 and platform not in (None, "cpu"):
+            raise UsageError(f"--processes starts local CPU processes; drop --platform {platform}")
     if not fns:
         given = [
             o
@@ -134,12 +175,14 @@ def make_request(
                 f"--devices makes CPU devices; drop it to use the real {platform} devices (--platform {platform})"
             )
     axes = parse_mesh(mesh) if mesh is not None else None
-    count = devices
+    nproc = processes or 1
+    count = devices * nproc if devices is not None else None
     if axes is not None:
         positions = math.prod(s for _, s in axes)
-        if devices is not None and positions != devices:
+        if count is not None and positions != count:
+            per = f" in each of {nproc} processes ({count} in all)" if nproc > 1 else ""
             raise UsageError(
-                f"--mesh {mesh}: the sizes multiply to {positions}, but --devices asks for {devices}; "
+                f"--mesh {mesh}: the sizes multiply to {positions}, but --devices asks for {devices}{per}; "
                 f"they must be equal"
             )
         count = positions
@@ -172,6 +215,9 @@ def make_request(
         allow_replicated=allow_replicated,
         atol=None if atol is None else float(atol),
         timeout=DEFAULT_TIMEOUT if timeout is None else float(timeout),
+        args=args,
+        processes=nproc,
+        data_axes=tuple(dict.fromkeys(data_axes)),
     )
 
 
@@ -218,4 +264,7 @@ def request_from_json(j: dict) -> ShardRequest:
         atol=j["atol"],
         timeout=j["timeout"],
         spec_limits=tuple(j["spec_limits"]) if j.get("spec_limits") is not None else None,
+        args=CodeRef(**j["args"]) if j.get("args") else None,
+        processes=j.get("processes", 1),
+        data_axes=tuple(j.get("data_axes", ())),
     )

@@ -29,18 +29,25 @@ def child_env(r: ShardRequest, base: dict | None = None) -> dict:
         env["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={r.devices}"])
         env["JAX_NUM_CPU_DEVICES"] = str(r.devices)
         env["JAX_PLATFORMS"] = "cpu"
+    if r.processes > 1:
+        env["JAX_PLATFORMS"] = "cpu"  # local processes share this machine's CPU, never one accelerator
     # the child must import this rngaudit even when it is run from a checkout that is not installed
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), here) if p)
     return env
 
 
-def _kill(proc: subprocess.Popen) -> None:
-    """Stop the device process and anything it started (it leads its own process group)."""
+def _signal(proc: subprocess.Popen) -> None:
+    """Kill the device process and anything it started (it leads its own process group)."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """Stop the device process and reap it."""
+    _signal(proc)
     proc.communicate()
 
 
@@ -57,52 +64,144 @@ def _error(kind: str, message: str) -> RngauditError:
     return cls(message)
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _start(args: list[str], env: dict) -> subprocess.Popen:
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", _WORKER, *args],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+    except OSError as e:
+        raise DeviceError(f"cannot start the device process ({e.strerror or e})") from None
+
+
+def _failed(path: str) -> bool:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return "error" in json.load(f)
+    except (OSError, ValueError):
+        return False
+
+
+def _wait(procs: list[subprocess.Popen], results: list[str], timeout: float, many: bool) -> list[str]:
+    """Every process's stderr once all have ended. Past `timeout` they are all killed (no hang, no orphan); so
+    are the others as soon as one process reports an error (they may wait on it in a collective forever)."""
+    import threading
+    import time
+
+    errs: list[bytes] = [b""] * len(procs)
+
+    def drain(i: int) -> None:
+        _, errs[i] = procs[i].communicate()
+
+    threads = [threading.Thread(target=drain, args=(i,), daemon=True) for i in range(len(procs))]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout
+    try:
+        while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
+            threads[[t.is_alive() for t in threads].index(True)].join(0.05)
+            if many and any(not t.is_alive() and _failed(r) for t, r in zip(threads, results)):
+                break
+        late = [i for i, t in enumerate(threads) if t.is_alive()]
+    except BaseException:
+        for p in procs:
+            _signal(p)
+        raise
+    for i in late:
+        _signal(procs[i])  # (its drain thread reaps it)
+    for t in threads:
+        t.join()
+    if late and not any(_failed(r) for r in results):
+        # a process that reported may still wait at exit for the others (jax.distributed's shutdown barrier)
+        late = [i for i in late if not os.path.exists(results[i])] or late
+        if many:
+            raise DeviceError(
+                f"the {len(procs)} processes did not finish within {timeout:g} s (--timeout {timeout:g}); "
+                f"process(es) {', '.join(map(str, late))} had not reported (a process that does not join "
+                "jax.distributed, or a step that waits for another process)"
+            )
+        raise DeviceError(
+            f"the device run did not finish within {timeout:g} s (--timeout {timeout:g}); "
+            "the devices may be unavailable or busy, or the checks need longer"
+        )
+    return [e.decode("utf-8", "replace") for e in errs]
+
+
+def _read(proc: subprocess.Popen, res_path: str, err_text: str, who: str) -> dict:
+    if not os.path.exists(res_path):
+        how = (
+            f"was killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exited with code {proc.returncode}"
+        )
+        last = _last_line(err_text)
+        raise DeviceError(f"{who} {how} before reporting" + (f": {last}" if last else ""))
+    with open(res_path, encoding="utf-8") as f:
+        result = json.load(f)
+    if "error" in result:
+        raise _error(result["error"]["kind"], result["error"]["message"])
+    return result
+
+
 def run(r: ShardRequest) -> ShardReport:
-    """Run the checks in a fresh process started with the devices asked for; raise RngauditError when it
-    cannot (bad input it finds, devices that cannot be had, a function that fails, a timeout)."""
+    """Run the checks in a fresh process started with the devices asked for (with --processes, that many
+    processes joined through jax.distributed); raise RngauditError when it cannot (bad input it finds, devices
+    that cannot be had, a function that fails, a process that does not join, a timeout)."""
+    import dataclasses
     import importlib.util
+
+    from .step_analysis import analyse
 
     if importlib.util.find_spec("jax") is None:  # (the device process runs JAX: say so before starting it)
         raise JaxUnavailableError()
+    many = r.processes > 1
     with tempfile.TemporaryDirectory(prefix="rngaudit-shard-") as tmp:
-        req_path, res_path = os.path.join(tmp, "request.json"), os.path.join(tmp, "result.json")
+        req_path = os.path.join(tmp, "request.json")
         with open(req_path, "w", encoding="utf-8") as f:
             json.dump(request_json(r), f)
+        env = child_env(r)
+        results = [os.path.join(tmp, f"result{i}.json") for i in range(r.processes)]
+        procs: list[subprocess.Popen] = []
         try:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", _WORKER, req_path, res_path],
-                env=child_env(r),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-            )
-        except OSError as e:
-            raise DeviceError(f"cannot start the device process ({e.strerror or e})") from None
-        try:
-            _, err = proc.communicate(timeout=r.timeout)
-        except subprocess.TimeoutExpired:
-            _kill(proc)
-            raise DeviceError(
-                f"the device run did not finish within {r.timeout:g} s (--timeout {r.timeout:g}); "
-                "the devices may be unavailable or busy, or the checks need longer"
-            ) from None
+            if many:
+                coordinator = f"127.0.0.1:{_free_port()}"
+                for i in range(r.processes):
+                    procs.append(_start([req_path, results[i], str(i), coordinator], env))
+            else:
+                procs.append(_start([req_path, results[0]], env))
         except BaseException:
-            _kill(proc)
+            for p in procs:
+                _kill(p)
             raise
-        err_text = err.decode("utf-8", "replace")
+        errs = _wait(procs, results, r.timeout, many)
         if os.environ.get("RNGAUDIT_DEBUG"):
-            sys.stderr.write(err_text)
-        if not os.path.exists(res_path):
-            how = (
-                f"was killed by signal {-proc.returncode}"
-                if proc.returncode < 0
-                else f"exited with code {proc.returncode}"
-            )
-            last = _last_line(err_text)
-            raise DeviceError(f"the device process {how} before reporting" + (f": {last}" if last else ""))
-        with open(res_path, encoding="utf-8") as f:
-            result = json.load(f)
-    if "error" in result:
-        raise _error(result["error"]["kind"], result["error"]["message"])
-    return from_json(result["report"])
+            for e in errs:
+                sys.stderr.write(e)
+        out = []
+        # a process that reported an error explains the others (killed, or ended waiting for it): it goes first
+        order = sorted(range(len(procs)), key=lambda i: not _failed(results[i]))
+        for i in order:
+            p, path, err = procs[i], results[i], errs[i]
+            try:
+                out.append(_read(p, path, err, f"process {i}" if many else "the device process"))
+            except RngauditError as e:
+                if many and not str(e).startswith("process "):
+                    raise type(e)(f"process {i}: {e}") from None
+                raise
+    out.sort(key=lambda o: o["process"])
+    report = from_json(out[0]["report"])
+    steps = [
+        analyse([o["steps"][j] for o in out], r.data_axes, report.mesh.names, r.processes)
+        for j in range(len(out[0]["steps"]))
+    ]
+    return dataclasses.replace(report, targets=report.targets + tuple(steps))

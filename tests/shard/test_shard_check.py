@@ -134,7 +134,14 @@ def test_guide_example_8_devices_is_a_finding_written_to_output(eight):
     doc = json.loads(text)
     assert text == json.dumps(doc, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
     assert doc["format"] == "rngaudit.shard_check" and doc["format_version"] == 1
-    assert doc["devices"] == {"platform": "cpu", "kind": "cpu", "count": 8, "ids": list(range(8)), "forced": True}
+    assert doc["devices"] == {
+        "platform": "cpu",
+        "kind": "cpu",
+        "count": 8,
+        "ids": list(range(8)),
+        "forced": True,
+        "processes": 1,
+    }
     assert doc["mesh"] == {"axis_names": ["data"], "axis_sizes": [8], "device_ids": list(range(8))}
     env = doc["environment"]
     assert env["XLA_FLAGS"].endswith("--xla_force_host_platform_device_count=8")
@@ -421,7 +428,7 @@ def test_a_wrong_host_key_and_its_draw_are_reported(monkeypatch):
         return dataclasses.replace(r, calls=[bad] + r.calls[1:])
 
     monkeypatch.setattr(report_mod, "derive", corrupted)
-    rep = run_here(make_request(specs=[SpecTarget("fixtures/guide/jit_init.yaml")]))
+    rep, _ = run_here(make_request(specs=[SpecTarget("fixtures/guide/jit_init.yaml")]))
     c = {x.id: x for x in rep.targets[0].checks}
     assert c["keys"].status == "fail" and c["keys"].details["mismatched"] == 1
     row = c["keys"].details["mismatches"][0]
@@ -435,7 +442,7 @@ def test_a_wrong_host_key_and_its_draw_are_reported(monkeypatch):
 
 
 def test_jit_that_differs_from_eager_fails_in_this_process():
-    rep = run_here(make_request(fns=[parse_fn_target(f"{STEPS}:host_random")]))
+    rep, _ = run_here(make_request(fns=[parse_fn_target(f"{STEPS}:host_random")]))
     jit = {x.id: x for x in rep.targets[0].checks}["jit_equals_eager"]
     assert jit.status == "fail"
     assert "larger than rounding" in jit.message
