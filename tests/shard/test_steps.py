@@ -266,3 +266,13 @@ def test_analysis_of_repeated_draws_compares_the_whole_sequence_per_device():
     records = [[0, [["x", 0]], [1, 1]], [0, [["x", 0]], [2, 2]], [0, [["x", 1]], [1, 1]], [0, [["x", 1]], [3, 3]]]
     t = analyse([_obs(0, [SITE], records)], ("x",), ("x",), 1)
     assert t.checks[0].status == "pass"
+
+
+def test_github_annotation_points_at_the_draw_line():
+    lines = (support.REPO / STEPS).read_text().splitlines()
+    start = lines.index("def whole_key_step(key, x, mesh):")
+    line = next(i for i in range(start, len(lines)) if "jax.random.normal(key, x.shape)" in lines[i]) + 1
+    r = run("--fn", f"{STEPS}:whole_key_step", "--args", f"{STEPS}:whole_key_args", "--devices", "2", "-f", "github")
+    assert r.returncode == 1, r.stderr
+    (annotation,) = r.stdout.splitlines()
+    assert annotation.startswith(f"::error file={STEPS},line={line},col=1,title=rngaudit shard-check/step_randomness::")
