@@ -175,7 +175,10 @@ def observe_module(module, args: tuple, kwargs: dict, keys: dict, phase: str, ta
             if phase == "init":
                 module.init(keys, *args, **kwargs)
             else:
-                module.apply(variables, *args, rngs=keys, **kwargs)
+                # every collection but params is mutable, as a training step applies a model (mutable=
+                # ['batch_stats']): BatchNorm in train mode updates its statistics (no key is drawn for them)
+                mutable = [c for c in variables if c != "params"] or False
+                module.apply(variables, *args, rngs=keys, mutable=mutable, **kwargs)
             jax.effects_barrier()
             rec.recording = False
         return rec
