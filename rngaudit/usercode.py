@@ -36,9 +36,16 @@ def quiet_stdout():
 
 
 def first_line(e: BaseException) -> str:
-    """The exception's message, first line only (at most 300 characters), or its class's name."""
+    """The exception's message, first line only (at most 300 characters), or its class's name. A first line that
+    only announces what follows ("... given the mesh:") takes the next line too."""
     text = str(e).strip()
-    return text.splitlines()[0][:300] if text else type(e).__name__
+    if not text:
+        return type(e).__name__
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    line = lines[0]
+    if line.endswith(":") and len(lines) > 1:
+        line = f"{line} {lines[1]}"
+    return line[:300]
 
 
 def parse_code_ref(text: str, option: str, kind: str, example: str) -> CodeRef:
@@ -63,6 +70,10 @@ def _import_file(ref: CodeRef, option: str):
     if not os.path.isfile(path):
         raise UserCodeError(f"{option} {ref.text}: no such file {ref.file!r}")
     name = "_rngaudit_user_" + re.sub(r"\W", "_", path)  # the whole path: two model.py files stay apart
+    stat = os.stat(path)
+    loaded = sys.modules.get(name)
+    if loaded is not None and getattr(loaded, "_rngaudit_stat", None) == (stat.st_mtime_ns, stat.st_size):
+        return loaded  # the same file named twice (shard-check's --fn and --args) is one module, imported once
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise UserCodeError(f"{option} {ref.text}: cannot import {ref.file!r}")
@@ -75,6 +86,7 @@ def _import_file(ref: CodeRef, option: str):
     finally:
         if sys.path and sys.path[0] == directory:
             sys.path.pop(0)
+    module._rngaudit_stat = (stat.st_mtime_ns, stat.st_size)  # type: ignore[attr-defined]
     return module
 
 

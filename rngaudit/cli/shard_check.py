@@ -131,7 +131,7 @@ def shard_check(
         "--data-axis",
         metavar="NAME",
         help="A mesh axis that splits the data (identical randomness along it is a finding); repeatable. "
-        "Default: the axes that shard the step's arguments.",
+        "Default: axes named like data, else the mapped function's in_specs, else the arguments' shardings.",
     ),
     fmt: Format = FORMAT,
     output: str | None = OUTPUT,

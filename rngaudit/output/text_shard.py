@@ -57,11 +57,10 @@ def _target_head(t: TargetResult) -> Text:
             if procs > 1
             else "1 process"
         )
-        axes = ", ".join(i["data_axes"]) if i["data_axes"] else "unknown (give --data-axis)"
+        axes = f"; data axes {', '.join(i['data_axes'])} (from {i['data_axes_from']})" if i["data_axes"] else ""
         head.append(
-            f"  training step with --args {i['args']}, run once as written on {where}; data axes {axes}"
-            + (f" (from {i['data_axes_from']})" if i["data_axes"] else "")
-            + f"; {i['draws']} draw(s) observed at {i['draw_sites']} site(s)"
+            f"  training step with --args {i['args']}, run once as written on {where}{axes}; {i['draws']} draw(s) "
+            f"observed at {i['draw_sites']} site(s)"
         )
         return head
     key, x = i["key"], i["x"]

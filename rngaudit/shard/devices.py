@@ -21,9 +21,10 @@ def pick_devices(r: ShardRequest) -> list:
 
     if r.devices is not None:
         devices = jax.devices("cpu")  # with --processes: every process's, in process order
-        if len(jax.local_devices(backend="cpu")) != r.devices:
+        local = jax.local_devices(backend="cpu")
+        if len(local) != r.devices:
             raise DeviceError(
-                f"--devices {r.devices}: JAX started with {len(devices)} CPU device(s) "
+                f"--devices {r.devices}: JAX started with {len(local)} CPU device(s) "
                 f"(XLA_FLAGS={os.environ.get('XLA_FLAGS')!r}); something configured JAX first"
             )
         return devices

@@ -1,11 +1,14 @@
 """The randomness a user's step really draws, device by device (the device process of `shard-check --args`).
 
-Every jax.random sampler (normal, uniform, bernoulli — so Flax's nn.Dropout —, randint, permutation, ...) ends in
-`jax._src.random.prng.random_bits(keys, bit_width, shape)`. While `observing()` is active that function also
-records, through `jax.debug.callback`, the key data each call uses where it runs: once per call outside
-shard_map (where jax.jit partitions one random array over the devices), and on each device inside shard_map,
-named by its coordinates along the manual mesh axes (`jax.lax.axis_index`). The random bits follow from the
-key, the shape and the bit width alone, so equal key data at the same draw means equal randomness. Nothing
+Every public `jax.random` sampler (normal, uniform, bernoulli — so Flax's nn.Dropout —, randint, permutation,
+gamma, ...) is wrapped, in `jax.random` and in `jax._src.random` (where jax.nn.initializers find them), before
+the user's code is imported. While `observing()` is active a sampler also records, through
+`jax.debug.callback`, the key data it was given where the draw runs: once outside shard_map (where jax.jit
+partitions one random array over the devices), and on each device inside shard_map or jax.pmap, named by its
+coordinates along the manual mesh axes (`jax.lax.axis_index`). The wrapper runs in the user's trace, above
+the samplers' own jax.jit, so every call is its own record; JAX's caches are cleared before the step runs,
+so a step traced before (by the factory, by an earlier --fn) is traced again and seen. The values follow from
+the sampler, its arguments and the key, so equal key data at the same draw means equal randomness. Nothing
 else of the computation changes: the callback only reads the key."""
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ import types
 from dataclasses import dataclass, field
 
 _RNGAUDIT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_LIBRARIES = tuple(os.sep + p + os.sep for p in ("jax", "jaxlib", "flax", "numpy", "contextlib", "functools"))
+# not samplers although their first parameter is a key
+_NOT_SAMPLERS = frozenset({"split", "fold_in", "key_data", "key_impl", "clone", "wrap_key_data"})
+_OBSERVING: list = []  # the Observation being recorded into (one at a time)
 
 
 @dataclass(frozen=True)
@@ -34,8 +39,10 @@ class DrawSite:
     sampler: str
     module: str | None
     shape: tuple[int, ...]
-    bit_width: int
+    dtype: str
     manual_axes: tuple[str, ...]
+    chain: tuple[tuple[str, int], ...] = ()  # every user frame of the call, innermost first: two calls of one
+    # helper from different places are different draws
     split_axes: tuple[str, ...] | None = None  # manual axes that split an input of the mapped function (not a key)
 
     def as_json(self) -> dict:
@@ -46,7 +53,8 @@ class DrawSite:
             "sampler": self.sampler,
             "module": self.module,
             "shape": list(self.shape),
-            "bit_width": self.bit_width,
+            "dtype": self.dtype,
+            "chain": [list(c) for c in self.chain],
             "manual_axes": [str(a) for a in self.manual_axes],
             "split_axes": None if self.split_axes is None else list(self.split_axes),
         }
@@ -77,28 +85,50 @@ class Observation:
         }
 
 
+@functools.cache
+def _library_dirs() -> tuple[str, ...]:
+    """Directories whose frames are not the user's: JAX, jaxlib, Flax, NumPy, rngaudit, the standard library."""
+    import sysconfig
+
+    dirs = [_RNGAUDIT]
+    for name in ("jax", "jaxlib", "flax", "numpy", "optax", "orbax", "chex"):
+        mod = sys.modules.get(name)
+        path = getattr(mod, "__file__", None)
+        if path:
+            dirs.append(os.path.dirname(os.path.abspath(path)))
+    for key in ("stdlib", "platstdlib"):
+        path = sysconfig.get_paths().get(key)
+        if path:
+            dirs.append(os.path.abspath(path))
+    return tuple(d.rstrip(os.sep) + os.sep for d in dirs)
+
+
 def _library(filename: str) -> bool:
-    return filename.startswith((_RNGAUDIT, "<")) or any(p in filename for p in _LIBRARIES)
+    return filename.startswith("<") or os.path.abspath(filename).startswith(_library_dirs())
 
 
-def _where() -> tuple[str | None, int | None, str, str]:
-    """(file, line, function) of the innermost frame of the user's code, and the public jax.random sampler
-    that was called (the outermost jax.random function without a leading underscore)."""
-    sampler = "random_bits"
+def _installed(filename: str) -> bool:
+    return f"{os.sep}site-packages{os.sep}" in filename or f"{os.sep}dist-packages{os.sep}" in filename
+
+
+def _where() -> tuple[str | None, int | None, str, tuple[tuple[str, int], ...]]:
+    """(file, line, function) of the frame a draw is shown at: the innermost frame of the user's own code (not
+    an installed package, when there is one), and the chain of every user frame, innermost first."""
     frame: types.FrameType | None = sys._getframe(2)
-    user = None
+    frames: list[types.FrameType] = []
     while frame is not None:
         name = frame.f_code.co_filename
-        if os.sep + "random" + os.sep in name and os.sep + "jax" + os.sep in name:
-            if not frame.f_code.co_name.startswith("_"):
-                sampler = frame.f_code.co_name
-        elif user is None and not _library(name):
-            user = frame
-            break
+        if name.startswith(_RNGAUDIT):
+            if frames:
+                break  # the worker that called the step: the user's frames end here
+        elif not _library(name):
+            frames.append(frame)
         frame = frame.f_back
-    if user is None:
-        return None, None, "?", sampler
-    return os.path.abspath(user.f_code.co_filename), user.f_lineno, user.f_code.co_name, sampler
+    if not frames:
+        return None, None, "?", ()
+    shown = next((f for f in frames if not _installed(f.f_code.co_filename)), frames[0])
+    chain = tuple((os.path.abspath(f.f_code.co_filename), f.f_lineno) for f in frames)
+    return os.path.abspath(shown.f_code.co_filename), shown.f_lineno, shown.f_code.co_name, chain
 
 
 def _flax_module() -> str | None:
@@ -210,46 +240,88 @@ def _mapped_split() -> tuple[str, ...] | None:
     return tuple(sorted({str(a) for m in _MAPPED for a in m}))
 
 
-@contextlib.contextmanager
-def observing(obs: Observation):
-    """Record every random_bits call made while active into `obs`."""
+def _record(obs: Observation, sampler: str, key, out) -> None:
+    """Note one call of `sampler` on `key` (its output `out`): the site now, the key data where it runs."""
     import jax
     import numpy as np
-    from jax._src.random import prng
 
-    original = prng.random_bits
-
-    def random_bits(keys, bit_width, shape):
-        file, line, function, sampler = _where()
-        manual = _manual_axes()
-        site = obs.site(
-            DrawSite(
-                file,
-                line,
-                function,
-                sampler,
-                _flax_module(),
-                tuple(int(d) for d in shape),
-                int(bit_width),
-                manual,
-                _mapped_split() if manual else None,
-            )
+    file, line, function, chain = _where()
+    manual = _manual_axes()
+    leaves = jax.tree_util.tree_leaves(out)
+    first = leaves[0] if leaves else None
+    site = obs.site(
+        DrawSite(
+            file,
+            line,
+            function,
+            sampler,
+            _flax_module(),
+            tuple(int(d) for d in getattr(first, "shape", ())),
+            str(getattr(first, "dtype", "")),
+            manual,
+            chain,
+            _mapped_split() if manual else None,
         )
+    )
+    typed = jax.dtypes.issubdtype(getattr(key, "dtype", None), jax.dtypes.prng_key)
+    data = jax.random.key_data(key) if typed else key
 
-        def record(data, *where, site=site, manual=manual):
-            words = tuple(int(w) for w in np.asarray(data).ravel())
-            coords = tuple((str(a), int(np.asarray(i))) for a, i in zip(manual, where))
-            with obs.lock:
-                obs.records.append((site, coords, words))
+    def record(data, *where, site=site, manual=manual):
+        words = tuple(int(w) for w in np.asarray(data).ravel())
+        coords = tuple((str(a), int(np.asarray(i))) for a, i in zip(manual, where))
+        with obs.lock:
+            obs.records.append((site, coords, words))
 
-        jax.debug.callback(record, jax.random.key_data(keys), *(jax.lax.axis_index(a) for a in manual))
-        return original(keys, bit_width, shape)
+    jax.debug.callback(record, data, *(jax.lax.axis_index(a) for a in manual))
 
-    prng.random_bits = random_bits
+
+def _wrap(name: str, fn):
+    @functools.wraps(fn)
+    def sampler(key, *args, **kwargs):
+        out = fn(key, *args, **kwargs)
+        if _OBSERVING:
+            _record(_OBSERVING[-1], name, key, out)
+        return out
+
+    sampler._rngaudit = fn  # type: ignore[attr-defined]
+    return sampler
+
+
+def watch_samplers() -> None:
+    """Wrap every public jax.random sampler, in jax.random and jax._src.random (for the rest of the process: the
+    device process imports the user's code after this, so `from jax.random import normal` gets the wrapper)."""
+    import jax.random as public
+
+    private = sys.modules.get("jax._src.random")  # (where jax.nn.initializers look samplers up)
+    for name in dir(public):
+        fn = getattr(public, name)
+        if name.startswith("_") or name in _NOT_SAMPLERS or not callable(fn) or hasattr(fn, "_rngaudit"):
+            continue
+        try:
+            params = list(inspect.signature(fn).parameters)
+        except (TypeError, ValueError):
+            continue
+        if not params or params[0] != "key":
+            continue
+        wrapped = _wrap(name, fn)
+        setattr(public, name, wrapped)
+        if private is not None and getattr(private, name, None) is fn:
+            setattr(private, name, wrapped)
+
+
+@contextlib.contextmanager
+def observing(obs: Observation):
+    """Record every sampler call made while active into `obs` (watch_samplers() must have run). JAX's caches are
+    cleared first: a step traced before would replay its old trace, which records nothing (or into an old
+    Observation)."""
+    import jax
+
+    jax.clear_caches()
+    _OBSERVING.append(obs)
     try:
         yield obs
     finally:
-        prng.random_bits = original
+        _OBSERVING.pop()
 
 
 def signature_accepts(fn, name: str) -> bool:

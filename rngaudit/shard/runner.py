@@ -3,6 +3,7 @@ starts) and read its report back. No JAX here."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -64,6 +65,26 @@ def _error(kind: str, message: str) -> RngauditError:
     return cls(message)
 
 
+@contextlib.contextmanager
+def _terminated_as_exit():
+    """SIGTERM (a CI job cancelled, `kill`) ends the command as an exception would: the device processes are
+    killed and the temporary folder removed on the way out, then it exits 143."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _free_port() -> int:
     import socket
 
@@ -94,9 +115,16 @@ def _failed(path: str) -> bool:
         return False
 
 
-def _wait(procs: list[subprocess.Popen], results: list[str], timeout: float, many: bool) -> list[str]:
-    """Every process's stderr once all have ended. Past `timeout` they are all killed (no hang, no orphan); so
-    are the others as soon as one process reports an error (they may wait on it in a collective forever)."""
+def _crashed(thread, path: str) -> bool:
+    """A process that ended by itself without a result (killed by the system, os._exit)."""
+    return not thread.is_alive() and not os.path.exists(path)
+
+
+def _wait(procs: list[subprocess.Popen], results: list[str], timeout: float, many: bool) -> tuple[list[str], list]:
+    """(every process's stderr, the processes killed at the deadline) once all have ended. Past `timeout` they are
+    all killed (no hang, no orphan); with several processes, so are the others as soon as one has reported an
+    error or died without a result (they may wait for it in a collective, or in jax.distributed's shutdown
+    barrier, until the deadline)."""
     import threading
     import time
 
@@ -112,7 +140,7 @@ def _wait(procs: list[subprocess.Popen], results: list[str], timeout: float, man
     try:
         while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
             threads[[t.is_alive() for t in threads].index(True)].join(0.05)
-            if many and any(not t.is_alive() and _failed(r) for t, r in zip(threads, results)):
+            if many and any(_failed(r) or _crashed(t, r) for t, r in zip(threads, results)):
                 break
         late = [i for i, t in enumerate(threads) if t.is_alive()]
     except BaseException:
@@ -123,20 +151,7 @@ def _wait(procs: list[subprocess.Popen], results: list[str], timeout: float, man
         _signal(procs[i])  # (its drain thread reaps it)
     for t in threads:
         t.join()
-    if late and not any(_failed(r) for r in results):
-        # a process that reported may still wait at exit for the others (jax.distributed's shutdown barrier)
-        late = [i for i in late if not os.path.exists(results[i])] or late
-        if many:
-            raise DeviceError(
-                f"the {len(procs)} processes did not finish within {timeout:g} s (--timeout {timeout:g}); "
-                f"process(es) {', '.join(map(str, late))} had not reported (a process that does not join "
-                "jax.distributed, or a step that waits for another process)"
-            )
-        raise DeviceError(
-            f"the device run did not finish within {timeout:g} s (--timeout {timeout:g}); "
-            "the devices may be unavailable or busy, or the checks need longer"
-        )
-    return [e.decode("utf-8", "replace") for e in errs]
+    return [e.decode("utf-8", "replace") for e in errs], late
 
 
 def _read(proc: subprocess.Popen, res_path: str, err_text: str, who: str) -> dict:
@@ -165,7 +180,7 @@ def run(r: ShardRequest) -> ShardReport:
     if importlib.util.find_spec("jax") is None:  # (the device process runs JAX: say so before starting it)
         raise JaxUnavailableError()
     many = r.processes > 1
-    with tempfile.TemporaryDirectory(prefix="rngaudit-shard-") as tmp:
+    with _terminated_as_exit(), tempfile.TemporaryDirectory(prefix="rngaudit-shard-") as tmp:
         req_path = os.path.join(tmp, "request.json")
         with open(req_path, "w", encoding="utf-8") as f:
             json.dump(request_json(r), f)
@@ -183,13 +198,29 @@ def run(r: ShardRequest) -> ShardReport:
             for p in procs:
                 _kill(p)
             raise
-        errs = _wait(procs, results, r.timeout, many)
+        errs, late = _wait(procs, results, r.timeout, many)
         if os.environ.get("RNGAUDIT_DEBUG"):
             for e in errs:
                 sys.stderr.write(e)
+        failed = [i for i in range(len(procs)) if _failed(results[i])]
+        died = [i for i in range(len(procs)) if i not in late and not os.path.exists(results[i])]
+        if late and not failed and not died:
+            # a process that reported may still wait at exit for the others (jax.distributed's shutdown barrier)
+            silent = [i for i in late if not os.path.exists(results[i])] or late
+            if many:
+                raise DeviceError(
+                    f"the {len(procs)} processes did not finish within {r.timeout:g} s (--timeout "
+                    f"{r.timeout:g}); process(es) {', '.join(map(str, silent))} had not reported (a process that "
+                    "does not join jax.distributed, or a step that waits for another process)"
+                )
+            raise DeviceError(
+                f"the device run did not finish within {r.timeout:g} s (--timeout {r.timeout:g}); "
+                "the devices may be unavailable or busy, or the checks need longer"
+            )
         out = []
-        # a process that reported an error explains the others (killed, or ended waiting for it): it goes first
-        order = sorted(range(len(procs)), key=lambda i: not _failed(results[i]))
+        # what went wrong first explains the rest: a process that reported an error, then one that died without
+        # a result, then the others (killed by us, or ended waiting for it)
+        order = failed + died + [i for i in range(len(procs)) if i not in failed and i not in died]
         for i in order:
             p, path, err = procs[i], results[i], errs[i]
             try:

@@ -10,9 +10,12 @@ whose arguments span processes draws one global array, the same key on every pro
 
 from __future__ import annotations
 
+import linecache
 import os
+import re
 
-from .report import FINDING, INFO, PASS, Check, TargetResult
+from ..errors import UsageError
+from .report import ALLOWED, FINDING, INFO, PASS, Check, TargetResult
 
 DATA_AXIS_NAMES = ("data", "batch", "dp", "fsdp", "replica", "dcn")  # what public models call data-parallel axes
 SHOWN_GROUPS = 8  # groups of identical devices kept per draw in the details (and JSON)
@@ -21,29 +24,45 @@ PROCESS = "process"
 
 def _site_key(s: dict) -> tuple:
     split = None if s.get("split_axes") is None else tuple(s["split_axes"])
-    return (
-        s["file"],
-        s["line"],
-        s["sampler"],
-        s["module"],
-        tuple(s["shape"]),
-        s["bit_width"],
-        tuple(s["manual_axes"]),
-        split,
-    )
+    chain = tuple(tuple(c) for c in s.get("chain", ()))
+    return (s["file"], s["line"], chain, s["sampler"], s["module"], tuple(s["shape"]), s.get("dtype"),
+            tuple(s["manual_axes"]), split)  # fmt: skip
 
 
-def _resolve_axes(given: tuple[str, ...], argument_axes: list[str], seen: list[str]) -> tuple[list[str], str]:
-    if given:
-        return list(given), "--data-axis"
-    if argument_axes:
-        return list(argument_axes), "the arguments' shardings"
-    named = [a for a in seen if a.lower() in DATA_AXIS_NAMES]
+def _site_axes(site: dict, argument_axes: list[str]) -> tuple[list[str], str]:
+    """The axes that split the data where a draw inside shard_map (or pmap) ran, and how that was told: the axis
+    names first (a `model` axis is never data, whatever its weights' in_specs say), then the mapped function's
+    in_specs, then the arguments' shardings, then a lone axis."""
+    manual = site["manual_axes"]
+    named = [a for a in manual if a.lower() in DATA_AXIS_NAMES or a == PMAP_AXIS]
     if named:
         return named, "the axis name"
-    if len(seen) == 1:
-        return list(seen), "the only mesh axis"
+    if site.get("split_axes") is not None:
+        return list(site["split_axes"]), "the in_specs of the mapped function"
+    sharded = [a for a in manual if a in argument_axes]
+    if sharded:
+        return sharded, "the arguments' shardings"
+    if len(manual) == 1:
+        return list(manual), "the only mapped axis"
     return [], "unknown"
+
+
+_IGNORE = re.compile(r"#\s*rngaudit:\s*ignore(?:\[(?P<rules>[^\]]*)\])?")
+_RULES = ("shard-check/step_randomness", "step_randomness")
+
+
+def _ignored_at(site: dict) -> str | None:
+    """`file:line` of a `# rngaudit: ignore` (or `ignore[shard-check/step_randomness]`) comment on a line of the
+    draw's call chain: identical randomness there is intended."""
+    for file, line in site.get("chain") or ([site["file"], site["line"]] if site["file"] else []):
+        text = linecache.getline(file, line)
+        m = _IGNORE.search(text)
+        if m is None:
+            continue
+        rules = m.group("rules")
+        if rules is None or any(r.strip() in _RULES for r in rules.split(",")):
+            return f"{_shown_path(file)}:{line}"
+    return None
 
 
 def _shown_path(file: str) -> str:
@@ -59,7 +78,27 @@ def _shown_path(file: str) -> str:
 def _where_text(site: dict) -> str:
     loc = f"{_shown_path(site['file'])}:{site['line']}" if site["file"] else "(no user frame)"
     module = f" ({site['module']})" if site["module"] else ""
-    return f"{site['sampler']} {tuple(site['shape'])} at {loc}{module}"
+    via = f" called from {_shown_path(site['via'][0])}:{site['via'][1]}" if site.get("via") else ""
+    return f"{site['sampler']} {tuple(site['shape'])} at {loc}{via}{module}"
+
+
+def _disambiguate(sites: list[dict]) -> list[dict]:
+    """Sites shown at the same line (one helper called from several places) name the first caller that differs."""
+    by_line: dict = {}
+    for s in sites:
+        by_line.setdefault((s["file"], s["line"], s["module"], s["sampler"], tuple(s["shape"])), []).append(s)
+    out = {id(s): s for s in sites}
+    for group in by_line.values():
+        if len(group) < 2:
+            continue
+        chains = [[tuple(c) for c in s.get("chain", ())] for s in group]
+        for s, chain in zip(group, chains):
+            for depth, frame in enumerate(chain):
+                if any(len(o) <= depth or o[depth] != frame for o in chains if o is not chain):
+                    if depth > 0:
+                        out[id(s)] = dict(s, via=list(frame))
+                    break
+    return [out[id(s)] for s in sites]
 
 
 def _member_text(m: tuple, local: bool) -> str:
@@ -105,12 +144,13 @@ def _fix(axes: list[str]) -> str:
     return "; ".join(fixes)
 
 
-def _check(site: dict, runs: list, local: bool, data: list[str], source: str, given: bool) -> Check:
+def _check(site: dict, runs: list, local: bool, given: tuple[str, ...], argument_axes: list[str]) -> Check:
     where = _where_text(site)
-    known = bool(data)
-    if not given and site["manual_axes"] and site.get("split_axes") is not None:
-        # the shard_map (or pmap) the draw ran in says which of its axes split its inputs
-        data, source, known = list(site["split_axes"]), "the in_specs of the mapped function", True
+    if given:
+        data, source = list(given), "--data-axis"
+    else:
+        data, source = _site_axes(site, argument_axes) if site["manual_axes"] else ([], "unknown")
+    known = source != "unknown"
     details = {
         "location": {"file": site["file"], "line": site["line"], "col": 1} if site["file"] else None,
         "module": site["module"],
@@ -118,6 +158,8 @@ def _check(site: dict, runs: list, local: bool, data: list[str], source: str, gi
         "shape": site["shape"],
         "manual_axes": site["manual_axes"],
         "runs": len(runs),
+        "data_axes": data,
+        "data_axes_from": source,
     }
     title = f"{site['sampler']} draw"
     manual = site["manual_axes"]
@@ -167,17 +209,31 @@ def _check(site: dict, runs: list, local: bool, data: list[str], source: str, gi
             )
     details["same"] = shown
     details["same_groups"] = len(same)
-    details["data_axes"] = data
     n_same = sum(len(m) for m in same)
     unit = "devices" if manual else "processes"
+    if len(same) == 1 and n_same == len(instances):
+        how = f"all {n_same} {unit} drew the same randomness"
+    else:
+        how = (
+            f"{n_same} of {len(instances)} {unit} drew the same randomness as another "
+            f"({len(same)} group{'s' if len(same) > 1 else ''} of identical {unit})"
+        )
     if finding_axes:
+        ignored = _ignored_at(site)
+        if ignored is not None:
+            return Check(
+                "step_randomness",
+                title,
+                ALLOWED,
+                f"{where}: {how}, identical along {_axes_text(finding_axes)}: intended (ignore comment at {ignored})",
+                details,
+            )
         return Check(
             "step_randomness",
             title,
             FINDING,
-            f"{where}: {n_same} of {len(instances)} {unit} drew the same randomness, identical along "
-            f"{_axes_text(finding_axes)}, where each holds different data (every data shard gets the same "
-            f"{site['sampler']} values); {_fix(finding_axes)}",
+            f"{where}: {how}, identical along {_axes_text(finding_axes)}, where each holds different data (every "
+            f"data shard gets the same {site['sampler']} values); {_fix(finding_axes)}",
             details,
         )
     if not known:
@@ -185,7 +241,7 @@ def _check(site: dict, runs: list, local: bool, data: list[str], source: str, gi
             "step_randomness",
             title,
             INFO,
-            f"{where}: {n_same} of {len(instances)} {unit} drew the same randomness, identical along "
+            f"{where}: {how}, identical along "
             f"{_axes_text(other_axes)}; shard-check cannot tell whether the data differs along "
             f"{'it' if len(other_axes) == 1 else 'them'}: give --data-axis NAME for each axis that splits the batch",
             details,
@@ -223,20 +279,38 @@ def analyse(
             own.append(k)
         for site, coords, words in obs["records"]:
             runs[own[site]].append((obs["process"], tuple((a, i) for a, i in coords), tuple(words)))
-    seen = list(mesh_names)
+    seen: list[str] = []
     for s in sites.values():
         for a in s["manual_axes"]:
             if a not in seen:
                 seen.append(a)
-    data, source = _resolve_axes(data_axes, argument_axes, seen)
+    known_axes = seen + [a for a in list(mesh_names) + argument_axes if a not in seen]
+    unknown = [a for a in data_axes if a not in known_axes]
+    if unknown:
+        raise UsageError(
+            f"--data-axis {unknown[0]}: the step has no mesh axis {unknown[0]!r}; its axes are "
+            f"{', '.join(repr(a) for a in known_axes) or 'none'}"
+        )
     # a site traced but never run drew nothing: Flax's shape check of an initialiser (under jax.eval_shape), a
     # branch not taken
     ran = [k for k in sites if runs[k]]
-    checks = [_check(sites[k], runs[k], local, data, source, bool(data_axes)) for k in ran]
+    shown = _disambiguate([sites[k] for k in ran])
+    checks = [_check(site, runs[k], local, data_axes, argument_axes) for site, k in zip(shown, ran)]
     if not checks:
         checks.append(
             Check("step_randomness", "no draws", INFO, "the step drew no randomness (no jax.random sampler ran)", {})
         )
+    used: list[str] = []
+    sources: list[str] = []
+    for c in checks:
+        for a in c.details.get("data_axes", ()):
+            if a not in used:
+                used.append(a)
+        src = c.details.get("data_axes_from")
+        if src and src != "unknown" and src not in sources:
+            sources.append(src)
+    data = list(data_axes) or used
+    source = "--data-axis" if data_axes else "; ".join(sources) or "unknown"
     info = {
         "fn": first["fn"],
         "args": first["args"],

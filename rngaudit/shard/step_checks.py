@@ -9,7 +9,11 @@ import inspect
 
 from ..errors import UserCodeError
 from ..usercode import CodeRef, first_line, load, quiet_stdout
-from .observe import Observation, observing, signature_accepts, watch_mapped_functions
+from .observe import Observation, observing, signature_accepts, watch_mapped_functions, watch_samplers
+
+
+def _a(noun: str) -> str:
+    return f"an {noun}" if noun[:1].lower() in "aeiou" else f"a {noun}"
 
 
 def _factory_args(ref: CodeRef, mesh) -> tuple:
@@ -24,7 +28,7 @@ def _factory_args(ref: CodeRef, mesh) -> tuple:
         raise UserCodeError(f"--args {ref.text}: the factory raised {type(e).__name__}: {first_line(e)}") from None
     if not isinstance(args, (tuple, list)):
         raise UserCodeError(
-            f"--args {ref.text}: the factory returned a {type(args).__name__}; return the step's positional "
+            f"--args {ref.text}: the factory returned {_a(type(args).__name__)}; return the step's positional "
             "arguments as a tuple, e.g. return (state, batch, rng)"
         )
     return tuple(args)
@@ -76,7 +80,8 @@ def observe_step(ref: CodeRef, factory: CodeRef, mesh) -> dict:
     """Run the step once on the factory's arguments and return what it drew (JSON data)."""
     import jax
 
-    watch_mapped_functions()  # before the user's module is imported: its decorators make shard_maps
+    watch_mapped_functions()  # before the user's module is imported: its decorators make shard_maps, its
+    watch_samplers()  # imports bind samplers
     fn = _step(ref)
     args = _factory_args(factory, mesh)
     _bind_check(ref, fn, args, factory)

@@ -48,7 +48,9 @@ def test_right_steps_pass_on_any_device_count(devices):
         code, target = step(fn, args, "--devices", devices)
         assert code == 0, target
         assert all(c["status"] == "pass" for c in target["checks"]), target
-        assert target["info"]["data_axes"] == ["data"] and target["info"]["draws"] >= 1
+        assert target["info"]["draws"] >= 1
+        # inside shard_map the data axis is the axis named 'data'; jit's global draw needs none
+        assert target["info"]["data_axes"] == ([] if fn == "mlp_step" else ["data"])
 
 
 def test_mlp_dropout_under_jit_is_one_draw_named_by_its_module():
@@ -87,7 +89,7 @@ def test_two_d_mesh_identical_along_model_is_expected_along_data_a_finding():
     assert code == 0
     (check,) = target["checks"]
     assert check["status"] == "pass" and "only along 'model'" in check["message"]
-    assert "the data is split along 'data', from the in_specs of the mapped function" in check["message"]
+    assert "the data is split along 'data', from the axis name" in check["message"]
     groups = check["details"]["same"]
     assert sorted(tuple(g["members"]) for g in groups) == [
         ("data=0,model=0", "data=0,model=1"),
@@ -112,6 +114,62 @@ def test_pmap_with_a_replicated_key_is_a_finding_named_or_not():
     assert check["details"]["same"][0]["members"] == ["pmap=0", "pmap=1"]
     code, target = step("pmap_folded_step", "pmap_args", "--devices", "4")
     assert code == 0 and statuses(target) == [("Dropout_0", "pass")]
+
+
+def test_every_draw_is_its_own_site_whatever_its_shape_or_helper():
+    # (review) the hook once sat under jax.random's own jit: a second draw of one shape reused the first's trace
+    code, target = step("two_draws_step", "whole_key_args", "--devices", "4")
+    assert code == 1 and [c["status"] for c in target["checks"]] == ["pass", "finding"]
+    lines = [c["details"]["location"]["line"] for c in target["checks"]]
+    assert lines[1] == lines[0] + 1
+    # one helper called twice: two sites, told apart by their caller
+    code, target = step("helper_step", "whole_key_args", "--devices", "4")
+    assert code == 1 and [c["status"] for c in target["checks"]] == ["pass", "finding"]
+    assert all(" called from " in c["message"] for c in target["checks"])
+
+
+def test_a_step_traced_before_the_check_is_still_observed():
+    # the factory ran the step once (a warm-up); and the same step given twice as --fn
+    code, target = step("whole_key_step", "warm_args", "--devices", "4")
+    assert code == 1 and target["checks"][0]["status"] == "finding"
+    code, doc = run_json(
+        "--fn", f"{STEPS}:dropout_step", "--fn", f"{STEPS}:dropout_step", "--args", f"{STEPS}:dropout_args",
+        "--devices", "2",
+    )  # fmt: skip
+    assert code == 1 and [t["checks"][0]["status"] for t in doc["targets"]] == ["finding", "finding"]
+
+
+def test_tensor_parallel_dropout_the_same_on_model_shards_is_not_a_finding():
+    # (review) the weights' in_specs split 'model'; that does not make 'model' a data axis
+    code, target = step("tp_step", "tp_args", "--devices", "4", "--mesh", "data=2,model=2")
+    assert code == 0, target
+    (check,) = target["checks"]
+    assert check["status"] == "pass" and check["details"]["data_axes"] == ["data"]
+
+
+def test_an_ignore_comment_marks_identical_randomness_as_intended():
+    code, target = step("intended_step", "whole_key_args", "--devices", "4")
+    assert code == 0
+    (check,) = target["checks"]
+    assert check["status"] == "allowed" and "intended (ignore comment at" in check["message"]
+
+
+def test_the_file_of_fn_and_args_is_imported_once():
+    code, target = step("state_step", "state_args", "--devices", "2")
+    assert code == 0 and statuses(target) == [("normal", "pass")]
+
+
+def test_a_process_that_dies_without_a_word_is_named_at_once():
+    r = run("--fn", f"{STEPS}:crash_step", "--args", f"{STEPS}:crash_args", "--devices", "1", "--processes", "2",
+            "--timeout", "120", timeout=60)  # fmt: skip
+    assert r.returncode == 2 and r.stderr.strip() == "error: process 1 exited with code 3 before reporting"
+
+
+def test_a_data_axis_the_step_does_not_have_is_an_error():
+    r = run("--fn", f"{STEPS}:whole_key_step", "--args", f"{STEPS}:whole_key_args", "--devices", "2",
+            "--data-axis", "dta")  # fmt: skip
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip() == "error: --data-axis dta: the step has no mesh axis 'dta'; its axes are 'data'"
 
 
 def test_data_axis_option_decides_which_axis_is_data():
@@ -252,13 +310,17 @@ SITE = {"file": None, "line": None, "function": "f", "sampler": "normal", "modul
 
 
 def test_analysis_without_a_known_data_axis_is_information_not_a_finding():
-    # an axis whose role cannot be told (no --data-axis, no sharded argument, not named like a data axis)
-    records = [[0, [["x", i]], [0, 7]] for i in range(2)]
-    t = analyse([_obs(0, [SITE], records)], (), ("x", "y"), 1)
+    # two axes whose role cannot be told (no --data-axis, no in_specs seen, no sharded argument, not named like
+    # a data axis): identical randomness is information, and a typo in --data-axis is an error
+    site = dict(SITE, manual_axes=["x", "y"])
+    records = [[0, [["x", i], ["y", 0]], [0, 7]] for i in range(2)]
+    t = analyse([_obs(0, [site], records)], (), ("x", "y"), 1)
     (check,) = t.checks
     assert check.status == "info" and "--data-axis" in check.message
-    t = analyse([_obs(0, [SITE], records)], ("x",), ("x", "y"), 1)
+    t = analyse([_obs(0, [site], records)], ("x",), ("x", "y"), 1)
     assert t.checks[0].status == "finding"
+    with pytest.raises(UsageError, match="--data-axis z: the step has no mesh axis 'z'"):
+        analyse([_obs(0, [site], records)], ("z",), ("x", "y"), 1)
 
 
 def test_analysis_of_repeated_draws_compares_the_whole_sequence_per_device():
