@@ -64,7 +64,7 @@ def parse_code_ref(text: str, option: str, kind: str, example: str) -> CodeRef:
     return CodeRef(text, None, where, attr)
 
 
-def _import_file(ref: CodeRef, option: str):
+def _import_file(ref: CodeRef, option: str, reuse: bool = False):
     assert ref.file is not None
     path = os.path.abspath(ref.file)
     if not os.path.isfile(path):
@@ -72,7 +72,7 @@ def _import_file(ref: CodeRef, option: str):
     name = "_rngaudit_user_" + re.sub(r"\W", "_", path)  # the whole path: two model.py files stay apart
     stat = os.stat(path)
     loaded = sys.modules.get(name)
-    if loaded is not None and getattr(loaded, "_rngaudit_stat", None) == (stat.st_mtime_ns, stat.st_size):
+    if reuse and loaded is not None and getattr(loaded, "_rngaudit_stat", None) == (stat.st_mtime_ns, stat.st_size):
         return loaded  # the same file named twice (shard-check's --fn and --args) is one module, imported once
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
@@ -114,12 +114,13 @@ def _defined(module) -> list[str]:
     )
 
 
-def load(ref: CodeRef, option: str):
-    """Import REF's file or module and return its attribute."""
+def load(ref: CodeRef, option: str, reuse: bool = False):
+    """Import REF's file or module and return its attribute. A file is imported afresh on each call (a capture
+    must see the classes it defines made under its hooks), or with `reuse` once while it is unchanged."""
     where = ref.file if ref.file is not None else ref.module
     assert where is not None  # (parse_code_ref gives a file or a module)
     try:
-        module = _import_file(ref, option) if ref.file is not None else importlib.import_module(where)
+        module = _import_file(ref, option, reuse) if ref.file is not None else importlib.import_module(where)
     except UserCodeError:
         raise
     except (Exception, SystemExit) as e:  # noqa: BLE001 - whatever the user's import raises is reported

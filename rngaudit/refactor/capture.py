@@ -56,9 +56,34 @@ def _run_capture(target_text, inputs, rngs, phase, method, steps) -> tuple[Captu
     if steps is not None:
         raise UsageError("--steps applies to NNX models (TARGET builds an nnx.Module from an nnx.Rngs)")
     cap, rec, root_cls = observe(target_text, inputs, rngs, phase, method)
-    spec_text = build_spec(rec, root_cls, cap.phase, cap.rngs, cap.settings, cap.target)
-    verify_spec_text(spec_text, cap)
-    return cap, spec_text
+    return cap, _checked_spec(rec, root_cls, cap)
+
+
+def _checked_spec(rec, root_cls: str, cap: Capture) -> str:
+    """The spec, with Flax's standard layers as layer statements that keep their hyper-parameters
+    (`{Dense: {features: 4}}`), checked by replaying it. A layer whose statement would not reproduce Flax (a
+    subclass, an initialiser that draws otherwise) is written as a module instead, and the spec checked again;
+    without a layer statement it must reproduce Flax, or capture refuses."""
+    excluded: set = set()
+    for _ in range(_LAYER_RETRIES):
+        text = build_spec(rec, root_cls, cap.phase, cap.rngs, cap.settings, cap.target, True, frozenset(excluded))
+        try:
+            difference = first_difference(text, cap)
+        except InternalError:
+            break  # the spec with layer statements does not replay at all: write every module as a module
+        if difference is None:
+            return text
+        path = difference[1]
+        wider = {path[:i] for i in range(1, len(path) + 1)} | {p for p in rec.modules if p[: len(path)] == path}
+        if wider <= excluded:
+            break
+        excluded |= wider
+    text = build_spec(rec, root_cls, cap.phase, cap.rngs, cap.settings, cap.target)
+    verify_spec_text(text, cap)
+    return text
+
+
+_LAYER_RETRIES = 8  # specs written again with more modules in module form before writing none as layers
 
 
 def observe(
@@ -311,6 +336,14 @@ def _site(r: dict) -> Site:
 
 def verify_spec_text(spec_text: str, cap: Capture) -> None:
     """Refuse to hand out a spec whose replay differs from what Flax did."""
+    difference = first_difference(spec_text, cap)
+    if difference is not None:
+        raise InternalError(difference[0])
+
+
+def first_difference(spec_text: str, cap: Capture) -> tuple[str, tuple] | None:
+    """(the message, the module path) of the first key the spec's replay does not reproduce; None when it
+    reproduces every key Flax handed out and no other."""
     from ..spec.limits import current_limits, limits
     from ..spec.parse import linen_only, parse_spec
 
@@ -332,17 +365,24 @@ def verify_spec_text(spec_text: str, cap: Capture) -> None:
         o = ours.get(ident)
         if o is None or o.key != s.key:
             what = "has no such call site" if o is None else f"gives key {list(o.key or ())}"
-            raise InternalError(
-                f"capture of {cap.target}: the generated spec does not reproduce Flax at "
-                f"{_describe(s)}: Flax handed out {list(s.key or ())}, the replay {what}; no spec was "
-                "written (please report this model)"
+            return (
+                (
+                    f"capture of {cap.target}: the generated spec does not reproduce Flax at "
+                    f"{_describe(s)}: Flax handed out {list(s.key or ())}, the replay {what}; no spec was "
+                    "written (please report this model)"
+                ),
+                tuple(s.path),
             )
     for ident, o in ours.items():
         if ident not in theirs:
-            raise InternalError(
-                f"capture of {cap.target}: the generated spec replays a key Flax never handed out "
-                f"at {_describe(o)}; no spec was written (please report this model)"
+            return (
+                (
+                    f"capture of {cap.target}: the generated spec replays a key Flax never handed out "
+                    f"at {_describe(o)}; no spec was written (please report this model)"
+                ),
+                tuple(o.path),
             )
+    return None
 
 
 def _describe(s: Site) -> str:

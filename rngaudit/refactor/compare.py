@@ -205,7 +205,7 @@ def _thing_ids(sites: list[Site]) -> dict:
     for s in sorted(sites, key=lambda t: (t.path, t.requested, t.lane, t.count)):
         if s.kind in _NOT_THINGS or s.key is None:
             continue
-        what = s.label or s.kind
+        what = _what(s)
         base = (s.path, what, s.requested, s.lane)
         n = seen.get(base, 0)
         seen[base] = n + 1
@@ -595,11 +595,30 @@ def _modules_of(cap: Capture) -> set:
     return out
 
 
+# what derive calls the draws of its standard layers (spec/layers.py); a captured draw has no such label
+_LAYER_LABELS = frozenset({"dropout mask", "attention dropout"})
+
+
+_LAYER_KINDS = frozenset({"make_rng", "dropout", "attention_dropout"})
+
+
+def _label(s: Site) -> str:
+    """A site's label as both inputs know it: a spec's descriptive label of a layer's make_rng is dropped."""
+    if s.kind in _LAYER_KINDS and s.label in _LAYER_LABELS:
+        return ""
+    return s.label or ""
+
+
+def _what(s: Site) -> str:
+    """What a draw is called in both inputs: its label, else its kind (a spec's Dropout draw is a make_rng)."""
+    return _label(s) or ("make_rng" if s.kind in _LAYER_KINDS else s.kind)
+
+
 def _signature(cap: Capture, mod: tuple) -> tuple:
     n = len(mod)
     return tuple(
         sorted(
-            (s.path[n:], s.stream, s.count, s.lane, s.label or "")
+            (s.path[n:], s.stream, s.count, s.lane, _label(s))
             for s in cap.sites
             if s.path[:n] == mod and s.kind not in ("jit_fork", "fold_rngs_fork")
         )

@@ -98,6 +98,8 @@ class ModuleInfo:
     cls: str
     naming: str  # root | auto | explicit | setup
     fields: str  # the module's hyper-parameters, to recognise it after a rename
+    options: dict = field(default_factory=dict)  # its plain-valued fields (features: 4), for a spec's layer statement
+    origin: str = ""  # the Python module its class comes from (flax.linen.linear for nn.Dense)
 
 
 # ---------------------------------------------------------------- frames (for runtime attribution)
@@ -266,9 +268,10 @@ class Recorder:
         if isinstance(top, CallNode) and top.path == path:
             return next_fun(*args, **kwargs)  # a method calling another method of the same module
         node = CallNode(self.next_seq(), path, type(m).__name__, method)
-        self.modules.setdefault(
-            path, ModuleInfo(path, type(m).__name__, "root" if not path else "explicit", _fields(m))
-        )
+        if path not in self.modules:
+            self.modules[path] = ModuleInfo(
+                path, type(m).__name__, "root" if not path else "explicit", _fields(m), _options(m), type(m).__module__
+            )
         if method == "setup":
             self.setups.append(node)
         self._container(path).items.append(node)
@@ -281,7 +284,10 @@ class Recorder:
             return
         path = tuple(scope.path)
         naming = "setup" if parent_setup else ("auto" if name_before is None and parent_compact else "explicit")
-        self.modules.setdefault(path, ModuleInfo(path, type(module).__name__, naming, _fields(module)))
+        if path not in self.modules:
+            self.modules[path] = ModuleInfo(
+                path, type(module).__name__, naming, _fields(module), _options(module), type(module).__module__
+            )
         if parent_setup:
             top = self.stack[-1]
             if (
@@ -399,6 +405,33 @@ class Recorder:
                     forks.setdefault((ev.stream, key), []).append(rec)
                 out.setdefault(order, rec)
         return [r for _, r in sorted(out.items()) if not r["event"].discarded]
+
+
+def _plain(v):
+    """A field value a spec can hold (numbers, strings, booleans, tuples of them), else None."""
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, (tuple, list)) and all(isinstance(x, (bool, int, float, str)) for x in v):
+        return list(v)
+    return None
+
+
+def _options(module) -> dict:
+    """The fields set to a plain value other than their default (a spec keeps what the user wrote)."""
+    import dataclasses
+
+    out = {}
+    for f in dataclasses.fields(module):
+        if f.name in ("parent", "name") or not f.init:
+            continue
+        v = getattr(module, f.name, None)
+        plain = _plain(v)
+        if plain is None and v is not None:
+            continue
+        if f.default is not dataclasses.MISSING and _plain(f.default) == plain:
+            continue
+        out[f.name] = plain
+    return out
 
 
 def _fields(module) -> str:

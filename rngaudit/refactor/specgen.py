@@ -146,10 +146,66 @@ def _lift_options(node) -> dict:
     return {"rngs": _filter(o["rngs"], "rngs")}
 
 
+_LEAF_STATEMENTS = ("param", "make_rng", "variable")
+
+
+def _draws_of(items: list) -> list:
+    """What a module-form body draws, in order, as (kind, name): what a layer statement must reproduce."""
+    out = []
+    for st in items:
+        if not isinstance(st, dict) or len(st) != 1:
+            return [None]
+        ((kind, arg),) = st.items()
+        if kind not in _LEAF_STATEMENTS:
+            return [None]  # a child, a call, a transform: not a standard layer's own body
+        out.append((kind, arg if not isinstance(arg, dict) else tuple(sorted(arg.items(), key=str))))
+    return out
+
+
 class _Builder:
-    def __init__(self, rec, phase: str):
+    def __init__(self, rec, phase: str, layers: bool = False, excluded: frozenset = frozenset()):
         self.rec = rec
         self.phase = phase
+        self.layers = layers  # write Flax's standard layers as layer statements with their hyper-parameters
+        self.excluded = excluded  # module paths written as modules whatever their class
+
+    def layer_statement(self, inner, name: str | None, body: dict) -> dict | None:
+        """`{Dense: {features: 4, use_bias: false}}` for a standard layer whose module form drew only its own keys;
+        None when it is not one (capture replays the spec and writes such a module as a module where the layer
+        statement would not reproduce Flax)."""
+        from ..spec.layers import LAYERS, OPTION_TYPES
+
+        kind = LAYERS.get(inner.cls)
+        info = self.rec.modules.get(inner.path)
+        if kind is None or info is None or not inner.path or inner.path in self.excluded:
+            return None
+        if not info.origin.startswith("flax.linen."):
+            return None  # a class of the user's own that is called Dense
+        setup, items = body.get("setup", []), body.get("body", [])
+        drawn = _draws_of(setup) + _draws_of(items)
+        if None in drawn:
+            return None
+        if any(k == "param" and a not in kind.params for k, a in drawn):
+            return None
+        if any(k != "param" and isinstance(a, tuple) and ("stream", "params") in a for k, a in drawn):
+            return None  # a parameter made by apply (or a variable's initialiser): a layer's params draw in init only
+        opts: dict = {} if name is None else {"name": name}
+        for opt in kind.passive:
+            v = info.options.get(opt)
+            if v is not None:
+                opts[opt] = v
+        for opt, default in kind.options.items():
+            v = info.options.get(opt, default)
+            if opt == "deterministic" and v is None:
+                v = not any(k == "make_rng" for k, _ in drawn)  # (given at the call: what the call did)
+            want = OPTION_TYPES.get(opt)
+            if want is float and isinstance(v, int) and not isinstance(v, bool):
+                v = float(v)
+            if v is None or (want is not None and not isinstance(v, want)) or (want is not bool and v is True):
+                return None
+            if v != default or opt in ("rate", "deterministic"):
+                opts[opt] = v
+        return {inner.cls: opts}
 
     def setup_of(self, node):
         """The setup() run that prepared this call: the latest one at the same path before it."""
@@ -218,6 +274,10 @@ class _Builder:
         if items:
             body["setup"] = items
         body["body"] = self.body(inner, set(defined))
+        if self.layers and not lifts:
+            layer = self.layer_statement(inner, name, body)
+            if layer is not None:
+                return layer
         # class transforms rename the class (VmapMLP, nested: ScanCheckpointBlock); a method decorator keeps it
         classes = _class_levels([kind for kind, _, _ in lifts], lifts[0][2] if lifts else inner.cls, inner.cls)
         if classes is None:
@@ -441,14 +501,15 @@ def _add_event(out: list, stmts: list, ev, pending):
     return (ev.init_col, ev.var_name, ev.requested) if kind in ("variable", "param") else None
 
 
-def model_doc(rec, phase: str, target: str) -> dict:
-    """The `model:` of a spec that replays what `rec` observed."""
+def model_doc(rec, phase: str, target: str, layers: bool = False, excluded: frozenset = frozenset()) -> dict:
+    """The `model:` of a spec that replays what `rec` observed (with `layers`, standard layers as layer
+    statements, except at the `excluded` paths)."""
     roots = [x for x in rec.root.items if type(x).__name__ == "CallNode" and x.method != "setup"]
     # init(...) may first call a wrapper method that does nothing at the root's scope
     roots = [x for x in roots if x.items] or roots
     if not roots:
         raise UnsupportedError(f"capture of {target}: the model's {phase} called no module method")
-    b = _Builder(rec, phase)
+    b = _Builder(rec, phase, layers, excluded)
     try:
         model = b.module(roots[0], None)
     except _Unsupported as e:
@@ -456,9 +517,18 @@ def model_doc(rec, phase: str, target: str) -> dict:
     return model.get("module", model)
 
 
-def build_spec(rec, root_cls: str, phase: str, seeds: dict, settings: dict, target: str) -> str:
+def build_spec(
+    rec,
+    root_cls: str,
+    phase: str,
+    seeds: dict,
+    settings: dict,
+    target: str,
+    layers: bool = False,
+    excluded: frozenset = frozenset(),
+) -> str:
     """The YAML text of a spec that replays what `rec` observed."""
-    model = model_doc(rec, phase, target)
+    model = model_doc(rec, phase, target, layers, excluded)
     doc = {
         "rngaudit": 1,
         "flax": {"fix_rng_separator": settings["fix_rng_separator"], "version": settings["flax_version"]},

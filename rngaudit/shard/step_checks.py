@@ -17,7 +17,7 @@ def _a(noun: str) -> str:
 
 
 def _factory_args(ref: CodeRef, mesh) -> tuple:
-    factory = load(ref, "--args")
+    factory = load(ref, "--args", reuse=True)
     if not callable(factory):
         raise UserCodeError(f"--args {ref.text}: {ref.attr} is a {type(factory).__name__}, not a function")
     kwargs = {"mesh": mesh} if signature_accepts(factory, "mesh") else {}
@@ -35,7 +35,7 @@ def _factory_args(ref: CodeRef, mesh) -> tuple:
 
 
 def _step(ref: CodeRef):
-    fn = load(ref, "--fn")
+    fn = load(ref, "--fn", reuse=True)
     if not callable(fn):
         raise UserCodeError(f"--fn {ref.text}: {ref.attr} is a {type(fn).__name__}, not a function")
     return fn

@@ -956,3 +956,55 @@ def test_layers_adopted_from_a_field_replay_bit_exactly(tmp_path, factory, n):
     assert_replays(spec, doc)
     r = invoke("verify", spec, "--against", f"{f}:{factory}", "--rngs", "params=0,noise=1")
     assert r.exit_code == 0 and f"{n} same, 0 differ, 0 missing, 0 extra" in r.output, r.output
+
+
+LAYERS = HEADER + textwrap.dedent("""
+    class Dense(nn.Module):
+        # a user's own class that happens to be called Dense: written as a module, not as nn.Dense
+        features: int
+
+        @nn.compact
+        def __call__(self, x):
+            w = self.param('w', nn.initializers.lecun_normal(), (x.shape[-1], self.features))
+            return x @ w
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = nn.Dense(8, use_bias=False)(x)
+            x = nn.LayerNorm(epsilon=1e-5)(x)
+            x = nn.Dropout(0.1)(x, deterministic=False)
+            return Dense(4)(x)
+
+    class Net(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = nn.Conv(4, (3,), padding='CIRCULAR')(x)
+            x = nn.Embed(10, 4)(jnp.ones(x.shape[:2], jnp.int32)) + x
+            for _ in range(3):
+                x = Block()(x)
+            return x
+
+    def make():
+        return Net(), (jnp.ones((2, 5, 3)),)
+""")
+
+
+def test_standard_layers_are_layer_statements_with_their_hyper_parameters(tmp_path):
+    # issue 16: a captured spec keeps the layers' hyper-parameters (those set to other than Flax's default)
+    f = write(tmp_path, "layers.py", LAYERS)
+    spec, doc = capture(tmp_path, f"{f}:make", "--rngs", "params=0,dropout=1")
+    text = spec.read_text()
+    for line in (
+        "Dense: {features: 8, use_bias: false}",
+        "LayerNorm: {epsilon: 1.0e-05}",
+        "Dropout: {rate: 0.1, deterministic: false}",
+        "Embed: {num_embeddings: 10, features: 4}",
+        "padding: CIRCULAR",
+        "repeat: 3",
+    ):
+        assert line in text, text
+    assert "class: Dense" in text and "{param: w}" in text  # the user's Dense stays a module
+    assert_replays(spec, doc)
+    r = invoke("verify", spec, "--against", f"{f}:make", "--rngs", "params=0,dropout=1")
+    assert r.exit_code == 0 and f"{len(doc['calls'])} same, 0 differ" in r.output, r.output
