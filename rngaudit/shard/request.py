@@ -121,16 +121,17 @@ def make_request(
     or UserCodeError naming the option, raised before any process starts."""
     if not specs and not fns:
         raise UsageError("give a SPEC to check its keys and draws, or --fn FILE.py:FUNCTION to check a function")
+    # the options of a (key, x) function, in the order they are named when one is out of place
+    given = [
+        o
+        for o, v in (("--shape", shape), ("--input", fill), ("--seed", seed), ("--key", key), ("--atol", atol))
+        if v is not None
+    ]
+    given += ["--replicated-key"] if replicated_key else []
+    given += ["--allow-replicated"] if allow_replicated else []
     if args is not None:
         if not fns:
             raise UsageError("--args builds the arguments of a --fn training step, and no --fn is given")
-        given = [
-            o
-            for o, v in (("--shape", shape), ("--input", fill), ("--seed", seed), ("--key", key), ("--atol", atol))
-            if v is not None
-        ]
-        given += ["--replicated-key"] if replicated_key else []
-        given += ["--allow-replicated"] if allow_replicated else []
         if given:
             raise UsageError(
                 f"{given[0]} applies to a (key, x) --fn; with --args the step is called with the factory's "
@@ -150,16 +151,8 @@ def make_request(
             raise UsageError("--processes runs a --fn step; check SPECs in a run of one process")
         if processes > 1 and platform not in (None, "cpu"):
             raise UsageError(f"--processes starts local CPU processes; drop --platform {platform}")
-    if not fns:
-        given = [
-            o
-            for o, v in (("--shape", shape), ("--input", fill), ("--seed", seed), ("--key", key), ("--atol", atol))
-            if v is not None
-        ]
-        given += ["--replicated-key"] if replicated_key else []
-        given += ["--allow-replicated"] if allow_replicated else []
-        if given:
-            raise UsageError(f"{given[0]} applies to --fn, and no --fn is given")
+    if not fns and given:
+        raise UsageError(f"{given[0]} applies to --fn, and no --fn is given")
     if replicated_key and allow_replicated:
         raise UsageError(
             "--replicated-key says identical randomness from one key is a finding, --allow-replicated that it "

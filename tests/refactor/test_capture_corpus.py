@@ -41,6 +41,7 @@ RESNET = textwrap.dedent("""
         stage_sizes: tuple = (1, 1)
         num_classes: int = 10
         width: int = 2
+        hidden_head: bool = False
 
         @nn.compact
         def __call__(self, x, train: bool = True):
@@ -51,6 +52,9 @@ RESNET = textwrap.dedent("""
                     strides = (2, 2) if i > 0 and j == 0 else (1, 1)
                     x = ResNetBlock(self.width * 2 ** i, strides)(x, train)
             x = jnp.mean(x, axis=(1, 2))
+            if self.hidden_head:
+                x = nn.Dropout(0.1, deterministic=not train)(x)
+                x = nn.Dense(8)(x)
             x = nn.Dropout(0.2, deterministic=not train)(x)
             return nn.Dense(self.num_classes)(x)
 
@@ -60,21 +64,7 @@ RESNET = textwrap.dedent("""
     def wider_head():
         # the deliberate change: a hidden Dropout and Dense before the classifier take the auto-names (and keys)
         # of the old ones: the classifier and its dropout become Dense_1 and Dropout_1, with new keys
-        class ResNetHead(ResNet):
-            @nn.compact
-            def __call__(self, x, train: bool = True):
-                x = nn.Conv(self.width, (3, 3), use_bias=False, name='conv_init')(x)
-                x = nn.relu(nn.BatchNorm(use_running_average=not train, name='bn_init')(x))
-                for i, size in enumerate(self.stage_sizes):
-                    for j in range(size):
-                        strides = (2, 2) if i > 0 and j == 0 else (1, 1)
-                        x = ResNetBlock(self.width * 2 ** i, strides)(x, train)
-                x = jnp.mean(x, axis=(1, 2))
-                x = nn.Dropout(0.1, deterministic=not train)(x)
-                x = nn.Dense(8)(x)
-                x = nn.Dropout(0.2, deterministic=not train)(x)
-                return nn.Dense(self.num_classes)(x)
-        return ResNetHead(), (jnp.ones((2, 8, 8, 3)),)
+        return ResNet(hidden_head=True), (jnp.ones((2, 8, 8, 3)),)
 """)
 
 SEQ2SEQ = textwrap.dedent("""
@@ -95,6 +85,7 @@ SEQ2SEQ = textwrap.dedent("""
     class Seq2Seq(nn.Module):
         vocab: int = 12
         dropout: float = 0.1
+        split_dropout: bool = True
 
         @nn.compact
         def __call__(self, src, tgt):
@@ -102,8 +93,8 @@ SEQ2SEQ = textwrap.dedent("""
             enc = nn.RNN(nn.GRUCell(8), return_carry=True, name='encoder')
             carry, _ = enc(emb(src))
             carry = nn.Dropout(self.dropout, deterministic=False)(carry)
-            Decode = nn.scan(DecoderCell, variable_broadcast='params', split_rngs={'params': False, 'dropout': True},
-                             in_axes=1, out_axes=1)
+            Decode = nn.scan(DecoderCell, variable_broadcast='params',
+                             split_rngs={'params': False, 'dropout': self.split_dropout}, in_axes=1, out_axes=1)
             _, logits = Decode(self.vocab, self.dropout, name='decoder')(carry, emb(tgt))
             return logits
 
@@ -112,19 +103,7 @@ SEQ2SEQ = textwrap.dedent("""
 
     def dropout_not_split():
         # the deliberate change: the decode loop shares one dropout key across its steps
-        src = make.__globals__['Seq2Seq']
-        class Shared(src):
-            @nn.compact
-            def __call__(self, src, tgt):
-                emb = nn.Embed(self.vocab, 8, name='shared_embedding')
-                enc = nn.RNN(nn.GRUCell(8), return_carry=True, name='encoder')
-                carry, _ = enc(emb(src))
-                carry = nn.Dropout(self.dropout, deterministic=False)(carry)
-                Decode = nn.scan(DecoderCell, variable_broadcast='params', split_rngs={'params': False, 'dropout': False},
-                                 in_axes=1, out_axes=1)
-                _, logits = Decode(self.vocab, self.dropout, name='decoder')(carry, emb(tgt))
-                return logits
-        return Shared(), (jnp.ones((2, 5), jnp.int32), jnp.ones((2, 4), jnp.int32))
+        return Seq2Seq(split_dropout=False), (jnp.ones((2, 5), jnp.int32), jnp.ones((2, 4), jnp.int32))
 """)
 
 HF = textwrap.dedent("""
