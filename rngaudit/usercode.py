@@ -134,3 +134,11 @@ def load(ref: CodeRef, option: str, reuse: bool = False):
             raise UserCodeError(f"{option} {ref.text}: {where} has no {ref.attr!r}{defines}")
         obj = getattr(obj, part)
     return obj
+
+
+def load_callable(ref: CodeRef, option: str, reuse: bool = False):
+    """`load`, checked to give something callable (a function, a class, a callable object)."""
+    obj = load(ref, option, reuse)
+    if not callable(obj):
+        raise UserCodeError(f"{option} {ref.text}: {ref.attr} is a {type(obj).__name__}, not a function")
+    return obj

@@ -11,7 +11,7 @@ from ..engine.keys import JaxKeys, evaluate, jax_setting
 from ..errors import Location, UsageError, UserCodeError
 from ..spec.keyexpr import parse as parse_key_expr
 from ..spec.keyexpr import raw_words
-from ..usercode import CodeRef, first_line, load
+from ..usercode import CodeRef, first_line, load_callable
 from .arrays import beyond_rounding, compare
 from .devices import (
     distinct_blocks,
@@ -31,9 +31,7 @@ class _NeedsMeshAxes(Exception):
 
 def load_function(t: CodeRef):
     """Import the module or file and return the function, checked to accept (key, x)."""
-    obj = load(t, "--fn")
-    if not callable(obj):
-        raise UserCodeError(f"--fn {t.text}: {t.attr} is a {type(obj).__name__}, not a function")
+    obj = load_callable(t, "--fn")
     try:
         sig = inspect.signature(obj)
     except (TypeError, ValueError):

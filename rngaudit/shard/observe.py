@@ -30,8 +30,8 @@ _OBSERVING: list = []  # the Observation being recorded into (one at a time)
 
 @dataclass(frozen=True)
 class DrawSite:
-    """Where a draw was traced: the user's source line, the sampler, the Flax module it ran in, its shape and
-    bit width, and the mesh axes that were manual there (inside shard_map)."""
+    """Where a draw was traced: the user's source line, the sampler, the Flax module it ran in, its output's shape
+    and dtype, and the mesh axes that were manual there (inside shard_map)."""
 
     file: str | None
     line: int | None
@@ -159,7 +159,8 @@ def _manual_axes() -> tuple[str, ...]:
 _MAPPED: list = []  # while a shard_map (or pmap) body is traced: the axes that split its inputs, None if unknown
 
 
-def _axis_names(spec) -> list:
+def axis_names(spec) -> list:
+    """The mesh axes a PartitionSpec names, in order (`P(('data', 'fsdp'), None, 'model')`)."""
     names: list = []
     for entry in spec or ():
         for name in entry if isinstance(entry, tuple) else (entry,):
@@ -192,7 +193,7 @@ def _split_axes(in_specs, args) -> set | None:
             continue  # a raw PRNGKey (jax.random.PRNGKey): a key, not data
         spec = specs[i] if specs is not None else None
         if isinstance(spec, PartitionSpec):
-            axes.update(_axis_names(spec))
+            axes.update(axis_names(spec))
             continue
         vma = getattr(jax.typeof(leaf), "vma", None) if hasattr(jax, "typeof") else None
         if vma is None:
@@ -322,12 +323,3 @@ def observing(obs: Observation):
         yield obs
     finally:
         _OBSERVING.pop()
-
-
-def signature_accepts(fn, name: str) -> bool:
-    """Whether `fn` takes a parameter called `name` (or **kwargs)."""
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)

@@ -8,8 +8,17 @@ from __future__ import annotations
 import inspect
 
 from ..errors import UserCodeError
-from ..usercode import CodeRef, first_line, load, quiet_stdout
-from .observe import Observation, observing, signature_accepts, watch_mapped_functions, watch_samplers
+from ..usercode import CodeRef, first_line, load_callable, quiet_stdout
+from .observe import Observation, axis_names, observing, watch_mapped_functions, watch_samplers
+
+
+def _takes(fn, name: str) -> bool:
+    """Whether `fn` takes a parameter called `name` (or **kwargs)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
 def _a(noun: str) -> str:
@@ -17,10 +26,8 @@ def _a(noun: str) -> str:
 
 
 def _factory_args(ref: CodeRef, mesh) -> tuple:
-    factory = load(ref, "--args", reuse=True)
-    if not callable(factory):
-        raise UserCodeError(f"--args {ref.text}: {ref.attr} is a {type(factory).__name__}, not a function")
-    kwargs = {"mesh": mesh} if signature_accepts(factory, "mesh") else {}
+    factory = load_callable(ref, "--args", reuse=True)
+    kwargs = {"mesh": mesh} if _takes(factory, "mesh") else {}
     try:
         with quiet_stdout():
             args = factory(**kwargs)
@@ -32,13 +39,6 @@ def _factory_args(ref: CodeRef, mesh) -> tuple:
             "arguments as a tuple, e.g. return (state, batch, rng)"
         )
     return tuple(args)
-
-
-def _step(ref: CodeRef):
-    fn = load(ref, "--fn", reuse=True)
-    if not callable(fn):
-        raise UserCodeError(f"--fn {ref.text}: {ref.attr} is a {type(fn).__name__}, not a function")
-    return fn
 
 
 def _bind_check(ref: CodeRef, fn, args: tuple, factory: CodeRef) -> None:
@@ -68,11 +68,9 @@ def data_axes_of(args: tuple) -> tuple[list[str], bool]:
             spans = True
         if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
             continue
-        spec = getattr(leaf.sharding, "spec", None)
-        for entry in spec or ():
-            for name in entry if isinstance(entry, tuple) else (entry,):
-                if isinstance(name, str) and name not in axes:
-                    axes.append(name)
+        for name in axis_names(getattr(leaf.sharding, "spec", None)):
+            if isinstance(name, str) and name not in axes:
+                axes.append(name)
     return axes, spans
 
 
@@ -82,7 +80,7 @@ def observe_step(ref: CodeRef, factory: CodeRef, mesh) -> dict:
 
     watch_mapped_functions()  # before the user's module is imported: its decorators make shard_maps, its
     watch_samplers()  # imports bind samplers
-    fn = _step(ref)
+    fn = load_callable(ref, "--fn", reuse=True)
     args = _factory_args(factory, mesh)
     _bind_check(ref, fn, args, factory)
     axes, spans = data_axes_of(args)
