@@ -14,12 +14,12 @@ import fnmatch
 import hashlib
 import json
 import os
-import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from ..errors import InputError, Location
+from ..spec.comments import ignore_comments, named_rules
 from ..spec.limits import read_bounded
 from .nnx import NnxAudit, NnxCollision
 from .results import FINDING_CATEGORIES, Audit, Collision, CollisionsReport, LatentCollision
@@ -32,10 +32,6 @@ INLINE = "inline"  # `# rngaudit: ignore[...]` on a call site's line
 CONFIG = "config"  # --per-path-ignore (or per-path-ignore in [tool.rngaudit])
 BASELINE = "baseline"  # in the --baseline file
 REASONS = (INLINE, CONFIG, BASELINE)
-
-# `# rngaudit: ignore` or `# rngaudit: ignore[hash-word, collisions/latent]`, as a YAML comment (after a blank)
-_ANY = re.compile(r"#\s*rngaudit:\s*ignore", re.IGNORECASE)
-_COMMENT = re.compile(r"(?:^|\s)#\s*rngaudit:\s*ignore\b(?:\[([^\]]*)\])?", re.IGNORECASE)
 
 
 def category_name(text: str) -> str | None:
@@ -168,32 +164,20 @@ def _rebuilt(audit, keep: Callable[[Item], bool]):
 
 
 # ---------------------------------------------------------------- inline comments
-def _ignore_comments(text: str) -> Iterator[tuple[int, re.Match]]:
-    """(line number, match) of each `# rngaudit: ignore[...]` comment of a spec."""
-    if _ANY.search(text) is None:  # (one scan of the whole text: most specs have no ignore comment)
-        return
-    for n, line in enumerate(text.splitlines(), 1):
-        m = _COMMENT.search(line)
-        if m is not None:
-            yield n, m
-
-
 def inline_ignores(text: str) -> dict[int, frozenset[str] | None]:
     """The `# rngaudit: ignore[...]` comments of a spec, by line: the categories each names (None: every one).
     A name that is no rule is left out (see `unknown_inline_rules`)."""
     out: dict[int, frozenset[str] | None] = {}
-    for n, m in _ignore_comments(text):
-        if m.group(1) is None or not m.group(1).strip():
-            out[n] = None
-        else:
-            out[n] = frozenset(c for name in m.group(1).split(",") if (c := category_name(name)) is not None)
+    for n, m in ignore_comments(text):
+        names = named_rules(m)
+        out[n] = None if names is None else frozenset(c for name in names if (c := category_name(name)) is not None)
     return out
 
 
 def unknown_inline_rules(text: str, file: str) -> list[str]:
     """Warnings for rule names in ignore comments that are no rule (they suppress nothing)."""
     out: list[str] = []
-    for n, m in _ignore_comments(text):
+    for n, m in ignore_comments(text):
         if not m.group(1):
             continue
         offset = m.start(1)

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import linecache
 import os
-import re
 
 from ..errors import UsageError
+from ..spec.comments import ignore_comment, named_rules
 from .report import ALLOWED, FINDING, INFO, PASS, Check, TargetResult
 
 DATA_AXIS_NAMES = ("data", "batch", "dp", "fsdp", "replica", "dcn")  # what public models call data-parallel axes
@@ -47,7 +47,6 @@ def _site_axes(site: dict, argument_axes: list[str]) -> tuple[list[str], str]:
     return [], "unknown"
 
 
-_IGNORE = re.compile(r"#\s*rngaudit:\s*ignore(?:\[(?P<rules>[^\]]*)\])?")
 _RULES = ("shard-check/step_randomness", "step_randomness")
 
 
@@ -55,12 +54,11 @@ def _ignored_at(site: dict) -> str | None:
     """`file:line` of a `# rngaudit: ignore` (or `ignore[shard-check/step_randomness]`) comment on a line of the
     draw's call chain: identical randomness there is intended."""
     for file, line in site.get("chain") or ([site["file"], site["line"]] if site["file"] else []):
-        text = linecache.getline(file, line)
-        m = _IGNORE.search(text)
+        m = ignore_comment(linecache.getline(file, line))
         if m is None:
             continue
-        rules = m.group("rules")
-        if rules is None or any(r.strip() in _RULES for r in rules.split(",")):
+        rules = named_rules(m)
+        if rules is None or any(r in _RULES for r in rules):
             return f"{_shown_path(file)}:{line}"
     return None
 
