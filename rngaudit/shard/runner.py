@@ -107,26 +107,34 @@ def _start(args: list[str], env: dict) -> subprocess.Popen:
         raise DeviceError(f"cannot start the device process ({e.strerror or e})") from None
 
 
-def _failed(path: str) -> bool:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return "error" in json.load(f)
-    except (OSError, ValueError):
-        return False
+class _Results:
+    """The result files of the device processes, each read once, when it appears (a worker writes it whole, with
+    os.replace)."""
+
+    def __init__(self, paths: list[str]):
+        self.paths = paths
+        self.read: dict[int, dict] = {}
+
+    def get(self, i: int) -> dict | None:
+        if i not in self.read and os.path.exists(self.paths[i]):
+            with open(self.paths[i], encoding="utf-8") as f:
+                self.read[i] = json.load(f)
+        return self.read.get(i)
+
+    def failed(self, i: int) -> bool:
+        return "error" in (self.get(i) or {})
 
 
-def _crashed(thread, path: str) -> bool:
-    """A process that ended by itself without a result (killed by the system, os._exit)."""
-    return not thread.is_alive() and not os.path.exists(path)
-
-
-def _wait(procs: list[subprocess.Popen], results: list[str], timeout: float, many: bool) -> tuple[list[str], list]:
+def _wait(procs: list[subprocess.Popen], results: _Results, timeout: float, many: bool) -> tuple[list[str], list]:
     """(every process's stderr, the processes killed at the deadline) once all have ended. Past `timeout` they are
     all killed (no hang, no orphan); with several processes, so are the others as soon as one has reported an
     error or died without a result (they may wait for it in a collective, or in jax.distributed's shutdown
     barrier, until the deadline)."""
     import threading
     import time
+
+    def crashed(i: int) -> bool:  # ended by itself without a result (killed by the system, os._exit)
+        return not threads[i].is_alive() and results.get(i) is None
 
     errs: list[bytes] = [b""] * len(procs)
 
@@ -140,7 +148,7 @@ def _wait(procs: list[subprocess.Popen], results: list[str], timeout: float, man
     try:
         while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
             threads[[t.is_alive() for t in threads].index(True)].join(0.05)
-            if many and any(_failed(r) or _crashed(t, r) for t, r in zip(threads, results)):
+            if many and any(results.failed(i) or crashed(i) for i in range(len(procs))):
                 break
         late = [i for i, t in enumerate(threads) if t.is_alive()]
     except BaseException:
@@ -154,15 +162,13 @@ def _wait(procs: list[subprocess.Popen], results: list[str], timeout: float, man
     return [e.decode("utf-8", "replace") for e in errs], late
 
 
-def _read(proc: subprocess.Popen, res_path: str, err_text: str, who: str) -> dict:
-    if not os.path.exists(res_path):
+def _read(proc: subprocess.Popen, result: dict | None, err_text: str, who: str) -> dict:
+    if result is None:
         how = (
             f"was killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exited with code {proc.returncode}"
         )
         last = _last_line(err_text)
         raise DeviceError(f"{who} {how} before reporting" + (f": {last}" if last else ""))
-    with open(res_path, encoding="utf-8") as f:
-        result = json.load(f)
     if "error" in result:
         raise _error(result["error"]["kind"], result["error"]["message"])
     return result
@@ -185,15 +191,16 @@ def run(r: ShardRequest) -> ShardReport:
         with open(req_path, "w", encoding="utf-8") as f:
             json.dump(request_json(r), f)
         env = child_env(r)
-        results = [os.path.join(tmp, f"result{i}.json") for i in range(r.processes)]
+        paths = [os.path.join(tmp, f"result{i}.json") for i in range(r.processes)]
+        results = _Results(paths)
         procs: list[subprocess.Popen] = []
         try:
             if many:
                 coordinator = f"127.0.0.1:{_free_port()}"
                 for i in range(r.processes):
-                    procs.append(_start([req_path, results[i], str(i), coordinator], env))
+                    procs.append(_start([req_path, paths[i], str(i), coordinator], env))
             else:
-                procs.append(_start([req_path, results[0]], env))
+                procs.append(_start([req_path, paths[0]], env))
         except BaseException:
             for p in procs:
                 _kill(p)
@@ -202,11 +209,11 @@ def run(r: ShardRequest) -> ShardReport:
         if os.environ.get("RNGAUDIT_DEBUG"):
             for e in errs:
                 sys.stderr.write(e)
-        failed = [i for i in range(len(procs)) if _failed(results[i])]
-        died = [i for i in range(len(procs)) if i not in late and not os.path.exists(results[i])]
+        failed = [i for i in range(len(procs)) if results.failed(i)]
+        died = [i for i in range(len(procs)) if i not in late and results.get(i) is None]
         if late and not failed and not died:
             # a process that reported may still wait at exit for the others (jax.distributed's shutdown barrier)
-            silent = [i for i in late if not os.path.exists(results[i])] or late
+            silent = [i for i in late if results.get(i) is None] or late
             if many:
                 raise DeviceError(
                     f"the {len(procs)} processes did not finish within {r.timeout:g} s (--timeout "
@@ -222,9 +229,8 @@ def run(r: ShardRequest) -> ShardReport:
         # a result, then the others (killed by us, or ended waiting for it)
         order = failed + died + [i for i in range(len(procs)) if i not in failed and i not in died]
         for i in order:
-            p, path, err = procs[i], results[i], errs[i]
             try:
-                out.append(_read(p, path, err, f"process {i}" if many else "the device process"))
+                out.append(_read(procs[i], results.get(i), errs[i], f"process {i}" if many else "the device process"))
             except RngauditError as e:
                 if many and not str(e).startswith("process "):
                     raise type(e)(f"process {i}: {e}") from None
