@@ -416,15 +416,21 @@ def _plain(v):
     return None
 
 
+def _own_fields(module):
+    """(field, value) of the module's own hyper-parameters: dataclass fields other than parent and name."""
+    import dataclasses
+
+    for f in dataclasses.fields(module):
+        if f.name not in ("parent", "name") and f.init:
+            yield f, getattr(module, f.name, None)
+
+
 def _options(module) -> dict:
     """The fields set to a plain value other than their default (a spec keeps what the user wrote)."""
     import dataclasses
 
     out = {}
-    for f in dataclasses.fields(module):
-        if f.name in ("parent", "name") or not f.init:
-            continue
-        v = getattr(module, f.name, None)
+    for f, v in _own_fields(module):
         plain = _plain(v)
         if plain is None and v is not None:
             continue
@@ -436,13 +442,8 @@ def _options(module) -> dict:
 
 def _fields(module) -> str:
     """The module's own hyper-parameters (dataclass fields other than parent and name)."""
-    import dataclasses
-
     parts = []
-    for f in dataclasses.fields(module):
-        if f.name in ("parent", "name") or not f.init:
-            continue
-        v = getattr(module, f.name, None)
+    for f, v in _own_fields(module):
         if isinstance(v, nn.Module):
             v = type(v).__name__
         text = repr(v)
