@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from ..spec.layers import DRAW_KINDS, DRAW_LABELS
 from ..spec.releases import FLAX_CHANGES, JAX_CHANGES, Change, changes_between, known
 from .keys_file import Capture, Site
 
@@ -253,7 +254,9 @@ def changed_things(old: Capture, new: Capture, moves: dict | None = None) -> lis
             continue
         sn = b.get((to, what, stream, lane, n))
         if sn is not None and sn.key != so.key:
-            out.append(Thing(path, to, what, n, stream, lane, so, sn))
+            # named by the label both sides give it (a spec's "attention dropout"), else as both inputs know it
+            shown = so.label if so.label and so.label == sn.label else what
+            out.append(Thing(path, to, shown, n, stream, lane, so, sn))
     order = {id(s): i for i, s in enumerate(new.sites)}
     return sorted(out, key=lambda t: order.get(id(t.new), 0))
 
@@ -595,16 +598,13 @@ def _modules_of(cap: Capture) -> set:
     return out
 
 
-# what derive calls the draws of its standard layers (spec/layers.py); a captured draw has no such label
-_LAYER_LABELS = frozenset({"dropout mask", "attention dropout"})
-
-
-_LAYER_KINDS = frozenset({"make_rng", "dropout", "attention_dropout"})
+# a spec's standard layers label their make_rng draws (spec/layers.py); a captured draw has no such label
+_LAYER_KINDS = DRAW_KINDS | {"make_rng"}
 
 
 def _label(s: Site) -> str:
     """A site's label as both inputs know it: a spec's descriptive label of a layer's make_rng is dropped."""
-    if s.kind in _LAYER_KINDS and s.label in _LAYER_LABELS:
+    if s.kind in _LAYER_KINDS and s.label in DRAW_LABELS:
         return ""
     return s.label or ""
 

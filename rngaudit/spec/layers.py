@@ -95,6 +95,12 @@ class LayerKind:
     params: tuple[str, ...]  # param names `draw` may name
 
 
+# the label and kind of the keys a standard layer draws with make_rng (a captured draw has neither)
+DROPOUT = ("dropout mask", "dropout")
+ATTENTION_DROPOUT = ("attention dropout", "attention_dropout")
+DRAW_LABELS = frozenset({DROPOUT[0], ATTENTION_DROPOUT[0]})
+DRAW_KINDS = frozenset({DROPOUT[1], ATTENTION_DROPOUT[1]})
+
 _KEYED = ("kernel", "embedding")  # default initializers that draw from their key (lecun_normal, ...)
 
 
@@ -142,7 +148,8 @@ def _dropout(opts, loc, draws):
     rate = opts["rate"]
     if rate == 0.0 or opts["deterministic"] or rate == 1.0 or opts["rng"]:
         return ()
-    return (MakeRng(loc, None, opts["rng_collection"], 1, "dropout mask", draws.get("mask"), "dropout"),)
+    label, kind = DROPOUT
+    return (MakeRng(loc, None, opts["rng_collection"], 1, label, draws.get("mask"), kind),)
 
 
 def _mha(opts, loc, draws):
@@ -159,7 +166,8 @@ def _mha(opts, loc, draws):
     if opts["dropout_rate"] > 0.0:
         _require_deterministic(opts, loc, "MultiHeadDotProductAttention with dropout_rate > 0")
         if not opts["deterministic"] and not opts["dropout_rng"]:
-            items.append(MakeRng(loc, None, "dropout", 1, "attention dropout", draws.get("mask"), "attention_dropout"))
+            label, kind = ATTENTION_DROPOUT
+            items.append(MakeRng(loc, None, "dropout", 1, label, draws.get("mask"), kind))
     items.append(dense("out"))
     return tuple(items)
 

@@ -593,3 +593,23 @@ def test_a_fix_that_fails_when_applied_is_not_printed(tmp_path):
     assert not cmp.fixes and not any(e.fix for e in cmp.entries)
     assert any("was tried" in n and "NameInUseError" in n for n in cmp.notes), cmp.notes
     assert all(e.why for e in cmp.entries if e.status != "kept")  # still explained
+
+
+def test_a_layers_labelled_draw_keeps_its_label_between_two_specs(tmp_path):
+    # (review) a spec's layer draw is labelled ("attention dropout"), a captured one is not, so things are paired by
+    # an unlabelled name ("make_rng"); between two specs, which both label it, the thing keeps the label
+    body = textwrap.dedent("""
+        rngaudit: 1
+        phase: init
+        rngs: {{params: {seed}, dropout: 1}}
+        model:
+          class: Block
+          body:
+          - MultiHeadDotProductAttention: {{num_heads: 2, dropout_rate: 0.1, deterministic: false}}
+    """)
+    old, new = tmp_path / "old.yaml", tmp_path / "new.yaml"
+    old.write_text(body.format(seed=0))
+    new.write_text(body.format(seed=0).replace("dropout: 1", "dropout: 2"))
+    r = invoke("diff", old, new, "-f", "json")
+    assert r.exit_code == 1, r.output
+    assert [t["what"] for t in json.loads(r.output)["things"]] == ["attention dropout"]
