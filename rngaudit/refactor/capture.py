@@ -231,10 +231,19 @@ def observe_module(module, args: tuple, kwargs: dict, keys: dict, phase: str, ta
             f"TARGET {target}: {type(module).__name__}.{phase} raises {type(e).__name__}: {msg}"
         ) from None
     sites = [_site(r) for r in records]
-    modules = {p: {"class": m.cls, "naming": m.naming, "fields": m.fields} for p, m in rec.modules.items()}
+    modules = {p: _module_record(m) for p, m in rec.modules.items()}
     rngs = {s: [int(w) for w in jax.random.key_data(k).ravel()] for s, k in keys.items()}
     cap = Capture(target, phase, rngs, settings, sites, modules, {"flax": flax.__version__, "jax": jax.__version__})
     return cap, rec
+
+
+def _module_record(m) -> dict:
+    """A module as a keys file records it; a flax.linen module's plain options too, so that diff pairs it with
+    a spec's layer statement."""
+    out = {"class": m.cls, "naming": m.naming, "fields": m.fields}
+    if m.origin.startswith("flax.linen."):
+        out["layer_options"] = dict(m.options)
+    return out
 
 
 def _raised_by_rngaudit(e: BaseException) -> bool:

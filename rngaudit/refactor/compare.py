@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 
-from ..spec.layers import DRAW_KINDS, DRAW_LABELS
+from ..spec.layers import DRAW_KINDS, DRAW_LABELS, layer_identity
 from ..spec.releases import FLAX_CHANGES, JAX_CHANGES, Change, changes_between, known
 from .keys_file import Capture, Site
 
@@ -220,18 +221,36 @@ def module_pairs(old: Capture, new: Capture, moves: dict | None = None) -> dict:
     pairs = dict(module_moves(old, new) if moves is None else moves)
     if not (old.modules and new.modules):
         return pairs
+    identity = _identity(old, new)
     for path, m in old.modules.items():
         if path in pairs or any(path[:i] in pairs for i in range(1, len(path))):
             continue
         other = new.modules.get(path)
         if other is not None and path not in pairs.values():
-            same = (_base_class(m.get("class", "")), m.get("fields")) == (
-                _base_class(other.get("class", "")),
-                other.get("fields"),
-            )
-            if not same:
+            a, b = identity(m), identity(other)
+            if a is not None and b is not None and a != b:
                 pairs[path] = None  # the module at this path is another thing now
     return pairs
+
+
+def _identity(old: Capture, new: Capture):
+    """What a module is (its class without transform prefixes, its hyper-parameters), told alike on both sides:
+    Flax's own text of every field where both sides are keys files, else the options of Flax's standard layers
+    (a spec's layer statements; a keys file records them for flax.linen's layers). None where a side cannot
+    tell (a spec's own classes): such a module is paired by the keys it draws instead."""
+    if all("fields" in m for m in old.modules.values()) and all("fields" in m for m in new.modules.values()):
+
+        def fields(m: dict):
+            text = m["fields"]
+            return (_base_class(m["class"]), text[text.find("(") :] if "(" in text else text)
+
+        return fields
+
+    def layer(m: dict):
+        opts = m.get("layer_options")
+        return None if not isinstance(opts, dict) else layer_identity(_base_class(m["class"]), opts)
+
+    return layer
 
 
 def _moved(path: tuple, pairs: dict) -> tuple | None:
@@ -656,6 +675,8 @@ def module_moves(old: Capture, new: Capture) -> dict:
         if mo in paired or any(mo[:i] in paired for i in range(1, len(mo))):
             continue
         sig = _signature(old, mo)
+        if not sig:
+            continue  # (a module that draws nothing is like every other such module: nothing to follow)
         cands = [mn for mn in only_new if mn[:-1] == mo[:-1] and mn not in used and _signature(new, mn) == sig]
         if cands:
             paired[mo] = cands[0]
@@ -663,7 +684,7 @@ def module_moves(old: Capture, new: Capture) -> dict:
     # a module wrapped in a lifted transform: auto-named after the transform's class (Block_0 -> JitBlock_0), its
     # keys moved by the fork the transform adds, so the keys alone do not pair it
     for mo in only_old:
-        if mo in paired or any(mo[:i] in paired for i in range(1, len(mo))):
+        if mo in paired or any(mo[:i] in paired for i in range(1, len(mo))) or not _signature(old, mo):
             continue
         cands = [
             mn
@@ -680,6 +701,7 @@ def _explain_moves(cmp: Comparison, old: Capture, new: Capture, lanes: tuple[dic
     """Explain the module moves (renames, auto-name shifts, new jit forks on them) and fix them."""
     mods_old, mods_new = _modules_of(old), _modules_of(new)
     new_forks = _forks(new)
+    insertions: set = set()
     for mo, mn in paired.items():
         why = _rename_kind(mo[-1], mn[-1])
         fix = (
@@ -702,6 +724,7 @@ def _explain_moves(cmp: Comparison, old: Capture, new: Capture, lanes: tuple[dic
         if laned:
             fix += "; its keys still change: they are drawn per lane now (an nn.vmap/nn.scan around it)"
         if inserted is not None and why.startswith("shifted auto-name index"):
+            insertions.add(inserted)
             checked, refused = _checked(cmp, old, new, {inserted: _free_name(new, inserted)}, mo[:-1])
         else:
             checked, refused = _checked(cmp, old, new, {mn: mo[-1]}, mo)
@@ -724,6 +747,10 @@ def _explain_moves(cmp: Comparison, old: Capture, new: Capture, lanes: tuple[dic
                 else:
                     e.why.append(f"{why}; was {_p(mo + s.path[len(mn) :])}")
                 e.fix = fixed
+    for e in cmp.entries:
+        at = next((p for p in sorted(insertions) if e.site.path[: len(p)] == p), None)
+        if e.status == "new" and not e.why and at is not None:
+            e.why.append(f"drawn by the {_base_class(new.modules[at]['class'])} inserted at {_p(at)}")
     _explain_insertions(cmp, old, new, mods_old, mods_new, set(paired.values()))
     for e in cmp.entries:
         if e.status in ("new", "gone") and not e.why:
@@ -801,7 +828,10 @@ def _checked(cmp: Comparison, old: Capture, new: Capture, names: dict, scope: tu
 def _unmatched_sibling(new: Capture, mn: tuple, matched: set, old: Capture):
     """A new module beside `mn`, of its class, that matches nothing in the old version (inserted)."""
     cls = new.modules.get(mn, {}).get("class")
-    old_fields = {m.get("fields") for p, m in old.modules.items() if p[:-1] == mn[:-1]}
+    identity = _identity(old, new)
+    # (one of several alike siblings is the inserted one when there is one more of them than before)
+    before = Counter(identity(m) for p, m in old.modules.items() if p and p[:-1] == mn[:-1])
+    now = Counter(identity(m) for p, m in new.modules.items() if p and p[:-1] == mn[:-1])
     for p, m in new.modules.items():
         if (
             p
@@ -809,7 +839,8 @@ def _unmatched_sibling(new: Capture, mn: tuple, matched: set, old: Capture):
             and p != mn
             and p not in matched
             and m.get("class") == cls
-            and m.get("fields") not in old_fields
+            and (who := identity(m)) is not None
+            and now[who] > before[who]
         ):
             return p
     return None
@@ -829,13 +860,13 @@ def _pair_by_fields(old: Capture, new: Capture) -> dict:
     """Children of one parent matched in creation order by class (transform prefixes aside) and
     hyper-parameters; pairs whose names differ are renames."""
 
+    identity = _identity(old, new)
+
     def children(cap):
         out: dict = {}
         for path, m in cap.modules.items():
-            if path:
-                inner = m.get("fields", "")
-                inner = inner[inner.find("(") :] if "(" in inner else inner
-                out.setdefault(path[:-1], []).append((path, (_base_class(m["class"]), inner)))
+            if path and (who := identity(m)) is not None:
+                out.setdefault(path[:-1], []).append((path, who))
         return out
 
     co, cn = children(old), children(new)
@@ -918,8 +949,9 @@ def _inserted_at(old: Capture, new: Capture, parent: tuple, cls: str, n_new: int
     relative to their path. Empty when no single insertion explains the siblings."""
     paths_old = [parent + (f"{cls}_{i}",) for i in range(n_new - 1)]
     paths_new = [parent + (f"{cls}_{i}",) for i in range(n_new)]
-    fo = [old.modules.get(p, {}).get("fields") for p in paths_old]
-    fn = [new.modules.get(p, {}).get("fields") for p in paths_new]
+    identity = _identity(old, new)
+    fo = [identity(old.modules[p]) if p in old.modules else None for p in paths_old]
+    fn = [identity(new.modules[p]) if p in new.modules else None for p in paths_new]
     if None in fo or None in fn:
         fo = [_signature(old, p) for p in paths_old]
         fn = [_signature(new, p) for p in paths_new]

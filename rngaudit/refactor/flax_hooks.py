@@ -177,7 +177,7 @@ def _traced(fn, extra: Callable | None = None):
         trace = TraceNode()
         if isinstance(node, LiftNode):
             node.traces.append(trace)
-        with rec.push(trace), rec.frame(extra(xs)) if extra else contextlib.nullcontext():
+        with rec.push(trace), rec.frame(extra(xs)) if extra else contextlib.nullcontext(), rec.batch():
             return fn(*xs, **kw)
 
     return body

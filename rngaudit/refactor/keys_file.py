@@ -207,10 +207,11 @@ def capture_from_json(doc: dict, file: str, source=None) -> Capture:
                     f"{file}: calls[{i}] repeats the call site of calls[{first}] ({sites[-1].path_str}, stream "
                     f"{sites[-1].stream!r}, count {sites[-1].count}); a keys file has each once"
                 )
-        modules = {
-            tuple(m["path"]): {"class": m["class"], "naming": m["naming"], "fields": m.get("fields", "")}
-            for m in doc.get("modules", ())
-        }
+        modules = {}
+        for m in doc.get("modules", ()):
+            modules[tuple(m["path"])] = {"class": m["class"], "naming": m["naming"], "fields": m.get("fields", "")}
+            if isinstance(m.get("layer_options"), dict):  # (keys files from rngaudit 0.x before it lack them)
+                modules[tuple(m["path"])]["layer_options"] = m["layer_options"]
         versions = dict(doc.get("versions", {}))
         settings = {
             "fix_rng_separator": bool(doc["flax"]["fix_rng_separator"]),
@@ -348,4 +349,19 @@ def _spec_capture(name: str, spec) -> Capture:
         "jax_version": spec.jax_version,
     }
     rngs = {s: src.text for s, src in spec.rngs.items()}
-    return Capture(name, spec.phase, rngs, settings, spec_sites(spec), {})
+    return Capture(name, spec.phase, rngs, settings, spec_sites(spec), _spec_modules(spec))
+
+
+def _spec_modules(spec) -> dict:
+    """Each submodule path of a Linen spec -> its class, and a layer statement's options (diff pairs the layers
+    of two versions by them, as it pairs a keys file's modules by their fields)."""
+    from ..engine.replay import Replayer
+
+    walk = Replayer(spec, blocks=True)
+    walk.walk()
+    out: dict = {}
+    for path, mod in walk.modules.items():
+        out[path] = {"class": mod.cls}
+        if mod.layer is not None:
+            out[path]["layer_options"] = {**dict(mod.layer_options), **dict(mod.layer_hyper)}
+    return out

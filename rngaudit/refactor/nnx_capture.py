@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import inspect
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -876,23 +878,29 @@ def _factory(target: CodeRef):
 
 def is_nnx_target(target: CodeRef) -> bool:
     """Whether TARGET names an NNX model: an nnx.Module class, or a function with a parameter (it takes the
-    nnx.Rngs)."""
-    try:
-        from flax import nnx
-    except ImportError:
+    nnx.Rngs). flax.nnx is imported only where the answer needs it (it takes half a second)."""
+    if importlib.util.find_spec("flax") is None:
         return False
     obj = load(target, "TARGET")
     if isinstance(obj, type):
-        return issubclass(obj, nnx.Module)
+        nnx = sys.modules.get("flax.nnx")  # (a subclass of nnx.Module exists only once flax.nnx is imported)
+        return nnx is not None and issubclass(obj, nnx.Module)
     if not callable(obj):
         return False
     try:
         params = inspect.signature(obj).parameters.values()
     except (TypeError, ValueError):
         return False
-    return any(
+    takes = any(
         p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params
     ) or any(p.name == "rngs" for p in params)
+    if not takes:
+        return False
+    try:
+        importlib.import_module("flax.nnx")  # (an NNX model needs it importable)
+    except ImportError:
+        return False
+    return True
 
 
 def run_nnx_capture(target: CodeRef, inputs: list[InputSpec], seeds: dict[str, int], steps: int) -> tuple[Capture, str]:

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax.core.scope import Scope, in_filter
+from jax._src import core as jax_core
 
 from ..errors import UnsupportedError
 
@@ -155,6 +156,24 @@ class MapFrame:
 _LANES = (VmapFrame, ScanFrame, WhileFrame)
 
 
+def _current_trace():
+    """The JAX trace now in effect (its identity only), or None where this JAX does not say (then every key
+    callback is its own)."""
+    ctx = getattr(jax_core, "trace_ctx", None)
+    return getattr(ctx, "trace", None)
+
+
+@dataclass(eq=False)
+class _Batch:
+    """The key callbacks made directly in one traced body (not in a transform nested in it), sent as one
+    `jax.debug.callback` when the body's trace ends: a scan of 1,000 remat blocks runs 1,000 host callbacks,
+    not one per key per step."""
+
+    trace: object
+    parts: list = field(default_factory=list)  # (event seq, has lanes, has fork) per key
+    args: list = field(default_factory=list)  # their arguments, 1 to 3 per key, in order
+
+
 def is_concrete(x) -> bool:
     return not any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(x))
 
@@ -184,6 +203,7 @@ class Recorder:
         self.pending_scan: list = []
         self.pending_forks: list = []
         self.fired: list = []
+        self.batches: list[_Batch] = []  # the traced bodies now running, innermost last
         self.recording = False
         self.axis_names = itertools.count()
         self.root = TraceNode()
@@ -205,6 +225,24 @@ class Recorder:
             yield
         finally:
             self.frames.pop()
+
+    @contextlib.contextmanager
+    def batch(self):
+        """Collect the key callbacks of one traced body and send them together when it returns."""
+        trace = _current_trace()
+        if trace is None:
+            yield
+            return
+        b = _Batch(trace)
+        self.batches.append(b)
+        try:
+            yield
+        finally:
+            self.batches.pop()
+        if b.parts:  # one flat uint32 array: a host callback's cost is mostly per argument
+            words = jnp.concatenate([jnp.ravel(a).astype(jnp.uint32) for a in b.args])
+            sizes = tuple(int(np.prod(jnp.shape(a))) for a in b.args)
+            jax.debug.callback(functools.partial(self._fire_batch, tuple(b.parts), sizes), words)
 
     @contextlib.contextmanager
     def push(self, node):
@@ -339,7 +377,14 @@ class Recorder:
         fire = functools.partial(self._fire, ev.seq, bool(lanes), j >= 0)
         if is_concrete(args):
             fire(*args)
-        else:
+        elif (
+            self.batches
+            and self.batches[-1].trace is _current_trace()
+            and all(jnp.result_type(a) in (jnp.uint32, jnp.int32) for a in args)
+        ):
+            self.batches[-1].parts.append((ev.seq, bool(lanes), j >= 0))
+            self.batches[-1].args.extend(args)
+        else:  # a trace capture does not see begin (the model's own jax transform inside a module)
             jax.debug.callback(fire, *args)
 
     def _fire(self, seq, has_lanes, has_fork, data, *rest) -> None:
@@ -349,6 +394,18 @@ class Recorder:
         lanes = tuple(int(i) for i in np.asarray(more.pop(0)).ravel()) if has_lanes else ()
         fork = tuple(int(w) for w in np.asarray(more.pop(0)).ravel()) if has_fork else ()
         self.fired.append((seq, tuple(int(w) for w in np.asarray(data).ravel()), lanes, fork))
+
+    def _fire_batch(self, parts, sizes, words) -> None:
+        words = np.asarray(words).ravel()
+        args, at = [], 0
+        for n in sizes:
+            args.append(words[at : at + n])
+            at += n
+        at = 0
+        for seq, has_lanes, has_fork in parts:
+            n = 1 + has_lanes + has_fork
+            self._fire(seq, has_lanes, has_fork, *args[at : at + n])
+            at += n
 
     def branches_traced_and_run(self) -> tuple[set, set]:
         """The nn.cond/switch branch paths in which a kept key was traced, and those in which one ran."""

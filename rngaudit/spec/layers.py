@@ -228,12 +228,48 @@ OPTION_TYPES = {
 }
 
 
-def make_layer(layer: str, opts: dict, loc: Location, name: str | None, draws: dict) -> ModuleDef:
-    """A standard layer as a module definition whose body replays its key use."""
+def layer_identity(layer: str, options: dict) -> tuple | None:
+    """What a standard layer is, told the same way from a spec's layer statement (its options, defaults filled in)
+    and from a captured module (its fields set to other than Flax's default): the options a layer statement
+    takes, lists as tuples; default values, the call-time `deterministic` and what a capture cannot record as a
+    value left out. None for no such layer."""
+    kind = LAYERS.get(layer)
+    if kind is None:
+        return None
+    out = []
+    for opt in sorted(o for o in {*kind.passive, *kind.options} if _told(o)):
+        v = options.get(opt, kind.options.get(opt))
+        if v is None or (opt in kind.options and v == kind.options[opt]):
+            continue
+        out.append((opt, _frozen(v)))
+    return (layer, tuple(out))
+
+
+# left out of a layer's identity: given at the call (deterministic), or a function, dtype or array in Flax, which a
+# capture cannot record as a value (a spec's `dtype: bfloat16` would never equal it)
+_UNTOLD = frozenset({"deterministic", "name", "precision", "promote_dtype", "mask", "attention_fn"})
+
+
+def _told(opt: str) -> bool:
+    return not (opt in _UNTOLD or opt.endswith("_init") or "dtype" in opt or "dot_general" in opt or "_cls" in opt)
+
+
+def _frozen(v):
+    return tuple(_frozen(x) for x in v) if isinstance(v, (list, tuple)) else v
+
+
+def make_layer(
+    layer: str, opts: dict, loc: Location, name: str | None, draws: dict, hyper: dict | None = None
+) -> ModuleDef:
+    """A standard layer as a module definition whose body replays its key use (`hyper`: its options that do not
+    change keys, kept to tell two layers apart)."""
     kind = LAYERS[layer]
     full = dict(kind.options)
     full.update(opts)
     items = kind.build(full, loc, draws)
     # mirrors flax/linen/linear.py Embed.setup: the embedding is made in setup(), not in __call__
     setup, body = (items, ()) if layer == "Embed" else ((), items)
-    return ModuleDef(kind.cls, name, setup, body, loc, layer=layer, layer_options=tuple(sorted(full.items())))
+    kept = tuple(sorted((k, _frozen(v)) for k, v in (hyper or {}).items()))
+    return ModuleDef(
+        kind.cls, name, setup, body, loc, layer=layer, layer_options=tuple(sorted(full.items())), layer_hyper=kept
+    )

@@ -77,6 +77,7 @@ class ModuleDef:
     loc: Location
     layer: str | None = None  # the standard layer this stands for, if any
     layer_options: tuple[tuple[str, object], ...] = ()  # its key-changing options, defaults filled in
+    layer_hyper: tuple[tuple[str, object], ...] = ()  # the options given that do not change keys (features: 4)
     lifts: tuple[Lift, ...] = ()  # method-decorator transforms on __call__, outermost first
     impl_cls: str | None = None  # the class that runs inside the transforms (cls before renaming)
 

@@ -219,8 +219,24 @@ DENSES = {
     "old": ["{features: 2, use_bias: false}", "{features: 3}"],
     "appended": ["{features: 2, use_bias: false}", "{features: 3}", "{features: 5, use_bias: false}"],
     "inserted_first": ["{features: 4}", "{features: 2, use_bias: false}", "{features: 3}"],
-    "inserted_alike": ["{features: 2, use_bias: false}", "{features: 4, use_bias: false}", "{features: 3}"],
+    "inserted_alike": ["{features: 2, use_bias: false}", "{features: 2, use_bias: false}", "{features: 3}"],
+    "inserted_second": ["{features: 2, use_bias: false}", "{features: 4, use_bias: false}", "{features: 3}"],
 }
+
+
+def test_blocks_that_draw_alike_are_placed_only_as_far_as_the_keys_tell(tmp_path):
+    # a spec's own classes carry no options: two Blocks that draw alike cannot be told apart, so an insertion
+    # among them names both places
+    def spec(blocks):
+        body = "".join(f"    - module: {{class: Block, body: [{{param: {p}}}]}}\n" for p in blocks)
+        return f"rngaudit: 1\nrngs: {{params: 0}}\nmodel:\n  class: M\n  body:\n{body}"
+
+    old, new = tmp_path / "old.yaml", tmp_path / "new.yaml"
+    old.write_text(spec(["w", "v"]))
+    new.write_text(spec(["w", "w", "v"]))
+    r = invoke("diff", old, new)
+    assert r.exit_code == 1, r.output + r.stderr
+    assert "a Block was inserted at Block_0 or Block_1" in r.output, r.output
 
 
 def _denses(tmp_path, name):
@@ -234,9 +250,13 @@ def _denses(tmp_path, name):
     "new, says, never",
     [
         ("appended", "a Dense was added after the existing ones: Dense_2 is new", "shifted"),
-        ("inserted_first", "a Dense was inserted at Dense_0, so every later Dense moved up one index", " or "),
-        # Dense_0 and Dense_1 draw alike (kernel only): the keys cannot tell which of them is the new one
-        ("inserted_alike", "a Dense was inserted at Dense_0 or Dense_1", "added after"),
+        # the layers' hyper-parameters tell which layer each one is: the inserted one is named, and each old layer
+        # is followed to its new path
+        ("inserted_first", "the module that was Dense_0 is now Dense_1: kernel (params)", " or "),
+        ("inserted_first", "why: drawn by the Dense inserted at Dense_0", "did not exist before"),
+        ("inserted_second", "give the inserted module at Dense_1 an explicit name=", "Dense_0 is now"),
+        # Dense_0 and Dense_1 are alike: either is the new one, and naming the first restores every key
+        ("inserted_alike", "give the inserted module at Dense_0 an explicit name=", "no fix by a name"),
     ],
 )
 def test_an_added_layer_is_explained_only_as_far_as_the_keys_tell(tmp_path, new, says, never):
@@ -570,7 +590,7 @@ def test_a_vmap_wrap_fix_says_the_keys_are_per_lane_now(tmp_path):
 def test_an_insertion_fix_is_checked_at_the_place_it_names(tmp_path):
     old, new = _denses(tmp_path, "old"), _denses(tmp_path, "inserted_first")
     _, doc = run_diff(tmp_path, old, new)
-    says = "[checked: re-derived with name='dense_inserted' at Dense_0: the changed key of the model comes back]"
+    says = "[checked: re-derived with name='dense_inserted' at Dense_0: all 3 changed keys of the model come back]"
     assert any(says in f for f in doc["fixes"]), doc["fixes"]
     fixed = tmp_path / "fixed.yaml"
     fixed.write_text(new.read_text().replace("- Dense: {features: 4}", "- Dense: {features: 4, name: dense_inserted}"))
