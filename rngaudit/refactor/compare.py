@@ -552,6 +552,15 @@ def _explain_changed(cmp: Comparison, old: Capture, new: Capture, lanes: tuple[d
             split = _split_change(
                 lanes_old.get((s.path, s.stream, s.count)), lanes_new.get((s.path, s.stream, s.count))
             )
+            if split is None and e.old is not None and e.new is not None and _both_specs(old, new):
+                # one lane (axis size 1) shows no sharing: a spec says whether the key is split from its base
+                was, now = "split" in e.old.context, "split" in e.new.context
+                if was != now:
+                    split = (
+                        "a different split: the key is "
+                        + ("now split from" if now else "no longer split from")
+                        + " the key above it (split_rngs of {stream!r} changed in a transform above)"
+                    )
             if split:
                 e.why.append(split.format(stream=s.stream))
         e.why += root
@@ -560,6 +569,11 @@ def _explain_changed(cmp: Comparison, old: Capture, new: Capture, lanes: tuple[d
                 "unexplained: none of the causes rngaudit knows (a jit fork, a split, a root key, a setting, a "
                 "release's rule) holds here; the key this site folds into (its base) differs"
             )
+
+
+def _both_specs(old: Capture, new: Capture) -> bool:
+    """Both sides derived from specs (their sites say how each key was made; a keys file's do not)."""
+    return old.rederive is not None and new.rederive is not None
 
 
 def _root_key(value) -> str:

@@ -633,3 +633,19 @@ def test_a_layers_labelled_draw_keeps_its_label_between_two_specs(tmp_path):
     r = invoke("diff", old, new, "-f", "json")
     assert r.exit_code == 1, r.output
     assert [t["what"] for t in json.loads(r.output)["things"]] == ["attention dropout"]
+
+
+def test_a_split_change_of_one_lane_is_explained_from_the_specs(tmp_path):
+    # found by the refactor fuzzer: with axis_size 1 no lanes share a key before or after, so the keys alone do not
+    # show that split_rngs changed; the specs say the key is no longer split from its base
+    old, new = tmp_path / "old.yaml", tmp_path / "new.yaml"
+    spec = (
+        "rngaudit: 1\nrngs: {params: 0}\nphase: apply\nmodel:\n  class: Block\n"
+        "  transforms: [{vmap: {axis_size: 1, split_rngs: SPLIT, variable_axes: {all: 0}}}]\n  body: [make_rng]\n"
+    )
+    old.write_text(spec.replace("SPLIT", "all"))
+    new.write_text(spec.replace("SPLIT", "{all: false}"))
+    r = invoke("diff", old, new)
+    assert r.exit_code == 1, r.output + r.stderr
+    assert "why: a different split: the key is no longer split from the key above it" in r.output, r.output
+    assert "unexplained" not in r.output

@@ -250,6 +250,8 @@ def _check_causes(report, kind: str, docs: str) -> None:
         for why in e.why:
             if why in ("a call site that did not exist before", "this call site no longer exists"):
                 continue
+            if why.startswith("unexplained:"):  # (it lists the causes it ruled out)
+                continue
             causes = _claims(why)
             claimed |= causes
             for cause in causes:
