@@ -209,7 +209,12 @@ def capture_from_json(doc: dict, file: str, source=None) -> Capture:
                 )
         modules = {}
         for m in doc.get("modules", ()):
-            modules[tuple(m["path"])] = {"class": m["class"], "naming": m["naming"], "fields": m.get("fields", "")}
+            # (a spec's keys file records no naming or fields: the spec, not a live model, made its modules)
+            modules[tuple(m["path"])] = {
+                "class": str(m["class"]),
+                "naming": str(m.get("naming", "")),
+                "fields": str(m.get("fields", "")),
+            }
             if isinstance(m.get("layer_options"), dict):  # (keys files from rngaudit 0.x before it lack them)
                 modules[tuple(m["path"])]["layer_options"] = m["layer_options"]
         versions = dict(doc.get("versions", {}))
