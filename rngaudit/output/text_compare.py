@@ -68,7 +68,8 @@ def thing_lines(things) -> list[str]:
             streams.setdefault(t.stream, []).append(t.name + lane)
         said = "; ".join(f"{', '.join(names)} ({s})" for s, names in streams.items())
         counts = ""
-        if mo == mn and len(ts) <= 3:
-            counts = " [" + ", ".join(f"{t.name}: count {t.old.count} -> {t.new.count}" for t in ts) + "]"
+        recounted = [t for t in ts if t.old.count != t.new.count]  # (a key changed otherwise keeps its count)
+        if mo == mn and recounted and len(ts) <= 3:
+            counts = " [" + ", ".join(f"{t.name}: count {t.old.count} -> {t.new.count}" for t in recounted) + "]"
         out.append(f"{where}: {said}{counts}")
     return out

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from ..spec.layers import DRAW_KINDS, DRAW_LABELS, layer_identity
@@ -221,36 +221,46 @@ def module_pairs(old: Capture, new: Capture, moves: dict | None = None) -> dict:
     pairs = dict(module_moves(old, new) if moves is None else moves)
     if not (old.modules and new.modules):
         return pairs
-    identity = _identity(old, new)
-    for path, m in old.modules.items():
+    ids_old, ids_new = _identities(old, new)
+    targets = set(pairs.values())
+    for path in old.modules:
         if path in pairs or any(path[:i] in pairs for i in range(1, len(path))):
             continue
-        other = new.modules.get(path)
-        if other is not None and path not in pairs.values():
-            a, b = identity(m), identity(other)
+        if path in new.modules and path not in targets:
+            a, b = ids_old[path], ids_new[path]
             if a is not None and b is not None and a != b:
                 pairs[path] = None  # the module at this path is another thing now
     return pairs
 
 
-def _identity(old: Capture, new: Capture):
-    """What a module is (its class without transform prefixes, its hyper-parameters), told alike on both sides:
-    Flax's own text of every field where both sides are keys files, else the options of Flax's standard layers
-    (a spec's layer statements; a keys file records them for flax.linen's layers). None where a side cannot
-    tell (a spec's own classes): such a module is paired by the keys it draws instead."""
-    if all("fields" in m for m in old.modules.values()) and all("fields" in m for m in new.modules.values()):
+def _identities(old: Capture, new: Capture) -> tuple[dict, dict]:
+    """What each module is (its class without transform prefixes, its hyper-parameters), told alike on both
+    sides: {path: identity} of OLD and of NEW. Flax's own text of every field where both sides are keys files,
+    else the options of Flax's standard layers (a spec's layer statements; a keys file records them for
+    flax.linen's layers). None where a side cannot tell (a spec's own classes): such a module is paired by the
+    keys it draws instead."""
+    mode = "fields" if _has_fields(old) and _has_fields(new) else "layer"
+    return _identities_of(old, mode), _identities_of(new, mode)
 
-        def fields(m: dict):
-            text = m["fields"]
-            return (_base_class(m["class"]), text[text.find("(") :] if "(" in text else text)
 
-        return fields
+def _has_fields(cap: Capture) -> bool:
+    if "has_fields" not in cap.memo:
+        cap.memo["has_fields"] = all("fields" in m for m in cap.modules.values())
+    return cap.memo["has_fields"]
 
-    def layer(m: dict):
-        opts = m.get("layer_options")
-        return None if not isinstance(opts, dict) else layer_identity(_base_class(m["class"]), opts)
 
-    return layer
+def _identities_of(cap: Capture, mode: str) -> dict:
+    if ("identity", mode) not in cap.memo:
+        out: dict = {}
+        for path, m in cap.modules.items():
+            if mode == "fields":
+                text = m["fields"]
+                out[path] = (_base_class(m["class"]), text[text.find("(") :] if "(" in text else text)
+            else:
+                opts = m.get("layer_options")
+                out[path] = None if not isinstance(opts, dict) else layer_identity(_base_class(m["class"]), opts)
+        cap.memo[("identity", mode)] = out
+    return cap.memo[("identity", mode)]
 
 
 def _moved(path: tuple, pairs: dict) -> tuple | None:
@@ -519,7 +529,9 @@ class _CountShifts:
 
 
 def _forks(cap: Capture) -> set:
-    return {s.path for s in cap.sites if s.kind in ("jit_fork", "fold_rngs_fork")}
+    if "forks" not in cap.memo:
+        cap.memo["forks"] = {s.path for s in cap.sites if s.kind in ("jit_fork", "fold_rngs_fork")}
+    return cap.memo["forks"]
 
 
 def _explain_changed(cmp: Comparison, old: Capture, new: Capture, lanes: tuple[dict, dict]) -> None:
@@ -624,11 +636,10 @@ def _split_change(old: dict | None, new: dict | None) -> str | None:
 
 
 def _modules_of(cap: Capture) -> set:
-    out = set(cap.modules)
-    for s in cap.sites:
-        for i in range(len(s.path) + 1):
-            out.add(s.path[:i])
-    return out
+    """Every module path of a capture: its recorded modules, and every path a site is drawn at or below."""
+    if "modules" not in cap.memo:
+        cap.memo["modules"] = set(cap.modules) | set(_sites_under(cap))
+    return set(cap.memo["modules"])
 
 
 # a spec's standard layers label their make_rng draws (spec/layers.py); a captured draw has no such label
@@ -648,14 +659,29 @@ def _what(s: Site) -> str:
 
 
 def _signature(cap: Capture, mod: tuple) -> tuple:
-    n = len(mod)
-    return tuple(
-        sorted(
-            (s.path[n:], s.stream, s.count, s.lane, _label(s))
-            for s in cap.sites
-            if s.path[:n] == mod and s.kind not in ("jit_fork", "fold_rngs_fork")
+    """The keys the module at `mod` draws, relative to its path (empty: it draws none)."""
+    memo = cap.memo.setdefault("signature", {})
+    if mod not in memo:
+        n = len(mod)
+        memo[mod] = tuple(
+            sorted(
+                (s.path[n:], s.stream, s.count, s.lane, _label(s))
+                for s in _sites_under(cap).get(mod, ())
+                if s.kind not in ("jit_fork", "fold_rngs_fork")
+            )
         )
-    )
+    return memo[mod]
+
+
+def _sites_under(cap: Capture) -> dict:
+    """Module path -> the sites at it or below it (one pass over the sites)."""
+    if "under" not in cap.memo:
+        under: dict = {}
+        for s in cap.sites:
+            for i in range(len(s.path) + 1):
+                under.setdefault(s.path[:i], []).append(s)
+        cap.memo["under"] = under
+    return cap.memo["under"]
 
 
 def _auto(name: str):
@@ -685,26 +711,30 @@ def module_moves(old: Capture, new: Capture) -> dict:
     only_old = sorted(m for m in mods_old - mods_new if m)
     only_new = sorted(m for m in mods_new - mods_old if m)
     used: set = set(paired.values())
+    by_keys: dict = {}  # (parent, the keys a module draws) -> the new-only modules there, in order
+    by_parent: dict = {}  # (parent, name without transform prefixes) -> the new-only modules there, in order
+    for mn in reversed(only_new):
+        by_keys.setdefault((mn[:-1], _signature(new, mn)), []).append(mn)
+    for mn in only_new:
+        by_parent.setdefault((mn[:-1], _base_class(mn[-1])), []).append(mn)
     for mo in only_old:
         if mo in paired or any(mo[:i] in paired for i in range(1, len(mo))):
             continue
         sig = _signature(old, mo)
         if not sig:
             continue  # (a module that draws nothing is like every other such module: nothing to follow)
-        cands = [mn for mn in only_new if mn[:-1] == mo[:-1] and mn not in used and _signature(new, mn) == sig]
-        if cands:
-            paired[mo] = cands[0]
-            used.add(cands[0])
+        alike = by_keys.get((mo[:-1], sig), [])
+        while alike and alike[-1] in used:  # (kept reversed: the first in order is last)
+            alike.pop()
+        if alike:
+            paired[mo] = alike.pop()
+            used.add(paired[mo])
     # a module wrapped in a lifted transform: auto-named after the transform's class (Block_0 -> JitBlock_0), its
     # keys moved by the fork the transform adds, so the keys alone do not pair it
     for mo in only_old:
         if mo in paired or any(mo[:i] in paired for i in range(1, len(mo))) or not _signature(old, mo):
             continue
-        cands = [
-            mn
-            for mn in only_new
-            if mn[:-1] == mo[:-1] and mn not in used and mn[-1] != mo[-1] and _base_class(mn[-1]) == mo[-1]
-        ]
+        cands = [mn for mn in by_parent.get((mo[:-1], mo[-1]), ()) if mn not in used and mn[-1] != mo[-1]]
         if len(cands) == 1:
             paired[mo] = cands[0]
             used.add(cands[0])
@@ -716,13 +746,19 @@ def _explain_moves(cmp: Comparison, old: Capture, new: Capture, lanes: tuple[dic
     mods_old, mods_new = _modules_of(old), _modules_of(new)
     new_forks = _forks(new)
     insertions: set = set()
+    by_module: dict = {}  # module path -> the gone and new entries drawn at it or below it
+    for e in cmp.entries:
+        if e.status in ("gone", "new"):
+            for i in range(len(e.site.path) + 1):
+                by_module.setdefault(e.site.path[:i], []).append(e)
+    targets = set(paired.values())
     for mo, mn in paired.items():
         why = _rename_kind(mo[-1], mn[-1])
         fix = (
             f"give the module now at {_p(mn)} an explicit name={mo[-1]!r} (in setup(), an explicit name= is "
             f"kept too): it restores the old path {_p(mo)}"
         )
-        inserted = _unmatched_sibling(new, mn, set(paired.values()), old)
+        inserted = _unmatched_sibling(new, mn, targets, old)
         if why.startswith("shifted auto-name index") and inserted is not None:
             fix = (
                 f"give the inserted module at {_p(inserted)} an explicit name= (explicit names do not advance "
@@ -732,9 +768,8 @@ def _explain_moves(cmp: Comparison, old: Capture, new: Capture, lanes: tuple[dic
         forked = mn in new_forks and mo not in _forks(old)
         if forked:
             fix += "; its keys still change, because nn.jit forks the streams there (a new jit fork)"
-        laned = any(t.lane for t in new.sites if t.path[: len(mn)] == mn) and not any(
-            t.lane for t in old.sites if t.path[: len(mo)] == mo
-        )
+        under_old, under_new = _sites_under(old), _sites_under(new)
+        laned = any(t.lane for t in under_new.get(mn, ())) and not any(t.lane for t in under_old.get(mo, ()))
         if laned:
             fix += "; its keys still change: they are drawn per lane now (an nn.vmap/nn.scan around it)"
         if inserted is not None and why.startswith("shifted auto-name index"):
@@ -750,7 +785,7 @@ def _explain_moves(cmp: Comparison, old: Capture, new: Capture, lanes: tuple[dic
             fixed = None
         else:
             cmp.fixes.append(fix + checked)
-        for e in cmp.entries:
+        for e in {id(e): e for e in by_module.get(mo, []) + by_module.get(mn, [])}.values():
             s = e.site
             if e.status == "gone" and s.path[: len(mo)] == mo:
                 e.why.append(f"{why}; its keys moved to {_p(mn + s.path[len(mo) :])}")
@@ -769,7 +804,8 @@ def _explain_moves(cmp: Comparison, old: Capture, new: Capture, lanes: tuple[dic
     for e in cmp.entries:
         if e.status in ("new", "gone") and not e.why:
             e.why.append(
-                _count_shift(e, old, new)
+                _fork_change(e, old, new)
+                or _count_shift(e, old, new)
                 or _lane_count_change(e, lanes)
                 or ("a call site that did not exist before" if e.status == "new" else "this call site no longer exists")
             )
@@ -777,7 +813,13 @@ def _explain_moves(cmp: Comparison, old: Capture, new: Capture, lanes: tuple[dic
 
 def _free_name(cap: Capture, path: tuple) -> str:
     """An explicit name for the module at `path` that no sibling has (the fix names it; any free name works)."""
-    taken = {p[-1] for p in _modules_of(cap) if p and p[:-1] == path[:-1]}
+    if "names" not in cap.memo:  # parent path -> its children's names
+        names: dict = {}
+        for p in _modules_of(cap):
+            if p:
+                names.setdefault(p[:-1], set()).add(p[-1])
+        cap.memo["names"] = names
+    taken = cap.memo["names"].get(path[:-1], set())
     base = f"{path[-1].rsplit('_', 1)[0].lower()}_inserted"
     name, k = base, 1
     while name in taken:
@@ -792,7 +834,16 @@ def _checked(cmp: Comparison, old: Capture, new: Capture, names: dict, scope: tu
     its spec), and why the fix fails when the re-derived model does (None: it does not)."""
     if new.renamed is None:
         return "", None
-    fixed = new.renamed(names)
+    # (one fix shared by many moved modules, the name of one inserted module, is checked once per diff)
+    done = new.memo.setdefault(("checked", id(cmp)), (cmp, {}))[1]
+    asked = (tuple(sorted(names.items())), scope)
+    if asked not in done:
+        done[asked] = _check(cmp, old, new, names, scope)
+    return done[asked]
+
+
+def _check(cmp: Comparison, old: Capture, new: Capture, names: dict, scope: tuple) -> tuple[str, str | None]:
+    fixed = None if new.renamed is None else new.renamed(names)
     if fixed is None:
         return "", None
     what = ", ".join(f"name={n!r} at {_p(p)}" for p, n in names.items())
@@ -842,22 +893,35 @@ def _checked(cmp: Comparison, old: Capture, new: Capture, names: dict, scope: tu
 def _unmatched_sibling(new: Capture, mn: tuple, matched: set, old: Capture):
     """A new module beside `mn`, of its class, that matches nothing in the old version (inserted)."""
     cls = new.modules.get(mn, {}).get("class")
-    identity = _identity(old, new)
     # (one of several alike siblings is the inserted one when there is one more of them than before)
-    before = Counter(identity(m) for p, m in old.modules.items() if p and p[:-1] == mn[:-1])
-    now = Counter(identity(m) for p, m in new.modules.items() if p and p[:-1] == mn[:-1])
-    for p, m in new.modules.items():
-        if (
-            p
-            and p[:-1] == mn[:-1]
-            and p != mn
-            and p not in matched
-            and m.get("class") == cls
-            and (who := identity(m)) is not None
-            and now[who] > before[who]
-        ):
-            return p
-    return None
+    memo = new.memo.setdefault(("more", id(old)), (old, {}))[1]
+    parent = mn[:-1]
+    if parent not in memo:
+        ids_old, ids_new = _identities(old, new)
+        before, now = (_alike(cap, ids, parent) for cap, ids in ((old, ids_old), (new, ids_new)))
+        memo[parent] = [
+            p for p in _children(new).get(parent, ()) if (who := ids_new[p]) is not None and now[who] > before[who]
+        ]
+    return next((p for p in memo[parent] if p != mn and p not in matched and new.modules[p].get("class") == cls), None)
+
+
+def _alike(cap: Capture, ids: dict, parent: tuple) -> Counter:
+    """How many children of `parent` have each identity."""
+    memo = cap.memo.setdefault(("alike", id(ids)), {})
+    if parent not in memo:
+        memo[parent] = Counter(ids[p] for p in _children(cap).get(parent, ()))
+    return memo[parent]
+
+
+def _children(cap: Capture) -> dict:
+    """Module path -> the paths of its recorded child modules, in creation order."""
+    if "children" not in cap.memo:
+        kids: dict = {}
+        for p in cap.modules:
+            if p:
+                kids.setdefault(p[:-1], []).append(p)
+        cap.memo["children"] = kids
+    return cap.memo["children"]
 
 
 def _base_class(cls: str) -> str:
@@ -874,26 +938,26 @@ def _pair_by_fields(old: Capture, new: Capture) -> dict:
     """Children of one parent matched in creation order by class (transform prefixes aside) and
     hyper-parameters; pairs whose names differ are renames."""
 
-    identity = _identity(old, new)
+    ids_old, ids_new = _identities(old, new)
 
-    def children(cap):
+    def children(cap, ids):
         out: dict = {}
-        for path, m in cap.modules.items():
-            if path and (who := identity(m)) is not None:
+        for path in cap.modules:
+            if path and (who := ids[path]) is not None:
                 out.setdefault(path[:-1], []).append((path, who))
         return out
 
-    co, cn = children(old), children(new)
+    co, cn = children(old, ids_old), children(new, ids_new)
     pairs: dict = {}
     for parent, olds in co.items():
-        news = list(cn.get(parent, ()))
         if parent not in new.modules and parent:
             continue
-        taken: set = set()
+        news: dict = {}  # identity -> the new children that have it, in creation order
+        for p, k in cn.get(parent, ()):
+            news.setdefault(k, deque()).append(p)
         for path, key in olds:
-            match = next((p for p, k in news if k == key and p not in taken), None)
-            if match is not None:
-                taken.add(match)
+            if news.get(key):
+                match = news[key].popleft()
                 if match != path:
                     pairs[path] = match
     # a child of a renamed module is renamed with it
@@ -963,13 +1027,29 @@ def _inserted_at(old: Capture, new: Capture, parent: tuple, cls: str, n_new: int
     relative to their path. Empty when no single insertion explains the siblings."""
     paths_old = [parent + (f"{cls}_{i}",) for i in range(n_new - 1)]
     paths_new = [parent + (f"{cls}_{i}",) for i in range(n_new)]
-    identity = _identity(old, new)
-    fo = [identity(old.modules[p]) if p in old.modules else None for p in paths_old]
-    fn = [identity(new.modules[p]) if p in new.modules else None for p in paths_new]
+    ids_old, ids_new = _identities(old, new)
+    fo = [ids_old.get(p) for p in paths_old]
+    fn = [ids_new.get(p) for p in paths_new]
     if None in fo or None in fn:
         fo = [_signature(old, p) for p in paths_old]
         fn = [_signature(new, p) for p in paths_new]
     return [i for i in range(n_new) if fn[:i] + fn[i + 1 :] == fo]
+
+
+_FORKERS = {"jit_fork": "nn.jit", "fold_rngs_fork": "nn.fold_rngs"}
+
+
+def _fork_change(e: Entry, old: Capture, new: Capture) -> str | None:
+    """The key Flax draws to fork the streams where nn.jit (nn.fold_rngs) wraps a module: new where the wrap is
+    new, gone where it was taken off."""
+    s = e.site
+    if s.kind not in _FORKERS:
+        return None
+    if e.status == "new" and s.path not in _forks(old):
+        return f"a new jit fork: {_FORKERS[s.kind]} now wraps the module at {_p(s.path)}, and forks every stream there"
+    if e.status == "gone" and s.path not in _forks(new):
+        return f"the jit fork at {_p(s.path)} is gone: {_FORKERS[s.kind]} no longer wraps the module there"
+    return None
 
 
 def _lane_count_change(e: Entry, lanes: tuple[dict, dict]) -> str | None:

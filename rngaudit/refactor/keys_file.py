@@ -92,6 +92,8 @@ class Capture:
     # saying why that cannot be (the replay's error: a name in use), or None where a path is no module of the
     # spec's; None for a keys file (no model to re-derive)
     renamed: Callable[[dict], Capture | str | None] | None = None
+    # what diff works out once per capture (each module's identity, the sites under each module path ...)
+    memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     def locate(self) -> None:
         """Give each site of a keys file the line:col of its record (one pass over the file)."""
@@ -308,10 +310,17 @@ def spec_capture(name: str, spec) -> Capture:
         modules: dict = {}  # the module made at each path, and how many paths each definition makes
 
         def renamed(names: dict) -> Capture | str | None:
+            # (diff checks one fix for each module it moved: a fix shared by many is derived once)
+            asked = tuple(sorted(names.items()))
+            if asked not in modules.setdefault("done", {}):
+                modules["done"][asked] = _renamed(names)
+            return modules["done"][asked]
+
+        def _renamed(names: dict) -> Capture | str | None:
             from ..engine.replay import Replayer
             from ..spec.tree import renamed_modules
 
-            if not modules:  # (one walk of the spec, made by the first fix checked)
+            if "at" not in modules:  # (one walk of the spec, made by the first fix checked)
                 walk = Replayer(spec)
                 walk.walk()
                 modules["at"] = walk.modules

@@ -255,7 +255,17 @@ def _told(opt: str) -> bool:
 
 
 def _frozen(v):
-    return tuple(_frozen(x) for x in v) if isinstance(v, (list, tuple)) else v
+    """A value as a hashable one that compares alike from a spec and from a keys file: lists as tuples, mappings
+    as sorted (key, value) tuples, anything else unhashable as its text."""
+    if isinstance(v, (list, tuple)):
+        return tuple(_frozen(x) for x in v)
+    if isinstance(v, dict):
+        return tuple(sorted(((str(k), _frozen(x)) for k, x in v.items()), key=repr))
+    try:
+        hash(v)
+    except TypeError:
+        return repr(v)
+    return v
 
 
 def make_layer(

@@ -555,6 +555,6 @@ class BodyParser:
                         dn.key_locs[pname],
                     )
                 draws[pname] = parse_draw(pnode, f"draw of {pname}")
-        hyper = {opt: n.value for opt in lk.passive if (n := f.get(opt)) is not None}
+        hyper = {opt: n.plain() for opt in lk.passive if (n := f.get(opt)) is not None}
         m = make_layer(kind, opts, loc, f.text("name"), draws, hyper)
         return self._child(m, f, loc, in_setup)

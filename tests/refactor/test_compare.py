@@ -649,3 +649,81 @@ def test_a_split_change_of_one_lane_is_explained_from_the_specs(tmp_path):
     assert r.exit_code == 1, r.output + r.stderr
     assert "why: a different split: the key is no longer split from the key above it" in r.output, r.output
     assert "unexplained" not in r.output
+
+
+GENERAL = HEADER + textwrap.dedent("""
+    class Model(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        FIRST
+        x = nn.DenseGeneral((2, 3))(x)
+        x = nn.DenseGeneral(4, axis=(-2, -1))(x)
+        return nn.DenseGeneral((3, 2))(x)
+
+    def make():
+      return Model(), (jnp.ones((1, 4)),)
+""")
+
+
+def test_layers_with_sequence_options_pair_between_a_keys_file_and_a_spec(tmp_path):
+    """DenseGeneral layers whose features/axis are sequences ([2, 3] in a spec, (2, 3) in a keys file) are the
+    same layers on both sides: after one is inserted first, a keys file diffed against a spec follows each
+    layer to its new name (real Flax's kernels say each moved layer draws another key), as two keys files do."""
+    old_f, old_keys = capture(tmp_path, "old", GENERAL.replace("FIRST", ""))
+    new_f, new_keys = capture(tmp_path, "new", GENERAL.replace("FIRST", "x = nn.DenseGeneral((5, 5))(x).sum(-1)"))
+    old_params, new_params = flax_params(old_f), flax_params(new_f)
+    want = {(f"DenseGeneral_{i}", f"DenseGeneral_{i + 1}", what) for i in range(3) for what in ("kernel", "bias")}
+    for mo, mn, what in want:
+        if what == "kernel":
+            assert not np.array_equal(old_params[_at(mo, what)], new_params[_at(mn, what)])
+    for new in (new_keys, tmp_path / "new.yaml"):
+        code, doc = run_diff(tmp_path, old_keys, new)
+        assert code == 1
+        assert _things(doc) == want, new
+        assert any("the inserted module at DenseGeneral_0" in f for f in doc["fixes"]), doc["fixes"]
+
+
+SETUP_JIT = HEADER + textwrap.dedent("""
+    class Block(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        x = nn.Dense(4)(x)
+        return nn.Dropout(0.1, deterministic=False)(x)
+
+    class Model(nn.Module):
+      def setup(self):
+        self.inp = nn.Dense(4)
+        self.block = WRAP(Block)()
+        self.out = nn.Dense(2)
+
+      def __call__(self, x):
+        return self.out(self.block(self.inp(x)))
+
+    def make():
+      return Model(), (jnp.ones((1, 4)),)
+""")
+
+
+def test_a_setup_child_wrapped_in_jit_keeps_its_path_and_its_fork_is_explained(tmp_path):
+    """nn.jit around a module made in setup() keeps its path (block), adds the fork Flax draws there and changes
+    every key below it (real Flax's kernel says so). Each new fork key is explained as the jit fork, no module is
+    said to move, and unwrapping it again says the fork is gone; a key that kept its count shows no count."""
+    old_f, old_keys = capture(tmp_path, "plain", SETUP_JIT.replace("WRAP(Block)", "Block"))
+    new_f, new_keys = capture(tmp_path, "jitted", SETUP_JIT.replace("WRAP(Block)", "nn.jit(Block)"))
+    old_params, new_params = flax_params(old_f), flax_params(new_f)
+    assert not np.array_equal(old_params[("block", "Dense_0", "kernel")], new_params[("block", "Dense_0", "kernel")])
+    for old, new in ((old_keys, new_keys), (tmp_path / "plain.yaml", tmp_path / "jitted.yaml")):
+        code, doc = run_diff(tmp_path, old, new)
+        assert code == 1
+        assert param_sites(doc) == {("block", "Dense_0", "kernel"), ("block", "Dense_0", "bias")}
+        forks = [s for s in doc["sites"] if s["status"] == "new"]
+        assert {tuple(s["path"]) for s in forks} == {("block",)} and len(forks) == 2, forks
+        for s in forks:
+            assert s["why"] == ["a new jit fork: nn.jit now wraps the module at block, and forks every stream there"]
+        assert not doc["notes"] and not doc["fixes"], (doc["notes"], doc["fixes"])
+        text = invoke("diff", old, new).stdout
+        assert "block/Dense_0: kernel, bias (params)\n" in text and "count 1 -> 1" not in text, text
+    code, doc = run_diff(tmp_path, new_keys, old_keys)
+    gone = [s for s in doc["sites"] if s["status"] == "gone"]
+    assert len(gone) == 2
+    assert all(s["why"] == ["the jit fork at block is gone: nn.jit no longer wraps the module there"] for s in gone)

@@ -4,7 +4,8 @@ split_rngs), each diffed. Checked: no crash, the sets (kept/changed/new/gone) eq
 from both sides' derived keys, the exit status follows the sets, every non-kept site has an explanation,
 and the causes that are known from the refactor are named (and a split change is not claimed instead).
 
-The default run draws a fixed set; RNGAUDIT_DIFF_FUZZ_EXAMPLES=2000 for a long sweep."""
+The default run draws a fixed set; RNGAUDIT_DIFF_FUZZ_EXAMPLES=2000 for a long sweep, and
+RNGAUDIT_DIFF_FUZZ_KINDS=wrap,split to draw only some refactor kinds (the rarely valid ones get many examples)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,11 @@ EXAMPLES = int(os.environ.get("RNGAUDIT_DIFF_FUZZ_EXAMPLES", "60"))
 KINDS = ("seed", "separator", "partitionable", "insert", "delete", "reorder", "rename", "wrap", "split")
 # the structural refactors are drawn more often: they are rejected more (a body without a module to rename)
 WEIGHTED = 3 * KINDS[3:] + KINDS[:3]
+_ONLY = [k for k in os.environ.get("RNGAUDIT_DIFF_FUZZ_KINDS", "").split(",") if k]
+if _ONLY:
+    if not set(_ONLY) <= set(KINDS):
+        raise ValueError(f"RNGAUDIT_DIFF_FUZZ_KINDS: the kinds are {', '.join(KINDS)}, not {', '.join(_ONLY)}")
+    WEIGHTED = tuple(_ONLY)
 INSERTS = ({"Dense": {"features": 2}}, {"LayerNorm": {}}, {"param": "inserted"}, {"make_rng": "params"})
 
 
