@@ -203,6 +203,7 @@ def observe_module(module, args: tuple, kwargs: dict, keys: dict, phase: str, ta
                 # every collection but params is mutable, as a training step applies a model (mutable=
                 # ['batch_stats']): BatchNorm in train mode updates its statistics (no key is drawn for them)
                 mutable = [c for c in variables if c != "params"] or False
+                rec.mutable = mutable  # (the spec says it: map_variables(init=True) runs twice where one is mutable)
                 module.apply(variables, *args, rngs=keys, mutable=mutable, **kwargs)
             jax.effects_barrier()
             rec.recording = False

@@ -729,6 +729,25 @@ def module_moves(old: Capture, new: Capture) -> dict:
         if alike:
             paired[mo] = alike.pop()
             used.add(paired[mo])
+    # a module that moved onto a path a module drawing other keys (or none) had: an explicit name on a keyless sibling
+    # before it frees its auto-name (Dense_1 -> Dense_0), and the keys find it there
+    for mo in only_old:
+        if mo in paired or any(mo[:i] in paired for i in range(1, len(mo))):
+            continue
+        sig = _signature(old, mo)
+        if not sig:
+            continue
+        cand = next(
+            (
+                mn
+                for mn in _children(new).get(mo[:-1], ())
+                if mn in mods_old and mn not in used and _signature(new, mn) == sig and _signature(old, mn) != sig
+            ),
+            None,
+        )
+        if cand is not None:
+            paired[mo] = cand
+            used.add(cand)
     # a module wrapped in a lifted transform: auto-named after the transform's class (Block_0 -> JitBlock_0), its
     # keys moved by the fork the transform adds, so the keys alone do not pair it
     for mo in only_old:
@@ -845,6 +864,11 @@ def _checked(cmp: Comparison, old: Capture, new: Capture, names: dict, scope: tu
 def _check(cmp: Comparison, old: Capture, new: Capture, names: dict, scope: tuple) -> tuple[str, str | None]:
     fixed = None if new.renamed is None else new.renamed(names)
     if fixed is None:
+        if new.source is not None and new.memo.get("spec") is None:  # a keys file with no spec that replays it
+            return (
+                " [not checked: NEW is a keys file, and no spec that replays it was found (the one `capture -o` "
+                "wrote, as its `spec` field names it or beside it); diff that spec to check the fix]"
+            ), None
         return "", None
     what = ", ".join(f"name={n!r} at {_p(p)}" for p, n in names.items())
     if isinstance(fixed, str):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -278,8 +279,45 @@ def load_source(path: str):
         if is_capture_json(doc.value):
             cap = capture_from_json(doc.value, path, doc)
             cap.target = path  # reports name (and annotate) the file given
+            if cap.flavour == "linen":
+                recorded = doc.value.get("spec")
+                cap.renamed = _renamed_by_spec(cap, path, recorded if isinstance(recorded, str) else "")
             return cap
     return load_spec(path)
+
+
+def _renamed_by_spec(cap: Capture, keys_path: str, spec_file: str) -> Callable[[dict], Capture | str | None]:
+    """A keys file's fixes, checked on the spec `capture` wrote with it: `renamed` of that spec, found as recorded
+    (from the working directory), beside the keys file under the recorded path or by its name, or as the keys
+    file's name with .yaml, and used only when it replays every key of the keys file (else, or where none is
+    found: None, unchecked). The spec is read when the first fix is checked."""
+
+    def renamed(names: dict) -> Capture | str | None:
+        if "spec" not in cap.memo:  # (None: no spec replays it; diff says its fixes are not checked)
+            cap.memo["spec"] = _replaying_spec(cap, keys_path, spec_file)
+        spec = cap.memo["spec"]
+        return None if spec is None or spec.renamed is None else spec.renamed(names)
+
+    return renamed
+
+
+def _replaying_spec(cap: Capture, keys_path: str, spec_file: str) -> Capture | None:
+    from ..spec.parse import load_spec
+
+    here = os.path.dirname(keys_path)
+    want = {s.ident: s.key for s in cap.sites}
+    beside = (os.path.join(here, spec_file), os.path.join(here, os.path.basename(spec_file)))
+    same_stem = os.path.splitext(keys_path)[0] + ".yaml"  # (`capture --keys k.json > k.yaml` records no spec)
+    for path in dict.fromkeys((spec_file, *beside, same_stem) if spec_file else (same_stem,)):
+        if not os.path.isfile(path):
+            continue
+        try:
+            spec = spec_capture(path, load_spec(path))
+        except RngauditError:
+            continue
+        if {s.ident: s.key for s in spec.sites} == want:
+            return spec
+    return None
 
 
 def load_sites(path: str) -> Capture:

@@ -204,6 +204,7 @@ class Recorder:
         self.pending_forks: list = []
         self.fired: list = []
         self.batches: list[_Batch] = []  # the traced bodies now running, innermost last
+        self.mutable: list[str] | bool = False  # the collections apply made mutable (capture sets it)
         self.recording = False
         self.axis_names = itertools.count()
         self.root = TraceNode()

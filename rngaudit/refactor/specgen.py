@@ -287,6 +287,9 @@ class _Builder:
         for i in range(len(lifts) - 1, -1, -1):
             kind, opts, _ = lifts[i]
             if classes[i]:
+                if decorators:  # (method decorators inside a class transform belong to the class it wraps)
+                    stmt["transforms"] = decorators
+                    decorators = []
                 stmt = {kind: dict({"module": stmt}, **opts)}
             else:
                 if not isinstance(stmt, dict) or "class" not in stmt:
@@ -539,8 +542,10 @@ def build_spec(
         },
         "phase": phase,
         "rngs": dict(seeds),
-        "model": model,
     }
+    if phase == "apply" and rec.mutable:
+        doc["mutable"] = sorted(rec.mutable)  # what capture applied the model with
+    doc["model"] = model
     header = (
         f"# Captured by rngaudit capture {target} ({phase}) from real Flax; `rngaudit derive` on this\n"
         "# spec reproduces every key Flax handed out (checked before it was written).\n"

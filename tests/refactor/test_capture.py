@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import pytest
+import yaml
 from support import invoke, write
 
 HEADER = "import flax.linen as nn\nimport jax\nimport jax.numpy as jnp\n"
@@ -209,6 +210,77 @@ def test_a_jit_method_decorator_on_the_root_is_captured_in_apply_too(tmp_path, p
     spec, doc = capture(tmp_path, f"{f}:make", "--rngs", "params=0,dropout=1", "--phase", phase)
     assert "transforms:" in spec.read_text() and "jit:" in spec.read_text()
     assert any(c["kind"] == "jit_fork" for c in doc["calls"])
+    assert_replays(spec, doc)
+
+
+DECORATED_IN_VMAP = textwrap.dedent("""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+
+    class Block(nn.Module):
+      @nn.jit
+      @nn.compact
+      def __call__(self, x):
+        x = nn.Dense(2)(x)
+        return x + jax.random.normal(self.make_rng('dropout'), x.shape)
+
+    class Model(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        x = nn.Dense(2)(x)
+        Ensemble = nn.vmap(Block, variable_axes={'params': 0}, split_rngs={'params': True, 'dropout': True},
+                           in_axes=None, out_axes=0, axis_size=2)
+        return Ensemble(name='members')(x)
+
+    def make():
+      return Model(), (jnp.ones((1, 2)),)
+""")
+
+
+@pytest.mark.parametrize("phase", ["init", "apply"])
+def test_a_method_decorator_inside_a_class_transform_is_captured(tmp_path, phase):
+    """nn.vmap of a class whose __call__ is decorated (nn.jit): the decorator is the wrapped class's `transforms:`,
+    inside the vmap statement. capture wrote it beside `vmap:` and crashed (found by the keys-file fuzzer)."""
+    f = write(tmp_path, "decorated.py", DECORATED_IN_VMAP)
+    spec, doc = capture(tmp_path, f"{f}:make", "--rngs", "params=0,dropout=1", "--phase", phase)
+    model = yaml.safe_load(spec.read_text())["model"]
+    vmap = next(s["vmap"] for s in model["body"] if isinstance(s, dict) and "vmap" in s)
+    assert [next(iter(t)) for t in vmap["module"]["transforms"]] == ["jit"], vmap
+    assert {tuple(c["lane"]) for c in doc["calls"] if c["path"][:1] == ["members"]} == {(0,), (1,)}
+    assert_replays(spec, doc)
+
+
+MAPPED_WITH_STATE = textwrap.dedent("""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+
+    class Noise(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        return x + jax.random.normal(self.make_rng('params'), x.shape)
+
+    class Model(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        steps = self.variable('state', 'steps', jnp.zeros, ())
+        steps.value += 1
+        return nn.map_variables(Noise, 'params', init=True)()(x)
+
+    def make():
+      return Model(), (jnp.ones((1, 2)),)
+""")
+
+
+def test_apply_with_a_state_collection_says_it_is_mutable(tmp_path):
+    """capture applies with every collection but params mutable (here `state`); with a mutable collection Flax runs
+    nn.map_variables(init=True)'s body twice and throws the first run's keys away. The spec says `mutable: [state]`
+    so derive runs it the same way; without it the spec did not replay and capture exited 3."""
+    f = write(tmp_path, "mapped.py", MAPPED_WITH_STATE)
+    spec, doc = capture(tmp_path, f"{f}:make", "--rngs", "params=0", "--phase", "apply")
+    assert yaml.safe_load(spec.read_text())["mutable"] == ["state"]
+    assert [c["count"] for c in doc["calls"] if c["kind"] == "make_rng"] == [2]  # (count 1: the first run's)
     assert_replays(spec, doc)
 
 

@@ -727,3 +727,28 @@ def test_a_setup_child_wrapped_in_jit_keeps_its_path_and_its_fork_is_explained(t
     gone = [s for s in doc["sites"] if s["status"] == "gone"]
     assert len(gone) == 2
     assert all(s["why"] == ["the jit fork at block is gone: nn.jit no longer wraps the module there"] for s in gone)
+
+
+def test_a_keys_files_fix_is_checked_on_the_spec_capture_wrote_with_it(tmp_path, base):
+    """NEW a keys file: its fix is re-derived on the spec `capture -o` wrote beside it (found by the path the keys
+    file records, else beside it by name), as for a spec; with no spec, or one edited since so that it no longer
+    replays the keys file, the fix says it is not checked rather than claim anything."""
+    _, old_keys, _ = base
+    _, new_keys = capture(tmp_path, "insert", VARIANTS["insert"])
+    checked = "[checked: re-derived with name='dense_inserted' at Dense_0: all "
+
+    def fixes() -> list[str]:
+        code, doc = run_diff(tmp_path, old_keys, new_keys)
+        assert code == 1 and doc["fixes"], doc
+        return doc["fixes"]
+
+    assert all(checked in f for f in fixes()), fixes()
+    doc = json.loads(new_keys.read_text())
+    doc["spec"] = "elsewhere/insert.yaml"  # (recorded from another working directory: found beside by name)
+    new_keys.write_text(json.dumps(doc))
+    assert all(checked in f for f in fixes()), fixes()
+    spec = tmp_path / "insert.yaml"
+    spec.write_text(spec.read_text().replace("rngs: {params: 0", "rngs: {params: 5"))
+    for said in (fixes(), (spec.unlink(), fixes())[1]):
+        assert all("[not checked: NEW is a keys file, and no spec that replays it was found" in f for f in said)
+        assert not any("[checked" in f for f in said)

@@ -14,7 +14,7 @@ import os
 
 import yaml
 from engine.test_replay_property import specs, transform_specs
-from hypothesis import HealthCheck, event, given, reject, settings
+from hypothesis import HealthCheck, event, example, given, reject, settings
 from hypothesis import strategies as st
 
 import rngaudit
@@ -157,12 +157,53 @@ def _thing_truth(spec) -> dict:
     return out
 
 
+_SCANNED_DENSES = {
+    "rngaudit": 1,
+    "flax": {"fix_rng_separator": False},
+    "jax": {"prng_impl": "threefry2x32", "threefry_partitionable": False},
+    "phase": "init",
+    "rngs": {"params": 0, "dropout": 0},
+    "model": {
+        "scan": {
+            "module": {
+                "class": "Block",
+                "setup": ["make_rng"],
+                "body": [
+                    {"module": {"class": "Dense", "body": []}},
+                    {"module": {"class": "Dense", "setup": ["make_rng"], "body": []}},
+                ],
+            },
+            "length": 1,
+            "split_rngs": "all",
+            "variable_axes": {"all": 0},
+            "variable_broadcast": "params",
+        }
+    },
+}
+
+
+def _renamed_first(model: dict) -> dict:
+    model = copy.deepcopy(model)
+    model["scan"]["module"]["body"][0]["module"]["name"] = "renamed"
+    return model
+
+
 @settings(
     max_examples=EXAMPLES,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
 )
 @given(refactors())
+# found by 1,500 random refactors: a keyless module renamed frees its auto-name, so the sibling that draws moves onto
+# a path that exists on both sides (Dense_1 -> Dense_0); it was "a call site that did not exist before"
+@example(
+    (
+        _SCANNED_DENSES,
+        {**_SCANNED_DENSES, "model": _renamed_first(_SCANNED_DENSES["model"])},
+        "rename",
+        None,
+    )
+)
 def test_diff_of_random_refactors(case):
     old_doc, new_doc, kind, stream = case
     old, new = _load(old_doc), _load(new_doc)
