@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import sys
 import tempfile
-import time
+
+from bench_output import run  # (best wall time and peak RSS of `python -m rngaudit ARGS`, fresh processes)
 
 HEAD = "rngaudit: 1\nrngs: {params: 0, dropout: 1}\nmodel:\n  class: Model\n  body:\n"
 
@@ -46,23 +45,6 @@ def spec(blocks: int, refactor: str | None) -> str:
 
 
 REFACTORS = ("insert-first", "append", "rename-half", "wrap-remat")
-
-
-def run(args: list[str], runs: int) -> tuple[float, float]:
-    """Best wall time (s) and the largest peak RSS (MB) of `python -m rngaudit ARGS` over `runs` runs."""
-    best, peak = float("inf"), 0.0
-    env = dict(os.environ, NO_COLOR="1")
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        p = subprocess.Popen([sys.executable, "-m", "rngaudit", *args], stdout=subprocess.DEVNULL, env=env)
-        _, status, usage = os.wait4(p.pid, 0)
-        elapsed = time.perf_counter() - t0
-        code = os.waitstatus_to_exitcode(status)
-        if code not in (0, 1):
-            raise SystemExit(f"rngaudit {' '.join(args)} exited {code}")
-        best = min(best, elapsed)
-        peak = max(peak, usage.ru_maxrss / 1024)
-    return best, peak
 
 
 def main() -> None:

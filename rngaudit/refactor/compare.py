@@ -771,14 +771,27 @@ def _explain_moves(cmp: Comparison, old: Capture, new: Capture, lanes: tuple[dic
             for i in range(len(e.site.path) + 1):
                 by_module.setdefault(e.site.path[:i], []).append(e)
     targets = set(paired.values())
+    shifted_by = {}  # an old module shifted by an insertion -> the inserted module (its fix names that one)
+    for mo, mn in paired.items():
+        inserted = _unmatched_sibling(new, mn, targets, old)
+        if inserted is not None and _rename_kind(mo[-1], mn[-1]).startswith("shifted auto-name index"):
+            shifted_by[mo] = inserted
+    # many modules moved (each block of a model wrapped, renamed): their old names are given back all at once and
+    # NEW derived once, not once per module
+    restores = {mn: mo[-1] for mo, mn in paired.items() if mo not in shifted_by}
+    together = None
+    if len(restores) > _CHECKED_ALONE:
+        together = _checked(cmp, old, new, restores, (), f"the {len(restores)} old names these fixes give, together")
+        if together[1] is not None:
+            together = None  # (refused together: each is checked alone, and says why it fails)
     for mo, mn in paired.items():
         why = _rename_kind(mo[-1], mn[-1])
         fix = (
             f"give the module now at {_p(mn)} an explicit name={mo[-1]!r} (in setup(), an explicit name= is "
             f"kept too): it restores the old path {_p(mo)}"
         )
-        inserted = _unmatched_sibling(new, mn, targets, old)
-        if why.startswith("shifted auto-name index") and inserted is not None:
+        inserted = shifted_by.get(mo)
+        if inserted is not None:
             fix = (
                 f"give the inserted module at {_p(inserted)} an explicit name= (explicit names do not advance "
                 f"the auto-name counter): the {_base_class(new.modules[inserted]['class'])} modules after it get "
@@ -791,9 +804,11 @@ def _explain_moves(cmp: Comparison, old: Capture, new: Capture, lanes: tuple[dic
         laned = any(t.lane for t in under_new.get(mn, ())) and not any(t.lane for t in under_old.get(mo, ()))
         if laned:
             fix += "; its keys still change: they are drawn per lane now (an nn.vmap/nn.scan around it)"
-        if inserted is not None and why.startswith("shifted auto-name index"):
+        if inserted is not None:
             insertions.add(inserted)
             checked, refused = _checked(cmp, old, new, {inserted: _free_name(new, inserted)}, mo[:-1])
+        elif together is not None:
+            checked, refused = together
         else:
             checked, refused = _checked(cmp, old, new, {mn: mo[-1]}, mo)
         cmp.notes.append(f"{_p(mo)} -> {_p(mn)}: {why}")
@@ -847,21 +862,29 @@ def _free_name(cap: Capture, path: tuple) -> str:
     return name
 
 
-def _checked(cmp: Comparison, old: Capture, new: Capture, names: dict, scope: tuple) -> tuple[str, str | None]:
+_CHECKED_ALONE = 24  # more moved modules than this: their fixes are checked together, in one derivation
+
+
+def _checked(
+    cmp: Comparison, old: Capture, new: Capture, names: dict, scope: tuple, what: str | None = None
+) -> tuple[str, str | None]:
     """A fix applied: NEW re-derived with the explicit `names` ({module path: name}) and compared with OLD. Returns
     what to add to the fix (empty where NEW cannot be re-derived: a keys file, a path that is no single module of
-    its spec), and why the fix fails when the re-derived model does (None: it does not)."""
+    its spec), and why the fix fails when the re-derived model does (None: it does not). `what`: how the names are
+    said (default: each one)."""
     if new.renamed is None:
         return "", None
     # (one fix shared by many moved modules, the name of one inserted module, is checked once per diff)
     done = new.memo.setdefault(("checked", id(cmp)), (cmp, {}))[1]
     asked = (tuple(sorted(names.items())), scope)
     if asked not in done:
-        done[asked] = _check(cmp, old, new, names, scope)
+        done[asked] = _check(cmp, old, new, names, scope, what)
     return done[asked]
 
 
-def _check(cmp: Comparison, old: Capture, new: Capture, names: dict, scope: tuple) -> tuple[str, str | None]:
+def _check(
+    cmp: Comparison, old: Capture, new: Capture, names: dict, scope: tuple, what: str | None
+) -> tuple[str, str | None]:
     fixed = None if new.renamed is None else new.renamed(names)
     if fixed is None:
         if new.source is not None and new.memo.get("spec") is None:  # a keys file with no spec that replays it
@@ -870,7 +893,7 @@ def _check(cmp: Comparison, old: Capture, new: Capture, names: dict, scope: tupl
                 "wrote, as its `spec` field names it or beside it); diff that spec to check the fix]"
             ), None
         return "", None
-    what = ", ".join(f"name={n!r} at {_p(p)}" for p, n in names.items())
+    what = what or ", ".join(f"name={n!r} at {_p(p)}" for p, n in names.items())
     if isinstance(fixed, str):
         return "", f"with {what} the model fails: {fixed}"
     kept = {e.ident for e in cmp.entries if e.status == "kept"}

@@ -213,18 +213,8 @@ def test_a_jit_method_decorator_on_the_root_is_captured_in_apply_too(tmp_path, p
     assert_replays(spec, doc)
 
 
-DECORATED_IN_VMAP = textwrap.dedent("""
-    import flax.linen as nn
-    import jax
-    import jax.numpy as jnp
-
-    class Block(nn.Module):
-      @nn.jit
-      @nn.compact
-      def __call__(self, x):
-        x = nn.Dense(2)(x)
-        return x + jax.random.normal(self.make_rng('dropout'), x.shape)
-
+# the jit-decorated Block of JIT_ROOT, now the members of an ensemble
+DECORATED_IN_VMAP = JIT_ROOT.split("def make():")[0] + textwrap.dedent("""
     class Model(nn.Module):
       @nn.compact
       def __call__(self, x):

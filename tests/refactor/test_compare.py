@@ -12,7 +12,7 @@ import jsonschema
 import numpy as np
 import pytest
 from flax_oracle import flax_params
-from support import REPO, invoke
+from support import REPO, invoke, write
 
 HEADER = "import flax.linen as nn\nimport jax\nimport jax.numpy as jnp\n"
 
@@ -752,3 +752,29 @@ def test_a_keys_files_fix_is_checked_on_the_spec_capture_wrote_with_it(tmp_path,
     for said in (fixes(), (spec.unlink(), fixes())[1]):
         assert all("[not checked: NEW is a keys file, and no spec that replays it was found" in f for f in said)
         assert not any("[checked" in f for f in said)
+
+
+def _blocks(n: int, wrap: bool, named: bool = False) -> str:
+    body = "[{Dense: {features: 3}}, {Dropout: {rate: 0.1, deterministic: false}}]"
+    out = ["rngaudit: 1", "rngs: {params: 0, dropout: 1}", "model:", "  class: Model", "  body:"]
+    for i in range(n):
+        module = f"{{class: Block, body: {body}}}"
+        name = f", name: Block_{i}" if named else ""
+        out.append(f"    - remat: {{module: {module}{name}}}" if wrap else f"    - module: {module}")
+    return "\n".join(out) + "\n"
+
+
+def test_many_moved_modules_have_their_fixes_checked_together(tmp_path):
+    """Every one of 30 blocks wrapped in nn.remat (CheckpointBlock_i): the 30 fixes are checked in one derivation
+    with all the old names given together, and the claim holds: the spec with those names derives every old key."""
+    old, new, fixed = (
+        write(tmp_path, f"{n}.yaml", t)
+        for n, t in (("old", _blocks(30, False)), ("new", _blocks(30, True)), ("fixed", _blocks(30, True, named=True)))
+    )
+    code, doc = run_diff(tmp_path, old, new)
+    assert code == 1 and len(doc["fixes"]) == 30
+    together = "[checked: re-derived with the 30 old names these fixes give, together: all 90 changed keys of the model"
+    assert all(together in f for f in doc["fixes"]), doc["fixes"][:2]
+    assert "name='Block_7'" in doc["fixes"][0] + "".join(doc["fixes"])
+    code, doc = run_diff(tmp_path, old, fixed)  # (the fixes applied by hand: nothing changed)
+    assert code == 0, doc
