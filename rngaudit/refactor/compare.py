@@ -564,8 +564,16 @@ def _explain_changed(cmp: Comparison, old: Capture, new: Capture, lanes: tuple[d
             split = _split_change(
                 lanes_old.get((s.path, s.stream, s.count)), lanes_new.get((s.path, s.stream, s.count))
             )
-            if split is None and e.old is not None and e.new is not None and _both_specs(old, new):
-                # one lane (axis size 1) shows no sharing: a spec says whether the key is split from its base
+            forked = (
+                bool(added or removed)
+                or e.old is None
+                or e.new is None
+                or "jit" in e.old.context
+                or "jit" in e.new.context
+            )
+            if split is None and not forked and e.old is not None and e.new is not None and _both_specs(old, new):
+                # one lane (axis size 1) shows no sharing: a spec says whether the key is split from its base (a
+                # jit fork between them hides the split from the base: no claim then)
                 was, now = "split" in e.old.context, "split" in e.new.context
                 if was != now:
                     split = (
