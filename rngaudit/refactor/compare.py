@@ -980,11 +980,13 @@ def _children(cap: Capture) -> dict:
 
 
 def _base_class(cls: str) -> str:
+    """A class name without the prefixes Flax's lifted transforms add (JitBlock -> Block; Jitter stays: a prefix
+    followed by a lower-case letter is part of the name, while Flax prefixes any name, `_Block` or `9` too)."""
     changed = True
     while changed:
         changed = False
         for prefix in _PREFIXES:
-            if cls.startswith(prefix) and len(cls) > len(prefix) and cls[len(prefix)].isupper():
+            if cls.startswith(prefix) and len(cls) > len(prefix) and not cls[len(prefix)].islower():
                 cls, changed = cls[len(prefix) :], True
     return cls
 
