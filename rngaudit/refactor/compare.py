@@ -564,14 +564,13 @@ def _explain_changed(cmp: Comparison, old: Capture, new: Capture, lanes: tuple[d
             split = _split_change(
                 lanes_old.get((s.path, s.stream, s.count)), lanes_new.get((s.path, s.stream, s.count))
             )
-            forked = (
-                bool(added or removed)
-                or e.old is None
-                or e.new is None
-                or "jit" in e.old.context
-                or "jit" in e.new.context
-            )
-            if split is None and not forked and e.old is not None and e.new is not None and _both_specs(old, new):
+            if (
+                split is None
+                and e.old is not None
+                and e.new is not None
+                and not (added or removed or "jit" in e.old.context or "jit" in e.new.context)
+                and _both_specs(old, new)
+            ):
                 # one lane (axis size 1) shows no sharing: a spec says whether the key is split from its base (a
                 # jit fork between them hides the split from the base: no claim then)
                 was, now = "split" in e.old.context, "split" in e.new.context
@@ -779,6 +778,7 @@ def _explain_moves(cmp: Comparison, old: Capture, new: Capture, lanes: tuple[dic
             for i in range(len(e.site.path) + 1):
                 by_module.setdefault(e.site.path[:i], []).append(e)
     targets = set(paired.values())
+    under_old, under_new = _sites_under(old), _sites_under(new)
     shifted_by = {}  # an old module shifted by an insertion -> the inserted module (its fix names that one)
     for mo, mn in paired.items():
         inserted = _unmatched_sibling(new, mn, targets, old)
@@ -808,7 +808,6 @@ def _explain_moves(cmp: Comparison, old: Capture, new: Capture, lanes: tuple[dic
         forked = mn in new_forks and mo not in _forks(old)
         if forked:
             fix += "; its keys still change, because nn.jit forks the streams there (a new jit fork)"
-        under_old, under_new = _sites_under(old), _sites_under(new)
         laned = any(t.lane for t in under_new.get(mn, ())) and not any(t.lane for t in under_old.get(mo, ()))
         if laned:
             fix += "; its keys still change: they are drawn per lane now (an nn.vmap/nn.scan around it)"
@@ -838,11 +837,12 @@ def _explain_moves(cmp: Comparison, old: Capture, new: Capture, lanes: tuple[dic
                 else:
                     e.why.append(f"{why}; was {_p(mo + s.path[len(mn) :])}")
                 e.fix = fixed
+    inserted_at = sorted(insertions)
     for e in cmp.entries:
-        at = next((p for p in sorted(insertions) if e.site.path[: len(p)] == p), None)
+        at = next((p for p in inserted_at if e.site.path[: len(p)] == p), None)
         if e.status == "new" and not e.why and at is not None:
             e.why.append(f"drawn by the {_base_class(new.modules[at]['class'])} inserted at {_p(at)}")
-    _explain_insertions(cmp, old, new, mods_old, mods_new, set(paired.values()))
+    _explain_insertions(cmp, old, new, mods_old, mods_new, targets)
     for e in cmp.entries:
         if e.status in ("new", "gone") and not e.why:
             e.why.append(

@@ -348,17 +348,10 @@ def spec_capture(name: str, spec) -> Capture:
         modules: dict = {}  # the module made at each path, and how many paths each definition makes
 
         def renamed(names: dict) -> Capture | str | None:
-            # (diff checks one fix for each module it moved: a fix shared by many is derived once)
-            asked = tuple(sorted(names.items()))
-            if asked not in modules.setdefault("done", {}):
-                modules["done"][asked] = _renamed(names)
-            return modules["done"][asked]
-
-        def _renamed(names: dict) -> Capture | str | None:
             from ..engine.replay import Replayer
             from ..spec.tree import renamed_modules
 
-            if "at" not in modules:  # (one walk of the spec, made by the first fix checked)
+            if not modules:  # (one walk of the spec, made by the first fix checked)
                 walk = Replayer(spec)
                 walk.walk()
                 modules["at"] = walk.modules
