@@ -20,6 +20,17 @@ def one_line(text: str) -> str:
     return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
+def values_on_the_cpu() -> None:
+    """Start JAX on its CPU backend alone (for a command whose only JAX work is drawing a spec's values, which
+    are drawn on the CPU whatever the backend: rngaudit.engine.draws._cpu), so that a GPU machine does not pay
+    for bringing up its accelerator. JAX_PLATFORMS set by the user, or JAX already started, is left alone."""
+    import os
+    import sys
+
+    if "jax" not in sys.modules:
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
 def spec_limits(max_spec_mib: int | None, max_yaml_nodes: int | None) -> AbstractContextManager:
     """Specs load under --max-spec-mib and --max-yaml-nodes inside the block (None: the default)."""
     from ..spec.limits import limits

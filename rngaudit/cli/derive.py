@@ -124,10 +124,12 @@ def derive(
         from ..output.derive_json import jsonl_lines, to_json
         from ..output.formats import Report
         from ..output.progress import progress
-        from .boundary import finish, spec_limits
+        from .boundary import finish, spec_limits, values_on_the_cpu
         from .defaults import configured
         from .inputs import STDIN, stdin_spec
         from .writing import emit, write_stream
+
+        values_on_the_cpu()
 
         o = configured(ctx, "derive", config, given)
         with spec_limits(o.max_spec_mib, o.max_yaml_nodes), progress(None, f"replaying {os.path.basename(spec)}"):

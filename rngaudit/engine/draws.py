@@ -72,5 +72,17 @@ def draw_values_lanes(spec: Spec | NnxSpec, keys: np.ndarray, d: Draw) -> np.nda
     f = lambda k: draw(k, d)
     for _ in range(keys.ndim - 1):
         f = jax.vmap(f)
-    with jax.threefry_partitionable(spec.threefry_partitionable):
+    with jax.threefry_partitionable(spec.threefry_partitionable), jax.default_device(_cpu(jax)):
         return np.asarray(f(jax.random.wrap_key_data(jnp.asarray(keys, jnp.uint32), impl=spec.prng_impl)))
+
+
+def _cpu(jax):
+    """The device values are drawn on: the CPU, where they equal Flax's bit for bit, whatever the default backend.
+    On a GPU, draws that XLA compiles into one kernel with other work (inside nn.scan, or a jitted init) differ
+    from eager ones in the last bits (an H100, jax 0.11.2: up to 6e-7 in a lecun_normal kernel drawn in
+    nn.scan), so no single eager GPU value is Flax's there; keys never differ. None (the default device) where
+    JAX_PLATFORMS leaves out the CPU."""
+    try:
+        return jax.local_devices(backend="cpu")[0]
+    except RuntimeError:
+        return None

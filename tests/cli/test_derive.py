@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -400,3 +401,22 @@ def test_filters_that_match_nothing_warn_and_the_summary_says_n_of_m():
     nnx = invoke("derive", REPO / "rngaudit" / "examples" / "nnx_guide.yaml", "--stream", "nosuch")
     assert "warning: --stream nosuch matches no call site" in nnx.stderr
     assert nnx.stdout.rstrip().endswith("0 of 26 keys, 0 served by 'default' for another stream")
+
+
+@pytest.mark.parametrize(
+    "env,jax_first,platforms",
+    [
+        ({}, False, "cpu"),  # values are drawn on the CPU: no accelerator is brought up for them
+        ({"JAX_PLATFORMS": "cpu,tpu"}, False, "cpu,tpu"),  # the user's choice stands
+        ({}, True, None),  # JAX already started (the Python API inside a user's program): left alone
+    ],
+)
+def test_derive_starts_jax_on_the_cpu_alone_unless_told_otherwise(env, jax_first, platforms):
+    code = (
+        ("import jax\n" if jax_first else "")
+        + "from rngaudit.cli.boundary import values_on_the_cpu\nvalues_on_the_cpu()\n"
+        + "import jax, json\nprint(json.dumps(jax.config.jax_platforms))\n"
+    )
+    base = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    r = subprocess.run([sys.executable, "-c", code], env={**base, **env}, capture_output=True, text=True, check=True)
+    assert json.loads(r.stdout) == platforms
