@@ -111,11 +111,15 @@ def spec_sites(spec) -> list[Site]:
     from ..engine.derive import derive
 
     report = derive(spec, values=False)
+    eager = _eager_variables(spec.model)
     out = []
     for c in report.calls:
         d = c.derivation
         if d.discarded:
             continue
+        # an eager variable's key is a make_rng passed as an argument, drawn before self.variable is entered:
+        # Flax (and a keys file) sees a plain make_rng there, and diff must name it alike from either input
+        plain = d.kind == "variable" and d.location in eager
         out.append(
             Site(
                 tuple(d.path),
@@ -124,12 +128,33 @@ def spec_sites(spec) -> list[Site]:
                 d.count,
                 tuple(d.lane),
                 tuple(c.key) if c.key is not None else None,
-                d.kind,
-                d.label,
+                "make_rng" if plain else d.kind,
+                None if plain else d.label,
                 _context(d),
                 d.location,
             )
         )
+    return out
+
+
+def _eager_variables(model) -> set:
+    """The locations of every `variable: {eager: true}` statement of a spec's model."""
+    from ..spec.tree import Variable
+
+    out: set = set()
+    seen: set = set()
+    todo = [model]
+    while todo:
+        x = todo.pop()
+        if isinstance(x, (tuple, list)):
+            todo.extend(x)
+        elif dataclasses.is_dataclass(x) and not isinstance(x, (type, Location)) and id(x) not in seen:
+            seen.add(id(x))
+            if isinstance(x, Variable):
+                if x.eager:
+                    out.add(x.loc)
+            else:
+                todo.extend(getattr(x, f.name) for f in dataclasses.fields(x))
     return out
 
 

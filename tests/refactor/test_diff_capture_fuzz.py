@@ -54,6 +54,19 @@ def _jit_nine(jit: bool) -> dict:
     }
 
 
+def _eager_variable(kept: bool) -> dict:
+    setup = [{"variable": {"collection": "state", "name": "w", "make_rng": ["params"], "eager": True}}]
+    return {
+        "rngaudit": 1,
+        "flax": {"fix_rng_separator": False},
+        "jax": {"prng_impl": "threefry2x32", "threefry_partitionable": False},
+        "phase": "apply",
+        "rngs": {"params": 0},
+        "mutable": True,  # (capture narrows it to [state], and the spec diffed is this one, rewritten so)
+        "model": {"class": "Block", **({"setup": setup} if kept else {}), "body": ["make_rng", "make_rng"]},
+    }
+
+
 def _unconditional(doc):
     if isinstance(doc, dict):
         return {k: _unconditional(v) for k, v in doc.items() if k != "when"}
@@ -76,6 +89,9 @@ def _mutable(doc: dict):
 # found by 80 random captures: Flax names nn.jit of class `9` Jit9, which diff did not read as the same class, so two
 # keys files said nothing of the thing whose key moved (its make_rng now at count 2, after the fork)
 @example((_jit_nine(False), _jit_nine(True), "wrap jit", None))
+# found by the same sweep: an eager variable's key (a make_rng passed as an argument) is a plain make_rng in a keys
+# file but was a `variable` in the spec, so a spec and a keys file listed two make_rngs whose key moved
+@example((_eager_variable(True), _eager_variable(False), "delete", None))
 def test_diff_of_captured_keys_files(tmp_path_factory, case):
     old_doc, new_doc, kind, _ = case
     # (the oracle's builder runs `when:` by its own phase flag, which a capture process cannot flip: each statement

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 import rngaudit
 from rngaudit import RngauditError, parse_spec
+from rngaudit.refactor.keys_file import _eager_variables
 
 EXAMPLES = int(os.environ.get("RNGAUDIT_DIFF_FUZZ_EXAMPLES", "60"))
 
@@ -146,12 +147,15 @@ def _thing_truth(spec) -> dict:
     """(module path, label or kind, requested stream, lane, n-th) -> key of every thing that draws, from derive."""
     out: dict = {}
     rows = [c for c in rngaudit.derive(spec, values=False).calls if not c.derivation.discarded]
+    # an eager variable's key is a make_rng passed to self.variable: Flax (and a keys file) names it a make_rng
+    eager = _eager_variables(spec.model)
     rows.sort(key=lambda c: (tuple(c.derivation.path), c.derivation.stream_requested, c.derivation.lane))
     for c in sorted(rows, key=lambda c: c.derivation.count):
         d = c.derivation
         if d.kind == "jit_fork" or c.key is None:
             continue
-        base = (tuple(d.path), d.label or d.kind, d.stream_requested, tuple(d.lane))
+        what = "make_rng" if d.kind == "variable" and d.location in eager else d.label or d.kind
+        base = (tuple(d.path), what, d.stream_requested, tuple(d.lane))
         n = sum(1 for k in out if k[:4] == base)
         out[base + (n,)] = tuple(c.key)
     return out
@@ -178,6 +182,22 @@ _SCANNED_DENSES = {
             "variable_axes": {"all": 0},
             "variable_broadcast": "params",
         }
+    },
+}
+
+
+_EAGER = {
+    "rngaudit": 1,
+    "flax": {"fix_rng_separator": False},
+    "jax": {"prng_impl": "threefry2x32", "threefry_partitionable": False},
+    "phase": "init",
+    "rngs": {"params": 0},
+    "model": {
+        "class": "Block",
+        "body": [
+            {"variable": {"collection": "state", "name": "w", "make_rng": ["params"], "eager": True, "when": "init"}},
+            "make_rng",
+        ],
     },
 }
 
@@ -246,6 +266,15 @@ def _renamed_first(model: dict) -> dict:
 @example((_jitted_in_one_lane(False), _jitted_in_one_lane(True), "wrap jit", None))
 # (a deleted nn.fold_rngs module takes its fork with it: a jit-fork cause without nn.jit in either spec)
 @example((_FOLDED, {**_FOLDED, "model": {"class": "Block", "body": ["make_rng"]}}, "delete", None))
+# (an eager variable's key is a make_rng to Flax: a layer inserted before it shifts it, named so on both sides)
+@example(
+    (
+        _EAGER,
+        {**_EAGER, "model": {"class": "Block", "body": [{"param": "inserted"}, *_EAGER["model"]["body"]]}},
+        "insert",
+        None,
+    )
+)
 def test_diff_of_random_refactors(case):
     old_doc, new_doc, kind, stream = case
     old, new = _load(old_doc), _load(new_doc)
