@@ -341,6 +341,7 @@ def observing() -> Iterator[NnxRecorder]:
         return out
 
     hooks: list[tuple[object, str, object, object]] = [  # (owner, name, original, hook)
+        *_eager_transforms(nnx),
         (meta, "_pytree_meta_construct", construct, construct_hook),
         (nnx.RngStream, "__call__", stream_call, stream_hook),
         (nnx.Rngs, "fork", fork, fork_hook),
@@ -368,6 +369,110 @@ def observing() -> Iterator[NnxRecorder]:
             _patch(klass, "__call__", original)
         for owner, name, original, _ in hooks:
             _patch(owner, name, original)
+
+
+def _graph_updates(kw: dict) -> bool:
+    """Whether an NNX transform called with `kw` runs in graph mode and writes the graph's updates back (the
+    RngState counts included): the default, and what makes it hand out the keys eager code does. flax 0.12.7 and
+    later take `graph=` and `graph_updates=` (defaults from nnx.set_graph_mode / set_graph_updates)."""
+    graphlib = sys.modules.get("flax.nnx.graph")  # (imported with flax.nnx where it exists: no tree mode before)
+    for name, flag in (("graph", "set_graph_mode"), ("graph_updates", "set_graph_updates")):
+        value = kw.get(name)
+        if value is None:
+            ctx = getattr(graphlib, flag, None)
+            value = ctx.current_value() if ctx is not None else True
+        if not value:
+            return False
+    return True
+
+
+def _concrete(*xs) -> bool:
+    import jax
+
+    return not any(isinstance(x, jax.core.Tracer) for x in xs)
+
+
+def _eager_transforms(nnx) -> list[tuple[object, str, object, object]]:
+    """Hooks that run nnx.jit, nnx.remat and NNX's control flow as plain Python while capture observes: they hand
+    out exactly the keys eager code does (FLAX_NNX_RULES.md §11-§12: no fork, the RngState carried in and out, a
+    loop's iteration i drawing count c0 + i, only the taken branch drawing), but traced once and cached, so the
+    keys would be out of capture's reach (and a cached call draws without running Python). A transform that does
+    not write its graph updates back (`graph_updates=False`, tree mode) or whose branch or bounds are traced (inside
+    nnx.vmap or nnx.scan) runs as Flax's: its draws stay traced, and capture says it cannot follow them."""
+    import jax.numpy as jnp
+
+    def wrapper(original, at):
+        # nnx.jit(f, ...) / nnx.remat(f, ...), or their decorator forms nnx.jit(static_argnums=...)(f)
+        def hook(*args, **kw):
+            f = args[0] if args else kw.get(at)
+            if not _graph_updates(kw):
+                return original(*args, **kw)
+            if not callable(f):
+                return lambda g: hook(g, **{k: v for k, v in kw.items() if k != at})
+
+            @functools.wraps(f)
+            def eager(*a, **k):
+                return f(*a, **k)
+
+            return eager
+
+        return hook
+
+    def cond(original):
+        def hook(pred, true_fun, false_fun, *operands, **kw):
+            if not (_graph_updates(kw) and _concrete(pred)):
+                return original(pred, true_fun, false_fun, *operands, **kw)
+            return (true_fun if bool(pred) else false_fun)(*operands)
+
+        return hook
+
+    def switch(original):
+        def hook(index, branches, *operands, **kw):
+            if not (_graph_updates(kw) and _concrete(index)):
+                return original(index, branches, *operands, **kw)
+            return branches[min(max(int(index), 0), len(branches) - 1)](*operands)  # (clamped, as lax.switch)
+
+        return hook
+
+    def fori_loop(original):
+        def hook(lower, upper, body_fun, init_val, **kw):
+            if not (_graph_updates(kw) and _concrete(lower, upper)):
+                return original(lower, upper, body_fun, init_val, **kw)
+            val = init_val
+            for i in range(int(lower), int(upper)):
+                val = body_fun(jnp.asarray(i, jnp.asarray(lower).dtype), val)
+            return val
+
+        return hook
+
+    def while_loop(original):
+        def hook(cond_fun, body_fun, init_val, **kw):
+            if not _graph_updates(kw):
+                return original(cond_fun, body_fun, init_val, **kw)
+            val = init_val
+            while True:
+                go = cond_fun(val)
+                if not _concrete(go):
+                    raise InternalError("nnx.while_loop's condition is traced outside a transform")
+                if not bool(go):
+                    return val
+                val = body_fun(val)
+
+        return hook
+
+    out: list[tuple[object, str, object, object]] = []
+    for name, make in (
+        ("jit", lambda o: wrapper(o, "fun")),
+        ("remat", lambda o: wrapper(o, "f")),
+        ("cond", cond),
+        ("switch", switch),
+        ("fori_loop", fori_loop),
+        ("while_loop", while_loop),
+    ):
+        original = getattr(nnx, name, None)
+        if original is not None:
+            out.append((nnx, name, original, make(original)))
+    return out
 
 
 def _tonnx():
@@ -989,9 +1094,11 @@ def _run_nnx_capture(target: CodeRef, inputs: list[InputSpec], seeds: dict[str, 
                 ) from None
     if rec.traced:
         raise UnsupportedError(
-            f"capture of {target.text}: the model draws keys under nnx.jit, nnx.remat or another transform capture "
-            "does not follow (it reads split_rngs stacks, nnx.vmap and nnx.scan); write that part of the spec by "
-            "hand (README, Flax NNX specs)"
+            f"capture of {target.text}: the model draws keys under a transform capture does not follow: one "
+            "applied before capture started (a decorator on a method or a function at import: apply nnx.jit or "
+            "nnx.remat where the model is called), one with graph_updates=False or in tree mode, or a transform "
+            "other than nnx.jit, nnx.remat, nnx.cond, nnx.switch, nnx.fori_loop, nnx.while_loop, nnx.vmap and "
+            "nnx.scan; write that part of the spec by hand (README, Flax NNX specs)"
         )
     if rec.differs is not None:
         raise UnsupportedError(

@@ -831,3 +831,111 @@ def test_a_layer_replaced_by_another_kind_is_not_a_move(tmp_path):
     assert r.exit_code == 1 and doc["summary"]["failing"]
     moved = {(tuple(e["old_path"]), tuple(e["path"])) for e in doc["sites"] if e["status"] == "moved"}
     assert (("linear2", "kernel"), ("norm", "scale")) not in moved
+
+
+# NNX transforms that hand out eager code's keys (FLAX_NNX_RULES.md §11-§12), as public NNX code writes them:
+# activation checkpointing per block, a jitted head, control flow over a module that draws
+REMAT_AND_CONTROL = HEADER + textwrap.dedent("""
+    import functools
+
+    class Block(nnx.Module):
+        def __init__(self, d, rngs):
+            self.norm = nnx.LayerNorm(d, rngs=rngs)
+            self.ff = nnx.Linear(d, d, rngs=rngs)
+            self.drop = nnx.Dropout(0.1, rngs=rngs)
+
+        def __call__(self, x):
+            return x + self.drop(self.ff(self.norm(x)))
+
+    class Noise(nnx.Module):
+        def __init__(self, rngs):
+            self.rngs = rngs
+
+        def __call__(self, x):
+            return x + 0.01 * jax.random.normal(self.rngs.noise(), x.shape)
+
+    class Model(nnx.Module):
+        def __init__(self, d, n, rngs):
+            self.embed = nnx.Linear(d, d, rngs=rngs)
+            self.blocks = nnx.List([Block(d, rngs) for _ in range(n)])
+            self.noise = Noise(rngs)
+            self.head = nnx.Linear(d, 2, rngs=rngs)
+
+        def __call__(self, x):
+            x = self.embed(x)
+            for block in self.blocks:
+                x = nnx.remat(lambda b, y: b(y))(block, x)
+            x = nnx.cond(True, lambda m, y: m(y), lambda m, y: y, self.noise, x)
+            x = nnx.switch(1, [lambda m, y: y, lambda m, y: m(m(y))], self.noise, x)
+            x = nnx.fori_loop(0, 2, lambda i, c: (c[0], c[0](c[1])), (self.noise, x))[1]
+            x = nnx.while_loop(lambda c: c[2] < 2, lambda c: (c[0], c[0](c[1]), c[2] + 1), (self.noise, x, 0))[1]
+            head = functools.partial(nnx.jit, static_argnames=("scale",))(lambda m, y, scale: m(y) * scale)
+            return head(self.head, x, scale=2)
+
+    def make_model(rngs):
+        return Model(8, 3, rngs), (jnp.ones((2, 8)),)
+""")
+
+# a Transformer's layers scanned, each under activation checkpointing (scan over remat)
+SCAN_OVER_REMAT = SCAN_STACK.replace(
+    "            def body(h, block):", "            @nnx.remat\n            def body(h, block):"
+)
+
+
+def _real_model_keys(path: str, seeds: dict, steps: int) -> list:
+    """(step, tag, count, key) of every key the model hands out, run in real NNX (its nnx.jit and nnx.remat
+    compiled, its control flow traced), observed by the NNX oracle's recorder."""
+    import importlib.util
+
+    import jax
+    from flax import nnx
+    from nnx_oracle import _Recorder
+
+    loaded = importlib.util.spec_from_file_location(f"real_{pathlib.Path(path).stem}_{id(path)}", path)
+    module = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(module)
+    rec = _Recorder()
+    with rec.installed():
+        model, args = module.make_model(nnx.Rngs(**seeds))
+        for step in range(1, steps + 1):
+            rec.step = step
+            model(*args)
+            jax.effects_barrier()
+    return sorted((r["step"], r["tag"], r["count"], r["key"]) for r in rec.records)
+
+
+@pytest.mark.parametrize(
+    "source, seeds",
+    [
+        (REMAT_AND_CONTROL, {"params": 0, "dropout": 1, "noise": 2}),
+        (SCAN_OVER_REMAT, {"params": 0, "dropout": 1}),
+    ],
+    ids=["remat-jit-control-flow", "scan-over-remat"],
+)
+def test_models_under_nnx_jit_remat_and_control_flow_capture_the_keys_real_nnx_draws(tmp_path, source, seeds):
+    f = write(tmp_path, "model.py", source)
+    rngs = ",".join(f"{k}={v}" for k, v in seeds.items())
+    spec, doc = capture(tmp_path, f"{f}:make_model", "--rngs", rngs, "--steps", "2")
+    ours = sorted((c["step"], c["stream"], c["count"], tuple(c["key"])) for c in doc["calls"])
+    # the model run as it is written (compiled, traced, checkpointed) hands out the same keys, step by step
+    assert ours == _real_model_keys(f, seeds, 2)
+    assert_real_nnx_agrees(spec, doc)
+    r = invoke("verify", spec, "--against", f"{f}:make_model")
+    assert r.exit_code == 0 and "0 differ, 0 missing, 0 extra" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        "nnx.jit(lambda m, y: m(y), graph_updates=False)(self.dropout, {y})",  # the counts are not written back
+        "(nnx.eval_shape(lambda m, y: m(y), self.dropout, {y}), self.dropout({y}))[1]",
+    ],
+    ids=["jit-without-graph-updates", "eval_shape"],
+)
+def test_a_transform_that_does_not_hand_out_eager_keys_is_refused(tmp_path, call):
+    source = MLP.replace("self.dropout(self.bn(self.linear1(x)))", call.format(y="self.bn(self.linear1(x))"))
+    assert source != MLP
+    f = write(tmp_path, "m.py", source)
+    r = invoke("capture", f"{f}:make_model", "-o", tmp_path / "o.yaml", "--rngs", "params=0,dropout=1")
+    assert r.exit_code == 2 and "a transform capture does not follow" in r.stderr, r.stderr
+    assert not (tmp_path / "o.yaml").exists()
