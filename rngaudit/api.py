@@ -381,13 +381,15 @@ def capture(
     phase: str = "init",
     method: str | None = None,
     steps: int | None = None,
+    step: str | None = None,
 ) -> CaptureReport:
     """Run a live Flax model (`FILE.py:FACTORY` or `package.module:FACTORY`), record every key it hands out
     (`report.capture`) and a spec that derive replays bit-exactly (`report.spec`, YAML text). An NNX model (an
-    nnx.Module class, or a function of an nnx.Rngs) is built and called `steps` times (default 1)."""
+    nnx.Module class, or a function of an nnx.Rngs) is built and called `steps` times (default 1), by the
+    training step `step` (`FILE.py:NAME`, called as `NAME(model, *args)`) when given."""
     from .refactor.capture import CaptureReport, run_capture
 
-    cap, spec_text = run_capture(target, list(inputs), rngs, phase, method, steps)
+    cap, spec_text = run_capture(target, list(inputs), rngs, phase, method, steps, step)
     return CaptureReport(cap, spec_text)
 
 

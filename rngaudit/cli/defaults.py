@@ -24,6 +24,7 @@ _PER_RUN = {
     ("*", "config"): "it names the configuration file itself",
     ("*", "stdin-filename"): "it names the spec one run reads from standard input",
     ("capture", "keys"): "it names the keys file one capture writes",
+    ("capture", "step"): "it names the training step of one capture's TARGET",
     ("verify", "against"): "it names the keys file one run checks against",
     ("collisions", "write-baseline"): "it makes one run write the baseline instead of a report",
     **{("diff", k): "it names the releases one run compares" for k in ("from-flax", "to-flax", "from-jax", "to-jax")},

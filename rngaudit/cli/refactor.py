@@ -55,6 +55,13 @@ def capture(
         metavar="N",
         help="NNX models: call the model N times after building it (default 1); every key of each call is recorded.",
     ),
+    step: str | None = typer.Option(
+        None,
+        "--step",
+        metavar="FILE.py:NAME",
+        help="NNX models: each step calls NAME(model, *args), your training step (one under @nnx.jit too), "
+        "instead of model(*args).",
+    ),
     keys: str | None = typer.Option(
         None, "--keys", metavar="FILE.json", help="Also write the observed keys (format rngaudit.capture) here."
     ),
@@ -93,7 +100,13 @@ def capture(
             if path is not None and path != "-":
                 check_writable(path, option)
         report = api.capture(
-            target, inputs=o.inputs or (), rngs=o.rngs, phase=o.phase.value, method=o.method, steps=o.steps
+            target,
+            inputs=o.inputs or (),
+            rngs=o.rngs,
+            phase=o.phase.value,
+            method=o.method,
+            steps=o.steps,
+            step=step,
         )
         doc = capture_to_json(report.capture, output if o.fmt is not Format.json else None)
         if keys is not None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..engine.keys import jax_setting
 from ..errors import FlaxUnavailableError, InternalError, RngauditError, UnsupportedError, UsageError, UserCodeError
-from ..usercode import CodeRef, quiet_stdout
+from ..usercode import CodeRef, parse_code_ref, quiet_stdout
 from .keys_file import Capture, Site, spec_sites
 from .specgen import build_spec
 from .target import InputSpec, build_module, parse_input, parse_rngs, parse_target
@@ -31,15 +31,16 @@ def run_capture(
     phase: str = "init",
     method: str | None = None,
     steps: int | None = None,
+    step: str | None = None,
 ) -> tuple[Capture, str]:
     """Capture the keys of TARGET's init (or apply) and a spec that replays them. Returns the capture and
     the spec's YAML text, verified: derive on the spec reproduces every captured key. An NNX TARGET is built
     and called `steps` times (default 1). What the model prints goes to stderr."""
     with quiet_stdout():
-        return _run_capture(target_text, inputs, rngs, phase, method, steps)
+        return _run_capture(target_text, inputs, rngs, phase, method, steps, step)
 
 
-def _run_capture(target_text, inputs, rngs, phase, method, steps) -> tuple[Capture, str]:
+def _run_capture(target_text, inputs, rngs, phase, method, steps, step=None) -> tuple[Capture, str]:
     target = parse_target(target_text)
     _load_hooks()  # (Flax importable and new enough: the same errors for both flavours)
     from .nnx_capture import is_nnx_target, run_nnx_capture
@@ -52,9 +53,16 @@ def _run_capture(target_text, inputs, rngs, phase, method, steps) -> tuple[Captu
             )
         seeds = dict(rngs) if isinstance(rngs, dict) else parse_rngs(rngs)
         with _whole_tracebacks():
-            return run_nnx_capture(target, [parse_input(t) for t in inputs], seeds, 1 if steps is None else steps)
-    if steps is not None:
-        raise UsageError("--steps applies to NNX models (TARGET builds an nnx.Module from an nnx.Rngs)")
+            return run_nnx_capture(
+                target,
+                [parse_input(t) for t in inputs],
+                seeds,
+                1 if steps is None else steps,
+                None if step is None else parse_code_ref(step, "--step", "NAME", "train_step"),
+            )
+    if steps is not None or step is not None:
+        option = "--steps" if steps is not None else "--step"
+        raise UsageError(f"{option} applies to NNX models (TARGET builds an nnx.Module from an nnx.Rngs)")
     cap, rec, root_cls = observe(target_text, inputs, rngs, phase, method)
     return cap, _checked_spec(rec, root_cls, cap)
 

@@ -111,6 +111,8 @@ class NnxRecorder:
         self.bridges: dict[int, list[BridgeCall]] = {}  # id(bridge.ToNNX) -> its calls
         # id(an Rngs that rngs.split / rngs.broadcast made) -> (the Rngs, mode, N, only: the streams split or ())
         self.made: dict[int, tuple] = {}
+        self.top: list = []  # the modules called from outside any module's call, this step (--step checks them)
+        self.stray = 0  # keys drawn in a step outside every module's call (by a training step itself)
 
     def resolve(self, obj):
         return self.alias.get(id(obj), obj)
@@ -152,6 +154,8 @@ class NnxRecorder:
                 f.drew = True
         elif self.building:
             self.building[-1].events.append(("draw", tag))
+        elif self.step > 0:
+            self.stray += 1
 
 
 @contextlib.contextmanager
@@ -340,8 +344,43 @@ def observing() -> Iterator[NnxRecorder]:
             rec.building[-1].events.append(("fork", out, self))
         return out
 
+    def paired_hook(original):
+        # nnx.grad / nnx.value_and_grad: the function may see copies of the modules it is given (merged from their
+        # state), drawing keys as the originals would (the RngState written back after): each copy stands for its
+        # original, so its calls and draws are the original's
+        def hook(*args, **kw):
+            f = args[0] if args else kw.get("f")
+            if not callable(f):
+                return lambda g: hook(g, **{k: v for k, v in kw.items() if k != "f"})
+            given: list = []
+
+            @functools.wraps(f)
+            def inner(*a, **k):
+                for i, o in zip(a, given[-1] if given else ()):
+                    _pair(rec, i, o)
+                return f(*a, **k)
+
+            made = original(inner, *args[1:], **{k: v for k, v in kw.items() if k != "f"})
+
+            @functools.wraps(f)
+            def outer(*a, **k):
+                given.append(a)
+                try:
+                    return made(*a, **k)
+                finally:
+                    given.pop()
+
+            return outer
+
+        return hook
+
     hooks: list[tuple[object, str, object, object]] = [  # (owner, name, original, hook)
         *_eager_transforms(nnx),
+        *(
+            (nnx, n, getattr(nnx, n), paired_hook(getattr(nnx, n)))
+            for n in ("grad", "value_and_grad")
+            if hasattr(nnx, n)
+        ),
         (meta, "_pytree_meta_construct", construct, construct_hook),
         (nnx.RngStream, "__call__", stream_call, stream_hook),
         (nnx.Rngs, "fork", fork, fork_hook),
@@ -405,10 +444,11 @@ def _eager_transforms(nnx) -> list[tuple[object, str, object, object]]:
         # nnx.jit(f, ...) / nnx.remat(f, ...), or their decorator forms nnx.jit(static_argnums=...)(f)
         def hook(*args, **kw):
             f = args[0] if args else kw.get(at)
-            if not _graph_updates(kw):
-                return original(*args, **kw)
             if not callable(f):
                 return lambda g: hook(g, **{k: v for k, v in kw.items() if k != at})
+            made = original(*args, **kw)  # (Flax's own checks: a bound method is refused by nnx.jit, ...)
+            if not _graph_updates(kw):
+                return made
 
             @functools.wraps(f)
             def eager(*a, **k):
@@ -449,14 +489,19 @@ def _eager_transforms(nnx) -> list[tuple[object, str, object, object]]:
         def hook(cond_fun, body_fun, init_val, **kw):
             if not _graph_updates(kw):
                 return original(cond_fun, body_fun, init_val, **kw)
+            go = cond_fun(init_val)
+            if not _concrete(go):  # (inside nnx.vmap or nnx.scan)
+                return original(cond_fun, body_fun, init_val, **kw)
             val = init_val
-            while True:
+            while bool(go):
+                val = body_fun(val)
                 go = cond_fun(val)
                 if not _concrete(go):
-                    raise InternalError("nnx.while_loop's condition is traced outside a transform")
-                if not bool(go):
-                    return val
-                val = body_fun(val)
+                    raise UnsupportedError(
+                        "nnx.while_loop's condition became traced after its first iterations: capture cannot "
+                        "follow it; write that part of the spec by hand (README, Flax NNX specs)"
+                    )
+            return val
 
         return hook
 
@@ -494,6 +539,8 @@ def _call_hook(rec: NnxRecorder, original):
         if rec.calling and rec.calling[-1].obj is outside:  # super().__call__ of the same module
             return original(self, *args, **kwargs)
         frame = Called(outside, transforms=len(rec.transforms))
+        if not rec.calling:
+            rec.top.append(outside)
         if rec.calling:
             parent = rec.calling[-1]
             how = None
@@ -1008,9 +1055,12 @@ def is_nnx_target(target: CodeRef) -> bool:
     return True
 
 
-def run_nnx_capture(target: CodeRef, inputs: list[InputSpec], seeds: dict[str, int], steps: int) -> tuple[Capture, str]:
-    """Capture TARGET (an NNX model) built from nnx.Rngs(**seeds) and called `steps` times; returns the capture
-    and the NNX spec's YAML text, checked: derive replays every key."""
+def run_nnx_capture(
+    target: CodeRef, inputs: list[InputSpec], seeds: dict[str, int], steps: int, step: CodeRef | None = None
+) -> tuple[Capture, str]:
+    """Capture TARGET (an NNX model) built from nnx.Rngs(**seeds) and called `steps` times (by the training step
+    `step`, `step(model, *args)`, when given); returns the capture and the NNX spec's YAML text, checked: derive
+    replays every key."""
 
     if not 0 <= steps <= MAX_STEPS:
         raise UserCodeError(f"--steps {steps}: give 0 to {MAX_STEPS} calls")
@@ -1019,10 +1069,51 @@ def run_nnx_capture(target: CodeRef, inputs: list[InputSpec], seeds: dict[str, i
     # (Linen's hooks before the model is imported: a bridge.ToNNX's Linen module is read by Linen capture, and a
     # class transform keeps the function it was made with)
     with flax_hooks.installed():
-        return _run_nnx_capture(target, inputs, seeds, steps)
+        return _run_nnx_capture(target, inputs, seeds, steps, step)
 
 
-def _run_nnx_capture(target: CodeRef, inputs: list[InputSpec], seeds: dict[str, int], steps: int):
+def _check_step(step: CodeRef, model, rec: NnxRecorder) -> None:
+    """A training step an NNX spec can say: it calls the model once, and draws no key outside that call."""
+    calls = [m for m in rec.top if m is not model]
+    if calls:
+        names = sorted({type(m).__name__ for m in calls})
+        raise UnsupportedError(
+            f"--step {step.text}: step {rec.step} calls {', '.join(names)} outside the model's call (a module of "
+            "the model called directly, or a copy of it: nnx.split/merge, jax.grad); an NNX spec's step is one call "
+            "of the model: call the model, or use nnx.grad / nnx.value_and_grad on it"
+        )
+    if len(rec.top) != 1:
+        raise UnsupportedError(
+            f"--step {step.text}: step {rec.step} calls the model {len(rec.top)} times; an NNX spec's step is one "
+            "call of the model (capture a step that calls it once, or give --steps for each call)"
+        )
+    if rec.stray:
+        raise UnsupportedError(
+            f"--step {step.text}: step {rec.step} draws {rec.stray} key(s) outside the model's call (from an "
+            "Rngs of its own, or a stream of the model read directly); an NNX spec's step is one call of the model"
+        )
+
+
+def _step_function(step: CodeRef):
+    """The training step `--step` names, as capture calls it: a step nnx.jit made when its module was imported
+    (`@nnx.jit def train_step(...)`) is its Python function, run as plain Python (nnx.jit hands out eager code's
+    keys, FLAX_NNX_RULES.md §11). A step that does not write its graph updates back stays as it is: its draws are
+    traced, and capture says it cannot follow them."""
+    from flax import nnx
+
+    fn = load(step, "--step")
+    jitted = getattr(getattr(nnx, "transforms", None), "compilation", None)
+    wrapped = getattr(jitted, "JitWrapped", None)
+    if wrapped is not None and type(fn) is wrapped and callable(getattr(fn, "fun", None)):
+        fn = fn.fun  # (graph mode with its updates written back: SimpleJitWrapped is the other mode)
+    if not callable(fn):
+        raise UserCodeError(f"--step {step.text}: {step.attr} is not a function (it is a {type(fn).__name__})")
+    return fn
+
+
+def _run_nnx_capture(
+    target: CodeRef, inputs: list[InputSpec], seeds: dict[str, int], steps: int, step: CodeRef | None = None
+):
     import flax
     import jax
     import yaml
@@ -1081,17 +1172,24 @@ def _run_nnx_capture(target: CodeRef, inputs: list[InputSpec], seeds: dict[str, 
                 f"capture of {target.text}: the model is built from another Rngs than the one the factory is given; "
                 "build it from that one (Model(rngs=rngs)), so --rngs seeds it"
             )
-        for step in range(1, steps + 1):
-            rec.step = step
+        fn = _step_function(step) if step is not None else None
+        for n in range(1, steps + 1):
+            rec.step, rec.top, rec.stray = n, [], 0
             try:
-                model(*args, **kwargs)
+                if fn is None:
+                    model(*args, **kwargs)
+                else:
+                    fn(model, *args, **kwargs)
                 jax.effects_barrier()
             except RngauditError:
                 raise
             except (Exception, SystemExit) as e:  # noqa: BLE001
+                what = "calling the model" if step is None else f"--step {step.text}"
                 raise UserCodeError(
-                    f"TARGET {target.text}: calling the model (step {step}) raises {type(e).__name__}: {first_line(e)}"
+                    f"TARGET {target.text}: {what} (step {n}) raises {type(e).__name__}: {first_line(e)}"
                 ) from None
+            if step is not None:
+                _check_step(step, model, rec)
     if rec.traced:
         raise UnsupportedError(
             f"capture of {target.text}: the model draws keys under a transform capture does not follow: one "

@@ -882,9 +882,11 @@ SCAN_OVER_REMAT = SCAN_STACK.replace(
 )
 
 
-def _real_model_keys(path: str, seeds: dict, steps: int) -> list:
-    """(step, tag, count, key) of every key the model hands out, run in real NNX (its nnx.jit and nnx.remat
-    compiled, its control flow traced), observed by the NNX oracle's recorder."""
+def _real_model_keys(path: str, seeds: dict, steps: int, step: str | None = None) -> list:
+    """(tag, count, key) of every key the model hands out, built and called `steps` times (by the function
+    `step` of the file, `step(model, *args)`, when given) in real NNX: its nnx.jit and nnx.remat compiled, its
+    control flow traced, observed by the NNX oracle's recorder (a cached trace's keys are recorded as they run,
+    but under the step that traced them: the step is left out)."""
     import importlib.util
 
     import jax
@@ -893,15 +895,22 @@ def _real_model_keys(path: str, seeds: dict, steps: int) -> list:
 
     loaded = importlib.util.spec_from_file_location(f"real_{pathlib.Path(path).stem}_{id(path)}", path)
     module = importlib.util.module_from_spec(loaded)
-    loaded.loader.exec_module(module)
     rec = _Recorder()
     with rec.installed():
+        loaded.loader.exec_module(module)
         model, args = module.make_model(nnx.Rngs(**seeds))
-        for step in range(1, steps + 1):
-            rec.step = step
-            model(*args)
+        for n in range(1, steps + 1):
+            rec.step = n
+            if step is None:
+                model(*args)
+            else:
+                getattr(module, step)(model, *args)
             jax.effects_barrier()
-    return sorted((r["step"], r["tag"], r["count"], r["key"]) for r in rec.records)
+    return sorted((r["tag"], r["count"], r["key"]) for r in rec.records)
+
+
+def _keys_file_keys(doc: dict) -> list:
+    return sorted((c["stream"], c["count"], tuple(c["key"])) for c in doc["calls"])
 
 
 @pytest.mark.parametrize(
@@ -916,9 +925,8 @@ def test_models_under_nnx_jit_remat_and_control_flow_capture_the_keys_real_nnx_d
     f = write(tmp_path, "model.py", source)
     rngs = ",".join(f"{k}={v}" for k, v in seeds.items())
     spec, doc = capture(tmp_path, f"{f}:make_model", "--rngs", rngs, "--steps", "2")
-    ours = sorted((c["step"], c["stream"], c["count"], tuple(c["key"])) for c in doc["calls"])
-    # the model run as it is written (compiled, traced, checkpointed) hands out the same keys, step by step
-    assert ours == _real_model_keys(f, seeds, 2)
+    # the model run as it is written (compiled, traced, checkpointed) hands out the same keys
+    assert _keys_file_keys(doc) == _real_model_keys(f, seeds, 2)
     assert_real_nnx_agrees(spec, doc)
     r = invoke("verify", spec, "--against", f"{f}:make_model")
     assert r.exit_code == 0 and "0 differ, 0 missing, 0 extra" in r.stdout, r.stdout + r.stderr
@@ -939,3 +947,97 @@ def test_a_transform_that_does_not_hand_out_eager_keys_is_refused(tmp_path, call
     r = invoke("capture", f"{f}:make_model", "-o", tmp_path / "o.yaml", "--rngs", "params=0,dropout=1")
     assert r.exit_code == 2 and "a transform capture does not follow" in r.stderr, r.stderr
     assert not (tmp_path / "o.yaml").exists()
+
+
+# a training step as the Flax NNX docs write one: jitted when its module is imported, value_and_grad, an optimizer
+TRAIN_STEP = HEADER + textwrap.dedent("""
+    import optax
+
+    class MLP(nnx.Module):
+        def __init__(self, din, dh, dout, *, rngs: nnx.Rngs):
+            self.l1 = nnx.Linear(din, dh, rngs=rngs)
+            self.drop = nnx.Dropout(0.2, rngs=rngs)
+            self.bn = nnx.BatchNorm(dh, rngs=rngs)
+            self.l2 = nnx.Linear(dh, dout, rngs=rngs)
+
+        def __call__(self, x):
+            return self.l2(nnx.relu(self.bn(self.drop(self.l1(x)))))
+
+    @nnx.jit
+    def train_step(model, optimizer, x, y):
+        def loss_fn(model):
+            logits = model(x)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+        loss, grads = nnx.value_and_grad(loss_fn)(model)
+        optimizer.update(model, grads)
+        return loss
+
+    def twice(model, optimizer, x, y):
+        model(x)
+        model(x)
+
+    def layer(model, optimizer, x, y):
+        model.l1(x)
+
+    def stray(model, optimizer, x, y):
+        model(x)
+        model.drop.rngs()
+
+    def split_merge(model, optimizer, x, y):
+        graphdef, state = nnx.split(model)
+        nnx.merge(graphdef, state)(x)
+
+    not_a_function = 3
+
+    def make_model(rngs):
+        model = MLP(4, 16, 3, rngs=rngs)
+        optimizer = nnx.Optimizer(model, optax.adamw(1e-3), wrt=nnx.Param)
+        return model, (optimizer, jnp.ones((8, 4)), jnp.zeros((8,), jnp.int32))
+""")
+
+
+def test_a_jitted_training_step_captures_the_keys_real_nnx_draws(tmp_path):
+    f = write(tmp_path, "train.py", TRAIN_STEP)
+    seeds = {"params": 0, "dropout": 1}
+    spec, doc = capture(
+        tmp_path, f"{f}:make_model", "--step", f"{f}:train_step", "--rngs", "params=0,dropout=1", "--steps", "3"
+    )
+    # the step compiled, as written: the keys of construction and of the 3 steps' dropout masks
+    assert _keys_file_keys(doc) == _real_model_keys(f, seeds, 3, "train_step")
+    assert [c["step"] for c in doc["calls"] if c["stream"] == "dropout"] == [0, 1, 2, 3]
+    assert_real_nnx_agrees(spec, doc)
+    r = invoke("verify", spec, "--against", tmp_path / "keys.json")
+    assert r.exit_code == 0 and "0 differ, 0 missing, 0 extra" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize(
+    "step, message",
+    [
+        ("twice", "step 1 calls the model 2 times"),
+        ("layer", "step 1 calls Linear outside the model's call"),
+        ("stray", "step 1 draws 1 key(s) outside the model's call"),
+        ("split_merge", "step 1 calls MLP outside the model's call"),
+        ("not_a_function", "not_a_function is not a function (it is a int)"),
+        ("nowhere", "has no 'nowhere'"),
+    ],
+)
+def test_a_step_an_nnx_spec_cannot_say_is_refused_and_nothing_written(tmp_path, step, message):
+    f = write(tmp_path, "train.py", TRAIN_STEP)
+    out = tmp_path / "o.yaml"
+    r = invoke("capture", f"{f}:make_model", "--step", f"{f}:{step}", "--rngs", "params=0,dropout=1", "-o", out)
+    assert r.exit_code == 2 and message in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+    assert not out.exists()
+
+
+def test_step_is_for_nnx_models(tmp_path):
+    f = write(
+        tmp_path,
+        "lin.py",
+        "import jax.numpy as jnp\nimport flax.linen as nn\n\n\ndef make():\n    return nn.Dense(3), (jnp.ones((1, 2)),)\n",
+    )
+    r = invoke("capture", f"{f}:make", "--step", f"{f}:make")
+    assert (
+        r.exit_code == 2
+        and r.stderr == "error: --step applies to NNX models (TARGET builds an nnx.Module from an nnx.Rngs)\n"
+    )
