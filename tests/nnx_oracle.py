@@ -60,6 +60,8 @@ class _Recorder:
         self.linen = None  # (flax_oracle's _Capture, _Builder): the Linen keys of bridge.ToNNX modules
         self.draw = None  # the `draw:` of the statement drawing now, if any
         self.bridges: dict[int, object] = {}  # id(a ToNNX's Linen module) -> its ModuleDef
+        self.call_rngs = None  # the spec's `call_rngs:`: the nnx.Rngs every call of the model is given
+        self.model_rngs = None  # the nnx.Rngs the model is built from (`rngs: model`)
 
     def linen_builder(self):
         """The Linen side of the oracle (flax_oracle's hooks on Scope.make_rng etc.), installed on first use."""
@@ -270,6 +272,9 @@ def _class(mod: NnxModule, rec: _Recorder, path: str, cache: dict):
                     rec.site = join(st.name)
                     if st.transform is not None:
                         transformed(st.transform, _run_target, target, x, rec, join(st.name))
+                    elif st.call_rngs:
+                        # drop(x, rngs=rngs), the Rngs the model's call was given: it draws rngs[rng_collection]()
+                        target(jnp.ones((64,)), rngs=rec.call_rngs if st.call_rngs == "call" else rec.model_rngs)
                     elif st.key is not None:
                         # drop(x, rngs=key): what NNX does with the key is seen in the mask it drops
                         y = target(jnp.ones((64,)), rngs=eval_key(st.key.expr, raw=False))
@@ -402,6 +407,11 @@ def nnx_keys(spec: NnxSpec) -> list[dict]:
         default = streams.pop("default", None)
         rngs = nnx.Rngs(default, **streams)
         model = _class(spec.model, rec, "", {})(rngs)
+        rec.model_rngs = rngs
+        if spec.call_rngs:
+            # rngs = nnx.Rngs(dropout=1), given to every call (model(x, rngs=rngs) hands it to its Dropouts)
+            given = {name: eval_key(src.expr, raw=False) for name, src in spec.call_rngs.items()}
+            rec.call_rngs = nnx.Rngs(given.pop("default", None), **given)
         x = jnp.ones((1,))
         for event in spec.run:
             if getattr(event, "lazy_init", False):

@@ -174,6 +174,8 @@ class NnxReplayer:
         self.vmapping = False  # the lanes being run are nnx.vmap's (not nnx.scan's over a stack)
         self.initializing = False  # in a call under bridge.lazy_init
         self.control = 0  # inside nnx.cond / nnx.switch / a loop (how deep)
+        self.call_rngs: Rngs | None = None  # `call_rngs:` (run builds it)
+        self.model_rngs: Rngs | None = None  # the Rngs the model is built from
 
     def run(self) -> list[NnxKey]:
         # mirrors nnx.Rngs.__init__: the `default` seed (Rngs(0, ...)) is added after the named streams
@@ -186,7 +188,21 @@ class NnxReplayer:
             },
             self.old,
         )
+        self.model_rngs = root
         model = self.build(self.spec.model, "", root)
+        # `call_rngs:` the nnx.Rngs given to every call (model(x, rngs=rngs)): outside the model's graph (reseed
+        # and fork_rngs do not reach it), its counts carry on from call to call
+        self.call_rngs = None
+        if self.spec.call_rngs:
+            given = sorted(self.spec.call_rngs, key=lambda name: name == "default")
+            self.call_rngs = Rngs(
+                "call_rngs",
+                {
+                    name: self.stream(f"call_rngs.{name}", name, self.engine.eval(src.expr), (f"key {src.text}",))
+                    for name, src in ((n, self.spec.call_rngs[n]) for n in given)
+                },
+                self.old,
+            )
         for event in self.spec.run:
             if isinstance(event, NnxStep):
                 for _ in range(event.n):
@@ -680,6 +696,8 @@ class NnxReplayer:
                         self.transformed(target, st.transform, st.loc)
                 elif isinstance(target, Layer) and st.key is not None:
                     self.given_key(target, st, inst.path)
+                elif isinstance(target, Layer) and st.call_rngs:
+                    self.given_rngs(target, st)
                 elif isinstance(target, Layer):
                     self.call_layer(target, st.loc, st.repeat)
                 else:
@@ -895,6 +913,26 @@ class NnxReplayer:
                     given=st.key.text,
                 )
             )
+
+    def given_rngs(self, layer: Layer, st: NnxCall) -> None:
+        """`self.drop(x, rngs=rngs)`, `st.repeat` times, given the Rngs the model's call was given (mirrors
+        nnx.Dropout.__call__: `rngs[rng_collection]()`, the call's Rngs winning over the Dropout's own stream,
+        which draws nothing)."""
+        rate = layer.st.opt("rate")
+        if rate == 0.0 or layer.st.opt("deterministic") or rate == 1.0:
+            return
+        if self.lane >= 0 or self.control or self.stale:
+            where = "nnx.vmap/nnx.scan lanes" if self.lane >= 0 else "control flow" if self.control else "stale_call"
+            raise SpecError(
+                f"{layer.path} is given the call's Rngs inside {where}: rngaudit does not model that yet; call it "
+                "plainly",
+                st.loc,
+            )
+        given = self.call_rngs if st.call_rngs == "call" else self.model_rngs
+        assert given is not None  # (the parser asks for `call_rngs:`)
+        col = str(layer.st.opt("rng_collection"))
+        s = given.get(col, "KeyError", st.loc)
+        self.draw(s, layer.path, "dropout", col, st.loc, n=st.repeat)
 
     def call_layer(self, layer: Layer, loc: Location, n: int = 1) -> None:
         """`n` calls of a standard layer in a row (each draws the next key of the same stream, or none)."""

@@ -246,6 +246,11 @@ def _nnx_meta(report: NnxDeriveReport) -> dict:
             "version": spec.jax_version,
         },
         "rngs": {s: {"expr": spec.rngs[s].text, "key": list(report.roots[s])} for s in sorted(spec.rngs)},
+        **(
+            {"call_rngs": {s: {"expr": spec.call_rngs[s].text} for s in sorted(spec.call_rngs)}}
+            if spec.call_rngs
+            else {}
+        ),
     }
 
 

@@ -86,6 +86,8 @@ def render_nnx_rows(
     yield f"  rules: {report.rules}\n"
     for s in sorted(report.roots):
         yield f"  rngs[{s!r}] = {spec.rngs[s].text} -> {list(report.roots[s])}\n"
+    for s in sorted(spec.call_rngs or ()):
+        yield f"  call_rngs[{s!r}] = {spec.call_rngs[s].text} (the Rngs given to every call)\n"  # type: ignore[index]
     calls = list(report.calls)
     limit = len(calls) if not max_rows else min(max_rows, len(calls))
     rows = [_cells(c) for c in calls[:limit]]

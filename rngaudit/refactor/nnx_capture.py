@@ -75,6 +75,7 @@ class Called:
     events: list = field(default_factory=list)  # ("call", Called, how) | ("draw", tag)
     drew: bool = False
     transforms: int = 0  # how many transforms were running when the call started
+    given: object = None  # a layer's call given an nnx.Rngs (drop(x, rngs=rngs)): that Rngs
 
 
 @dataclass
@@ -113,6 +114,8 @@ class NnxRecorder:
         self.made: dict[int, tuple] = {}
         self.top: list = []  # the modules called from outside any module's call, this step (--step checks them)
         self.stray = 0  # keys drawn in a step outside every module's call (by a training step itself)
+        self.seeds: dict[int, dict] = {}  # id(an nnx.Rngs made while capture watched) -> its integer seeds
+        self.call_rngs: list = []  # every Rngs a layer's call was given (drop(x, rngs=rngs)), in order
 
     def resolve(self, obj):
         return self.alias.get(id(obj), obj)
@@ -173,6 +176,15 @@ def observing() -> Iterator[NnxRecorder]:
     patched: dict[type, object] = {}
 
     def construct_hook(cls, self, *args, **kwargs):
+        if isinstance(cls, type) and issubclass(cls, nnx.Rngs):
+            # nnx.Rngs(default, **streams): its seeds, where they are integers (an Rngs a call is given is
+            # written as the spec's call_rngs)
+            out = construct(cls, self, *args, **kwargs)
+            given = {**({"default": args[0]} if args else {}), **kwargs}
+            if given and all(type(v) is int for v in given.values()):
+                rec.seeds[id(self)] = given
+                rec.inner.append(self)
+            return out
         if not (isinstance(cls, type) and issubclass(cls, nnx.Module)):
             return construct(cls, self, *args, **kwargs)
         given = next((a for a in (*args, *kwargs.values()) if isinstance(a, nnx.Rngs)), None)
@@ -534,11 +546,19 @@ def _patch(owner: object, name: str, value: object) -> None:
 
 
 def _call_hook(rec: NnxRecorder, original):
+    from flax import nnx
+
+    rngs_class = nnx.Rngs
+
     def __call__(self, *args, **kwargs):
         outside = rec.resolve(self)
         if rec.calling and rec.calling[-1].obj is outside:  # super().__call__ of the same module
             return original(self, *args, **kwargs)
         frame = Called(outside, transforms=len(rec.transforms))
+        given = kwargs.get("rngs")
+        if isinstance(given, rngs_class) and _is_layer(outside):
+            frame.given = rec.resolve(given)
+            rec.call_rngs.append(frame.given)
         if not rec.calling:
             rec.top.append(outside)
         if rec.calling:
@@ -565,16 +585,19 @@ def _remember(rec: NnxRecorder, frame: Called) -> None:
     """Keep what each module's call did (the first time), and note a module that does something else later."""
 
     def flat(f: Called) -> list:
-        out = []
+        out: list[tuple] = []
         for kind, what, *how in f.events:
             if kind == "draw":
                 out.append(("draw", what, None))
+            elif what.given is not None:
+                # drop(x, rngs=rngs): a draw from the Rngs the call was given (under a transform: not said)
+                out.append(("call", id(what.obj), "call_rngs" if how[0] is None else "call_rngs_transformed"))
             elif what.drew or not _is_layer(what.obj):
                 out.append(("call", id(what.obj), how[0]))
         return out
 
     def sig(x: list) -> list:
-        return [(k, w, None if h is None else (h[0].kind, h[1], h[2])) for k, w, h in x]
+        return [(k, w, h if h is None or isinstance(h, str) else (h[0].kind, h[1], h[2])) for k, w, h in x]
 
     def walk(f: Called) -> None:
         seen = rec.calls.setdefault(id(f.obj), flat(f))
@@ -691,6 +714,7 @@ class _SpecBuilder:
     def __init__(self, rec: NnxRecorder, target: str, root: Built):
         self.rec = rec
         self.target = target
+        self.root = root
         self.built_of: dict[int, Built] = {}  # id(module, outside any transform) -> its construction
         todo = [root]
         while todo:
@@ -710,6 +734,10 @@ class _SpecBuilder:
             else:
                 out.append((kind, what, how))
         return out
+
+    def is_dropout(self, target_id: int) -> bool:
+        b = self.built_of.get(target_id)
+        return b is not None and type(b.obj).__name__ == "Dropout"
 
     def transform(self, how, target_id: int, where: str) -> dict:
         return _transform_of(self, how, target_id, where)
@@ -802,6 +830,10 @@ class _SpecBuilder:
                     if child.rngs is None:
                         if any(child.events):
                             raise self.unsupported(f"{cls}.{name} draws without an Rngs")
+                        if type(child.obj).__name__ == "Dropout":
+                            # nnx.Dropout(rate) without rngs: it draws from the Rngs its calls are given
+                            init.append({"Dropout": {"name": name, **_layer_options(child.obj)}})
+                            continue
                         if self.rec.calls.get(id(child.obj)):
                             raise self.unsupported(f"{cls}.{name} draws at call time from an Rngs passed to the call")
                         continue  # built without rngs and never drawing: nothing to say
@@ -836,6 +868,14 @@ class _SpecBuilder:
                 name = built.get(what)
                 if name is None:
                     raise self.unsupported(f"{cls}.__call__ calls a module that {cls}.__init__ did not build")
+                if how == "call_rngs_transformed" or (isinstance(how, str) and not self.is_dropout(what)):
+                    raise self.unsupported(
+                        f"{cls}.{name} is given an Rngs at its call under nnx.vmap/nnx.scan, or is not a Dropout"
+                    )
+                if how == "call_rngs":
+                    mine = self.rec.call_rngs and self.rec.call_rngs[0] is self.root.rngs
+                    call.append({"call": {"name": name, "rngs": "model" if mine else "call"}})
+                    continue
                 call.append({"call": {"name": name, **self.transform(how, what, f"{cls}.{name}")} if how else name})
         if call:
             out["call"] = _runs(call)
@@ -1213,6 +1253,7 @@ def _run_nnx_capture(
             "threefry_partitionable": settings["threefry_partitionable"],
         },
         "rngs": dict(seeds),
+        **_call_rngs(rec, rngs, target),
         **({"run": ["lazy_init", {"call": steps}] if steps else ["lazy_init"]} if whole else {"steps": steps}),
         "model": _SpecBuilder(rec, target.text, root).module(root),
     }
@@ -1222,6 +1263,30 @@ def _run_nnx_capture(
     versions = {"flax": flax.__version__, "jax": jax.__version__}
     cap = Capture(target.text, "call", dict(seeds), settings, sites, {}, versions, flavour="nnx")
     return cap, spec_text
+
+
+def _call_rngs(rec: NnxRecorder, rngs, target: CodeRef) -> dict:
+    """`call_rngs:` when the model's Dropouts are given an Rngs at their calls (drop(x, rngs=rngs)): one Rngs,
+    made by nnx.Rngs(stream=SEED, ...) with integer seeds, not the one the model is built from."""
+    given = list({id(r): r for r in rec.call_rngs}.values())
+    if not given:
+        return {}
+    if len(given) > 1:
+        raise UnsupportedError(
+            f"capture of {target.text}: the model's layers are given {len(given)} different Rngs at their calls; an "
+            "NNX spec says one (call_rngs: the Rngs every call of the model is given, made once)"
+        )
+    (r,) = given
+    if r is rngs:
+        return {}  # (the Rngs the model is built from: `rngs: model`)
+    seeds = rec.seeds.get(id(r))
+    if seeds is None:
+        raise UnsupportedError(
+            f"capture of {target.text}: a layer's call is given an Rngs not made by nnx.Rngs(stream=SEED, ...); "
+            "capture reads the Rngs the model is built from, or one of integer seeds made in the factory and given "
+            "to the model's calls (rngs = nnx.Rngs(dropout=1); return model, (x, rngs))"
+        )
+    return {"call_rngs": dict(seeds)}
 
 
 def _takes_rngs_keyword(factory) -> bool:

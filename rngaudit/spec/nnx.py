@@ -138,6 +138,9 @@ class NnxCall(NnxStatement):
     transform: NnxTransform | None = None
     key: RngSource | None = None  # `self.<name>(x, rngs=key)`: a Dropout given this key, used as it is
     fork: tuple[str, ...] | None = None  # `with nnx.fork_rngs(self.<name>, split={tags: None})`: () every stream
+    # a Dropout given an Rngs at its call, `self.<name>(x, rngs=rngs)`: `call` the spec's call_rngs (an Rngs made
+    # once and given to every call of the model), `model` the Rngs the model is built from; "" none
+    call_rngs: str = ""
 
 
 @dataclass(frozen=True)
@@ -220,6 +223,8 @@ class NnxSpec:
     flavour: str = "nnx"
     flax_version: str | None = None  # `flax: {version: ...}`; None: the current rules (flax >= 0.11)
     jax_version: str | None = None  # `jax: {version}`: sets threefry_partitionable's default only
+    # `call_rngs:`: the nnx.Rngs made once before the first call and given to every call, model(x, rngs=rngs)
+    call_rngs: dict[str, RngSource] | None = None
 
     @property
     def shared_dropout(self) -> bool:
@@ -306,12 +311,18 @@ class NnxParser:
                     "plainly, outside control flow and transforms",
                     st.loc,
                 )
-            if isinstance(st, NnxCall) and st.key is not None:
+            if isinstance(st, NnxCall) and st.call_rngs and under is not None:
+                raise SpecError(
+                    f"{st.name} is given the call's Rngs inside nnx.cond, nnx.switch or a loop: rngaudit does not "
+                    "model that yet; give it in a plain call",
+                    st.loc,
+                )
+            if isinstance(st, NnxCall) and (st.key is not None or st.call_rngs):
                 target = names[st.name]
                 if not (isinstance(target, NnxLayer) and target.kind == "Dropout"):
+                    given = "`key:` is a key" if st.key is not None else f"`rngs: {st.call_rngs}` is an Rngs"
                     raise SpecError(
-                        f"`key:` is a key given to a Dropout's call (drop(x, rngs=key)), and {st.name} is not a "
-                        "Dropout",
+                        f"{given} given to a Dropout's call (drop(x, rngs=...)), and {st.name} is not a Dropout",
                         st.loc,
                     )
             if isinstance(st, NnxCall) and st.transform is not None:
@@ -535,7 +546,22 @@ class NnxParser:
             raise SpecError("`call` names an attribute built in `init:`: `call: drop` or `call: {name: drop}`", loc)
         if isinstance(arg.value, str):
             return NnxCall(loc, arg.value)
-        f = Fields(arg, "`call`", ("name", "repeat", "key", "fork_rngs") + TRANSFORM_KEYS, ("name",))
+        f = Fields(arg, "`call`", ("name", "repeat", "key", "rngs", "fork_rngs") + TRANSFORM_KEYS, ("name",))
+        rn = f.get("rngs")
+        if rn is not None:
+            if rn.value not in ("call", "model"):
+                raise SpecError(
+                    "`rngs` of a call is `call` (the Dropout is given the Rngs every call of the model is given, the "
+                    "spec's `call_rngs:`) or `model` (the Rngs the model is built from: Model(rngs) and then "
+                    "model(x, rngs))",
+                    rn.loc,
+                )
+            for other in ("key", "fork_rngs", *TRANSFORM_KEYS):
+                if f.has(other):
+                    raise SpecError(f"give a Dropout's call `rngs: {rn.value}` or `{other}:`, not both", rn.loc)
+            if self.lacks("a key given to a Dropout call"):
+                raise self.too_old("a key given to a Dropout call", rn.loc)
+            return NnxCall(loc, f.name("name"), f.integer("repeat", 1, 1, MAX_REPEAT), call_rngs=rn.value)
         fork = _fork(f.get("fork_rngs"))
         if fork is not None and self.lacks("fork_rngs"):
             raise self.too_old("fork_rngs", f.need("fork_rngs").loc)
@@ -805,4 +831,40 @@ def nnx_spec(
         if isinstance(e, NnxStep) and e.fork is not None and parser.lacks("fork_rngs"):
             raise parser.too_old("fork_rngs", e.loc)
     model = parser.module(top.need("model"))
-    return NnxSpec(file, impl, partitionable, rngs, model, run, flax_version=version)
+    cn = top.get("call_rngs")
+    call_rngs = None
+    if cn is not None:
+        if not cn.is_map or not cn.value:
+            raise SpecError(
+                "`call_rngs` is the nnx.Rngs given to every call of the model (model(x, rngs=rngs)): its streams "
+                "and seeds, e.g. `call_rngs: {dropout: 1}`",
+                cn.loc,
+            )
+        call_rngs = {stream: key_source(kn) for stream, kn in cn.value.items()}
+    uses = next((st for st in _calls(model) if st.call_rngs == "call"), None)
+    if uses is not None and call_rngs is None:
+        raise SpecError(
+            f"`rngs: call` gives {uses.name} the Rngs the model's call is given: say what it holds with a top-level "
+            "`call_rngs: {dropout: SEED}`",
+            uses.loc,
+        )
+    if call_rngs is not None or any(st.call_rngs for st in _calls(model)):
+        for e in run:
+            if isinstance(e, NnxStep) and (e.stale or e.transform is not None or e.fork is not None or e.lazy_init):
+                raise SpecError(
+                    "rngaudit models an Rngs given at a call (`call_rngs`, `rngs: call` or `rngs: model`) for plain "
+                    "calls of the model (`call`, `steps`); not under stale_call, lazy_init, fork_rngs or a "
+                    "transform yet",
+                    e.loc,
+                )
+    return NnxSpec(file, impl, partitionable, rngs, model, run, flax_version=version, call_rngs=call_rngs)
+
+
+def _calls(mod: NnxModule):
+    """Every call statement of a module and of the modules it builds, nested in control flow too."""
+    for st, _ in nested(mod.call):
+        if isinstance(st, NnxCall):
+            yield st
+    for st in mod.init:
+        if isinstance(st, NnxChild):
+            yield from _calls(st.module)

@@ -84,7 +84,7 @@ def spec_from_node(root: YNode, release: Release | None = None) -> Spec | NnxSpe
     top = Fields(
         root,
         "the spec",
-        ("rngaudit", "flavour", "flax", "jax", "phase", "mutable", "rngs", "model", "steps", "run"),
+        ("rngaudit", "flavour", "flax", "jax", "phase", "mutable", "rngs", "model", "steps", "run", "call_rngs"),
         (),
     )
     vn = top.get("rngaudit")
@@ -202,7 +202,7 @@ def spec_from_node(root: YNode, release: Release | None = None) -> Spec | NnxSpe
 
 def _no_nnx(top: Fields) -> None:
     """A Linen spec holds no NNX statement: say which flavour they belong to."""
-    for key in ("steps", "run"):
+    for key in ("steps", "run", "call_rngs"):
         if top.has(key):
             raise SpecError(
                 f"`{key}` applies to `flavour: nnx` specs (Linen replays one init or apply)", top.need(key).loc

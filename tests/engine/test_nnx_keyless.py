@@ -96,3 +96,136 @@ def test_a_keyless_dropout_called_without_a_key_is_nnx_s_value_error():
 )
 def test_bad_given_keys_are_one_error_line(tmp_path, text, message):
     assert_one_error_line(tmp_path, text, message)
+
+
+# ---------------------------------------------------------------- an Rngs given at the call: drop(x, rngs=rngs)
+# The Flax "Randomness" guide's pattern: model(x, rngs) with `rngs = nnx.Rngs(dropout=1)` made once, the model
+# handing it to its Dropouts (spec `call_rngs:` and `call: {name: drop, rngs: call}`); Dropout draws
+# rngs[rng_collection]() from it, its own stream (if any) drawing nothing.
+def given_rngs(call_rngs: str = "{dropout: 7}", own: str = "rngs: false", run: str = "steps: 3") -> str:
+    return f"""
+    rngs: {{params: 0, dropout: 1}}
+    call_rngs: {call_rngs}
+    {run}
+    model:
+      class: M
+      init:
+        - Linear: {{name: lin}}
+        - Dropout: {{name: drop, rate: 0.5, {own}}}
+        - Dropout: {{name: other, rate: 0.5}}
+        - module:
+            name: block
+            class: B
+            init: [{{Dropout: {{name: drop, rate: 0.2, rngs: false}}}}]
+            call: [{{call: {{name: drop, rngs: call, repeat: 2}}}}]
+      call:
+        - call: {{name: drop, rngs: call}}
+        - call: other
+        - call: block
+    """
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        given_rngs(),
+        given_rngs(own="rngs: true"),  # the call's Rngs wins over the Dropout's own fork
+        given_rngs(call_rngs="{default: 3}"),  # rngs['dropout'] falls back to default
+        given_rngs(call_rngs="{dropout: 7, noise: 2}", run="run: [call, {reseed: {dropout: 4}}, call]"),
+    ],
+    ids=["keyless", "own-fork", "default", "reseed-leaves-it"],
+)
+def test_an_rngs_given_at_the_call_draws_what_nnx_draws(text):
+    got = check_against_nnx(spec_of(text))
+    report = derive(spec_of(text))
+    given = [c for c in report.calls if c.derivation.stream.startswith("call_rngs.")]
+    # each step: drop once, block.drop twice, from one counter that carries on from step to step
+    assert got["keys"] == len(report.calls) and len(given) == 3 * report.spec.steps
+    assert [c.derivation.count for c in given] == list(range(len(given)))
+
+
+def test_the_rngs_the_model_is_built_from_given_at_the_call_carries_its_counts_on():
+    """The guide's own model: Model(rngs) and then model(x, rngs=rngs) with the same Rngs (`rngs: model`): the
+    Dropout draws from the dropout stream construction drew from, its counts carrying on."""
+    text = """
+    rngs: {params: 0, dropout: 1}
+    steps: 3
+    model:
+      class: M
+      init:
+        - Linear: {name: lin}
+        - Dropout: {name: fork, rate: 0.5}
+        - Dropout: {name: drop, rate: 0.1, rngs: false}
+      call:
+        - call: {name: drop, rngs: model}
+        - call: fork
+    """
+    got = check_against_nnx(spec_of(text))
+    report = derive(spec_of(text))
+    drawn = [(c.derivation.site, c.derivation.stream, c.derivation.count) for c in report.calls]
+    assert got["keys"] == len(drawn) == 2 + 1 + 3 * 2
+    # the fork drew count 0 of rngs.dropout at construction: the calls' draws from it go on at 1, 2, 3
+    assert [d for d in drawn if d[0] == "drop"] == [("drop", "rngs.dropout", n) for n in (1, 2, 3)]
+
+
+def test_an_rngs_given_at_the_call_without_the_stream_is_nnx_s_key_error():
+    text = given_rngs(call_rngs="{noise: 3}")
+    assert check_against_nnx(spec_of(text)) == {"error": "KeyError"}
+    with pytest.raises(FlaxError, match="No RngStream named 'dropout'"):
+        derive(spec_of(text))
+
+
+def test_a_call_rngs_seeded_like_a_model_stream_re_emits_its_keys():
+    text = given_rngs(call_rngs="{dropout: 1}", own="rngs: true")
+    check_against_nnx(spec_of(text))
+    # the two Dropouts' forks at construction (dropout counts 0 and 1) come again at step 1's two first draws
+    found = audit_nnx(spec_of(text)).collisions
+    assert [(c.category, c.failing) for c in found] == [("shared_stream_key", True)] * 2
+    assert [[(s.stream_path, s.step, s.count) for s in c.sites] for c in found] == [
+        [("rngs.dropout", 0, 0), ("call_rngs.dropout", 1, 0)],
+        [("rngs.dropout", 0, 1), ("call_rngs.dropout", 1, 1)],
+    ]
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (
+            "model: {class: M, init: [{Dropout: {name: d, rate: 0.5}}], call: [{call: {name: d, rngs: call}}]}",
+            "say what it holds with a top-level `call_rngs:",
+        ),
+        (
+            "call_rngs: {dropout: 1}\n"
+            + "model: {class: M, init: [{Linear: {name: l}}], call: [{call: {name: l, rngs: call}}]}",
+            "l is not a Dropout",
+        ),
+        (
+            "call_rngs: {dropout: 1}\n"
+            + "model: {class: M, init: [{Dropout: {name: d, rate: 0.5}}], call: [{call: {name: d, rngs: self}}]}",
+            "`rngs` of a call is `call`",
+        ),
+        (
+            "call_rngs: {dropout: 1}\n"
+            + "model: {class: M, init: [{Dropout: {name: d, rate: 0.5}}], call: [{call: {name: d, rngs: call, key: 1}}]}",
+            "`rngs: call` or `key:`, not both",
+        ),
+        (
+            "model: {class: M, init: [{Dropout: {name: d, rate: 0.5}}], call: [{call: {name: d, rngs: model}}]}\n"
+            + "run: [{call: {vmap: 2}}]",
+            "not under stale_call, lazy_init, fork_rngs or a transform",
+        ),
+        (
+            "call_rngs: {dropout: 1}\nmodel: {class: M, init: [{Dropout: {name: d, rate: 0.5}}], "
+            + "call: [{cond: {pred: true, true_fun: [{call: {name: d, rngs: call}}], false_fun: []}}]}",
+            "inside nnx.cond, nnx.switch or a loop",
+        ),
+        (
+            "call_rngs: {dropout: 1}\nrun: [stale_call]\n"
+            + "model: {class: M, init: [{Dropout: {name: d, rate: 0.5}}], call: [{call: {name: d, rngs: call}}]}",
+            "not under stale_call",
+        ),
+        ("call_rngs: 3\nmodel: {class: M}", "`call_rngs` is the nnx.Rngs given to every call"),
+    ],
+)
+def test_bad_call_rngs_are_one_error_line(tmp_path, text, message):
+    assert_one_error_line(tmp_path, text, message)

@@ -132,6 +132,15 @@ def lane_safe(mod: dict) -> bool:
     return not any(type(c.get("vmap")) is int for c in calls)
 
 
+def uses_call_rngs(mod: dict) -> bool:
+    """Whether a module (or one it builds) gives a Dropout the call's Rngs (`rngs: call`): it is called plainly
+    (rngaudit does not model the call's Rngs in lanes or control flow)."""
+    calls = [c["call"] for c in mod.get("call", []) if isinstance(c, dict) and isinstance(c.get("call"), dict)]
+    return any("rngs" in c for c in calls) or any(
+        isinstance(s, dict) and "module" in s and uses_call_rngs(s["module"]) for s in mod.get("init", [])
+    )
+
+
 def flat(statements: list):
     """The statements and those in their branches and loop bodies."""
     for s in statements:
@@ -244,9 +253,14 @@ def module(draw, depth: int, n: list, lanes: bool = False, no_keep: bool = False
         if names and (not keep or maybe(draw, 0.7)):
             target = draw(st.sampled_from(names))
             child = children.get(target)
-            if child is not None and bridged(child):
-                # (a ToNNX, or a module holding one: called plainly, outside control flow)
+            if child is not None and (bridged(child) or uses_call_rngs(child)):
+                # (a ToNNX, or a module holding one, or giving a Dropout the call's Rngs: called plainly, outside
+                # control flow)
                 return {"call": target} if level == 0 else None
+            if target in dropouts and not lanes and level == 0 and maybe(draw, 0.35):
+                # drop(x, rngs=rngs): the Rngs the model's call was given (the spec's call_rngs)
+                given = draw(st.sampled_from(("call", "model")))
+                return {"call": {"name": target, "rngs": given, "repeat": draw(st.integers(1, 2))}}
             if target in dropouts and has("a key given to a Dropout call") and maybe(draw, 0.25):
                 # drop(x, rngs=key): a key given at the call, used as it is
                 return {"call": {"name": target, "key": draw(st.integers(0, 3)), "repeat": draw(st.integers(1, 2))}}
@@ -308,8 +322,16 @@ def nnx_specs(draw) -> str:
         "rngs": {s: draw(st.one_of(st.integers(0, 5), st.integers(0, 2**63 - 1))) for s in streams},
         "model": model,
     }
+    plain = uses_call_rngs(model) or draw(st.integers(0, 9)) == 7  # (hypothesis draws 0 and floats near 0 often)
+    if plain and (maybe(draw, 0.8) or "rngs: call" in yaml.safe_dump(model)):
+        # rngs = nnx.Rngs(...), given to every call: model(x, rngs=rngs) (a stream it lacks is NNX's KeyError)
+        given = draw(st.lists(st.sampled_from(STREAMS), unique=True, min_size=1, max_size=2))
+        doc["call_rngs"] = {s: draw(st.integers(0, 5)) for s in given}
     if maybe(draw, 0.5):
         doc["steps"] = draw(st.integers(0, 3))
+    elif plain:
+        doc["run"] = draw(st.lists(st.sampled_from(("call", "reseed")), min_size=1, max_size=4))
+        doc["run"] = [e if e == "call" else {"reseed": {"dropout": draw(st.integers(0, 5))}} for e in doc["run"]]
     else:
         doc["run"] = draw(st.lists(run_event(lane_safe(model), bridged(model)), min_size=1, max_size=5))
     return yaml.safe_dump(doc, sort_keys=False)
@@ -358,6 +380,9 @@ def test_random_nnx_models_match_nnx(text):
         "key:",
         "rngs: split",
         "rngs: broadcast",
+        "rngs: call",
+        "rngs: model",
+        "call_rngs:",
         "only:",
     ):
         if word in text:

@@ -882,7 +882,7 @@ SCAN_OVER_REMAT = SCAN_STACK.replace(
 )
 
 
-def _real_model_keys(path: str, seeds: dict, steps: int, step: str | None = None) -> list:
+def _real_model_keys(path: str, seeds: dict, steps: int, step: str | None = None, factory: str = "make_model") -> list:
     """(tag, count, key) of every key the model hands out, built and called `steps` times (by the function
     `step` of the file, `step(model, *args)`, when given) in real NNX: its nnx.jit and nnx.remat compiled, its
     control flow traced, observed by the NNX oracle's recorder (a cached trace's keys are recorded as they run,
@@ -898,7 +898,7 @@ def _real_model_keys(path: str, seeds: dict, steps: int, step: str | None = None
     rec = _Recorder()
     with rec.installed():
         loaded.loader.exec_module(module)
-        model, args = module.make_model(nnx.Rngs(**seeds))
+        model, args = getattr(module, factory)(nnx.Rngs(**seeds))
         for n in range(1, steps + 1):
             rec.step = n
             if step is None:
@@ -1041,3 +1041,79 @@ def test_step_is_for_nnx_models(tmp_path):
         r.exit_code == 2
         and r.stderr == "error: --step applies to NNX models (TARGET builds an nnx.Module from an nnx.Rngs)\n"
     )
+
+
+# the Flax "Randomness" guide's pattern: Dropouts built without rngs, an Rngs made once and given to every call
+CALL_RNGS = HEADER + textwrap.dedent("""
+    class Block(nnx.Module):
+        def __init__(self, rngs):
+            self.lin = nnx.Linear(4, 4, rngs=rngs)
+            self.drop = nnx.Dropout(0.5, rngs=rngs)  # its own fork: the call's Rngs wins
+
+        def __call__(self, x, rngs):
+            return self.drop(self.lin(x), rngs=rngs)
+
+    class Model(nnx.Module):
+        def __init__(self, rngs):
+            self.linear = nnx.Linear(4, 4, rngs=rngs)
+            self.drop = nnx.Dropout(0.1, deterministic=False)
+            self.block = Block(rngs)
+            self.rngs = rngs
+
+        def __call__(self, x, rngs):
+            return self.block(self.drop(self.linear(x), rngs=rngs), rngs)
+
+    def make_model(rngs):
+        return Model(rngs), (jnp.ones((2, 4)), nnx.Rngs(dropout=7))
+
+    class Fresh(Model):
+        def __call__(self, x, rngs):
+            return self.drop(self.linear(x), rngs=nnx.Rngs(dropout=5))  # a new Rngs at every call
+
+    def fresh(rngs):
+        return Fresh(rngs), (jnp.ones((2, 4)), nnx.Rngs(dropout=7))
+
+    def own_rngs(rngs):
+        return Model(rngs), (jnp.ones((2, 4)), rngs)
+
+    def a_key(rngs):
+        return Model(rngs), (jnp.ones((2, 4)), nnx.Rngs(dropout=jax.random.key(3)))
+""")
+
+
+def test_an_rngs_given_to_the_calls_captures_the_keys_real_nnx_draws(tmp_path):
+    f = write(tmp_path, "model.py", CALL_RNGS)
+    spec, doc = capture(tmp_path, f"{f}:make_model", "--rngs", "params=0,dropout=1", "--steps", "2")
+    text = spec.read_text()
+    assert "call_rngs:\n  dropout: 7\n" in text and "rngs: call" in text and "rngs: false" in text, text
+    assert _keys_file_keys(doc) == _real_model_keys(f, {"params": 0, "dropout": 1}, 2)
+    assert sum(c["stream_path"] == "call_rngs.dropout" for c in doc["calls"]) == 4  # two Dropouts, two steps
+    assert_real_nnx_agrees(spec, doc)
+    for against in (f"{f}:make_model", tmp_path / "keys.json"):
+        r = invoke("verify", spec, "--against", against)
+        assert r.exit_code == 0 and "0 differ, 0 missing, 0 extra" in r.stdout, r.stdout + r.stderr
+
+
+def test_the_guides_model_given_its_own_rngs_at_the_call_captures_the_keys_real_nnx_draws(tmp_path):
+    """Model(rngs) and then model(x, rngs) with the same Rngs, as the Flax "Randomness" guide writes it."""
+    f = write(tmp_path, "model.py", CALL_RNGS)
+    spec, doc = capture(tmp_path, f"{f}:own_rngs", "--rngs", "params=0,dropout=1", "--steps", "2")
+    text = spec.read_text()
+    assert "rngs: model" in text and "call_rngs" not in text, text
+    assert _keys_file_keys(doc) == _real_model_keys(f, {"params": 0, "dropout": 1}, 2, factory="own_rngs")
+    assert_real_nnx_agrees(spec, doc)
+
+
+@pytest.mark.parametrize(
+    "factory, message",
+    [
+        ("a_key", "an Rngs not made by nnx.Rngs(stream=SEED, ...)"),
+        ("fresh", "the model's layers are given 2 different Rngs at their calls"),
+    ],
+)
+def test_an_rngs_given_to_the_calls_that_a_spec_cannot_say_is_refused(tmp_path, factory, message):
+    f = write(tmp_path, "model.py", CALL_RNGS)
+    out = tmp_path / "o.yaml"
+    r = invoke("capture", f"{f}:{factory}", "--rngs", "params=0,dropout=1", "--steps", "2", "-o", out)
+    assert r.exit_code == 2 and message in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+    assert not out.exists()
