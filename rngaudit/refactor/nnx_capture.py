@@ -1241,7 +1241,7 @@ def _run_nnx_capture(
     if rec.differs is not None:
         raise UnsupportedError(
             f"capture of {target.text}: {rec.differs}.__call__ draws differently from one call to the next (a "
-            "call-time `deterministic` or `rngs` argument?); an NNX spec has one call per module"
+            "call-time `deterministic` argument, or a branch on the model's state?); an NNX spec has one call per module"
         )
     doc = {
         "rngaudit": 1,

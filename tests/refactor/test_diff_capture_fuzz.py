@@ -41,27 +41,26 @@ def _capture(spec_path: Path, doc: dict, keys: Path) -> bool:
     return r.returncode == 0
 
 
+# the settings every hand-written example here starts from
+_HEAD = {
+    "rngaudit": 1,
+    "flax": {"fix_rng_separator": False},
+    "jax": {"prng_impl": "threefry2x32", "threefry_partitionable": False},
+    "phase": "apply",
+    "rngs": {"params": 0},
+}
+
+
 def _jit_nine(jit: bool) -> dict:
     module = {"class": "9", "body": [{"make_rng": {"stream": "params", "draw": {"normal": [2]}}}]}
     statement = {"jit": {"module": module, "name": "_"}} if jit else {"module": dict(module, name="_")}
-    return {
-        "rngaudit": 1,
-        "flax": {"fix_rng_separator": False},
-        "jax": {"prng_impl": "threefry2x32", "threefry_partitionable": False},
-        "phase": "apply",
-        "rngs": {"params": 0},
-        "model": {"class": "Block", "body": [statement]},
-    }
+    return {**_HEAD, "model": {"class": "Block", "body": [statement]}}
 
 
 def _eager_variable(kept: bool) -> dict:
     setup = [{"variable": {"collection": "state", "name": "w", "make_rng": ["params"], "eager": True}}]
     return {
-        "rngaudit": 1,
-        "flax": {"fix_rng_separator": False},
-        "jax": {"prng_impl": "threefry2x32", "threefry_partitionable": False},
-        "phase": "apply",
-        "rngs": {"params": 0},
+        **_HEAD,
         "mutable": True,  # (capture narrows it to [state], and the spec diffed is this one, rewritten so)
         "model": {"class": "Block", **({"setup": setup} if kept else {}), "body": ["make_rng", "make_rng"]},
     }

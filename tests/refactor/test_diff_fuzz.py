@@ -186,12 +186,18 @@ _SCANNED_DENSES = {
 }
 
 
-_EAGER = {
+# the settings every hand-written example here starts from
+_HEAD = {
     "rngaudit": 1,
     "flax": {"fix_rng_separator": False},
     "jax": {"prng_impl": "threefry2x32", "threefry_partitionable": False},
     "phase": "init",
     "rngs": {"params": 0},
+}
+
+
+_EAGER = {
+    **_HEAD,
     "model": {
         "class": "Block",
         "body": [
@@ -203,11 +209,7 @@ _EAGER = {
 
 
 _FOLDED = {
-    "rngaudit": 1,
-    "flax": {"fix_rng_separator": False},
-    "jax": {"prng_impl": "threefry2x32", "threefry_partitionable": False},
-    "phase": "init",
-    "rngs": {"params": 0},
+    **_HEAD,
     "model": {
         "class": "Block",
         "body": [
