@@ -560,7 +560,7 @@ def _explain_changed(cmp: Comparison, old: Capture, new: Capture, lanes: tuple[d
             for k in _SETTINGS
             if old.settings.get(k) != new.settings.get(k)
         ]
-        if s.lane:
+        if s.lane and _same_counts(old, new, s):
             split = _split_change(
                 lanes_old.get((s.path, s.stream, s.count)), lanes_new.get((s.path, s.stream, s.count))
             )
@@ -848,7 +848,7 @@ def _explain_moves(cmp: Comparison, old: Capture, new: Capture, lanes: tuple[dic
             e.why.append(
                 _fork_change(e, old, new)
                 or _count_shift(e, old, new)
-                or _lane_count_change(e, lanes)
+                or _lane_count_change(e, lanes, old, new)
                 or ("a call site that did not exist before" if e.status == "new" else "this call site no longer exists")
             )
 
@@ -1109,9 +1109,27 @@ def _fork_change(e: Entry, old: Capture, new: Capture) -> str | None:
     return None
 
 
-def _lane_count_change(e: Entry, lanes: tuple[dict, dict]) -> str | None:
+def _counts(cap: Capture) -> dict:
+    """(path, stream) -> the counts drawn there, every lane together."""
+    if "counts" not in cap.memo:
+        out: dict = {}
+        for s in cap.sites:
+            out.setdefault((s.path, s.stream), set()).add(s.count)
+        cap.memo["counts"] = out
+    return cap.memo["counts"]
+
+
+def _same_counts(old: Capture, new: Capture, s: Site) -> bool:
+    """Whether s's module draws the same counts of s's stream on both sides. A vmap/scan axis or a split changes
+    which lanes a count has and keeps the counts; a draw added or removed before shifts them, and a count's lanes
+    are then another draw's: no claim about lanes holds."""
+    k = (s.path, s.stream)
+    return _counts(old).get(k) == _counts(new).get(k)
+
+
+def _lane_count_change(e: Entry, lanes: tuple[dict, dict], old: Capture, new: Capture) -> str | None:
     s = e.site
-    if not s.lane:
+    if not s.lane or not _same_counts(old, new, s):
         return None
     n_old, n_new = (len(side.get((s.path, s.stream, s.count), ())) for side in lanes)
     if not n_old or not n_new or n_old == n_new:

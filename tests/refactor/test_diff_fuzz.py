@@ -208,6 +208,52 @@ _EAGER = {
 }
 
 
+_SHIFTED_LANES = {
+    **_HEAD,
+    "rngs": {"params": 0, "dropout": 0},
+    "model": {
+        "scan": {
+            "module": {
+                "map_variables": {
+                    "module": {
+                        "class": "Block",
+                        "setup": ["make_rng"],
+                        "body": [
+                            {
+                                "while_loop": {
+                                    "cond": [],
+                                    "body": [],
+                                    "iterations": 1,
+                                    "split_rngs": "all",
+                                    "when": "init",
+                                }
+                            },
+                            {"make_rng": "dropout"},
+                            "make_rng",
+                        ],
+                    },
+                    "init": True,
+                    "mutable": True,
+                    "mapped_collections": "params",
+                }
+            },
+            "length": 1,
+            "split_rngs": "all",
+            "variable_axes": {"all": 0},
+            "check_constancy_invariants": False,
+        }
+    },
+}
+
+
+def _inserted(doc: dict) -> dict:
+    """`doc` with a param inserted first in the setup of its scanned, mapped Block."""
+    new = copy.deepcopy(doc)
+    block = new["model"]["scan"]["module"]["map_variables"]["module"]
+    block["setup"] = [{"param": "inserted"}, *block["setup"]]
+    return new
+
+
 _FOLDED = {
     **_HEAD,
     "model": {
@@ -268,6 +314,9 @@ def _renamed_first(model: dict) -> dict:
 @example((_jitted_in_one_lane(False), _jitted_in_one_lane(True), "wrap jit", None))
 # (a deleted nn.fold_rngs module takes its fork with it: a jit-fork cause without nn.jit in either spec)
 @example((_FOLDED, {**_FOLDED, "model": {"class": "Block", "body": ["make_rng"]}}, "delete", None))
+# (a draw inserted before a while_loop's lanes shifts the counts: a count's lanes are another draw's now, and no
+# "axis size changed" claim holds)
+@example((_SHIFTED_LANES, _inserted(_SHIFTED_LANES), "insert", None))
 # (an eager variable's key is a make_rng to Flax: a layer inserted before it shifts it, named so on both sides)
 @example(
     (
