@@ -20,11 +20,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import textwrap
-import time
+
+from bench_capture import timed  # (benchmarks/ is on sys.path when a benchmark runs as a script)
 
 MODELS = textwrap.dedent("""
     import jax.numpy as jnp
@@ -115,15 +115,6 @@ for _ in range({steps}):
     loss = models.train_step(model, *args)
 jax.block_until_ready(loss)
 """
-
-
-def timed(command: list[str], cwd: str) -> float:
-    start = time.perf_counter()
-    r = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
-    elapsed = time.perf_counter() - start
-    if r.returncode != 0:
-        raise SystemExit(f"{' '.join(command)} exited {r.returncode}: {r.stderr.strip()}")
-    return elapsed
 
 
 def main() -> None:

@@ -272,9 +272,9 @@ def _class(mod: NnxModule, rec: _Recorder, path: str, cache: dict):
                     rec.site = join(st.name)
                     if st.transform is not None:
                         transformed(st.transform, _run_target, target, x, rec, join(st.name))
-                    elif st.call_rngs:
+                    elif st.given_rngs:
                         # drop(x, rngs=rngs), the Rngs the model's call was given: it draws rngs[rng_collection]()
-                        target(jnp.ones((64,)), rngs=rec.call_rngs if st.call_rngs == "call" else rec.model_rngs)
+                        target(jnp.ones((64,)), rngs=rec.call_rngs if st.given_rngs == "call" else rec.model_rngs)
                     elif st.key is not None:
                         # drop(x, rngs=key): what NNX does with the key is seen in the mask it drops
                         y = target(jnp.ones((64,)), rngs=eval_key(st.key.expr, raw=False))
@@ -399,19 +399,21 @@ def transformed(t: NnxTransform, run, target, x, rec: _Recorder, site: str) -> N
     jax.effects_barrier()
 
 
+def _rngs(sources: dict) -> nnx.Rngs:
+    """`nnx.Rngs(default, **streams)` of a spec's streams and seeds."""
+    streams = {name: eval_key(src.expr, raw=False) for name, src in sources.items()}
+    return nnx.Rngs(streams.pop("default", None), **streams)
+
+
 def nnx_keys(spec: NnxSpec) -> list[dict]:
     """Every key real NNX hands out for the spec's model: construction (step 0), then steps 1..N."""
     rec = _Recorder()
     with nnx_settings(spec), rec.installed():
-        streams = {name: eval_key(src.expr, raw=False) for name, src in spec.rngs.items()}
-        default = streams.pop("default", None)
-        rngs = nnx.Rngs(default, **streams)
+        rngs = rec.model_rngs = _rngs(spec.rngs)
         model = _class(spec.model, rec, "", {})(rngs)
-        rec.model_rngs = rngs
         if spec.call_rngs:
             # rngs = nnx.Rngs(dropout=1), given to every call (model(x, rngs=rngs) hands it to its Dropouts)
-            given = {name: eval_key(src.expr, raw=False) for name, src in spec.call_rngs.items()}
-            rec.call_rngs = nnx.Rngs(given.pop("default", None), **given)
+            rec.call_rngs = _rngs(spec.call_rngs)
         x = jnp.ones((1,))
         for event in spec.run:
             if getattr(event, "lazy_init", False):

@@ -177,32 +177,25 @@ class NnxReplayer:
         self.call_rngs: Rngs | None = None  # `call_rngs:` (run builds it)
         self.model_rngs: Rngs | None = None  # the Rngs the model is built from
 
-    def run(self) -> list[NnxKey]:
-        # mirrors nnx.Rngs.__init__: the `default` seed (Rngs(0, ...)) is added after the named streams
-        order = sorted(self.spec.rngs, key=lambda name: name == "default")
-        root = Rngs(
-            "rngs",
+    def rngs(self, name: str, sources: dict) -> Rngs:
+        """`nnx.Rngs(**sources)`: the `default` seed (Rngs(0, ...)) is added after the named streams, as
+        nnx.Rngs.__init__ adds it."""
+        order = sorted(sources, key=lambda stream: stream == "default")
+        return Rngs(
+            name,
             {
-                name: self.stream(f"rngs.{name}", name, self.engine.eval(src.expr), (f"key {src.text}",))
-                for name, src in ((n, self.spec.rngs[n]) for n in order)
+                s: self.stream(f"{name}.{s}", s, self.engine.eval(sources[s].expr), (f"key {sources[s].text}",))
+                for s in order
             },
             self.old,
         )
-        self.model_rngs = root
+
+    def run(self) -> list[NnxKey]:
+        root = self.model_rngs = self.rngs("rngs", self.spec.rngs)
         model = self.build(self.spec.model, "", root)
         # `call_rngs:` the nnx.Rngs given to every call (model(x, rngs=rngs)): outside the model's graph (reseed
         # and fork_rngs do not reach it), its counts carry on from call to call
-        self.call_rngs = None
-        if self.spec.call_rngs:
-            given = sorted(self.spec.call_rngs, key=lambda name: name == "default")
-            self.call_rngs = Rngs(
-                "call_rngs",
-                {
-                    name: self.stream(f"call_rngs.{name}", name, self.engine.eval(src.expr), (f"key {src.text}",))
-                    for name, src in ((n, self.spec.call_rngs[n]) for n in given)
-                },
-                self.old,
-            )
+        self.call_rngs = self.rngs("call_rngs", self.spec.call_rngs) if self.spec.call_rngs else None
         for event in self.spec.run:
             if isinstance(event, NnxStep):
                 for _ in range(event.n):
@@ -696,7 +689,7 @@ class NnxReplayer:
                         self.transformed(target, st.transform, st.loc)
                 elif isinstance(target, Layer) and st.key is not None:
                     self.given_key(target, st, inst.path)
-                elif isinstance(target, Layer) and st.call_rngs:
+                elif isinstance(target, Layer) and st.given_rngs:
                     self.given_rngs(target, st)
                 elif isinstance(target, Layer):
                     self.call_layer(target, st.loc, st.repeat)
@@ -928,7 +921,7 @@ class NnxReplayer:
                 "plainly",
                 st.loc,
             )
-        given = self.call_rngs if st.call_rngs == "call" else self.model_rngs
+        given = self.call_rngs if st.given_rngs == "call" else self.model_rngs
         assert given is not None  # (the parser asks for `call_rngs:`)
         col = str(layer.st.opt("rng_collection"))
         s = given.get(col, "KeyError", st.loc)

@@ -115,7 +115,7 @@ class NnxRecorder:
         self.top: list = []  # the modules called from outside any module's call, this step (--step checks them)
         self.stray = 0  # keys drawn in a step outside every module's call (by a training step itself)
         self.seeds: dict[int, dict] = {}  # id(an nnx.Rngs made while capture watched) -> its integer seeds
-        self.call_rngs: list = []  # every Rngs a layer's call was given (drop(x, rngs=rngs)), in order
+        self.call_rngs: dict[int, object] = {}  # id -> every Rngs a layer's call was given (drop(x, rngs=rngs))
 
     def resolve(self, obj):
         return self.alias.get(id(obj), obj)
@@ -558,7 +558,7 @@ def _call_hook(rec: NnxRecorder, original):
         given = kwargs.get("rngs")
         if isinstance(given, rngs_class) and _is_layer(outside):
             frame.given = rec.resolve(given)
-            rec.call_rngs.append(frame.given)
+            rec.call_rngs[id(frame.given)] = frame.given
         if not rec.calling:
             rec.top.append(outside)
         if rec.calling:
@@ -714,7 +714,8 @@ class _SpecBuilder:
     def __init__(self, rec: NnxRecorder, target: str, root: Built):
         self.rec = rec
         self.target = target
-        self.root = root
+        # what a Dropout's call given an Rngs is given (_call_rngs allows one Rngs): the model's own, or call_rngs
+        self.given_rngs = "model" if any(r is root.rngs for r in rec.call_rngs.values()) else "call"
         self.built_of: dict[int, Built] = {}  # id(module, outside any transform) -> its construction
         todo = [root]
         while todo:
@@ -873,8 +874,7 @@ class _SpecBuilder:
                         f"{cls}.{name} is given an Rngs at its call under nnx.vmap/nnx.scan, or is not a Dropout"
                     )
                 if how == "call_rngs":
-                    mine = self.rec.call_rngs and self.rec.call_rngs[0] is self.root.rngs
-                    call.append({"call": {"name": name, "rngs": "model" if mine else "call"}})
+                    call.append({"call": {"name": name, "rngs": self.given_rngs}})
                     continue
                 call.append({"call": {"name": name, **self.transform(how, what, f"{cls}.{name}")} if how else name})
         if call:
@@ -1268,7 +1268,7 @@ def _run_nnx_capture(
 def _call_rngs(rec: NnxRecorder, rngs, target: CodeRef) -> dict:
     """`call_rngs:` when the model's Dropouts are given an Rngs at their calls (drop(x, rngs=rngs)): one Rngs,
     made by nnx.Rngs(stream=SEED, ...) with integer seeds, not the one the model is built from."""
-    given = list({id(r): r for r in rec.call_rngs}.values())
+    given = list(rec.call_rngs.values())
     if not given:
         return {}
     if len(given) > 1:

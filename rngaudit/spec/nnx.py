@@ -140,7 +140,7 @@ class NnxCall(NnxStatement):
     fork: tuple[str, ...] | None = None  # `with nnx.fork_rngs(self.<name>, split={tags: None})`: () every stream
     # a Dropout given an Rngs at its call, `self.<name>(x, rngs=rngs)`: `call` the spec's call_rngs (an Rngs made
     # once and given to every call of the model), `model` the Rngs the model is built from; "" none
-    call_rngs: str = ""
+    given_rngs: str = ""
 
 
 @dataclass(frozen=True)
@@ -311,16 +311,16 @@ class NnxParser:
                     "plainly, outside control flow and transforms",
                     st.loc,
                 )
-            if isinstance(st, NnxCall) and st.call_rngs and under is not None:
+            if isinstance(st, NnxCall) and st.given_rngs and under is not None:
                 raise SpecError(
                     f"{st.name} is given the call's Rngs inside nnx.cond, nnx.switch or a loop: rngaudit does not "
                     "model that yet; give it in a plain call",
                     st.loc,
                 )
-            if isinstance(st, NnxCall) and (st.key is not None or st.call_rngs):
+            if isinstance(st, NnxCall) and (st.key is not None or st.given_rngs):
                 target = names[st.name]
                 if not (isinstance(target, NnxLayer) and target.kind == "Dropout"):
-                    given = "`key:` is a key" if st.key is not None else f"`rngs: {st.call_rngs}` is an Rngs"
+                    given = "`key:` is a key" if st.key is not None else f"`rngs: {st.given_rngs}` is an Rngs"
                     raise SpecError(
                         f"{given} given to a Dropout's call (drop(x, rngs=...)), and {st.name} is not a Dropout",
                         st.loc,
@@ -561,7 +561,7 @@ class NnxParser:
                     raise SpecError(f"give a Dropout's call `rngs: {rn.value}` or `{other}:`, not both", rn.loc)
             if self.lacks("a key given to a Dropout call"):
                 raise self.too_old("a key given to a Dropout call", rn.loc)
-            return NnxCall(loc, f.name("name"), f.integer("repeat", 1, 1, MAX_REPEAT), call_rngs=rn.value)
+            return NnxCall(loc, f.name("name"), f.integer("repeat", 1, 1, MAX_REPEAT), given_rngs=rn.value)
         fork = _fork(f.get("fork_rngs"))
         if fork is not None and self.lacks("fork_rngs"):
             raise self.too_old("fork_rngs", f.need("fork_rngs").loc)
@@ -841,14 +841,15 @@ def nnx_spec(
                 cn.loc,
             )
         call_rngs = {stream: key_source(kn) for stream, kn in cn.value.items()}
-    uses = next((st for st in _calls(model) if st.call_rngs == "call"), None)
+    given = [st for st in _calls(model) if st.given_rngs]
+    uses = next((st for st in given if st.given_rngs == "call"), None)
     if uses is not None and call_rngs is None:
         raise SpecError(
             f"`rngs: call` gives {uses.name} the Rngs the model's call is given: say what it holds with a top-level "
             "`call_rngs: {dropout: SEED}`",
             uses.loc,
         )
-    if call_rngs is not None or any(st.call_rngs for st in _calls(model)):
+    if call_rngs is not None or given:
         for e in run:
             if isinstance(e, NnxStep) and (e.stale or e.transform is not None or e.fork is not None or e.lazy_init):
                 raise SpecError(
