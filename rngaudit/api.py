@@ -161,12 +161,15 @@ def audit_input(
     keys: bool = True,
     fix_rng_separator: bool | None = None,
     latent_max_count: int | None = None,
+    bridges: list | None = None,
 ) -> Audit | NnxAudit:
     """The audit of one input: a spec (YAML, or JSON holding a spec), or a JSON file of module paths or of a
-    params tree. An NNX spec gets an NnxAudit (`keys`, `fix_rng_separator` and `latent_max_count` are Linen's)."""
+    params tree. An NNX spec gets an NnxAudit (`keys`, `fix_rng_separator` and `latent_max_count` are Linen's).
+    `bridges`: a list the NnxAudits of a Linen spec's bridge.ToLinen calls are added to (one per call)."""
     from .collision.audit import audit
     from .collision.latent import DEFAULT_LATENT_MAX_COUNT
     from .collision.spec_sites import spec_sites
+    from .spec.layers import has_to_linen
     from .spec.tree import Spec
 
     bound = DEFAULT_LATENT_MAX_COUNT if latent_max_count is None else latent_max_count
@@ -195,7 +198,12 @@ def audit_input(
     s = load(source, phase, "collisions")
     if fix_rng_separator is not None:
         s = dataclasses.replace(s, fix_rng_separator=fix_rng_separator)
-    return audit(spec_sites(s, keys=keys), bound)
+    found = audit(spec_sites(s, keys=keys), bound)
+    if bridges is not None and has_to_linen(s.model):
+        from .collision.nnx import audit_to_linen
+
+        bridges.extend(audit_to_linen(s))
+    return found
 
 
 def collisions(
@@ -253,6 +261,7 @@ def collisions(
         if isinstance(source, SpecBytes) and inline_ignores:
             texts[source.name] = source.data.decode("utf-8", "replace")
         try:
+            bridges: list = []
             audits.append(
                 audit_input(
                     source,
@@ -260,8 +269,10 @@ def collisions(
                     keys=keys,
                     fix_rng_separator=fix_rng_separator,
                     latent_max_count=latent_max_count,
+                    bridges=bridges,
                 )
             )
+            audits.extend(bridges)
         except (InputError, FlaxError, UnsupportedError) as e:
             if not keep_going:
                 raise

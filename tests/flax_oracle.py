@@ -50,6 +50,7 @@ discarded=False, and, where the spec draws values, value (and label for params).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib.util
 import inspect
@@ -936,6 +937,10 @@ class _Builder:
     # -------------------------------------------------------------- construction
     def construct(self, mod: ModuleDef, name: str | None, mode: str = "unknown"):
         kw = {} if name is None else {"name": name}
+        if mod.to_linen is not None:
+            from nnx_oracle import to_linen_module  # (the NNX side of the oracle builds the NNX class)
+
+            return to_linen_module(mod, kw)
         if not mod.lifts:
             if mod.layer is not None:
                 cls, lkw = _layer(mod)
@@ -1301,7 +1306,7 @@ def _run_once(spec: Spec, raw_keys: bool, selection: dict) -> tuple[list[dict], 
             else:
                 # apply() gets the variables that init() of the same model (the same classes, in the
                 # same process) makes; init only needs a params key
-                variables = model.init({"params": jax.random.key(0), **rngs}, x)
+                variables = model.init({"params": jax.random.key(0), **init_streams(spec), **rngs}, x)
                 jax.effects_barrier()
                 builder.phase = "apply"
                 mutable = list(spec.mutable) if isinstance(spec.mutable, tuple) else spec.mutable
@@ -1314,6 +1319,27 @@ def _run_once(spec: Spec, raw_keys: bool, selection: dict) -> tuple[list[dict], 
             cap.recording = False
     traced = {ev.branch for ev in cap.events.values() if ev.branch and ev.emitted}
     return cap.records(), traced
+
+
+def init_streams(spec: Spec) -> dict:
+    """The streams the init before an apply is given besides `params` and apply's: those the NNX modules of the
+    spec's ToLinen modules draw from (ToLinen's NNX module raises KeyError at init without them), as a user's
+    init has them."""
+    from rngaudit.spec.nnx import drawn_streams
+
+    names: set[str] = set()
+
+    def walk(x) -> None:
+        if isinstance(x, (tuple, list)):
+            for v in x:
+                walk(v)
+        elif isinstance(x, ModuleDef) and x.to_linen is not None:
+            names.update(drawn_streams(x.to_linen.module))
+        elif dataclasses.is_dataclass(x) and not isinstance(x, type):
+            walk([getattr(x, f.name) for f in dataclasses.fields(x)])
+
+    walk(spec.model)
+    return {s: jax.random.key(1) for s in sorted(names - {"params"})}
 
 
 def _selection(paths) -> dict:
@@ -1504,6 +1530,8 @@ def check_against_flax(spec: Spec, raw_keys: bool = False) -> Agreement:
         # internal functions: compare their first sentence; the oracle's own vmap axis names go
         core = str(theirs_error).split(FLAX_DOCS)[0].rstrip(".").split("\n")[0].rstrip(":")
         core = re.sub(r" \(axis_name='?_rngaudit_lane_\d+'?\)", "", core)
+        if name == "KeyError" and core.startswith('"'):
+            core = core.strip('"')  # (a KeyError's text is its message quoted: NNX's missing stream)
         for before, now in JAX_MESSAGES.items():
             if re.match(before, core):
                 core = now

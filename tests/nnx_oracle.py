@@ -642,3 +642,96 @@ def assert_one_error_line(tmp_path, text: str, message: str) -> None:
     r = invoke("derive", path)
     assert r.exit_code == 2 and r.stderr.startswith(f"error: {path}:") and len(r.stderr.splitlines()) == 1
     assert message in r.stderr
+
+
+# ---------------------------------------------------------------- NNX inside Linen: bridge.ToLinen
+_TO_LINEN: list = []  # the recorder the NNX modules of ToLinen modules record into (to_linen_keys sets it)
+
+
+def to_linen_module(mod, kw: dict):
+    """`bridge.ToLinen(NnxClass, skip_rng=..., name=...)` of a Linen spec's ToLinen statement (the Linen oracle's
+    builder calls this); its NNX class is built as the NNX oracle builds a model's."""
+    from flax.nnx import bridge
+
+    rec = _TO_LINEN[-1] if _TO_LINEN else _Recorder()
+    tl = mod.to_linen
+    cls = _class(tl.module, rec, "", {})
+    if tl.skip_rng:
+        base = cls
+
+        class cls(base):  # (an __init__ that takes no rngs: what skip_rng=True calls)
+            def __init__(self):
+                super().__init__(nnx.Rngs())
+
+    return bridge.ToLinen(cls, skip_rng=tl.skip_rng, **kw)
+
+
+def to_linen_keys(spec) -> list[dict]:
+    """Every key the NNX streams inside the Linen spec's ToLinen modules hand out in its init (or apply, after an
+    init that made the variables), in order: (tag, count, key)."""
+    from flax_oracle import X, _Builder, _Capture, flax_settings, init_streams
+
+    rec = _Recorder()
+    _TO_LINEN.append(rec)
+    try:
+        with flax_settings(spec), rec.installed():
+            builder = _Builder(_Capture())
+            model = builder.construct(spec.model, spec.model.name)
+            rngs = {s: eval_key(src.expr, raw=False) for s, src in spec.rngs.items()}
+            if spec.phase == "init":
+                model.init(rngs, X)
+            else:
+                variables = model.init({"params": jax.random.key(0), **init_streams(spec), **rngs}, X)
+                rec.records.clear()
+                mutable = list(spec.mutable) if isinstance(spec.mutable, tuple) else spec.mutable
+                model.apply(variables, X, rngs=rngs, mutable=mutable)
+            jax.effects_barrier()
+    finally:
+        _TO_LINEN.pop()
+    # (a key given to a Dropout's call is recorded as the mask it drew: check_to_linen counts those)
+    return [
+        {"tag": r["tag"], "count": r["count"], "key": tuple(r["key"])} if "tag" in r else {"given": True}
+        for r in rec.records
+    ]
+
+
+def check_to_linen(spec) -> dict:
+    """Asserts that rngaudit and real Flax agree on a Linen spec with ToLinen modules: the Linen keys (ToLinen's
+    make_rng calls among them, the Linen oracle's check) and every key the NNX modules' streams hand out, in
+    order, or the same error. Returns what was compared."""
+    from flax_oracle import check_against_flax
+
+    from rngaudit import FlaxError, derive
+
+    ours_error = theirs_error = None
+    try:
+        report = derive(spec)
+    except FlaxError as e:
+        ours_error = e
+    try:
+        theirs = to_linen_keys(spec)
+    except Exception as e:  # noqa: BLE001 - whatever Flax raises is the expected answer
+        theirs_error = e
+    if ours_error is not None or theirs_error is not None:
+        # (as check_against_nnx: an NNX error's text runs on with internal values, the head is compared)
+        assert theirs_error is not None, f"rngaudit predicts an error Flax does not raise: {ours_error}"
+        assert ours_error is not None, f"Flax raises {type(theirs_error).__name__}: {theirs_error}; rngaudit derived"
+        name = type(theirs_error).__name__
+        assert ours_error.flax_error == name, f"rngaudit: {ours_error}; flax: {name}: {theirs_error}"
+        core = str(theirs_error).strip("'\"").split(" (")[0]
+        assert core[:40] in ours_error.message, f"rngaudit: {ours_error.message!r}; flax: {core!r}"
+        return {"error": ours_error.flax_error}
+    linen = check_against_flax(spec)
+    ours = [
+        {"tag": c.derivation.tag, "count": c.derivation.count, "key": tuple(c.key)}
+        if not c.derivation.given
+        else {"given": True}
+        for run in report.to_linen
+        for c in run.report.calls
+    ]
+    if any(_has_lanes(run.report.spec) for run in report.to_linen):
+        # under nnx.vmap NNX hands out a draw's keys for every lane at once (rngaudit lists lane by lane)
+        order = lambda r: (r.get("tag", ""), r.get("count", -1), r.get("key", ()))
+        ours, theirs = sorted(ours, key=order), sorted(theirs, key=order)
+    assert ours == theirs, f"NNX keys inside ToLinen: rngaudit {ours} != flax {theirs}"
+    return {"linen": linen.keys, "nnx": len(ours), "runs": len(report.to_linen)}

@@ -45,6 +45,7 @@ class Category(str, enum.Enum):
     broadcast_lanes = "broadcast_lanes"
     frozen_scan_broadcast = "frozen_scan_broadcast"
     keyless_dropout = "keyless_dropout"
+    bridge_constant_default = "bridge_constant_default"
     scan_broadcast = "scan_broadcast"
     reseed_order = "reseed_order"
     reseed_repeat = "reseed_repeat"

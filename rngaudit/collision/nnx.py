@@ -16,6 +16,11 @@ returned state is dropped, or nnx.reseed. Each group is one finding, in the cate
   default_fallback       (information)  a stream the Rngs lacks is served by `default`, sharing its counter
   unsplit_lanes          (information)  the lanes of a Linen transform inside a bridge.ToNNX share a stream it
                                         does not split (Linen's unsplit_lanes)
+  bridge_constant_default (failing)     a bridge.ToLinen applied without a stream its NNX module draws from in its
+                                        call: ToLinen's `default` stream, the constant key(0), serves it, so every
+                                        apply draws the same key (the same dropout mask)
+
+A Linen spec's bridge.ToLinen modules get one audit per call (audit_to_linen): the NNX module it builds there.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ NNX_FAILING = (
     "broadcast_lanes",
     "frozen_scan_broadcast",
     "keyless_dropout",
+    "bridge_constant_default",
     "concatenation",  # (Linen's classes, for the keys of a bridge.ToNNX's Linen module)
     "hash_word",
 )
@@ -102,6 +108,7 @@ class NnxAudit:
     keys_checked: bool = True
     fix_rng_separator: bool = False
     latent_max_count: int = 0
+    bridge: str = ""  # the NNX module of a Linen spec's bridge.ToLinen call: where (its path, call and phase)
 
     @property
     def failing(self) -> int:
@@ -350,3 +357,63 @@ def audit_nnx(spec: NnxSpec) -> NnxAudit:
         )
     found.sort(key=lambda t: t[0])
     return NnxAudit(spec.file, n, spec.prng_impl, rules_of(spec), tuple(c for _, c in found))
+
+
+def audit_to_linen(spec) -> list[NnxAudit]:
+    """The audits of the NNX modules a Linen spec's bridge.ToLinen modules build, one per call (in order): the
+    NNX findings inside each, and `bridge_constant_default` where an apply lacks a stream the module's call draws
+    (ToLinen's `default` stream, the constant key(0), serves it: the same key at every apply)."""
+    from ..engine.derive import derive
+
+    report = derive(spec, values=False)
+    out = []
+    for run in report.to_linen:
+        site = run.site
+        a = audit_nnx(run.report.spec)
+        found = list(a.collisions)
+        if run.constant_default:
+            # (`default` serving a stream is the bridge's finding here, not a choice of the NNX module's Rngs)
+            found = [c for c in found if c.category != "default_fallback"]
+            constant = _constant_default(run)
+            if constant is not None:
+                found.insert(0, constant)
+        where = f"bridge.ToLinen at /{site.path_str}, call {site.call} ({'init' if site.init else 'apply'})"
+        out.append(
+            NnxAudit(
+                a.source,
+                a.call_sites,
+                a.prng_impl,
+                a.rules,
+                tuple(found),
+                bridge=f"{where}: NNX module {run.report.spec.model.cls}",
+            )
+        )
+    return out
+
+
+def _constant_default(run) -> NnxCollision | None:
+    """The draws of a ToLinen's NNX call served by the `default` stream ToLinen adds at apply (key(0)): the same
+    keys at every apply."""
+    report = run.report
+    table = report.calls.table
+    root = "key " + report.spec.rngs["default"].text
+    sites = [
+        _site(i, table.blocks[int(table.block[i])], int(table.count[i]), table.keys[i])
+        for i in range(len(table.block))
+        if table.blocks[int(table.block[i])].step > 0 and table.blocks[int(table.block[i])].chain[:1] == (root,)
+    ]
+    if not sites:
+        return None
+    missing = sorted({s.requested for s in sites} - {"default"})
+    have = ", ".join(s for s, row in run.streams if row is not None) or "none"
+    named = " and ".join(repr(s) for s in missing) or "'default'"
+    draws = ", ".join(dict.fromkeys(s.site for s in sites))
+    why = (
+        f"bridge.ToLinen at /{run.site.path_str} is applied without a {named} rng (apply's rngs: {have}), so the "
+        f"NNX module it builds at every apply draws {draws} from the `default` stream ToLinen adds, seeded with "
+        "the constant 0 (flax/nnx/bridge/wrappers.py linen_rngs_dict): the same key, so the same mask, at every "
+        "apply and every step"
+    )
+    given = ", ".join(f"{s!r}: key" for s in missing) or "'default': key"
+    fix = f"pass the stream at apply, a new key each step: model.apply(variables, x, rngs={{{given}}})"
+    return NnxCollision("bridge_constant_default", True, why, fix, tuple(sites), None)

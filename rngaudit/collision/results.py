@@ -39,6 +39,7 @@ FAILING_CATEGORIES = (
     "broadcast_lanes",
     "frozen_scan_broadcast",
     "keyless_dropout",
+    "bridge_constant_default",
 )
 FINDING_CATEGORIES = FAILING_CATEGORIES + (
     "unsplit_lanes",

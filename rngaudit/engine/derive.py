@@ -9,11 +9,13 @@ from functools import partial
 import numpy as np
 
 from ..errors import SpecError
+from ..gcpause import paused
 from ..spec.tree import Draw, Spec
 from .draws import RBG_IMPLS, draw_values_lanes
 from .keys import KeyData, KeyEngine, derive_keys, engine_for, root_keys
+from .nnx_bridge import ToLinenRun, to_linen_runs
 from .records import Derivation, LazyRows
-from .replay import replay
+from .replay import Replayer
 from .table import KeyTable, key_table
 
 
@@ -84,6 +86,7 @@ class DeriveReport:
     calls: Calls
     total: int | None = None  # call sites before --stream/--path/--limit; None: no filter
     unmatched: tuple[str, ...] = ()  # a warning per --stream/--path that matches no call site
+    to_linen: tuple[ToLinenRun, ...] = ()  # every call of a bridge.ToLinen module: its NNX module's keys
 
     @property
     def fallbacks(self) -> int:
@@ -233,11 +236,22 @@ def _derive_fast(
                 vals = _fast_lane_draw(table, lane_draws, row, draw)
             drawn[j] = _draw(spec, tuple(int(w) for w in keys[j]), draw) if vals is None else vals
     calls = TableCalls(table, rows, keys, default_draw, drawn)
-    return DeriveReport(spec, root_keys(spec, keng), calls, table.n if filtered else None, table.unmatched)
+    bridged: tuple[ToLinenRun, ...] = ()
+    if table.to_linen:
+
+        def key_of(t: int) -> tuple[int, KeyData]:
+            row = int(table.start[t])
+            return row, tuple(int(w) for w in table.keys(keng, np.asarray([row], dtype=np.int64))[0])
+
+        bridged = to_linen_runs(
+            spec, table.to_linen, key_of, values, default_draw, lambda t: table.templates[t].first_count
+        )
+    return DeriveReport(spec, root_keys(spec, keng), calls, table.n if filtered else None, table.unmatched, bridged)
 
 
 def _derive_plain(spec: Spec, keng: KeyEngine, values: bool, default_draw: Draw | None) -> DeriveReport:
-    rows = replay(spec)
+    r = Replayer(spec)
+    rows = paused(r.run)()
     keys = derive_keys(spec, rows, keng)
     lanes = _plain_lane_groups(rows) if values and spec.prng_impl in RBG_IMPLS else {}
     lane_draws = _LaneDraws(
@@ -263,4 +277,15 @@ def _derive_plain(spec: Spec, keng: KeyEngine, values: bool, default_draw: Draw 
             if vals is None:
                 vals = _draw(spec, key, draw)
         calls.append(KeyedCall(d, key, draw, vals))
-    return DeriveReport(spec, root_keys(spec, keng), ListCalls(calls))
+    bridged: tuple[ToLinenRun, ...] = ()
+    if r.to_linen:
+        first = r.first_rows()
+        bridged = to_linen_runs(
+            spec,
+            r.to_linen,
+            lambda t: (first[t], calls[first[t]].key),
+            values,
+            default_draw,
+            lambda t: r.templates[t].first_count,
+        )
+    return DeriveReport(spec, root_keys(spec, keng), ListCalls(calls), to_linen=bridged)

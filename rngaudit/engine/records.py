@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import Location
 from ..spec.tree import Draw
+
+if TYPE_CHECKING:
+    from ..spec.nnx import NnxModule
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,25 @@ class Template(NamedTuple):
     discarded: bool  # made in a trace whose keys Flax throws away
     n: int = 1
     batched: tuple[int, ...] = ()  # positions in `axes` of the nn.vmap axes its key is batched along
+
+
+@dataclass(frozen=True)
+class ToLinenSite:
+    """One call of a bridge.ToLinen module: the make_rng templates (one per stream of the scope's rngs, in
+    their order) whose keys seed the nnx.Rngs of the NNX module it builds, and whether Linen is initialising
+    (then no `default` stream is added)."""
+
+    path: tuple[str, ...]
+    call: int  # the module's n-th call in this init/apply (1, 2, ...)
+    templates: tuple[tuple[str, int], ...]  # (stream, template number)
+    module: NnxModule
+    init: bool
+    location: Location
+    skip_rng: bool = False  # built with no Rngs at all (so no `default` either)
+
+    @property
+    def path_str(self) -> str:
+        return "/".join(self.path) if self.path else "(root)"
 
 
 class LazyRows:

@@ -28,7 +28,7 @@ from ..spec.tree import (
 from .draws import RBG_IMPLS, RBG_LANES, UNSAFE_RBG_LANES
 from .hashing import hash_input, hash_word
 from .lifts import cond, traces, validate_setup, while_loop
-from .records import Derivation, Template
+from .records import Derivation, Template, ToLinenSite
 from .refs import Discovered, ForkKey, ForkOf, LaneSplit, RootKey, concrete
 from .scope import KEPT, MAP_RUN1, SCAN_CHECK, Instance, Run, Scope
 from .variables import lane_axes, param, variable
@@ -50,6 +50,7 @@ class Replayer:
         self.axis_size: list[int] = []
         self.axis_kind: list[str] = []  # per axis: vmap | scan | while_loop
         self.modules: dict[tuple[str, ...], ModuleDef] = {}  # each submodule path -> the module made there first
+        self.to_linen: list[ToLinenSite] = []  # every call of a bridge.ToLinen module, in order
 
     def run(self) -> list[Derivation]:
         """Every key request, in execution order."""
@@ -67,6 +68,17 @@ class Replayer:
                 lanes *= sizes[a]
             total += tpl.n * lanes
         return total
+
+    def first_rows(self) -> list[int]:
+        """Per template, the number of its first row (its calls and lanes follow, in order)."""
+        out, at = [], 0
+        for tpl in self.templates:
+            out.append(at)
+            lanes = 1
+            for a in tpl.axes:
+                lanes *= self.axis_size[a]
+            at += tpl.n * lanes
+        return out
 
     def walk(self) -> Replayer:
         """Run the model as Flax does (init, or apply after the init that made its variables)."""
@@ -116,6 +128,9 @@ class Replayer:
         if lifts and not inst.setup_done and inst.mod.setup:
             validate_setup(self, inst)
         if not lifts:
+            if inst.mod.to_linen is not None:
+                self.to_linen_call(inst, run)
+                return
             self.setup(inst, run)
             self.items(inst, inst.mod.body, {}, {}, run)
             return
@@ -184,6 +199,57 @@ class Replayer:
                 cond(self, inst, item, cursor, run)
             elif isinstance(item, WhileLoop):
                 while_loop(self, inst, item, cursor, run)
+
+    def to_linen_call(self, inst: Instance, run: Run) -> None:
+        """A call of a bridge.ToLinen module (mirrors flax/nnx/bridge/wrappers.py ToLinen.__call__ and
+        linen_rngs_dict): one make_rng per stream of the scope's rngs, in their order, whose keys the NNX module
+        built at this call is given as its nnx.Rngs (rngaudit.engine.nnx_bridge runs it)."""
+        tl = inst.mod.to_linen
+        assert tl is not None
+        scope = inst.scope
+        loc = inst.mod.loc
+        streams = () if tl.skip_rng else tuple(scope.rngs)
+        if not run.discover and (scope.axes or scope.discard is not None or scope.abstract):
+            raise SpecError(
+                f"bridge.ToLinen at /{'/'.join(scope.path)} is called inside nn.vmap, nn.scan, nn.while_loop or a "
+                "trace Flax throws away: rngaudit models ToLinen outside Linen's lifted lanes and loops only (yet)",
+                loc,
+            )
+        made = []
+        for s in streams:
+            t = self.make_rng(
+                scope,
+                s,
+                "make_rng",
+                None,
+                None,
+                loc,
+                run,
+                note=f"bridge.ToLinen: the key of stream {s!r} of the Rngs its NNX module {tl.module.cls} is built from",
+            )
+            if isinstance(t, int):  # (a template's number; apply's pre-init records none)
+                made.append((s, t))
+        if run.discover:
+            # the init that made apply's variables: taken to have had apply's streams, `params` and those the
+            # NNX module draws from (else ToLinen raises KeyError there); what else the module raises, it raised
+            from ..spec.nnx import drawn_streams
+            from .nnx_bridge import check_to_linen
+
+            streams = (
+                ()
+                if tl.skip_rng
+                else tuple(dict.fromkeys(scope.rngs) | dict.fromkeys(sorted(drawn_streams(tl.module))))
+            )
+            check_to_linen(self.spec, ToLinenSite(scope.path, 0, (), tl.module, True, loc, tl.skip_rng), streams)
+            return
+        calls = sum(1 for site in self.to_linen if site.path == scope.path) + 1
+        site = ToLinenSite(scope.path, calls, tuple(made), tl.module, run.phase == "init", loc, tl.skip_rng)
+        # the NNX module runs here, in Flax: an error it raises comes before any later Linen statement's (its keys
+        # are computed once the Linen keys are: rngaudit.engine.nnx_bridge.to_linen_runs)
+        from .nnx_bridge import check_to_linen
+
+        check_to_linen(self.spec, site, streams)
+        self.to_linen.append(site)
 
     def sequential(self, inst: Instance, item: Sequential, local: dict, cursor: dict, run: Run) -> None:
         if item.in_setup:

@@ -32,6 +32,7 @@ class KeyTable:
         self.unmatched: tuple[str, ...] = ()  # set by select(): the filters that match no call site
         self.sep = r.sep
         self.templates = r.templates
+        self.to_linen = r.to_linen  # every call of a bridge.ToLinen module
         self.axis_size = r.axis_size
         nt = len(self.templates)
         sizes = self.axis_size

@@ -134,6 +134,7 @@ def nnx_audit_json(a: NnxAudit) -> dict:
         "file": a.source,
         "input": a.input_kind,
         "flavour": "nnx",
+        **({"bridge": a.bridge} if a.bridge else {}),
         "rules": a.rules,
         "call_sites": a.call_sites,
         "prng_impl": a.prng_impl,
@@ -181,7 +182,7 @@ def to_json(
     `summary.suppressed` (findings left out, by reason: inline, config, baseline) and
     `summary.baseline_unmatched` only when there are some."""
     summary: dict[str, int] = {
-        "inputs": len(audits),
+        "inputs": len({a.source for a in audits}),  # (a Linen spec's bridge.ToLinen calls are audited beside it)
         "failing": sum(a.failing for a in audits),
         "info": sum(a.info for a in audits),
         "latent": sum(len(a.latent) for a in audits),

@@ -92,7 +92,37 @@ def _summary(report: DeriveReport | NnxDeriveReport) -> dict:
 def to_json(report: DeriveReport | NnxDeriveReport) -> dict:
     if isinstance(report, NnxDeriveReport):
         return {**_nnx_meta(report), "calls": [nnx_call_json(c) for c in report.calls], "summary": _summary(report)}
-    return {**_meta(report), "calls": [call_json(c) for c in report.calls], "summary": _summary(report)}
+    return {
+        **_meta(report),
+        "calls": [call_json(c) for c in report.calls],
+        "summary": _summary(report),
+        **_to_linen(report),
+    }
+
+
+def to_linen_json(run) -> dict:
+    """One bridge.ToLinen call: where, the streams of the nnx.Rngs its NNX module is built from (each the key of a
+    make_rng call of the report, `call`: its index, or ToLinen's constant `default` at apply) and every key the
+    module's streams hand out (NNX call records: step 0 its construction, 1 its call)."""
+    site = run.site
+    nreport = run.report
+    return {
+        "path": list(site.path),
+        "call": site.call,
+        "phase": "init" if site.init else "apply",
+        "location": site.location.as_json(),
+        "module": nreport.spec.model.cls,
+        "rules": nreport.rules,
+        "rngs": {
+            s: {"expr": nreport.spec.rngs[s].text, "key": list(nreport.roots[s]), "call": row} for s, row in run.streams
+        },
+        "calls": [nnx_call_json(c) for c in nreport.calls],
+    }
+
+
+def _to_linen(report: DeriveReport) -> dict:
+    """`to_linen`: the bridge.ToLinen calls, only in a report that has some."""
+    return {"to_linen": [to_linen_json(run) for run in report.to_linen]} if report.to_linen else {}
 
 
 def json_chunks(report: DeriveReport | NnxDeriveReport, advance=None):
@@ -100,7 +130,7 @@ def json_chunks(report: DeriveReport | NnxDeriveReport, advance=None):
     of a Linen replay come from the columns, each record laid out from its template's text encoded once
     (indented_call_records); others are encoded one at a time, the same way."""
     calls = report.calls
-    meta = _nnx_meta(report) if isinstance(report, NnxDeriveReport) else _meta(report)
+    meta = _nnx_meta(report) if isinstance(report, NnxDeriveReport) else {**_meta(report), **_to_linen(report)}
     encoder = json.JSONEncoder(sort_keys=True, indent=2, ensure_ascii=False)
     head, tail = encoder.encode({**meta, "calls": _CALLS, "summary": _summary(report)}).split(json.dumps(_CALLS))
     yield head
@@ -367,6 +397,8 @@ def jsonl_lines(report: DeriveReport | NnxDeriveReport, advance=None):
         yield "\n".join(chunk) + "\n"
         if advance is not None:
             advance(len(chunk))
+    for run in () if isinstance(report, NnxDeriveReport) else report.to_linen:
+        yield dumps({"record": "to_linen", **to_linen_json(run)}) + "\n"
     yield dumps({"record": "summary", **_summary(report)}) + "\n"
 
 

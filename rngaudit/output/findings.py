@@ -223,7 +223,9 @@ def _nnx_collision_findings(a: NnxAudit, failing) -> list[Finding]:
     for c in a.collisions:
         level = ERROR if c.category in failing else (WARNING if c.failing else NOTE)
         sites = c.sites
-        if c.key is None:
+        if c.category == "bridge_constant_default":
+            msg = f"{c.category}: {c.why}. Fix: {c.fix}"
+        elif c.key is None:
             msg = f"{c.category}: {sites[0].site} (stream {sites[0].requested!r}): {c.why}. Fix: {c.fix}"
         else:
             msg = f"{c.category}: {len(sites)} draws get the same key: {c.why}. Fix: {c.fix}"

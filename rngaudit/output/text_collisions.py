@@ -307,13 +307,29 @@ def render_audit(a: Audit, console: Console) -> None:
 def render_nnx_audit(a: NnxAudit, console: Console) -> None:
     head = Text()
     head.append(_shown(a.source), style="bold")
-    head.append(f"  (nnx spec, {a.call_sites} draws, {a.prng_impl}, rules {a.rules})")
+    if a.bridge:
+        head.append(f"  ({_shown(a.bridge)}, {a.call_sites} draws, {a.prng_impl}, rules {a.rules})")
+    else:
+        head.append(f"  (nnx spec, {a.call_sites} draws, {a.prng_impl}, rules {a.rules})")
     _print(console, head)
     for c in a.collisions:
         line = Text()
         line.append("FAIL  " if c.failing else "INFO  ", style="bold red" if c.failing else "bold cyan")
         line.append(f"{c.category}: ", style="bold")
-        if c.key is None:
+        if c.category == "bridge_constant_default":
+            n = len(c.sites)
+            line.append(
+                f"{n} draw{'s' if n != 1 else ''} of the call get{'' if n != 1 else 's'} keys of the constant key(0), "
+                "at every apply"
+            )
+            _print(console, line)
+            rows = [
+                [_INDENT, s.where, _shown(s.stream_path), f"count {s.count}", _key(s.key), str(s.location)]
+                for s in c.sites[:MAX_SHOWN]
+            ]
+            _print_rows(rows, console)
+            _more(len(c.sites) - MAX_SHOWN, "draws", console)
+        elif c.key is None:
             s = c.sites[0]
             line.append(f"{s.site}: stream {_shown(s.requested)} is served by 'default' ({s.location})")
             _print(console, line)
@@ -347,6 +363,8 @@ def render_collisions(
 ) -> None:
     """Every audit, a total over several, how many findings were left out (`suppressed`, by reason) and
     (`errors`: inputs that could not be audited, each said on stderr already) how many were not audited."""
+    # (a bridge.ToLinen call without findings is left out: its NNX keys are derive's)
+    audits = [a for a in audits if not (isinstance(a, NnxAudit) and a.bridge and not a.collisions)]
     for k, a in enumerate(audits):
         if k:
             _print(console, Text())
@@ -354,13 +372,15 @@ def render_collisions(
             render_nnx_audit(a, console)
         else:
             render_audit(a, console)
+    inputs = len({a.source for a in audits})  # (a Linen spec's bridge.ToLinen calls are audited beside it)
     if len(audits) > 1:
         _print(console, Text())
         _print(
             console,
             Text(
                 f"total: {sum(a.failing for a in audits)} failing, {sum(a.info for a in audits)} "
-                f"information, {sum(len(a.latent) for a in audits)} latent in {len(audits)} inputs"
+                f"information, {sum(len(a.latent) for a in audits)} latent in {inputs} input"
+                + ("s" if inputs != 1 else "")
             ),
         )
     if suppressed:

@@ -72,19 +72,24 @@ def render_nnx_rows(
     wide: bool = False,
     columns: Sequence[str] | None = None,
     max_rows: int | None = None,
+    title: str | None = None,
 ) -> Iterator[str]:
     """derive's text report of an NNX spec, in chunks of lines, in fixed-width columns as Linen's (text_rows): a
     narrow terminal leaves out the chain (and says so), never the site, stream, count or key. `max_rows`: list the
-    first rows only, then counts per stream and per top-level module."""
+    first rows only, then counts per stream and per top-level module. `title`: the first line (a bridge.ToLinen
+    call's NNX module, inside a Linen report), in place of the spec's."""
     st = Style(color)
     spec = report.spec
-    yield (
-        st.bold(spec.file)
-        + f"  flavour=nnx  steps={spec.steps}  impl={spec.prng_impl}  "
-        + f"threefry_partitionable={str(spec.threefry_partitionable).lower()}\n"
-    )
+    if title is not None:
+        yield st.bold(title) + "\n"
+    else:
+        yield (
+            st.bold(spec.file)
+            + f"  flavour=nnx  steps={spec.steps}  impl={spec.prng_impl}  "
+            + f"threefry_partitionable={str(spec.threefry_partitionable).lower()}\n"
+        )
     yield f"  rules: {report.rules}\n"
-    for s in sorted(report.roots):
+    for s in report.roots if title is not None else sorted(report.roots):
         yield f"  rngs[{s!r}] = {spec.rngs[s].text} -> {list(report.roots[s])}\n"
     for s in sorted(spec.call_rngs or ()):
         yield f"  call_rngs[{s!r}] = {spec.call_rngs[s].text} (the Rngs given to every call)\n"  # type: ignore[index]

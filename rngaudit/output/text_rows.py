@@ -381,6 +381,23 @@ def derive_text(
         yield from render_nnx_rows(report, width=width, color=color, wide=wide, columns=columns, max_rows=max_rows)
         return
     yield from render_rows(report, width=width, color=color, wide=wide, columns=columns, max_rows=max_rows)
+    for run in report.to_linen:
+        # the NNX module a bridge.ToLinen call builds and calls (its keys come from the make_rng rows above)
+        from .text_nnx import render_nnx_rows
+
+        site = run.site
+        yield "\n"
+        yield from render_nnx_rows(
+            run.report,
+            width=width,
+            color=color,
+            wide=wide,
+            max_rows=max_rows,
+            title=(
+                f"bridge.ToLinen at /{site.path_str}, call {site.call} ({'init' if site.init else 'apply'}): the "
+                f"NNX module {run.report.spec.model.cls} it builds (step init) and calls (step 1)"
+            ),
+        )
 
 
 MODULES_SHOWN = 10

@@ -182,6 +182,14 @@ def _observe(target: CodeRef, parsed_inputs: list[InputSpec], seeds: dict, phase
     cap, rec = observe_module(
         module, args, {**kwargs, **({"method": method} if method else {})}, keys, phase, target.text
     )
+    for info in rec.modules.values():
+        if info.cls == "ToLinen" and info.origin.startswith("flax.nnx.bridge"):
+            # (capture records Linen's keys: the NNX module ToLinen builds at every call would be missing)
+            raise UnsupportedError(
+                f"capture of {target.text}: /{'/'.join(info.path)} is a bridge.ToLinen (an NNX module inside "
+                "Linen), whose NNX keys capture does not record yet; write it as a `ToLinen:` statement in the "
+                "spec (README: NNX inside Linen) and check it with `rngaudit derive`"
+            )
     return dataclasses.replace(cap, rngs=seeds), rec, type(module).__name__
 
 

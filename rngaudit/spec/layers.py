@@ -283,3 +283,24 @@ def make_layer(
     return ModuleDef(
         kind.cls, name, setup, body, loc, layer=layer, layer_options=tuple(sorted(full.items())), layer_hyper=kept
     )
+
+
+def has_to_linen(m) -> bool:
+    """Whether a Linen module (a spec.tree.ModuleDef) holds a bridge.ToLinen module anywhere."""
+    import dataclasses
+
+    seen: set[int] = set()
+
+    def walk(x) -> bool:
+        if isinstance(x, (tuple, list)):
+            return any(walk(v) for v in x)
+        if not dataclasses.is_dataclass(x) or isinstance(x, type) or id(x) in seen:
+            return False
+        seen.add(id(x))
+        if isinstance(x, ModuleDef):
+            if x.to_linen is not None:
+                return True
+            return walk(x.setup) or walk(x.body)
+        return any(walk(getattr(x, f.name)) for f in dataclasses.fields(x) if f.name not in ("loc", "draw"))
+
+    return walk(m)

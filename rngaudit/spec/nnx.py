@@ -8,6 +8,7 @@ caller's `Rngs` shares its counters; a Dropout forks its own stream)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import Location, SpecError
@@ -262,7 +263,7 @@ SINCE = {
 class NnxParser:
     version: tuple[int, ...] | None = None  # the spec's `flax: version`, None: the current rules
     origin = ""  # who named the release, when not the spec (an upgrade check's option)
-    key_source = None  # reads a key as `rngs:` does (a seed, raw key data or a key expression)
+    key_source: Callable | None = None  # reads a key as `rngs:` does (a seed, raw key data or a key expression)
 
     def lacks(self, what: str) -> bool:
         return self.version is not None and self.version < SINCE[what]
@@ -869,3 +870,25 @@ def _calls(mod: NnxModule):
     for st in mod.init:
         if isinstance(st, NnxChild):
             yield from _calls(st.module)
+
+
+def drawn_streams(mod: NnxModule) -> set[str]:
+    """The streams a module (its submodules included) asks for: its Dropout and attention layers' rng_collection
+    and its `draw:` statements' streams."""
+    import dataclasses
+
+    out: set[str] = set()
+
+    def walk(x) -> None:
+        if isinstance(x, (tuple, list)):
+            for v in x:
+                walk(v)
+        elif dataclasses.is_dataclass(x) and not isinstance(x, type):
+            if isinstance(x, NnxLayer) and x.kind in ("Dropout", "MultiHeadAttention"):
+                out.add(str(dict(x.options).get("rng_collection", "dropout")))
+            elif isinstance(x, NnxDraw):
+                out.add(x.stream)
+            walk([getattr(x, f.name) for f in dataclasses.fields(x) if f.name != "loc"])
+
+    walk(mod)
+    return out

@@ -195,6 +195,7 @@ def spec_from_node(root: YNode, release: Release | None = None) -> Spec | NnxSpe
     parser = BodyParser(FlaxRules(None if flax_version is None else version_tuple(flax_version)))
     if release is not None and release.flax is not None and release.origin:
         parser.origin = release.origin
+    parser.key_source = lambda kn: _rng_source(kn, width, impl)
     model = parser.root(top.need("model"))
     check_budget(model)
     return Spec(file, fix, impl, part, phase, mutable, rngs, model, flax_version=flax_version, jax_version=jax_version)

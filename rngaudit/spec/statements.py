@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from ..errors import Location, SpecError
 from .draws import parse_draw
@@ -22,6 +23,7 @@ from .tree import (
     ModuleDef,
     Param,
     Sequential,
+    ToLinenDef,
     Transform,
     Variable,
     WhileLoop,
@@ -86,7 +88,10 @@ LIFTS = {
     ),
 }
 FLOW = ("cond", "switch", "while_loop")
-ITEM_KINDS = ("make_rng", "param", "variable", "module", "call", "Sequential") + tuple(LAYERS) + tuple(LIFTS) + FLOW
+ITEM_KINDS = (
+    ("make_rng", "param", "variable", "module", "call", "Sequential") + tuple(LAYERS) + tuple(LIFTS) + FLOW
+) + ("ToLinen",)
+TO_LINEN_SINCE = (0, 11)  # the NNX rules rngaudit models (Dropout forks its stream) and ToLinen's default stream
 
 
 def _when(f: Fields) -> str | None:
@@ -173,6 +178,7 @@ class BodyParser:
         self.nodes = 0
         self.rules = rules or FlaxRules()  # the release named: a construct it lacks is refused
         self.origin = ""  # who named it, when not the spec (an upgrade check's option)
+        self.key_source: Callable | None = None  # reads a key as `rngs:` does (for the NNX module of a ToLinen)
 
     def items(self, node: YNode | None, what: str, in_setup: bool) -> tuple[Item, ...]:
         if node is None or node.value is None:
@@ -201,7 +207,7 @@ class BodyParser:
         if kind not in ITEM_KINDS:
             raise SpecError(
                 f"unknown statement {kind!r}{suggest(kind, ITEM_KINDS)}; known: "
-                "make_rng, param, variable, module, call, Sequential, " + ", ".join(LAYERS),
+                "make_rng, param, variable, module, call, Sequential, " + ", ".join(LAYERS) + ", ToLinen",
                 kloc,
             )
         if kind in LIFTS:
@@ -211,7 +217,10 @@ class BodyParser:
                 raise SpecError(f"nn.{kind} runs inside a method; put it in `body`", kloc)
             return getattr(self, "_" + kind)(kind, arg, kloc)
         return getattr(
-            self, "_" + kind if kind in ("make_rng", "param", "variable", "module", "call", "Sequential") else "_layer"
+            self,
+            "_" + kind
+            if kind in ("make_rng", "param", "variable", "module", "call", "Sequential", "ToLinen")
+            else "_layer",
         )(kind, arg, kloc, in_setup)
 
     def _make_rng(self, kind, arg: YNode, loc, in_setup):
@@ -491,6 +500,63 @@ class BodyParser:
                 raise SpecError("`repeat` is not available in setup; list each attribute", f.need("repeat").loc)
             return Define(loc, _when(f), m)
         return Child(loc, _when(f), m, repeat)
+
+    def _ToLinen(self, kind, arg: YNode, loc, in_setup):
+        """`bridge.ToLinen(NnxClass)` (or `bridge.to_linen`): `module` is the NNX module, as an NNX spec's
+        `model` (class, init, call, keep_rngs)."""
+        from .nnx import NnxBridge, NnxCall, NnxChild, NnxParser, nested
+
+        if not arg.is_map:
+            raise SpecError(
+                "`ToLinen` takes a mapping: module (the NNX module it builds, as an NNX spec's model: {class, init, "
+                "call}), and name, skip_rng, repeat, when",
+                loc,
+            )
+        f = Fields(arg, "ToLinen", ("module", "name", "skip_rng", "repeat", "when"), ("module",))
+        if self.rules.version is not None and self.rules.version < TO_LINEN_SINCE:
+            have = version_text(self.rules.version)
+            said = f"{self.origin} says flax {have}" if self.origin else f"this spec says flax {have} (`flax: version`)"
+            raise SpecError(
+                f"rngaudit models bridge.ToLinen with the NNX rules of flax {version_text(TO_LINEN_SINCE)} and later; "
+                f"{said}",
+                loc,
+            )
+        parser = NnxParser()
+        parser.version = self.rules.version
+        parser.origin = self.origin
+        parser.key_source = self.key_source
+        mn = f.need("module")
+        module = parser.module(mn, "the NNX `module` of ToLinen")
+
+        def refuse_inside(m) -> None:
+            for st in m.init:
+                if isinstance(st, NnxBridge):
+                    raise SpecError(
+                        "a bridge.ToNNX inside the NNX module of a ToLinen: rngaudit does not model bridges inside "
+                        "bridges yet",
+                        st.loc,
+                    )
+                if isinstance(st, NnxChild):
+                    refuse_inside(st.module)
+            for st, _ in nested(m.call):
+                if isinstance(st, NnxCall) and st.given_rngs == "call":
+                    raise SpecError(
+                        "`rngs: call` gives a Dropout the Rngs the model's call is given; a ToLinen's NNX module "
+                        "is called by ToLinen with the arguments of the Linen call: write the Rngs it is built from "
+                        "(`rngs: model`) or a `key:`",
+                        st.loc,
+                    )
+
+        refuse_inside(module)
+        m = ModuleDef(
+            "ToLinen",
+            f.text("name"),
+            (),
+            (),
+            arg.loc,
+            to_linen=ToLinenDef(module, f.flag("skip_rng", False)),
+        )
+        return self._child(m, f, loc, in_setup)
 
     def _Sequential(self, kind, arg: YNode, loc, in_setup):
         f = Fields(arg, "Sequential", ("name", "layers", "when"), ("layers",))

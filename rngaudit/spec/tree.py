@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..errors import Location
 from .keyexpr import KeyExpr
 from .releases import FlaxRules, version_tuple
+
+if TYPE_CHECKING:
+    from .nnx import NnxModule
 
 PHASES = ("init", "apply")  # what a spec replays: Flax's init or apply
 
@@ -80,6 +84,18 @@ class ModuleDef:
     layer_hyper: tuple[tuple[str, object], ...] = ()  # the options given that do not change keys (features: 4)
     lifts: tuple[Lift, ...] = ()  # method-decorator transforms on __call__, outermost first
     impl_cls: str | None = None  # the class that runs inside the transforms (cls before renaming)
+    to_linen: ToLinenDef | None = None  # a bridge.ToLinen module: the NNX module it builds at every call
+
+
+@dataclass(frozen=True)
+class ToLinenDef:
+    """`bridge.ToLinen(NnxClass)`: a Linen module that builds a new NNX module (`module`, a
+    rngaudit.spec.nnx.NnxModule) at every call, from `nnx.Rngs(**{s: self.make_rng(s) for s in the scope's
+    rngs})` (and at apply a `default` stream of key(0) when there is none), then calls it once. `skip_rng`: no
+    Rngs (the module's __init__ takes none)."""
+
+    module: NnxModule
+    skip_rng: bool = False
 
 
 @dataclass(frozen=True)
