@@ -193,7 +193,30 @@ def diff(old: Capture, new: Capture) -> Comparison:
     cmp.things = changed_things(old, new, moves)
     _explain_changed(cmp, old, new, lanes)
     _explain_moves(cmp, old, new, lanes, dict(moves))
+    _diff_to_linen(cmp, old, new)
     return cmp
+
+
+def _diff_to_linen(cmp: Comparison, old: Capture, new: Capture) -> None:
+    """The NNX keys of each bridge.ToLinen call (matched by its path and call number), compared as NNX keys are
+    (their explanations: count shifts, ...): entries whose path starts with `/t (bridge.ToLinen call 1)`."""
+    import dataclasses
+
+    for where in dict.fromkeys(list(old.to_linen) + list(new.to_linen)):
+        label = f"{where[0]} (bridge.ToLinen call {where[1]})"
+        sides = [
+            Capture(f"{cap.target} {label}", "call", {}, cap.settings, cap.to_linen.get(where, []), flavour="nnx")
+            for cap in (old, new)
+        ]
+        inner = diff(*sides)
+
+        def moved(s: Site | None, label: str = label) -> Site | None:
+            return None if s is None else dataclasses.replace(s, path=(label,) + s.path)
+
+        for e in inner.entries:
+            cmp.entries.append(Entry(e.status, (label,) + e.ident, moved(e.old), moved(e.new), e.why, e.fix))
+        cmp.notes.extend(f"{label}: {n}" for n in inner.notes)
+        cmp.fixes.extend(inner.fixes)
 
 
 # ---------------------------------------------------------------- things: what draws the key, as users name it

@@ -95,6 +95,9 @@ class Capture:
     renamed: Callable[[dict], Capture | str | None] | None = None
     # what diff works out once per capture (each module's identity, the sites under each module path ...)
     memo: dict = field(default_factory=dict, repr=False, compare=False)
+    # a Linen spec's bridge.ToLinen calls: (its path text, its call number) -> the NNX keys of the module it built
+    # (NNX sites; its make_rng keys are among `sites`)
+    to_linen: dict = field(default_factory=dict)
 
     def locate(self) -> None:
         """Give each site of a keys file the line:col of its record (one pass over the file)."""
@@ -419,7 +422,16 @@ def _spec_capture(name: str, spec) -> Capture:
         "jax_version": spec.jax_version,
     }
     rngs = {s: src.text for s, src in spec.rngs.items()}
-    return Capture(name, spec.phase, rngs, settings, spec_sites(spec), _spec_modules(spec))
+    cap = Capture(name, spec.phase, rngs, settings, spec_sites(spec), _spec_modules(spec))
+    from ..spec.layers import has_to_linen
+
+    if has_to_linen(spec.model):
+        from ..engine.derive import derive
+        from .nnx_capture import nnx_sites
+
+        for run in derive(spec, values=False).to_linen:
+            cap.to_linen[("/" + run.site.path_str, run.site.call)] = nnx_sites(run.report)
+    return cap
 
 
 def _spec_modules(spec) -> dict:

@@ -18,7 +18,7 @@ from nnx_oracle import check_to_linen
 from support import invoke, write
 
 from engine.test_nnx_property import bridged, module, uses_call_rngs
-from rngaudit import FlaxError, SpecError, collisions, derive, parse_spec
+from rngaudit import FlaxError, SpecError, collisions, derive, diff, parse_spec
 
 EXAMPLES = int(os.environ.get("RNGAUDIT_TO_LINEN_EXAMPLES", "25"))
 
@@ -325,3 +325,22 @@ def test_capture_of_a_linen_model_holding_a_to_linen_is_refused(tmp_path):
     r = invoke("capture", f"{model}:make", "--rngs", "params=0,dropout=1", "-o", out)
     assert r.exit_code == 2 and len(r.stderr.splitlines()) == 1 and not out.exists()
     assert "/ToLinen_0 is a bridge.ToLinen" in r.stderr and "`ToLinen:` statement" in r.stderr
+
+
+def test_diff_compares_the_nnx_keys_inside_each_call(tmp_path):
+    """A Linear inserted before `l` in the NNX module's __init__: diff says which NNX keys of which ToLinen call
+    moved, with NNX's count-shift explanation, and fails; the same spec on both sides is clean."""
+    spec = linen("init", "{params: 0, dropout: 2}", DROP)
+    old = write(tmp_path, "old.yaml", spec)
+    new = write(tmp_path, "new.yaml", spec.replace("{Linear: {name: l}}", "{Linear: {name: z}}, {Linear: {name: l}}"))
+    r = invoke("diff", old, new)
+    assert r.exit_code == 1, r.stdout
+    assert "GONE     /t (bridge.ToLinen call 2)/l/kernel  params count 0" in r.stdout
+    assert "count shift: l.kernel drew 'params' count 0 before and 2 now" in r.stdout
+    report = diff(old, new)
+    moved = {e.ident[0] for e in report.entries if e.status != "kept"}
+    assert moved == {"/t (bridge.ToLinen call 1)", "/t (bridge.ToLinen call 2)", "/ToLinen_0 (bridge.ToLinen call 1)"}
+    # the Linen keys (Dense_0, the make_rng of each call) are kept
+    assert all(e.status == "kept" for e in report.entries if "bridge.ToLinen" not in e.ident[0])
+    same = invoke("diff", old, old)
+    assert same.exit_code == 0 and "0 changed, 0 new, 0 gone" in same.stdout
