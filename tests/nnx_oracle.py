@@ -722,16 +722,21 @@ def check_to_linen(spec) -> dict:
         assert core[:40] in ours_error.message, f"rngaudit: {ours_error.message!r}; flax: {core!r}"
         return {"error": ours_error.flax_error}
     linen = check_against_flax(spec)
+    # (derive_records: a stream nnx.vmap broadcasts hands every lane one key, which NNX computes once)
     ours = [
-        {"tag": c.derivation.tag, "count": c.derivation.count, "key": tuple(c.key)}
-        if not c.derivation.given
-        else {"given": True}
+        {"tag": r["tag"], "count": r["count"], "key": r["key"]} if not r.get("given") else {"given": True}
         for run in report.to_linen
-        for c in run.report.calls
+        for r in derive_records(run.report)
     ]
     if any(_has_lanes(run.report.spec) for run in report.to_linen):
         # under nnx.vmap NNX hands out a draw's keys for every lane at once (rngaudit lists lane by lane)
         order = lambda r: (r.get("tag", ""), r.get("count", -1), r.get("key", ()))
         ours, theirs = sorted(ours, key=order), sorted(theirs, key=order)
+    if any(run.lane for run in report.to_linen):
+        # in Linen's lanes (nn.vmap, nn.scan around the ToLinen) JAX computes a key all lanes share (a stream the
+        # transform does not split) once: the distinct keys compare, each lane's are derive's
+        order = lambda r: (r.get("tag", ""), r.get("count", -1), r.get("key", ()))
+        ours = sorted({tuple(sorted(r.items())): r for r in ours}.values(), key=order)
+        theirs = sorted({tuple(sorted(r.items())): r for r in theirs}.values(), key=order)
     assert ours == theirs, f"NNX keys inside ToLinen: rngaudit {ours} != flax {theirs}"
     return {"linen": linen.keys, "nnx": len(ours), "runs": len(report.to_linen)}

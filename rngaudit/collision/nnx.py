@@ -368,7 +368,8 @@ def audit_to_linen(spec) -> list[NnxAudit]:
     report = derive(spec, values=False)
     out = []
     for run in report.to_linen:
-        site = run.site
+        if run.site.discarded:
+            continue  # (keys of a trace Flax throws away: nothing draws with them)
         a = audit_nnx(run.report.spec)
         found = list(a.collisions)
         if run.constant_default:
@@ -377,7 +378,7 @@ def audit_to_linen(spec) -> list[NnxAudit]:
             constant = _constant_default(run)
             if constant is not None:
                 found.insert(0, constant)
-        where = f"bridge.ToLinen at /{site.path_str}, call {site.call} ({'init' if site.init else 'apply'})"
+        where = run.where
         out.append(
             NnxAudit(
                 a.source,

@@ -239,8 +239,10 @@ def _derive_fast(
     bridged: tuple[ToLinenRun, ...] = ()
     if table.to_linen:
 
-        def key_of(t: int) -> tuple[int, KeyData]:
-            row = int(table.start[t])
+        def key_of(t: int, lane: int) -> tuple[int, KeyData | None]:
+            row = int(table.start[t]) + lane
+            if table.base[row] < 0:
+                return row, None  # (a key that never exists)
             return row, tuple(int(w) for w in table.keys(keng, np.asarray([row], dtype=np.int64))[0])
 
         bridged = to_linen_runs(
@@ -283,7 +285,7 @@ def _derive_plain(spec: Spec, keng: KeyEngine, values: bool, default_draw: Draw 
         bridged = to_linen_runs(
             spec,
             r.to_linen,
-            lambda t: (first[t], calls[first[t]].key),
+            lambda t, lane: (first[t] + lane, calls[first[t] + lane].key),
             values,
             default_draw,
             lambda t: r.templates[t].first_count,

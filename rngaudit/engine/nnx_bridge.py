@@ -76,6 +76,17 @@ class ToLinenRun:
     site: ToLinenSite
     streams: tuple[tuple[str, int | None], ...]
     report: NnxDeriveReport
+    lane: tuple[int, ...] = ()  # its Linen vmap lane / scan step / while iteration, outermost first
+
+    @property
+    def where(self) -> str:
+        """`bridge.ToLinen at /t, call 1 (apply)`, with `, lane [2]` inside Linen's lanes."""
+        site = self.site
+        lane = f", lane {list(self.lane)}" if self.lane else ""
+        thrown = ", in a trace Flax throws away" if site.discarded else ""
+        return (
+            f"bridge.ToLinen at /{site.path_str}, call {site.call}{lane} ({'init' if site.init else 'apply'}{thrown})"
+        )
 
     @property
     def constant_default(self) -> bool:
@@ -107,6 +118,21 @@ def to_linen_spec(spec: Spec, site: ToLinenSite, keys: dict[str, KeyData], rows:
     )
 
 
+def _without(report: NnxDeriveReport, roots: set[str]) -> NnxDeriveReport:
+    """The report without the keys of streams whose key never exists (their chain starts at one of `roots`)."""
+    import dataclasses
+
+    import numpy as np
+
+    from .nnx import NnxCalls
+
+    table = report.calls.table
+    keep = [
+        i for i in range(len(table.block)) if table.blocks[int(table.block[i])].chain[:1] not in {(r,) for r in roots}
+    ]
+    return dataclasses.replace(report, calls=NnxCalls(table, np.asarray(keep, dtype=np.int64), None, {}))
+
+
 def check_to_linen(spec: Spec, site: ToLinenSite, streams: tuple[str, ...]) -> None:
     """Raise what building and calling the ToLinen call's NNX module, given keys of `streams`, raises (any keys
     will do: an NNX error does not depend on them)."""
@@ -122,23 +148,37 @@ def check_to_linen(spec: Spec, site: ToLinenSite, streams: tuple[str, ...]) -> N
 def to_linen_runs(
     spec: Spec, sites: list[ToLinenSite], key_of, values: bool, default_draw, counts
 ) -> tuple[ToLinenRun, ...]:
-    """Every ToLinen call's NNX keys. `key_of(template)` gives (its report row, key data) of a make_rng template;
-    `counts(template)` its Linen count."""
+    """Every ToLinen call's NNX keys, in each of its Linen lanes (row-major). `key_of(template, lane index)` gives
+    (its report row, key data) of a make_rng template's key in a lane; `counts(template)` its Linen count."""
+    from itertools import product
+
     from .nnx import derive_nnx
 
     out = []
     for site in sites:
-        keys: dict[str, KeyData] = {}
-        counted: dict[str, int] = {}
-        streams: list[tuple[str, int | None]] = []
-        for s, t in site.templates:
-            row, key = key_of(t)
-            keys[s] = key
-            counted[s] = counts(t)
-            streams.append((s, row))
-        nspec = to_linen_spec(spec, site, keys, counted)
-        if "default" in nspec.rngs and "default" not in keys:
-            streams.append(("default", None))
-        report = derive_nnx(nspec, values=values, default_draw=default_draw)
-        out.append(ToLinenRun(site, tuple(streams), report))
+        for li, lane in enumerate(product(*(range(n) for n in site.lanes))):
+            keys: dict[str, KeyData] = {}
+            counted: dict[str, int] = {}
+            streams: list[tuple[str, int | None]] = []
+            missing = []  # streams whose key never exists (a per-step key of a trace Flax throws away)
+            found: dict[str, KeyData | None] = {}
+            for s, t in site.templates:
+                row, found[s] = key_of(t, li)
+                counted[s] = counts(t)
+                streams.append((s, row))
+                if found[s] is None:
+                    missing.append(s)
+            present = [k for k in found.values() if k is not None]
+            if missing and not present:
+                continue  # (no key of the run exists)
+            for s, k in found.items():
+                keys[s] = k if k is not None else (0,) * len(present[0])  # (its rows are left out below)
+            nspec = to_linen_spec(spec, site, keys, counted)
+            if "default" in nspec.rngs and "default" not in keys:
+                streams.append(("default", None))
+            # a run in a trace Flax throws away: its keys exist (the NNX module draws them) but are not used
+            report = derive_nnx(nspec, values=values and not site.discarded, default_draw=default_draw)
+            if missing:
+                report = _without(report, {"key " + nspec.rngs[s].text for s in missing})
+            out.append(ToLinenRun(site, tuple(streams), report, tuple(lane)))
     return tuple(out)

@@ -79,6 +79,9 @@ class ToLinenSite:
     init: bool
     location: Location
     skip_rng: bool = False  # built with no Rngs at all (so no `default` either)
+    lanes: tuple[int, ...] = ()  # the sizes of the Linen vmap/scan/while axes it is called in, outermost first
+    discarded: bool = False  # in a trace whose Linen keys Flax throws away (nn.scan's constancy check): the NNX
+    # module still runs there, on those keys, where they exist
 
     @property
     def path_str(self) -> str:

@@ -88,6 +88,9 @@ class Replayer:
             # That init is taken to have passed apply's streams and `params` (else it could not
             # make them): a key it cannot make fails it, and apply with it.
             streams = tuple(self.spec.rngs) + (() if "params" in self.spec.rngs else ("params",))
+            # and the streams the NNX modules of its bridge.ToLinen modules draw from (without them ToLinen raises
+            # KeyError at init)
+            streams += tuple(s for s in sorted(to_linen_streams(self.spec.model)) if s not in streams)
             pre = Run("init", True, streams, discover=True)
             self.call(self.root(streams), pre)
             store = pre.store
@@ -209,10 +212,10 @@ class Replayer:
         scope = inst.scope
         loc = inst.mod.loc
         streams = () if tl.skip_rng else tuple(scope.rngs)
-        if not run.discover and (scope.axes or scope.discard is not None or scope.abstract):
+        if not run.discover and scope.abstract:
             raise SpecError(
-                f"bridge.ToLinen at /{'/'.join(scope.path)} is called inside nn.vmap, nn.scan, nn.while_loop or a "
-                "trace Flax throws away: rngaudit models ToLinen outside Linen's lifted lanes and loops only (yet)",
+                f"bridge.ToLinen at /{'/'.join(scope.path)} is called in an abstract scope (Flax's TestScope): "
+                "rngaudit does not model that",
                 loc,
             )
         made = []
@@ -230,20 +233,25 @@ class Replayer:
             if isinstance(t, int):  # (a template's number; apply's pre-init records none)
                 made.append((s, t))
         if run.discover:
-            # the init that made apply's variables: taken to have had apply's streams, `params` and those the
-            # NNX module draws from (else ToLinen raises KeyError there); what else the module raises, it raised
-            from ..spec.nnx import drawn_streams
+            # the init that made apply's variables (its streams: walk()); what the module raises there, it raised
             from .nnx_bridge import check_to_linen
 
-            streams = (
-                ()
-                if tl.skip_rng
-                else tuple(dict.fromkeys(scope.rngs) | dict.fromkeys(sorted(drawn_streams(tl.module))))
-            )
+            streams = () if tl.skip_rng else tuple(scope.rngs)
             check_to_linen(self.spec, ToLinenSite(scope.path, 0, (), tl.module, True, loc, tl.skip_rng), streams)
             return
         calls = sum(1 for site in self.to_linen if site.path == scope.path) + 1
-        site = ToLinenSite(scope.path, calls, tuple(made), tl.module, run.phase == "init", loc, tl.skip_rng)
+        lanes = tuple(self.axis_size[a] for a in scope.axes)
+        site = ToLinenSite(
+            scope.path,
+            calls,
+            tuple(made),
+            tl.module,
+            run.phase == "init",
+            loc,
+            tl.skip_rng,
+            lanes,
+            scope.discard is not None,
+        )
         # the NNX module runs here, in Flax: an error it raises comes before any later Linen statement's (its keys
         # are computed once the Linen keys are: rngaudit.engine.nnx_bridge.to_linen_runs)
         from .nnx_bridge import check_to_linen
@@ -495,3 +503,27 @@ class Replayer:
 def replay(spec: Spec) -> list[Derivation]:
     """Every key request the spec's model makes, in execution order."""
     return Replayer(spec).run()
+
+
+def to_linen_streams(model: ModuleDef) -> set[str]:
+    """The streams the NNX modules of a Linen model's bridge.ToLinen modules draw from."""
+    import dataclasses
+
+    from ..spec.nnx import drawn_streams
+
+    out: set[str] = set()
+    seen: set[int] = set()
+
+    def walk(x) -> None:
+        if isinstance(x, (tuple, list)):
+            for v in x:
+                walk(v)
+        elif dataclasses.is_dataclass(x) and not isinstance(x, type) and id(x) not in seen:
+            seen.add(id(x))
+            if isinstance(x, ModuleDef) and x.to_linen is not None:
+                out.update(drawn_streams(x.to_linen.module))
+                return
+            walk([getattr(x, f.name) for f in dataclasses.fields(x) if f.name not in ("loc", "draw")])
+
+    walk(model)
+    return out

@@ -109,6 +109,7 @@ def to_linen_json(run) -> dict:
     return {
         "path": list(site.path),
         "call": site.call,
+        **({"lane": list(run.lane)} if run.lane else {}),
         "phase": "init" if site.init else "apply",
         "location": site.location.as_json(),
         "module": nreport.spec.model.cls,

@@ -385,7 +385,6 @@ def derive_text(
         # the NNX module a bridge.ToLinen call builds and calls (its keys come from the make_rng rows above)
         from .text_nnx import render_nnx_rows
 
-        site = run.site
         yield "\n"
         yield from render_nnx_rows(
             run.report,
@@ -393,10 +392,7 @@ def derive_text(
             color=color,
             wide=wide,
             max_rows=max_rows,
-            title=(
-                f"bridge.ToLinen at /{site.path_str}, call {site.call} ({'init' if site.init else 'apply'}): the "
-                f"NNX module {run.report.spec.model.cls} it builds (step init) and calls (step 1)"
-            ),
+            title=(f"{run.where}: the NNX module {run.report.spec.model.cls} it builds (step init) and calls (step 1)"),
         )
 
 

@@ -203,7 +203,8 @@ def _diff_to_linen(cmp: Comparison, old: Capture, new: Capture) -> None:
     import dataclasses
 
     for where in dict.fromkeys(list(old.to_linen) + list(new.to_linen)):
-        label = f"{where[0]} (bridge.ToLinen call {where[1]})"
+        lane = f", lane {list(where[2])}" if where[2] else ""
+        label = f"{where[0]} (bridge.ToLinen call {where[1]}{lane})"
         sides = [
             Capture(f"{cap.target} {label}", "call", {}, cap.settings, cap.to_linen.get(where, []), flavour="nnx")
             for cap in (old, new)

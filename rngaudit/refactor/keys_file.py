@@ -430,7 +430,7 @@ def _spec_capture(name: str, spec) -> Capture:
         from .nnx_capture import nnx_sites
 
         for run in derive(spec, values=False).to_linen:
-            cap.to_linen[("/" + run.site.path_str, run.site.call)] = nnx_sites(run.report)
+            cap.to_linen[("/" + run.site.path_str, run.site.call, run.lane)] = nnx_sites(run.report)
     return cap
 
 
