@@ -157,6 +157,13 @@ COLLISION_RULES = (
         "call (or give the Dropout its own stream).",
     ),
     Rule(
+        "collisions/bridge-constant-default",
+        "BridgeConstantDefault",
+        "bridge.ToLinen applied without a stream its NNX module draws: the constant key(0) serves it",
+        "ToLinen adds a `default` stream seeded with 0 at apply, so a Dropout inside draws the same mask at every "
+        "apply: pass the stream to apply (rngs={'dropout': key}), a new key each step.",
+    ),
+    Rule(
         "collisions/reseed-order",
         "ReseedOrder",
         "NNX: after nnx.reseed a stream draws the keys another stream drew",
