@@ -480,30 +480,41 @@ def _same_site(ours: str, theirs: str) -> bool:
     return ours == theirs or ours.startswith(theirs + ".")
 
 
-def check_against_nnx(spec: NnxSpec) -> dict:
-    """Asserts that rngaudit's derive and real NNX agree on every key (step, site, tag, count, key data) in
-    order, or raise the same error class. Returns {'keys': n} or {'error': name}."""
+def both_sides(spec, flax_keys_of, raised: tuple):
+    """derive's report (or FlaxError) and the keys real Flax hands out (`flax_keys_of(spec)`, or the error of a class
+    in `raised` it raises): (report, our error, their keys, their error)."""
     from rngaudit import FlaxError, derive
 
-    ours_error = theirs_error = None
+    report = ours_error = theirs = theirs_error = None
     try:
         report = derive(spec)
     except FlaxError as e:
         ours_error = e
     try:
-        theirs = nnx_keys(spec)
-    except (AttributeError, KeyError, ValueError) as e:
+        theirs = flax_keys_of(spec)
+    except raised as e:
         theirs_error = e
+    return report, ours_error, theirs, theirs_error
+
+
+def same_error(ours_error, theirs_error) -> str:
+    """Asserts that rngaudit raised the error real Flax did (its class, and the head of its text: an NNX error's text
+    runs on with internal values); returns its class name."""
+    assert theirs_error is not None, f"rngaudit predicts an error Flax does not raise: {ours_error}"
+    assert ours_error is not None, f"Flax raises {type(theirs_error).__name__}: {theirs_error}; rngaudit derived keys"
+    name = type(theirs_error).__name__
+    assert ours_error.flax_error == name, f"rngaudit: {ours_error}; flax: {name}: {theirs_error}"
+    core = str(theirs_error).strip("'\"").split(" (")[0]
+    assert core[:40] in ours_error.message, f"rngaudit: {ours_error.message!r}; flax: {core!r}"
+    return name
+
+
+def check_against_nnx(spec: NnxSpec) -> dict:
+    """Asserts that rngaudit's derive and real NNX agree on every key (step, site, tag, count, key data) in
+    order, or raise the same error class. Returns {'keys': n} or {'error': name}."""
+    report, ours_error, theirs, theirs_error = both_sides(spec, nnx_keys, (AttributeError, KeyError, ValueError))
     if ours_error is not None or theirs_error is not None:
-        assert theirs_error is not None, f"rngaudit predicts an error NNX does not raise: {ours_error}"
-        assert ours_error is not None, (
-            f"NNX raises {type(theirs_error).__name__}: {theirs_error}; rngaudit derived keys"
-        )
-        name = type(theirs_error).__name__
-        assert ours_error.flax_error == name, f"rngaudit: {ours_error}; nnx: {name}: {theirs_error}"
-        core = str(theirs_error).strip("'\"").split(" (")[0]
-        assert core[:40] in ours_error.message, f"rngaudit: {ours_error.message!r}; nnx: {core!r}"
-        return {"error": name}
+        return {"error": same_error(ours_error, theirs_error)}
     ours = derive_records(report)
     ours_linen = [(r["stream"], r["count"], r["key"]) for r in ours if r.get("linen")]
     theirs_linen = [(r["stream"], r["count"], tuple(r["key"])) for r in theirs if r.get("linen")]
@@ -701,26 +712,9 @@ def check_to_linen(spec) -> dict:
     order, or the same error. Returns what was compared."""
     from flax_oracle import check_against_flax
 
-    from rngaudit import FlaxError, derive
-
-    ours_error = theirs_error = None
-    try:
-        report = derive(spec)
-    except FlaxError as e:
-        ours_error = e
-    try:
-        theirs = to_linen_keys(spec)
-    except Exception as e:  # noqa: BLE001 - whatever Flax raises is the expected answer
-        theirs_error = e
+    report, ours_error, theirs, theirs_error = both_sides(spec, to_linen_keys, (Exception,))
     if ours_error is not None or theirs_error is not None:
-        # (as check_against_nnx: an NNX error's text runs on with internal values, the head is compared)
-        assert theirs_error is not None, f"rngaudit predicts an error Flax does not raise: {ours_error}"
-        assert ours_error is not None, f"Flax raises {type(theirs_error).__name__}: {theirs_error}; rngaudit derived"
-        name = type(theirs_error).__name__
-        assert ours_error.flax_error == name, f"rngaudit: {ours_error}; flax: {name}: {theirs_error}"
-        core = str(theirs_error).strip("'\"").split(" (")[0]
-        assert core[:40] in ours_error.message, f"rngaudit: {ours_error.message!r}; flax: {core!r}"
-        return {"error": ours_error.flax_error}
+        return {"error": same_error(ours_error, theirs_error)}
     linen = check_against_flax(spec)
     # (derive_records: a stream nnx.vmap broadcasts hands every lane one key, which NNX computes once)
     ours = [

@@ -154,28 +154,51 @@ def test_skip_rng_builds_the_module_without_rngs(inner, expected):
         assert [c.derivation.path for c in derive(parse_spec(text)).calls] == [("ToLinen_1",)]
 
 
+# an NNX Dropout inside a Linen model, as the bridge guide writes it (a file capture reads, a module the tests run)
+DROP_MODEL = """
+import jax.numpy as jnp
+import flax.linen as nn
+from flax import nnx
+from flax.nnx import bridge
+
+
+class NDrop(nnx.Module):
+    def __init__(self, rngs):
+        self.d = nnx.Dropout(0.5, rngs=rngs)
+
+    def __call__(self, x):
+        return self.d(x)
+
+
+class Outer(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return bridge.ToLinen(NDrop)(x)
+
+
+def make_model():
+    return Outer(), (jnp.ones((1, 3)),)
+"""
+
+
+def _module(tmp_path, source: str):
+    import importlib.util
+
+    path = write(tmp_path, "drop_model.py", source)
+    spec = importlib.util.spec_from_file_location("drop_model", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def test_the_constant_default_is_found_true_and_fixed(tmp_path):
     """bridge_constant_default: applied without `dropout`, real Flax draws the same mask at every apply; with a
     dropout key per apply the masks differ and the finding is gone."""
     import jax
     import jax.numpy as jnp
     import numpy as np
-    from flax import linen as nn
-    from flax import nnx
-    from flax.nnx import bridge
 
-    class NDrop(nnx.Module):
-        def __init__(self, rngs):
-            self.d = nnx.Dropout(0.5, rngs=rngs)
-
-        def __call__(self, x):
-            return self.d(x)
-
-    class Outer(nn.Module):
-        @nn.compact
-        def __call__(self, x):
-            return bridge.ToLinen(NDrop)(x)
-
+    Outer = _module(tmp_path, DROP_MODEL).Outer
     x = jnp.ones((64,))
     v = Outer().init({"params": jax.random.key(0), "dropout": jax.random.key(1)}, x)
     a, b = (np.asarray(Outer().apply(v, x)) for _ in range(2))
@@ -332,35 +355,9 @@ def test_random_nnx_modules_inside_linen_match_flax(text):
 
 def test_capture_of_a_linen_model_holding_a_to_linen_is_refused(tmp_path):
     """capture records Linen's keys: a spec without the NNX module's keys would pass for complete, so it refuses."""
-    model = write(
-        tmp_path,
-        "model.py",
-        textwrap.dedent(
-            """
-            import jax.numpy as jnp
-            import flax.linen as nn
-            from flax import nnx
-            from flax.nnx import bridge
-
-            class NDrop(nnx.Module):
-                def __init__(self, rngs):
-                    self.d = nnx.Dropout(0.5, rngs=rngs)
-
-                def __call__(self, x):
-                    return self.d(x)
-
-            class Outer(nn.Module):
-                @nn.compact
-                def __call__(self, x):
-                    return bridge.ToLinen(NDrop)(nn.Dense(3)(x))
-
-            def make():
-                return Outer(), (jnp.ones((1, 3)),)
-            """
-        ),
-    )
+    model = write(tmp_path, "model.py", DROP_MODEL)
     out = tmp_path / "spec.yaml"
-    r = invoke("capture", f"{model}:make", "--rngs", "params=0,dropout=1", "-o", out)
+    r = invoke("capture", f"{model}:make_model", "--rngs", "params=0,dropout=1", "-o", out)
     assert r.exit_code == 2 and len(r.stderr.splitlines()) == 1 and not out.exists()
     assert "/ToLinen_0 is a bridge.ToLinen" in r.stderr and "`ToLinen:` statement" in r.stderr
 
