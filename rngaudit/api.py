@@ -199,7 +199,7 @@ def audit_input(
     if fix_rng_separator is not None:
         s = dataclasses.replace(s, fix_rng_separator=fix_rng_separator)
     found = audit(spec_sites(s, keys=keys), bound)
-    if bridges is not None and has_to_linen(s.model):
+    if bridges is not None and keys and has_to_linen(s.model):  # (NNX keys are key data: not without `keys`)
         from .collision.nnx import audit_to_linen
 
         bridges.extend(audit_to_linen(s))

@@ -379,3 +379,11 @@ def test_diff_compares_the_nnx_keys_inside_each_call(tmp_path):
     assert all(e.status == "kept" for e in report.entries if "bridge.ToLinen" not in e.ident[0])
     same = invoke("diff", old, old)
     assert same.exit_code == 0 and "0 changed, 0 new, 0 gone" in same.stdout
+
+
+def test_no_keys_audits_no_nnx_module(tmp_path):
+    """--no-keys computes no key data: the NNX modules of ToLinen calls (NNX keys) are left out, not guessed."""
+    model = "  class: NDrop\n  init: [{Dropout: {name: d, rate: 0.5}}]\n  call: [{call: d}]\n"
+    bad = write(tmp_path, "bad.yaml", linen("apply", "{}", model))
+    assert [getattr(a, "bridge", "") for a in collisions(bad, keys=False).audits] == [""]
+    assert invoke("collisions", bad, "--no-keys").exit_code == 0
