@@ -22,6 +22,10 @@ import tempfile
 import textwrap
 
 from bench_capture import timed  # (benchmarks/ is on sys.path when a benchmark runs as a script)
+from bench_nnx_capture import MODELS
+
+# the NNX Transformer block of bench_nnx_capture's GPT (Block(d, rngs)), as its source
+NNX_BLOCK = MODELS[MODELS.index("class Block") : MODELS.index("class GPT")]
 
 BLOCK = """
   class: Block
@@ -59,24 +63,11 @@ INIT = textwrap.dedent("""
     from flax import nnx
     from flax.nnx import bridge
 
-    class Block(nnx.Module):
-        def __init__(self, rngs, d=16):
-            self.norm1 = nnx.LayerNorm(d, rngs=rngs)
-            self.attn = nnx.MultiHeadAttention(num_heads=2, in_features=d, dropout_rate=0.1, decode=False,
-                                               deterministic=False, rngs=rngs)
-            self.norm2 = nnx.LayerNorm(d, rngs=rngs)
-            self.up = nnx.Linear(d, 4 * d, rngs=rngs)
-            self.down = nnx.Linear(4 * d, d, rngs=rngs)
-            self.drop = nnx.Dropout(0.1, rngs=rngs)
-
-        def __call__(self, x):
-            x = x + self.attn(self.norm1(x))
-            return x + self.drop(self.down(nnx.gelu(self.up(self.norm2(x)))))
-
+    {block}
     class Layer(nn.Module):
         @nn.compact
         def __call__(self, x, _):
-            return bridge.ToLinen(Block)(x), None
+            return bridge.ToLinen(Block, args=(16,))(x), None
 
     class Model(nn.Module):
         @nn.compact
@@ -101,7 +92,9 @@ def main() -> None:
         with open(spec, "w") as f:
             f.write(SPEC.replace("LAYERS", str(a.layers)).replace("BLOCK", block))
         out = os.path.join(folder, "keys.jsonl")
-        init = [timed([sys.executable, "-c", INIT.format(layers=a.layers)], folder) for _ in range(a.runs)]
+        init = [
+            timed([sys.executable, "-c", INIT.format(layers=a.layers, block=NNX_BLOCK)], folder) for _ in range(a.runs)
+        ]
         derive = [
             timed([sys.executable, "-m", "rngaudit", "derive", spec, "-f", "jsonl", "-o", out], folder)
             for _ in range(a.runs)
