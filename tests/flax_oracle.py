@@ -1193,7 +1193,6 @@ class _Builder:
 
 
 def dataclasses_replace(obj, **kw):
-    import dataclasses
 
     return dataclasses.replace(obj, **kw)
 
@@ -1325,20 +1324,9 @@ def init_streams(spec: Spec) -> dict:
     """The streams the init before an apply is given besides `params` and apply's: those the NNX modules of the
     spec's ToLinen modules draw from (ToLinen's NNX module raises KeyError at init without them), as a user's
     init has them."""
-    from rngaudit.spec.nnx import drawn_streams
+    from rngaudit.engine.replay import to_linen_streams
 
-    names: set[str] = set()
-
-    def walk(x) -> None:
-        if isinstance(x, (tuple, list)):
-            for v in x:
-                walk(v)
-        elif isinstance(x, ModuleDef) and x.to_linen is not None:
-            names.update(drawn_streams(x.to_linen.module))
-        elif dataclasses.is_dataclass(x) and not isinstance(x, type):
-            walk([getattr(x, f.name) for f in dataclasses.fields(x)])
-
-    walk(spec.model)
+    names = to_linen_streams(spec.model)
     return {s: jax.random.key(1) for s in sorted(names - {"params"})}
 
 
@@ -1448,7 +1436,6 @@ def _raised_in(e: BaseException, function: str) -> bool:
 
 def _lacking(spec: Spec) -> str | None:
     """A construct of the spec that its release lacks (the parser refuses it in a spec that names the release)."""
-    import dataclasses
 
     rules = spec.rules
     seen: set = set()

@@ -127,10 +127,10 @@ def _without(report: NnxDeriveReport, roots: set[str]) -> NnxDeriveReport:
     from .nnx import NnxCalls
 
     table = report.calls.table
-    keep = [
-        i for i in range(len(table.block)) if table.blocks[int(table.block[i])].chain[:1] not in {(r,) for r in roots}
-    ]
-    return dataclasses.replace(report, calls=NnxCalls(table, np.asarray(keep, dtype=np.int64), None, {}))
+    starts = {(r,) for r in roots}
+    kept = np.asarray([k.chain[:1] not in starts for k in table.blocks], dtype=bool)
+    keep = np.flatnonzero(kept[table.block]) if len(table.block) else np.zeros(0, dtype=np.int64)
+    return dataclasses.replace(report, calls=NnxCalls(table, keep, None, {}))
 
 
 def check_to_linen(spec: Spec, site: ToLinenSite, streams: tuple[str, ...]) -> None:

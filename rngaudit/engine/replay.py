@@ -60,24 +60,20 @@ class Replayer:
     @property
     def rows(self) -> int:
         """How many rows (call sites, per lane) the templates expand to."""
-        total = 0
-        sizes = self.axis_size
-        for tpl in self.templates:
-            lanes = 1
-            for a in tpl.axes:
-                lanes *= sizes[a]
-            total += tpl.n * lanes
-        return total
+        return sum(self._rows_of(tpl) for tpl in self.templates)
+
+    def _rows_of(self, tpl: Template) -> int:
+        lanes = 1
+        for a in tpl.axes:
+            lanes *= self.axis_size[a]
+        return tpl.n * lanes
 
     def first_rows(self) -> list[int]:
         """Per template, the number of its first row (its calls and lanes follow, in order)."""
         out, at = [], 0
         for tpl in self.templates:
             out.append(at)
-            lanes = 1
-            for a in tpl.axes:
-                lanes *= self.axis_size[a]
-            at += tpl.n * lanes
+            at += self._rows_of(tpl)
         return out
 
     def walk(self) -> Replayer:
@@ -236,7 +232,6 @@ class Replayer:
             # the init that made apply's variables (its streams: walk()); what the module raises there, it raised
             from .nnx_bridge import check_to_linen
 
-            streams = () if tl.skip_rng else tuple(scope.rngs)
             check_to_linen(self.spec, ToLinenSite(scope.path, 0, (), tl.module, True, loc, tl.skip_rng), streams)
             return
         calls = sum(1 for site in self.to_linen if site.path == scope.path) + 1
@@ -507,23 +502,7 @@ def replay(spec: Spec) -> list[Derivation]:
 
 def to_linen_streams(model: ModuleDef) -> set[str]:
     """The streams the NNX modules of a Linen model's bridge.ToLinen modules draw from."""
-    import dataclasses
-
+    from ..spec.layers import to_linen_modules
     from ..spec.nnx import drawn_streams
 
-    out: set[str] = set()
-    seen: set[int] = set()
-
-    def walk(x) -> None:
-        if isinstance(x, (tuple, list)):
-            for v in x:
-                walk(v)
-        elif dataclasses.is_dataclass(x) and not isinstance(x, type) and id(x) not in seen:
-            seen.add(id(x))
-            if isinstance(x, ModuleDef) and x.to_linen is not None:
-                out.update(drawn_streams(x.to_linen.module))
-                return
-            walk([getattr(x, f.name) for f in dataclasses.fields(x) if f.name not in ("loc", "draw")])
-
-    walk(model)
-    return out
+    return {s for tl in to_linen_modules(model) for s in drawn_streams(tl.module)}

@@ -109,11 +109,13 @@ class Capture:
                 s.location = where.get(("calls", i))
 
 
-def spec_sites(spec) -> list[Site]:
-    """derive's keys that exist at run time, as sites."""
+def spec_sites(spec, report=None) -> list[Site]:
+    """derive's keys that exist at run time, as sites (of `report`, the spec's derive report without values, when
+    it is made already)."""
     from ..engine.derive import derive
 
-    report = derive(spec, values=False)
+    if report is None:
+        report = derive(spec, values=False)
     eager = _eager_variables(spec.model)
     out = []
     for c in report.calls:
@@ -422,14 +424,14 @@ def _spec_capture(name: str, spec) -> Capture:
         "jax_version": spec.jax_version,
     }
     rngs = {s: src.text for s, src in spec.rngs.items()}
-    cap = Capture(name, spec.phase, rngs, settings, spec_sites(spec), _spec_modules(spec))
-    from ..spec.layers import has_to_linen
+    from ..engine.derive import derive
 
-    if has_to_linen(spec.model):
-        from ..engine.derive import derive
+    report = derive(spec, values=False)
+    cap = Capture(name, spec.phase, rngs, settings, spec_sites(spec, report), _spec_modules(spec))
+    if report.to_linen:
         from .nnx_capture import nnx_sites
 
-        for run in derive(spec, values=False).to_linen:
+        for run in report.to_linen:
             cap.to_linen[("/" + run.site.path_str, run.site.call, run.lane)] = nnx_sites(run.report)
     return cap
 

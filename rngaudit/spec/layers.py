@@ -285,22 +285,25 @@ def make_layer(
     )
 
 
-def has_to_linen(m) -> bool:
-    """Whether a Linen module (a spec.tree.ModuleDef) holds a bridge.ToLinen module anywhere."""
+def to_linen_modules(m):
+    """Every bridge.ToLinen module (its spec.tree.ToLinenDef) a Linen module (a spec.tree.ModuleDef) holds, each
+    definition once."""
     import dataclasses
 
     seen: set[int] = set()
-
-    def walk(x) -> bool:
+    todo = [m]
+    while todo:
+        x = todo.pop()
         if isinstance(x, (tuple, list)):
-            return any(walk(v) for v in x)
-        if not dataclasses.is_dataclass(x) or isinstance(x, type) or id(x) in seen:
-            return False
-        seen.add(id(x))
-        if isinstance(x, ModuleDef):
-            if x.to_linen is not None:
-                return True
-            return walk(x.setup) or walk(x.body)
-        return any(walk(getattr(x, f.name)) for f in dataclasses.fields(x) if f.name not in ("loc", "draw"))
+            todo.extend(reversed(x))
+        elif dataclasses.is_dataclass(x) and not isinstance(x, type) and id(x) not in seen:
+            seen.add(id(x))
+            if isinstance(x, ModuleDef) and x.to_linen is not None:
+                yield x.to_linen
+                continue
+            todo.extend(reversed([getattr(x, f.name) for f in dataclasses.fields(x) if f.name not in ("loc", "draw")]))
 
-    return walk(m)
+
+def has_to_linen(m) -> bool:
+    """Whether a Linen module (a spec.tree.ModuleDef) holds a bridge.ToLinen module anywhere."""
+    return next(to_linen_modules(m), None) is not None
