@@ -186,6 +186,14 @@ def audit_input(
         from .spec.json_source import load_json
 
         doc = load_json(path)
+        made = doc.value.get("format") if isinstance(doc.value, dict) else None
+        if isinstance(made, str) and made.startswith("rngaudit."):
+            # (read as a params tree it would be audited as module names, and found clean)
+            what = "a keys file (capture --keys)" if made == "rngaudit.capture" else f"rngaudit's own output ({made})"
+            raise InputError(
+                f"{path}:1:1: this is {what}, not a model: collisions audits a spec, a list of module paths or a "
+                "params tree; run it on the spec capture wrote (capture -o SPEC.yaml)",
+            )
         if not is_spec(doc.value):
             return audit(ModuleSites(doc, bool(fix_rng_separator)), bound)
     if not isinstance(source, Spec):
@@ -453,11 +461,13 @@ def verify(
         seeds = rngs
         if seeds is None:
             seeds = _spec_seeds(source if isinstance(source, Spec) else load(spec, command="verify"))
+        from .refactor.capture import session
         from .refactor.nnx_capture import is_nnx_target
         from .refactor.target import parse_target
 
-        with quiet_stdout():
-            if is_nnx_target(parse_target(os.fspath(against))):
+        ref = parse_target(os.fspath(against))
+        with quiet_stdout(), session(ref):
+            if is_nnx_target(ref):
                 raise UsageError(
                     f"{ours.target} is a Linen spec and TARGET {os.fspath(against)} is an NNX model (a function "
                     "of an nnx.Rngs); verify a spec against a model of its flavour"
@@ -479,6 +489,7 @@ def _spec_seeds(spec: Spec | NnxSpec) -> dict[str, int]:
 def _verify_nnx(spec: NnxSpec, target: str, inputs, rngs, method) -> Comparison:
     """An NNX spec against a live NNX model: the model captured (built from the spec's seeds and called as many
     times as the spec's `steps`), then compared key by key."""
+    from .refactor.capture import session
     from .refactor.compare import verify as compare
     from .refactor.keys_file import spec_capture
     from .refactor.nnx_capture import is_nnx_target, run_nnx_capture
@@ -493,12 +504,13 @@ def _verify_nnx(spec: NnxSpec, target: str, inputs, rngs, method) -> Comparison:
             "(reseed, stale_call, vmap, scan or fork_rngs calls): compare it with a keys file instead"
         )
     ref = parse_target(target)
-    if not is_nnx_target(ref):
-        raise UsageError(
-            f"{spec.file} is an NNX spec and TARGET {target} is not an NNX model (a function of an nnx.Rngs)"
-        )
     seeds = dict(rngs) if isinstance(rngs, dict) else parse_rngs(rngs) if rngs is not None else _spec_seeds(spec)
-    theirs, _ = run_nnx_capture(ref, [parse_input(t) for t in inputs], seeds, spec.steps)
+    with session(ref):
+        if not is_nnx_target(ref):
+            raise UsageError(
+                f"{spec.file} is an NNX spec and TARGET {target} is not an NNX model (a function of an nnx.Rngs)"
+            )
+        theirs, _ = run_nnx_capture(ref, [parse_input(t) for t in inputs], seeds, spec.steps)
     theirs.target = target
     return compare(spec_capture(spec.file, spec), theirs)
 

@@ -90,6 +90,67 @@ def _import_file(ref: CodeRef, option: str, reuse: bool = False):
     return module
 
 
+_PROTECTED = frozenset(
+    {"__main__", "rngaudit", "flax", "jax", "jaxlib", "numpy", "ml_dtypes", "optax", "orbax", "chex"}
+)
+
+
+def forget_neighbours(*refs: CodeRef) -> list[str]:
+    """Drop from sys.modules the user's own modules that REFS' code may import: those in a named file's directory
+    tree, those its imports would find there (a `layers` imported earlier from another directory), and a named
+    package's modules; never an installed package's (under site-packages or Python's prefix) nor rngaudit's,
+    Flax's or JAX's. They are then imported afresh, under whatever capture installed first: a transform applied
+    when a neighbour module is imported (`ScanBlocks = nn.scan(nn.remat(Block), ...)` in layers.py) is then made
+    with capture's hooks. Returns the names dropped."""
+    installed = tuple(
+        os.path.join(os.path.abspath(p), "") for p in {sys.prefix, sys.base_prefix, sys.exec_prefix, *_site_dirs()} if p
+    )
+    dirs: list[str] = []
+    tops: set[str] = set()
+    for ref in refs:
+        if ref.file is not None:
+            d = os.path.dirname(os.path.abspath(ref.file))
+            dirs.append(os.path.join(d, ""))
+            try:
+                entries = os.listdir(d)
+            except OSError:
+                entries = []
+            tops |= {e.removesuffix(".py") for e in entries if e.endswith(".py") or "." not in e}
+        elif ref.module is not None:
+            tops.add(ref.module.split(".")[0])
+    dropped = []
+    for name, module in list(sys.modules.items()):
+        top = name.split(".")[0]
+        if top in _PROTECTED or name.startswith("_rngaudit_user_"):
+            continue
+        file = getattr(module, "__file__", None)
+        if not isinstance(file, str):
+            continue  # (built-in, frozen, or a namespace package: nothing of the user's runs again)
+        path = os.path.abspath(file)
+        if path.startswith(installed):
+            continue
+        if top in tops or path.startswith(tuple(dirs)):
+            del sys.modules[name]
+            dropped.append(name)
+    return dropped
+
+
+def _site_dirs() -> list[str]:
+    import site
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    out = [paths.get(k, "") for k in ("stdlib", "platstdlib", "purelib", "platlib")]
+    try:
+        out += site.getsitepackages()
+    except AttributeError:  # (an old virtualenv's site module)
+        pass
+    user = getattr(site, "getusersitepackages", None)
+    if user is not None:
+        out.append(user())
+    return [p for p in out if p]
+
+
 def _raised(ref: CodeRef, option: str, where: str, e: BaseException) -> UserCodeError:
     if isinstance(e, SyntaxError):
         return UserCodeError(

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..engine.keys import jax_setting
 from ..errors import FlaxUnavailableError, InternalError, RngauditError, UnsupportedError, UsageError, UserCodeError
-from ..usercode import CodeRef, parse_code_ref, quiet_stdout
+from ..usercode import CodeRef, forget_neighbours, parse_code_ref, quiet_stdout
 from .keys_file import Capture, Site, spec_sites
 from .specgen import build_spec
 from .target import InputSpec, build_module, parse_input, parse_rngs, parse_target
@@ -42,7 +42,48 @@ def run_capture(
 
 def _run_capture(target_text, inputs, rngs, phase, method, steps, step=None) -> tuple[Capture, str]:
     target = parse_target(target_text)
-    _load_hooks()  # (Flax importable and new enough: the same errors for both flavours)
+    refs = [target] if step is None else [target, parse_code_ref(step, "--step", "NAME", "train_step")]
+    with session(*refs):
+        return _captured(target, target_text, inputs, rngs, phase, method, steps, step)
+
+
+_SESSIONS = [0]
+
+
+@contextlib.contextmanager
+def session(*refs: CodeRef) -> Iterator[None]:
+    """Capture's hooks (Linen's and NNX's) installed before the user's code is imported, and the user's own
+    modules imported afresh under them (usercode.forget_neighbours): a transform the model's files apply at import
+    (`nn.scan(nn.remat(Block), ...)` in layers.py, `@nnx.remat def __call__`, a module-level `@nnx.vmap` function)
+    is then one capture follows. Nested sessions share the outermost one."""
+    flax_hooks = _load_hooks()  # (Flax importable and new enough: the same errors for both flavours)
+    if _SESSIONS[0]:
+        _SESSIONS[0] += 1
+        try:
+            yield
+        finally:
+            _SESSIONS[0] -= 1
+        return
+    forget_neighbours(*refs)
+    _SESSIONS[0] = 1
+    try:
+        with flax_hooks.installed(), _whole_tracebacks(), _nnx_observation():
+            yield
+    finally:
+        _SESSIONS[0] = 0
+
+
+def _nnx_observation():
+    try:
+        import flax.nnx  # noqa: F401
+
+        from .nnx_capture import observing
+    except ImportError:
+        return contextlib.nullcontext()
+    return observing()
+
+
+def _captured(target, target_text, inputs, rngs, phase, method, steps, step) -> tuple[Capture, str]:
     from .nnx_capture import is_nnx_target, run_nnx_capture
 
     if is_nnx_target(target):
@@ -103,10 +144,8 @@ def observe(
     seeds = dict(rngs) if isinstance(rngs, dict) else parse_rngs(rngs)
     if phase not in ("init", "apply"):
         raise UsageError(f"--phase {phase!r}: use init or apply")
-    flax_hooks = _load_hooks()
-
     # installed before the user's code runs: a class transform made at import time keeps the lifting function
-    with flax_hooks.installed(), _whole_tracebacks():
+    with session(target):
         return _observe(target, parsed_inputs, seeds, phase, method)
 
 
@@ -239,7 +278,7 @@ def observe_module(module, args: tuple, kwargs: dict, keys: dict, phase: str, ta
         raise
     except Exception as e:  # the model itself fails (the user's problem) or a hook does (ours)
         msg = str(e).split("\n")[0].split(" (https://flax.readthedocs.io")[0]
-        if _raised_by_rngaudit(e):
+        if _raised_by_rngaudit(e) and not _fails_unobserved(module, phase, args, kwargs, keys, variables, type(e)):
             raise InternalError(
                 f"capture of {target}: rngaudit failed while recording {type(module).__name__}.{phase} "
                 f"({type(e).__name__}: {msg}); the model is not at fault (please report this model)"
@@ -261,6 +300,27 @@ def _module_record(m) -> dict:
     if m.origin.startswith("flax.linen."):
         out["layer_options"] = dict(m.options)
     return out
+
+
+def _fails_unobserved(module, phase, args, kwargs, keys, variables, kind: type) -> bool:
+    """Whether the model raises `kind` unobserved too (the hooks pass straight through to Flax with no recording
+    open): then the error is the model's, though the innermost frame is a hook's (a TypeError for a missing
+    argument is raised where the hook calls the user's method)."""
+    try:
+        if phase == "init" or variables is None:
+            module.init(keys if phase == "init" else {"params": _key0(), **keys}, *args, **kwargs)
+        else:
+            mutable = [c for c in variables if c != "params"] or False
+            module.apply(variables, *args, rngs=keys, mutable=mutable, **kwargs)
+    except Exception as again:  # noqa: BLE001
+        return isinstance(again, kind)
+    return False
+
+
+def _key0():
+    import jax
+
+    return jax.random.key(0)
 
 
 def _raised_by_rngaudit(e: BaseException) -> bool:

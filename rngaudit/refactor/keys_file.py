@@ -42,7 +42,10 @@ class Site:
     @property
     def ident(self) -> tuple:
         if self.step >= 0:
-            return (self.path, self.stream, self.count, self.lane, self.step, self.iteration)
+            # (a module built from rngs.fork() that draws itself: the fork's key and its own first draw are at the
+            # same path, stream and count)
+            fork = ("fork",) if self.kind == "fork" else ()
+            return (self.path, self.stream, self.count, self.lane, self.step, self.iteration, *fork)
         return (self.path, self.stream, self.count, self.lane)
 
     @property

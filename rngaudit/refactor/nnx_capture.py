@@ -94,6 +94,7 @@ class BridgeCall:
 
 class NnxRecorder:
     def __init__(self):
+        self.active = True  # False once its observation ends: a hook made meanwhile (at import) is Flax's again
         self.building: list[Built] = []
         self.calling: list[Called] = []
         self.roots: list[Built] = []
@@ -161,14 +162,35 @@ class NnxRecorder:
             self.stray += 1
 
 
+_OPEN: list[NnxRecorder] = []
+
+
 @contextlib.contextmanager
 def observing() -> Iterator[NnxRecorder]:
-    """Every NNX hook installed for the duration (and removed, whatever happens)."""
+    """Every NNX hook installed for the duration (and removed, whatever happens). Inside another observation
+    (capture's session, open while the model's modules are imported) its recorder, emptied: what the imports
+    built and drew is not the model's."""
+    if _OPEN:
+        rec = _OPEN[-1]
+        rec.__init__()  # type: ignore[misc]
+        yield rec
+        return
+    rec = NnxRecorder()
+    _OPEN.append(rec)
+    try:
+        with _observed(rec):
+            yield rec
+    finally:
+        rec.active = False
+        _OPEN.pop()
+
+
+@contextlib.contextmanager
+def _observed(rec: NnxRecorder) -> Iterator[None]:
     import jax
     from flax import nnx
     from flax.nnx import pytreelib
 
-    rec = NnxRecorder()
     meta = pytreelib.PytreeMeta
     construct = meta._pytree_meta_construct
     stream_call = nnx.RngStream.__call__
@@ -230,7 +252,7 @@ def observing() -> Iterator[NnxRecorder]:
         return key
 
     def split_hook(node=_MISSING, /, **kw):
-        if node is not _MISSING or "splits" not in kw:
+        if not rec.active or node is not _MISSING or "splits" not in kw:
             # as a function or context manager: not followed (what it splits shows as draws no spec explains)
             return split_rngs(**kw) if node is _MISSING else split_rngs(node, **kw)
 
@@ -241,9 +263,12 @@ def observing() -> Iterator[NnxRecorder]:
 
             functools.update_wrapper(body, f)
             wrapped = split_rngs(**kw)(body)
+            plain = split_rngs(**kw)(f)
 
             @functools.wraps(f)
             def outer(*a, **k):
+                if not rec.active:  # (applied at import, called after capture: Flax's own)
+                    return plain(*a, **k)
                 n = kw["splits"]
                 rec.splits.append(Split(n if isinstance(n, int) else -1, kw.get("only", ...), a))
                 try:
@@ -257,30 +282,39 @@ def observing() -> Iterator[NnxRecorder]:
 
     def transform_hook(kind: str, original):
         def hook(*args, **kw):
+            if not rec.active:
+                return original(*args, **kw)
             if not args:
                 return lambda f: hook(f, **kw)
             f = args[0]
 
-            def inner(*a, **k):
-                t = rec.transforms[-1]
-                for i, o in zip(a, t.outer):
-                    _pair(rec, i, o)
-                out = f(*a, **k)
-                t.inner_out = out
-                return out
+            def made():
+                def inner(*a, **k):
+                    t = rec.transforms[-1]
+                    for i, o in zip(a, t.outer):
+                        _pair(rec, i, o)
+                    out = f(*a, **k)
+                    t.inner_out = out
+                    return out
 
-            functools.update_wrapper(inner, f)
-            transformed = original(inner, *args[1:], **kw)
+                functools.update_wrapper(inner, f)
+                return original(inner, *args[1:], **kw)
+
+            plain = original(f, *args[1:], **kw)  # (Flax's checks of the arguments, where it is applied)
 
             @functools.wraps(f)
             def outer(*a, **k):
+                if not rec.active:
+                    return plain(*a, **k)
                 split = rec.splits[-1] if rec.splits and rec.splits[-1].body else None
                 default = 0 if kind == "vmap" else (nnx.Carry, 0)
                 t = Transform(kind, kw.get("in_axes", default), kw.get("length"), a, split, len(rec.building))
                 rec.transforms.append(t)
                 rec.lanes = True
                 try:
-                    out = transformed(*a, **k)
+                    # a function made afresh at every call: JAX caches the trace of one it has seen (a transform
+                    # applied once, at import), and a cached call runs no Python, so its draws would go unseen
+                    out = made()(*a, **k)
                 finally:
                     rec.transforms.pop()
                 if t.inner_out is not None:
@@ -361,6 +395,8 @@ def observing() -> Iterator[NnxRecorder]:
         # state), drawing keys as the originals would (the RngState written back after): each copy stands for its
         # original, so its calls and draws are the original's
         def hook(*args, **kw):
+            if not rec.active:
+                return original(*args, **kw)
             f = args[0] if args else kw.get("f")
             if not callable(f):
                 return lambda g: hook(g, **{k: v for k, v in kw.items() if k != "f"})
@@ -374,8 +410,12 @@ def observing() -> Iterator[NnxRecorder]:
 
             made = original(inner, *args[1:], **{k: v for k, v in kw.items() if k != "f"})
 
+            plain = original(*args, **kw)
+
             @functools.wraps(f)
             def outer(*a, **k):
+                if not rec.active:
+                    return plain(*a, **k)
                 given.append(a)
                 try:
                     return made(*a, **k)
@@ -387,7 +427,7 @@ def observing() -> Iterator[NnxRecorder]:
         return hook
 
     hooks: list[tuple[object, str, object, object]] = [  # (owner, name, original, hook)
-        *_eager_transforms(nnx),
+        *_eager_transforms(nnx, rec),
         *(
             (nnx, n, getattr(nnx, n), paired_hook(getattr(nnx, n)))
             for n in ("grad", "value_and_grad")
@@ -413,7 +453,7 @@ def observing() -> Iterator[NnxRecorder]:
     for owner, name, _, hook in hooks:
         _patch(owner, name, hook)
     try:
-        yield rec
+        yield
     finally:
         # (the classes' __call__ first: a hooked class's is the hook itself, put back by the second loop)
         for klass, original in patched.items():
@@ -443,7 +483,7 @@ def _concrete(*xs) -> bool:
     return not any(isinstance(x, jax.core.Tracer) for x in xs)
 
 
-def _eager_transforms(nnx) -> list[tuple[object, str, object, object]]:
+def _eager_transforms(nnx, rec: NnxRecorder) -> list[tuple[object, str, object, object]]:
     """Hooks that run nnx.jit, nnx.remat and NNX's control flow as plain Python while capture observes: they hand
     out exactly the keys eager code does (FLAX_NNX_RULES.md §11-§12: no fork, the RngState carried in and out, a
     loop's iteration i drawing count c0 + i, only the taken branch drawing), but traced once and cached, so the
@@ -459,11 +499,13 @@ def _eager_transforms(nnx) -> list[tuple[object, str, object, object]]:
             if not callable(f):
                 return lambda g: hook(g, **{k: v for k, v in kw.items() if k != at})
             made = original(*args, **kw)  # (Flax's own checks: a bound method is refused by nnx.jit, ...)
-            if not _graph_updates(kw):
+            if not rec.active or not _graph_updates(kw):
                 return made
 
             @functools.wraps(f)
             def eager(*a, **k):
+                if not rec.active:  # (applied at import, called after capture: Flax's own)
+                    return made(*a, **k)
                 return f(*a, **k)
 
             return eager
@@ -472,7 +514,7 @@ def _eager_transforms(nnx) -> list[tuple[object, str, object, object]]:
 
     def cond(original):
         def hook(pred, true_fun, false_fun, *operands, **kw):
-            if not (_graph_updates(kw) and _concrete(pred)):
+            if not rec.active or not (_graph_updates(kw) and _concrete(pred)):
                 return original(pred, true_fun, false_fun, *operands, **kw)
             return (true_fun if bool(pred) else false_fun)(*operands)
 
@@ -480,7 +522,7 @@ def _eager_transforms(nnx) -> list[tuple[object, str, object, object]]:
 
     def switch(original):
         def hook(index, branches, *operands, **kw):
-            if not (_graph_updates(kw) and _concrete(index)):
+            if not rec.active or not (_graph_updates(kw) and _concrete(index)):
                 return original(index, branches, *operands, **kw)
             return branches[min(max(int(index), 0), len(branches) - 1)](*operands)  # (clamped, as lax.switch)
 
@@ -488,7 +530,7 @@ def _eager_transforms(nnx) -> list[tuple[object, str, object, object]]:
 
     def fori_loop(original):
         def hook(lower, upper, body_fun, init_val, **kw):
-            if not (_graph_updates(kw) and _concrete(lower, upper)):
+            if not rec.active or not (_graph_updates(kw) and _concrete(lower, upper)):
                 return original(lower, upper, body_fun, init_val, **kw)
             val = init_val
             for i in range(int(lower), int(upper)):
@@ -499,7 +541,7 @@ def _eager_transforms(nnx) -> list[tuple[object, str, object, object]]:
 
     def while_loop(original):
         def hook(cond_fun, body_fun, init_val, **kw):
-            if not _graph_updates(kw):
+            if not rec.active or not _graph_updates(kw):
                 return original(cond_fun, body_fun, init_val, **kw)
             go = cond_fun(init_val)
             if not _concrete(go):  # (inside nnx.vmap or nnx.scan)
@@ -1104,11 +1146,11 @@ def run_nnx_capture(
 
     if not 0 <= steps <= MAX_STEPS:
         raise UserCodeError(f"--steps {steps}: give 0 to {MAX_STEPS} calls")
-    from . import flax_hooks
+    from .capture import session
 
     # (Linen's hooks before the model is imported: a bridge.ToNNX's Linen module is read by Linen capture, and a
-    # class transform keeps the function it was made with)
-    with flax_hooks.installed():
+    # class transform keeps the function it was made with; NNX's: a transform applied at import is followed)
+    with session(target, *([step] if step is not None else [])):
         return _run_nnx_capture(target, inputs, seeds, steps, step)
 
 
@@ -1161,7 +1203,6 @@ def _run_nnx_capture(
 
     from ..engine.keys import jax_setting
 
-    factory = _factory(target)
     settings = {
         "fix_rng_separator": False,
         "prng_impl": str(jax_setting("jax_default_prng_impl")),
@@ -1170,6 +1211,11 @@ def _run_nnx_capture(
         "jax_version": jax.__version__,
     }
     with observing() as rec:
+        # the model's file imported under the hooks: a transform it applies at import (a decorated method,
+        # `@nnx.split_rngs(splits=N) @nnx.vmap(...) def create_blocks(rngs)` at module level, `@nnx.jit def
+        # train_step`) is then one capture follows
+        factory = _factory(target)
+        rec.__init__()  # type: ignore[misc]  # (what the import built and drew is not the factory's)
         try:
             rngs = nnx.Rngs(**seeds)
             made = factory(rngs=rngs) if _takes_rngs_keyword(factory) else factory(rngs)
@@ -1233,8 +1279,9 @@ def _run_nnx_capture(
     if rec.traced:
         raise UnsupportedError(
             f"capture of {target.text}: the model draws keys under a transform capture does not follow: one "
-            "applied before capture started (a decorator on a method or a function at import: apply nnx.jit or "
-            "nnx.remat where the model is called), one with graph_updates=False or in tree mode, or a transform "
+            "applied at import by a module capture does not import afresh (an installed package's, or one from "
+            "outside the directory of TARGET's file: apply nnx.jit or nnx.remat where the model is called), one "
+            "with graph_updates=False or in tree mode, or a transform "
             "other than nnx.jit, nnx.remat, nnx.cond, nnx.switch, nnx.fori_loop, nnx.while_loop, nnx.vmap and "
             "nnx.scan; write that part of the spec by hand (README, Flax NNX specs)"
         )

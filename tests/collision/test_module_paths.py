@@ -191,3 +191,18 @@ def test_json_renames_remove_the_findings(tmp_path, name):
         value = {"params": tree(value["params"], ())}
     after = audit(sites_of(value))
     assert after.collisions == () and after.latent == ()
+
+
+@pytest.mark.parametrize("made, what", [("rngaudit.capture", "a keys file"), ("rngaudit.derive", "rngaudit's own")])
+def test_rngaudits_own_json_is_not_read_as_a_params_tree(tmp_path, made, what):
+    """A keys file (an object) would be read as a params tree and audited as module names, clean whatever its keys:
+    one error line for it, and the other inputs still audited."""
+    from support import invoke, write
+
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"format": made, "format_version": 1, "calls": [], "rngs": {"params": [0, 0]}}))
+    spec = write(tmp_path, "s.yaml", "rngaudit: 1\nrngs: {params: 0}\nmodel: {class: M, body: [{make_rng: params}]}\n")
+    r = invoke("collisions", keys, spec)
+    assert r.exit_code == 2, r.stdout + r.stderr
+    assert f"error: {keys}:1:1: this is {what}" in r.stderr and "capture -o SPEC.yaml" in r.stderr
+    assert "s.yaml" in r.stdout and "params_tree" not in r.stdout

@@ -503,6 +503,53 @@ def test_a_class_transform_made_during_a_capture_still_works_after_it(tmp_path):
     assert model.apply(variables, jnp.ones((2, 4)), rngs={"dropout": jax.random.key(2)}).shape == (3, 2, 1)
 
 
+SCAN_LAYERS = HEADER + textwrap.dedent("""
+    class Block(nn.Module):
+      features: int = 4
+
+      @nn.compact
+      def __call__(self, x, _):
+        x = nn.Dense(self.features)(x)
+        return nn.Dropout(0.1, deterministic=False)(x), None
+
+    # a class transform made when this module is imported, by the model's file
+    ScanBlocks = nn.scan(
+        nn.remat(Block), variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True}, length=3
+    )
+""")
+
+MODEL_OF_LAYERS = HEADER + textwrap.dedent("""
+    from layers import ScanBlocks
+
+    class Model(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        x, _ = ScanBlocks()(x, None)
+        return nn.Dense(2)(x)
+
+    def make():
+      return Model(), (jnp.ones((2, 4)),)
+""")
+
+
+@pytest.mark.parametrize("phase", ["init", "apply"])
+def test_a_model_whose_class_transforms_are_made_in_another_file_captures(tmp_path, phase):
+    """Projects keep their layers in a module of their own: its class transforms are made when the model's file
+    imports it, which capture's hooks must see (capture used to import it before installing them, and exited
+    3). Two projects with a `layers.py` each, captured in one process: each gets its own."""
+    for n, length in ((1, 3), (2, 5)):
+        d = tmp_path / f"project{n}"
+        d.mkdir()
+        write(d, "layers.py", SCAN_LAYERS.replace("length=3", f"length={length}"))
+        model = write(d, "model.py", MODEL_OF_LAYERS)
+        spec = d / "spec.yaml"
+        r = invoke("capture", f"{model}:make", "--rngs", "params=0,dropout=1", "--phase", phase, "-o", spec)
+        assert r.exit_code == 0, r.stderr
+        assert f"length: {length}" in spec.read_text()
+        r = invoke("verify", spec, "--against", f"{model}:make")
+        assert r.exit_code == 0 and " 0 differ, 0 missing, 0 extra" in r.stdout, r.stdout + r.stderr
+
+
 def test_errors_have_the_class_of_their_cause(tmp_path, monkeypatch):
     from rngaudit import errors
     from rngaudit.refactor import capture as capture_module
@@ -812,6 +859,40 @@ def test_a_failure_inside_rngaudit_is_not_blamed_on_the_model(tmp_path, monkeypa
     assert e.value.exit_code == errors.EXIT_INTERNAL
     assert "rngaudit failed while recording LSTMClassifier.init (TypeError" in e.value.message
     assert "the model is not at fault" in e.value.message
+
+
+@pytest.mark.parametrize(
+    "signature, call, message",
+    [
+        ("x, mask", "nn.Dense(2)(x) * mask", "M.__call__() missing 1 required positional argument: 'mask'"),
+        (
+            "x",
+            "nn.scan(Body, variable_axes={'params': 0}, split_rngs={'params': True}, length=2)()(x, x)",
+            "Body.__call__() takes 2 positional arguments but 3 were given",
+        ),
+    ],
+    ids=["missing-argument", "scan-body-signature"],
+)
+def test_a_type_error_of_the_models_own_is_the_models(tmp_path, signature, call, message):
+    """A TypeError the model raises where capture's hook calls its method (a forgotten argument, a scan body of the
+    wrong signature) is the model's error, exit 2, as Flax raises it: it was called rngaudit's own (exit 3)."""
+    source = HEADER + textwrap.dedent(f"""
+        class Body(nn.Module):
+            @nn.compact
+            def __call__(self, x):
+                return nn.Dense(3)(x)
+
+        class M(nn.Module):
+            @nn.compact
+            def __call__(self, {signature}):
+                return {call}
+
+        def make():
+            return M(), (jnp.ones((1, 3)),)
+    """)
+    r = invoke("capture", f"{write(tmp_path, 'm.py', source)}:make")
+    assert r.exit_code == 2 and "M.init raises TypeError" in r.stderr and message in r.stderr, r.stderr
+    assert "not at fault" not in r.stderr
 
 
 NESTED = textwrap.dedent("""

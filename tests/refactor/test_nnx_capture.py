@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import sys
 import textwrap
 
 import pytest
@@ -881,6 +882,43 @@ SCAN_OVER_REMAT = SCAN_STACK.replace(
     "            def body(h, block):", "            @nnx.remat\n            def body(h, block):"
 )
 
+# transforms applied when the model's file is imported, as the Flax docs write scan over layers: the stack built by
+# a module-level `@nnx.split_rngs @nnx.vmap` function, each block's __call__ decorated with nnx.remat, the scan body
+# with nnx.scan, a method jitted by its decorator
+IMPORT_TIME = HEADER + textwrap.dedent("""
+    class Block(nnx.Module):
+        def __init__(self, d, rngs):
+            self.ff = nnx.Linear(d, d, rngs=rngs)
+            self.drop = nnx.Dropout(0.1, rngs=rngs)
+
+        @nnx.remat
+        def __call__(self, x):
+            return x + self.drop(self.ff(x))
+
+    @nnx.split_rngs(splits=3)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def create_blocks(rngs):
+        return Block(8, rngs)
+
+    @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+    def forward(x, block):
+        return block(x)
+
+    class Model(nnx.Module):
+        def __init__(self, rngs):
+            self.embed = nnx.Linear(8, 8, rngs=rngs)
+            self.blocks = create_blocks(rngs)
+            self.head = nnx.Linear(8, 2, rngs=rngs)
+            self.drop = nnx.Dropout(0.2, rngs=rngs)
+
+        @nnx.jit
+        def __call__(self, x):
+            return self.head(self.drop(forward(self.embed(x), self.blocks)))
+
+    def make_model(rngs):
+        return Model(rngs), (jnp.ones((2, 8)),)
+""")
+
 
 def _real_model_keys(path: str, seeds: dict, steps: int, step: str | None = None, factory: str = "make_model") -> list:
     """(tag, count, key) of every key the model hands out, built and called `steps` times (by the function
@@ -918,8 +956,9 @@ def _keys_file_keys(doc: dict) -> list:
     [
         (REMAT_AND_CONTROL, {"params": 0, "dropout": 1, "noise": 2}),
         (SCAN_OVER_REMAT, {"params": 0, "dropout": 1}),
+        (IMPORT_TIME, {"params": 0, "dropout": 1}),
     ],
-    ids=["remat-jit-control-flow", "scan-over-remat"],
+    ids=["remat-jit-control-flow", "scan-over-remat", "transforms-applied-at-import"],
 )
 def test_models_under_nnx_jit_remat_and_control_flow_capture_the_keys_real_nnx_draws(tmp_path, source, seeds):
     f = write(tmp_path, "model.py", source)
@@ -930,6 +969,76 @@ def test_models_under_nnx_jit_remat_and_control_flow_capture_the_keys_real_nnx_d
     assert_real_nnx_agrees(spec, doc)
     r = invoke("verify", spec, "--against", f"{f}:make_model")
     assert r.exit_code == 0 and "0 differ, 0 missing, 0 extra" in r.stdout, r.stdout + r.stderr
+
+
+def test_transforms_applied_where_a_neighbour_module_is_imported_are_followed_and_flaxs_after(tmp_path, monkeypatch):
+    """The model's layers in a module of their own, imported by the model's file: its decorators run at that
+    import, which capture must see (it used to refuse the model). After the capture they are Flax's own again: the
+    model built and called outside it is compiled and draws the keys real NNX draws."""
+    layers, _, model = IMPORT_TIME.partition("class Model(nnx.Module):")
+    layers += textwrap.dedent("""
+        SEEN = []
+
+        @nnx.jit
+        def head(m, x):
+            SEEN.append(isinstance(x, jax.core.Tracer))
+            return m(x)
+    """)
+    jitted = "    @nnx.jit\n    def __call__(self, x):\n        return self.head("
+    assert jitted in model
+    model = model.replace(jitted, "    def __call__(self, x):\n        return head(self.head, ")
+    write(tmp_path, "layers.py", layers)
+    f = write(
+        tmp_path,
+        "model.py",
+        HEADER + "from layers import create_blocks, forward, head\n\nclass Model(nnx.Module):" + model,
+    )
+    seeds = {"params": 0, "dropout": 1}
+    monkeypatch.syspath_prepend(tmp_path)
+    real = _real_model_keys(f, seeds, 2)  # (layers imported as Python does, before capture: capture imports it again)
+    spec, doc = capture(tmp_path, f"{f}:make_model", "--rngs", "params=0,dropout=1", "--steps", "2")
+    assert _keys_file_keys(doc) == real
+    assert_real_nnx_agrees(spec, doc)
+    seen = sys.modules["layers"].SEEN
+    assert seen and not any(seen)  # under capture: run as plain Python
+    seen.clear()
+    assert _real_model_keys(f, seeds, 2) == real  # the layers module capture imported, after it
+    assert seen and all(seen)  # traced by nnx.jit: Flax's own transform
+
+
+FORKED_DRAW = HEADER + textwrap.dedent("""
+    class Scale(nnx.Module):
+        def __init__(self, d, *, rngs):
+            self.w = nnx.Param(nnx.initializers.normal()(rngs.params(), (d,)))
+
+        def __call__(self, x):
+            return x * self.w
+
+    class Model(nnx.Module):
+        def __init__(self, *, rngs):
+            self.scale = Scale(4, rngs=rngs.fork())
+
+        def __call__(self, x):
+            return self.scale(x)
+
+    def make(rngs):
+        return Model(rngs=rngs), (jnp.ones((2, 4)),)
+""")
+
+
+def test_a_fork_and_the_forked_modules_own_draw_at_one_site_are_two_keys_everywhere(tmp_path):
+    """A module built from rngs.fork() that draws itself: the fork's key and its first draw share path, stream
+    and count. The keys file capture writes is read back by verify and diff (it was refused: "calls[1] repeats the
+    call site of calls[0]"), and verify against the model compares both keys (it compared one)."""
+    f = write(tmp_path, "m.py", FORKED_DRAW)
+    spec, doc = capture(tmp_path, f"{f}:make")
+    assert sorted(c["kind"] for c in doc["calls"]) == ["draw", "fork"]
+    assert_real_nnx_agrees(spec, doc)
+    for against in (tmp_path / "keys.json", f"{f}:make"):
+        r = invoke("verify", spec, "--against", against)
+        assert r.exit_code == 0 and "2 same, 0 differ, 0 missing, 0 extra" in r.stdout, r.stdout + r.stderr
+    r = invoke("diff", tmp_path / "keys.json", tmp_path / "keys.json")
+    assert r.exit_code == 0 and "2 kept, 0 changed" in r.stdout, r.stdout + r.stderr
 
 
 @pytest.mark.parametrize(
