@@ -430,10 +430,12 @@ def verify(
     inputs: Sequence[str] = (),
     rngs: str | dict[str, int] | None = None,
     method: str | None = None,
+    step: str | None = None,
 ) -> Comparison:
     """The spec's keys against a live model (`FILE.py:FACTORY`, run in real Flax with `rngs`, by default the
     spec's integer seeds) or against a capture (a keys file, or a Capture): every key that differs, is
-    missing or is extra (`report.failing`)."""
+    missing or is extra (`report.failing`). An NNX model is called by the training step `step`
+    (`FILE.py:NAME`, `step(model, *args)`) where the spec was captured with one."""
     from .refactor.capture import observe, quiet_stdout
     from .refactor.compare import verify as compare
     from .refactor.keys_file import Capture, load_source, spec_capture
@@ -448,7 +450,11 @@ def verify(
         and not os.fspath(against).lower().endswith(".json")
     ):
         with quiet_stdout():
-            return _verify_nnx(source, os.fspath(against), inputs, rngs, method)
+            return _verify_nnx(source, os.fspath(against), inputs, rngs, method, step)
+    if step is not None:
+        raise UsageError(
+            "--step applies to an NNX spec checked against an NNX model (TARGET), not to a Linen spec or a keys file"
+        )
     name = source.file if isinstance(spec, (Spec, NnxSpec)) else os.fspath(spec)
     ours = source if isinstance(source, Capture) else spec_capture(name, source)
     if not isinstance(against, str) and not isinstance(against, os.PathLike):
@@ -486,14 +492,14 @@ def _spec_seeds(spec: Spec | NnxSpec) -> dict[str, int]:
         ) from None
 
 
-def _verify_nnx(spec: NnxSpec, target: str, inputs, rngs, method) -> Comparison:
+def _verify_nnx(spec: NnxSpec, target: str, inputs, rngs, method, step: str | None = None) -> Comparison:
     """An NNX spec against a live NNX model: the model captured (built from the spec's seeds and called as many
     times as the spec's `steps`), then compared key by key."""
     from .refactor.capture import session
     from .refactor.compare import verify as compare
     from .refactor.keys_file import spec_capture
     from .refactor.nnx_capture import is_nnx_target, run_nnx_capture
-    from .refactor.target import parse_input, parse_rngs, parse_target
+    from .refactor.target import parse_input, parse_rngs, parse_step, parse_target
     from .spec.nnx import NnxStep
 
     if method is not None:
@@ -505,12 +511,13 @@ def _verify_nnx(spec: NnxSpec, target: str, inputs, rngs, method) -> Comparison:
         )
     ref = parse_target(target)
     seeds = dict(rngs) if isinstance(rngs, dict) else parse_rngs(rngs) if rngs is not None else _spec_seeds(spec)
-    with session(ref):
+    step_ref = None if step is None else parse_step(step)
+    with session(ref, *([step_ref] if step_ref is not None else [])):
         if not is_nnx_target(ref):
             raise UsageError(
                 f"{spec.file} is an NNX spec and TARGET {target} is not an NNX model (a function of an nnx.Rngs)"
             )
-        theirs, _ = run_nnx_capture(ref, [parse_input(t) for t in inputs], seeds, spec.steps)
+        theirs, _ = run_nnx_capture(ref, [parse_input(t) for t in inputs], seeds, spec.steps, step_ref)
     theirs.target = target
     return compare(spec_capture(spec.file, spec), theirs)
 

@@ -26,6 +26,7 @@ _PER_RUN = {
     ("capture", "keys"): "it names the keys file one capture writes",
     ("capture", "step"): "it names the training step of one capture's TARGET",
     ("verify", "against"): "it names the keys file one run checks against",
+    ("verify", "step"): "it names the training step of one run's TARGET",
     ("collisions", "write-baseline"): "it makes one run write the baseline instead of a report",
     **{("diff", k): "it names the releases one run compares" for k in ("from-flax", "to-flax", "from-jax", "to-jax")},
 }

@@ -166,6 +166,13 @@ def verify(
         None, "--rngs", metavar="STREAM=SEED,...", help="The keys for TARGET (default: the spec's integer seeds)."
     ),
     method: str | None = typer.Option(None, "--method", metavar="NAME", help="The module method TARGET runs."),
+    step: str | None = typer.Option(
+        None,
+        "--step",
+        metavar="FILE.py:NAME",
+        help="NNX models: the training step the spec was captured with (capture --step); each step calls "
+        "NAME(model, *args) instead of model(*args).",
+    ),
     fmt: Format = FORMAT,
     output: str | None = OUTPUT,
     exit_zero: bool = EXIT_ZERO,
@@ -187,7 +194,7 @@ def verify(
 
         o = configured(ctx, "verify", config, given)
         with spec_limits(o.max_spec_mib, o.max_yaml_nodes):
-            cmp = api.verify(spec, against, inputs=o.inputs or (), rngs=o.rngs, method=o.method)
+            cmp = api.verify(spec, against, inputs=o.inputs or (), rngs=o.rngs, method=o.method, step=step)
         emit(
             o.fmt,
             output,

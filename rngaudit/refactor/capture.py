@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 from ..engine.keys import jax_setting
 from ..errors import FlaxUnavailableError, InternalError, RngauditError, UnsupportedError, UsageError, UserCodeError
-from ..usercode import CodeRef, forget_neighbours, parse_code_ref, quiet_stdout
+from ..usercode import CodeRef, forget_neighbours, quiet_stdout
 from .keys_file import Capture, Site, spec_sites
 from .specgen import build_spec
-from .target import InputSpec, build_module, parse_input, parse_rngs, parse_target
+from .target import InputSpec, build_module, parse_input, parse_rngs, parse_step, parse_target
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ def run_capture(
 
 def _run_capture(target_text, inputs, rngs, phase, method, steps, step=None) -> tuple[Capture, str]:
     target = parse_target(target_text)
-    refs = [target] if step is None else [target, parse_code_ref(step, "--step", "NAME", "train_step")]
+    refs = [target] if step is None else [target, parse_step(step)]
     with session(*refs):
         return _captured(target, target_text, inputs, rngs, phase, method, steps, step)
 
@@ -99,7 +99,7 @@ def _captured(target, target_text, inputs, rngs, phase, method, steps, step) -> 
                 [parse_input(t) for t in inputs],
                 seeds,
                 1 if steps is None else steps,
-                None if step is None else parse_code_ref(step, "--step", "NAME", "train_step"),
+                None if step is None else parse_step(step),
             )
     if steps is not None or step is not None:
         option = "--steps" if steps is not None else "--step"

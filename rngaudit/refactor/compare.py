@@ -739,8 +739,9 @@ def module_moves(old: Capture, new: Capture) -> dict:
     relative to their path (same parent)."""
     mods_old, mods_new = _modules_of(old), _modules_of(new)
     paired = _pair_by_fields(old, new) if old.modules and new.modules else {}
-    only_old = sorted(m for m in mods_old - mods_new if m)
-    only_new = sorted(m for m in mods_new - mods_old if m)
+    # in creation order (Blk_0, Blk_1 renamed fwd, bwd: Blk_0 is fwd), not by name
+    only_old = sorted((m for m in mods_old - mods_new if m), key=_creation_order(old))
+    only_new = sorted((m for m in mods_new - mods_old if m), key=_creation_order(new))
     used: set = set(paired.values())
     by_keys: dict = {}  # (parent, the keys a module draws) -> the new-only modules there, in order
     by_parent: dict = {}  # (parent, name without transform prefixes) -> the new-only modules there, in order
@@ -789,6 +790,20 @@ def module_moves(old: Capture, new: Capture) -> dict:
             paired[mo] = cands[0]
             used.add(cands[0])
     return paired
+
+
+def _creation_order(cap: Capture):
+    """A sort key: module paths in the order the model made them (a keys file's modules are recorded in that
+    order; a spec's by its first key), then by path."""
+    first: dict = {}
+    for i, path in enumerate(cap.modules):
+        first.setdefault(tuple(path), i)
+    base = len(first)
+    for i, site in enumerate(cap.sites):
+        for n in range(1, len(site.path) + 1):
+            first.setdefault(site.path[:n], base + i)
+    end = base + len(cap.sites)
+    return lambda path: (first.get(path, end), path)
 
 
 def _explain_moves(cmp: Comparison, old: Capture, new: Capture, lanes: tuple[dict, dict], paired: dict) -> None:

@@ -44,6 +44,7 @@ class Built:
     stack: int = 0  # built by nnx.split_rngs(splits=stack) around nnx.vmap; -1: by a vmap without split_rngs
     split_of: object | None = None  # the Rngs that nnx.split_rngs split for it
     made: tuple = ()  # (mode, only): built from rngs.split / rngs.broadcast (mode "split" / "broadcast")
+    this: object | None = None  # the module being built (obj once its construction is over)
 
 
 @dataclass
@@ -210,7 +211,7 @@ def _observed(rec: NnxRecorder) -> Iterator[None]:
         if not (isinstance(cls, type) and issubclass(cls, nnx.Module)):
             return construct(cls, self, *args, **kwargs)
         given = next((a for a in (*args, *kwargs.values()) if isinstance(a, nnx.Rngs)), None)
-        built = Built(cls, given)
+        built = Built(cls, given, this=self)
         t = rec.transforms[-1] if rec.transforms else None
         if t is not None and len(rec.building) == t.depth:
             # built by the function a transform runs: a stack when nnx.split_rngs splits for a vmap
@@ -306,6 +307,15 @@ def _observed(rec: NnxRecorder) -> Iterator[None]:
             def outer(*a, **k):
                 if not rec.active:
                     return plain(*a, **k)
+                if rec.building and a and a[0] is rec.building[-1].this:
+                    name = type(a[0]).__name__
+                    raise UnsupportedError(
+                        f"{name}.__init__ is itself under nnx.{kind} (a module that stacks itself, as the 0.11 "
+                        f"migration guide's scan over layers does); an NNX spec says a stack as a module built by "
+                        f"a function under nnx.split_rngs and nnx.vmap (create_blocks(rngs) returning {name}(rngs)), "
+                        "so capture cannot write this model: build the stack that way, or write the spec by hand "
+                        "(README, Flax NNX specs)"
+                    )
                 split = rec.splits[-1] if rec.splits and rec.splits[-1].body else None
                 default = 0 if kind == "vmap" else (nnx.Carry, 0)
                 t = Transform(kind, kw.get("in_axes", default), kw.get("length"), a, split, len(rec.building))

@@ -38,6 +38,11 @@ class InputSpec:
     text: str
 
 
+def parse_step(text: str) -> CodeRef:
+    """--step FILE.py:NAME (an NNX model's training step)."""
+    return parse_code_ref(text, "--step", "NAME", "train_step")
+
+
 def parse_target(text: str) -> CodeRef:
     """`path/to/file.py:make_model` or `package.module:make_model`."""
     return parse_code_ref(text, "TARGET", "FACTORY", "make_model")
@@ -64,7 +69,10 @@ def parse_rngs(text: str | None) -> dict[str, int]:
         name, eq, seed = part.partition("=")
         name, seed = name.strip(), seed.strip()
         if not eq or not name or not re.fullmatch(r"-?\d+", seed):
-            raise UsageError(f"--rngs {text!r}: write STREAM=SEED,..., e.g. params=0,dropout=1")
+            raise UsageError(
+                f"--rngs {text!r}: write STREAM=SEED,..., e.g. params=0,dropout=1 (an NNX model's nnx.Rngs(0) is "
+                "default=0)"
+            )
         if name in out:
             raise UsageError(f"--rngs {text!r}: stream {name!r} is given twice")
         out[name] = int(seed)

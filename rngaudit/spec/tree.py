@@ -214,6 +214,23 @@ class WhileLoop(Item):
     split_rngs: tuple[tuple[object, bool], ...] = ()
 
 
+def _recalled(xs: tuple, calls: dict[str, str]) -> tuple:
+    """`xs` with `call: OLD` as `call: NEW` (also inside the module's own cond/switch/while items)."""
+
+    def item(x):
+        if isinstance(x, Call) and x.name in calls:
+            return dataclasses.replace(x, name=calls[x.name])
+        if isinstance(x, Cond):
+            return dataclasses.replace(x, branches=tuple(_recalled(b, calls) for b in x.branches))
+        if isinstance(x, WhileLoop):
+            return dataclasses.replace(
+                x, cond_items=_recalled(x.cond_items, calls), body_items=_recalled(x.body_items, calls)
+            )
+        return x
+
+    return tuple(item(x) for x in xs)
+
+
 def renamed_modules(m: ModuleDef, names: dict[int, str]) -> ModuleDef:
     """`m` with the modules whose id is in `names` given those explicit names (a rename fix applied: collisions'
     rename search, diff's fixes)."""
@@ -241,6 +258,15 @@ def renamed_modules(m: ModuleDef, names: dict[int, str]) -> ModuleDef:
         return x
 
     setup, body = items(m.setup), items(m.body)
+    # a child named anew is still called by the attribute (setup) or variable (compact) that holds it: its `call:`
+    # statements follow the name (Flax: self.classifier = nn.Dense(2, name='head'); self.classifier(x))
+    calls = {
+        a.module.name: b.module.name
+        for a, b in zip((*m.setup, *m.body), (*setup, *body))
+        if a is not b and isinstance(a, (Child, Define)) and a.module.name is not None and b.module.name is not None
+    }
+    if calls:
+        setup, body = _recalled(setup, calls), _recalled(body, calls)
     out = m if setup is m.setup and body is m.body else dataclasses.replace(m, setup=setup, body=body)
     if id(m) in names:
         out = dataclasses.replace(out, name=names[id(m)])

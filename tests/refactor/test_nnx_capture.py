@@ -1118,6 +1118,11 @@ def test_a_jitted_training_step_captures_the_keys_real_nnx_draws(tmp_path):
     assert_real_nnx_agrees(spec, doc)
     r = invoke("verify", spec, "--against", tmp_path / "keys.json")
     assert r.exit_code == 0 and "0 differ, 0 missing, 0 extra" in r.stdout, r.stdout + r.stderr
+    # against the model itself, called by the same step (without it, model(optimizer, x, y) fails)
+    r = invoke("verify", spec, "--against", f"{f}:make_model", "--step", f"{f}:train_step")
+    assert r.exit_code == 0 and "0 differ, 0 missing, 0 extra" in r.stdout, r.stdout + r.stderr
+    r = invoke("verify", tmp_path / "keys.json", "--against", tmp_path / "keys.json", "--step", f"{f}:train_step")
+    assert r.exit_code == 2 and "--step applies to an NNX spec checked against an NNX model" in r.stderr
 
 
 @pytest.mark.parametrize(
