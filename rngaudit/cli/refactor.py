@@ -133,10 +133,17 @@ def fallback_warnings(cap) -> list[str]:
             f"sharing its counter: no {asked!r} in --rngs"
             for (asked, used), paths in fell.items()
         ]
+    given = set(cap.rngs)
     return [
         f"warning: make_rng({asked!r}) fell back to stream {used!r} at {len(paths)} call site(s) (first: "
-        f"{paths[0]}): no {asked!r} in --rngs; give it (e.g. --rngs params=0,{asked}=1) if the model should draw "
-        f"its own {asked!r} randomness"
+        f"{paths[0]}): "
+        + (
+            f"{asked!r} is given, but a transform around it hides it (split_rngs without {asked!r}, or rngs=); "
+            f"list {asked!r} in that transform's split_rngs if the model should draw its own {asked!r} randomness"
+            if asked in given
+            else f"no {asked!r} in --rngs; give it (e.g. --rngs params=0,{asked}=1) if the model should draw its "
+            f"own {asked!r} randomness"
+        )
         for (asked, used), paths in fell.items()
     ]
 

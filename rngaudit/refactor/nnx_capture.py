@@ -68,6 +68,7 @@ class Transform:
     split: Split | None
     depth: int  # how many modules were being built when it started
     inner_out: object = None
+    inner_args: tuple = ()  # the arguments its function was given (inside)
 
 
 @dataclass
@@ -77,6 +78,7 @@ class Called:
     drew: bool = False
     transforms: int = 0  # how many transforms were running when the call started
     given: object = None  # a layer's call given an nnx.Rngs (drop(x, rngs=rngs)): that Rngs
+    sealed: int | None = None  # a call under a transform over the module itself: its events when that ended
 
 
 @dataclass
@@ -292,6 +294,7 @@ def _observed(rec: NnxRecorder) -> Iterator[None]:
             def made():
                 def inner(*a, **k):
                     t = rec.transforms[-1]
+                    t.inner_args = a
                     for i, o in zip(a, t.outer):
                         _pair(rec, i, o)
                     out = f(*a, **k)
@@ -307,18 +310,20 @@ def _observed(rec: NnxRecorder) -> Iterator[None]:
             def outer(*a, **k):
                 if not rec.active:
                     return plain(*a, **k)
-                if rec.building and a and a[0] is rec.building[-1].this:
-                    name = type(a[0]).__name__
-                    raise UnsupportedError(
-                        f"{name}.__init__ is itself under nnx.{kind} (a module that stacks itself, as the 0.11 "
-                        f"migration guide's scan over layers does); an NNX spec says a stack as a module built by "
-                        f"a function under nnx.split_rngs and nnx.vmap (create_blocks(rngs) returning {name}(rngs)), "
-                        "so capture cannot write this model: build the stack that way, or write the spec by hand "
-                        "(README, Flax NNX specs)"
-                    )
                 split = rec.splits[-1] if rec.splits and rec.splits[-1].body else None
                 default = 0 if kind == "vmap" else (nnx.Carry, 0)
                 t = Transform(kind, kw.get("in_axes", default), kw.get("length"), a, split, len(rec.building))
+                # a module that stacks itself (the 0.11 migration guide's scan over layers: @nnx.split_rngs
+                # @nnx.vmap on __init__, @nnx.scan on __call__): read as the stack a function under split_rngs and
+                # vmap builds (the same keys, checked against real NNX), scanned by its parent's call
+                this = a[0] if a else None
+                building = bool(rec.building) and this is rec.building[-1].this
+                frame = rec.calling[-1] if rec.calling and this is not None else None
+                calling = frame is not None and rec.resolve(this) is frame.obj and not frame.events
+                if building:
+                    _stacks_itself(rec, rec.building[-1], t, kind, nnx)
+                elif calling:
+                    _scans_itself(rec, frame, t)
                 rec.transforms.append(t)
                 rec.lanes = True
                 try:
@@ -327,6 +332,14 @@ def _observed(rec: NnxRecorder) -> Iterator[None]:
                     out = made()(*a, **k)
                 finally:
                     rec.transforms.pop()
+                    if calling:
+                        frame.transforms -= 1
+                        frame.sealed = len(frame.events)
+                if building and t.inner_args:
+                    _pair(rec, t.inner_args[0], this)  # (its attributes, made inside, and the module's own)
+                    b = rec.building[-1]
+                    # its layers were given the Rngs inside (a lane's): that is the Rngs its __init__ builds from
+                    b.rngs = next((i for i, o in zip(t.inner_args, t.outer) if o is b.rngs), b.rngs)
                 if t.inner_out is not None:
                     _pair(rec, t.inner_out, out)
                 return out
@@ -470,6 +483,41 @@ def _observed(rec: NnxRecorder) -> Iterator[None]:
             _patch(klass, "__call__", original)
         for owner, name, original, _ in hooks:
             _patch(owner, name, original)
+
+
+def _stacks_itself(rec: NnxRecorder, b: Built, t: Transform, kind: str, nnx) -> None:
+    """b's __init__ runs under nnx.vmap (split by nnx.split_rngs): b is a stack, and what its __init__ builds is
+    b's own (not stacks of their own)."""
+    if kind != "vmap":
+        raise UnsupportedError(
+            f"{b.cls.__name__}.__init__ is itself under nnx.{kind}: capture reads a module that stacks itself with "
+            "@nnx.split_rngs(splits=N) and @nnx.vmap on __init__; write this part of the spec by hand (README, Flax "
+            "NNX specs)"
+        )
+    t.depth = -1
+    if t.split is not None:
+        b.stack = t.split.n
+        b.split_of = rec.resolve(next((x for x in t.split.node if isinstance(x, nnx.Rngs)), None))
+    else:
+        b.stack = -1
+
+
+def _scans_itself(rec: NnxRecorder, frame: Called, t: Transform) -> None:
+    """A module's __call__ under nnx.scan / nnx.vmap over the module itself (the first argument): as if its
+    parent's call ran the transform over it; what the call does inside is the module's own call."""
+    parent = rec.calling[-2] if len(rec.calling) > 1 else None
+    if parent is None or not parent.events or parent.events[-1][1] is not frame:
+        raise UnsupportedError(
+            f"{type(frame.obj).__name__}.__call__ is itself under nnx.{t.kind} and called from outside every module "
+            "of the model; an NNX spec says that transform as its parent's call of it: build it inside a module of "
+            "yours that calls it"
+        )
+    if parent.events[-1][2] is not None:
+        raise UnsupportedError(
+            f"{type(frame.obj).__name__}.__call__ is itself under nnx.{t.kind} and called under another transform"
+        )
+    parent.events[-1] = ("call", frame, (t, 0, 1))
+    frame.transforms += 1
 
 
 def _graph_updates(kw: dict) -> bool:
@@ -624,7 +672,14 @@ def _call_hook(rec: NnxRecorder, original):
             parent.events.append(("call", frame, how))
         rec.calling.append(frame)
         try:
-            return original(self, *args, **kwargs)
+            out = original(self, *args, **kwargs)
+            if frame.sealed is not None and len(frame.events) > frame.sealed:
+                raise UnsupportedError(
+                    f"{type(outside).__name__}.__call__ runs nnx.scan or nnx.vmap over the module itself and then "
+                    "calls or draws more; capture reads such a call as its parent's call of the module under that "
+                    "transform: write this part of the spec by hand (README, Flax NNX specs)"
+                )
+            return out
         finally:
             rec.calling.pop()
             if not rec.calling:
@@ -1256,6 +1311,12 @@ def _run_nnx_capture(
             raise UnsupportedError(
                 f"capture of {target.text}: the model was not built by the factory's call (capture needs to see "
                 "its construction: build it inside the factory, from the nnx.Rngs it is given)"
+            )
+        if root.stack:
+            raise UnsupportedError(
+                f"capture of {target.text}: the model, a {type(model).__name__}, stacks itself (nnx.vmap on its "
+                "__init__); an NNX spec says such a stack as a module of the model: return a module of yours that "
+                f"builds it (self.layers = {type(model).__name__}(rngs)) and calls it"
             )
         if root.rngs is None:
             raise UnsupportedError(

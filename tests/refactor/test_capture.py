@@ -1065,6 +1065,13 @@ def test_a_stream_that_falls_back_to_params_is_a_warning(tmp_path):
     ), r.stderr
     r = invoke("capture", f"{f}:make", "--phase", "apply", "--rngs", "params=0,dropout=1", "-o", tmp_path / "b.yaml")
     assert r.exit_code == 0 and r.stderr == ""
+    # given, but hidden by the ensemble's split_rngs: the warning names that cause, not a missing seed
+    hidden = ENSEMBLE.replace("split_rngs={'params': True, 'dropout': True}", "split_rngs={'params': True}")
+    assert hidden != ENSEMBLE
+    f = write(tmp_path, "hidden.py", hidden)
+    r = invoke("capture", f"{f}:make", "--phase", "apply", "--rngs", "params=0,dropout=1", "-o", tmp_path / "c.yaml")
+    assert r.exit_code == 0 and "'dropout' is given, but a transform around it hides it" in r.stderr, r.stderr
+    assert "no 'dropout' in --rngs" not in r.stderr
 
 
 ADOPTED = HEADER + textwrap.dedent("""

@@ -919,6 +919,37 @@ IMPORT_TIME = HEADER + textwrap.dedent("""
         return Model(rngs), (jnp.ones((2, 8)),)
 """)
 
+# the Flax 0.11 migration guide's scan over layers: a module that stacks itself (nnx.split_rngs and nnx.vmap on its
+# __init__) and scans itself (nnx.scan on its __call__), inside a model of the user's
+SELF_STACKED = HEADER + textwrap.dedent("""
+    class MLP(nnx.Module):
+        @nnx.split_rngs(splits=5)
+        @nnx.vmap(in_axes=(0, 0))
+        def __init__(self, rngs: nnx.Rngs):
+            self.linear = nnx.Linear(3, 3, rngs=rngs)
+            self.bn = nnx.BatchNorm(3, rngs=rngs)
+            self.dropout = nnx.Dropout(0.5, rngs=rngs)
+            self.node = nnx.Param(jnp.ones((2,)))
+
+        @nnx.scan(in_axes=(0, nnx.Carry), out_axes=nnx.Carry)
+        def __call__(self, x: jax.Array):
+            return nnx.gelu(self.dropout(self.bn(self.linear(x))))
+
+    class Model(nnx.Module):
+        def __init__(self, rngs):
+            self.embed = nnx.Linear(3, 3, rngs=rngs)
+            self.mlp = MLP(rngs)
+
+        def __call__(self, x):
+            return self.mlp(self.embed(x))
+
+    def make_model(rngs):
+        return Model(rngs), (jnp.ones((3, 3)),)
+
+    def bare(rngs):
+        return MLP(rngs), (jnp.ones((3, 3)),)
+""")
+
 
 def _real_model_keys(path: str, seeds: dict, steps: int, step: str | None = None, factory: str = "make_model") -> list:
     """(tag, count, key) of every key the model hands out, built and called `steps` times (by the function
@@ -957,8 +988,9 @@ def _keys_file_keys(doc: dict) -> list:
         (REMAT_AND_CONTROL, {"params": 0, "dropout": 1, "noise": 2}),
         (SCAN_OVER_REMAT, {"params": 0, "dropout": 1}),
         (IMPORT_TIME, {"params": 0, "dropout": 1}),
+        (SELF_STACKED, {"params": 0, "dropout": 1}),
     ],
-    ids=["remat-jit-control-flow", "scan-over-remat", "transforms-applied-at-import"],
+    ids=["remat-jit-control-flow", "scan-over-remat", "transforms-applied-at-import", "module-that-stacks-itself"],
 )
 def test_models_under_nnx_jit_remat_and_control_flow_capture_the_keys_real_nnx_draws(tmp_path, source, seeds):
     f = write(tmp_path, "model.py", source)
@@ -1024,6 +1056,45 @@ FORKED_DRAW = HEADER + textwrap.dedent("""
     def make(rngs):
         return Model(rngs=rngs), (jnp.ones((2, 4)),)
 """)
+
+
+@pytest.mark.parametrize(
+    "source, factory, message",
+    [
+        (SELF_STACKED, "bare", "the model, a MLP, stacks itself"),
+        (
+            HEADER
+            + textwrap.dedent("""
+                class Head(nnx.Module):
+                    def __init__(self, rngs):
+                        self.lin = nnx.Linear(3, 3, rngs=rngs)
+                        self.drop = nnx.Dropout(0.5, rngs=rngs)
+
+                    def __call__(self, x):
+                        y = nnx.vmap(lambda m, z: m.drop(m.lin(z)), in_axes=(None, 0))(self, x)
+                        return self.drop(y)
+
+                class Model(nnx.Module):
+                    def __init__(self, rngs):
+                        self.head = Head(rngs)
+
+                    def __call__(self, x):
+                        return self.head(x)
+
+                def make_model(rngs):
+                    return Model(rngs), (jnp.ones((2, 3)),)
+            """),
+            "make_model",
+            "the module itself and then calls or draws more",
+        ),
+    ],
+    ids=["the-root", "more-after-the-scan"],
+)
+def test_a_module_that_stacks_itself_where_a_spec_cannot_say_it(tmp_path, source, factory, message):
+    f = write(tmp_path, "m.py", source)
+    r = invoke("capture", f"{f}:{factory}", "-o", tmp_path / "o.yaml", "--rngs", "params=0,dropout=1")
+    assert r.exit_code == 2 and message in r.stderr, r.stderr
+    assert not (tmp_path / "o.yaml").exists()
 
 
 def test_a_fork_and_the_forked_modules_own_draw_at_one_site_are_two_keys_everywhere(tmp_path):
