@@ -171,22 +171,29 @@ SETUP_HEAD = HEADER + textwrap.dedent("""
 """)
 
 
+def _renamed_and_fixed(tmp_path, through: str, source: str, renamed: str, fixed: str) -> dict:
+    """diff of SOURCE captured before and RENAMED after (their specs, or their keys files); FIXED, the fix applied,
+    has every param of SOURCE in real Flax. Returns the diff's JSON."""
+    old_f, old_keys = capture(tmp_path, "old", source)
+    _, new_keys = capture(tmp_path, "new", renamed)
+    pair = (old_keys, new_keys) if through == "keys" else (old_keys.with_suffix(".yaml"), new_keys.with_suffix(".yaml"))
+    code, doc = run_diff(tmp_path, *pair)
+    assert code == 1
+    fixed_f, _ = capture(tmp_path, "fixed", fixed)
+    assert flax_changed(flax_params(old_f), flax_params(fixed_f)) == set()
+    return doc
+
+
 @pytest.mark.parametrize("through", ["spec", "keys"])
 def test_renaming_a_setup_attribute_gets_the_name_that_restores_it(tmp_path, through):
     """The commonest refactor, an attribute renamed in setup(): the fix (name='head' where it is assigned) is
     checked with the spec's `call:` following the attribute, as Flax calls it; it was refused ("module M has no
     child 'classifier'"). Applied in real Flax, the fix restores every key."""
-    old_f, old_keys = capture(tmp_path, "old", SETUP_HEAD)
     renamed = SETUP_HEAD.replace("self.head", "self.classifier")
-    _, new_keys = capture(tmp_path, "new", renamed)
-    old, new = (
-        (old_keys, new_keys) if through == "keys" else (old_keys.with_suffix(".yaml"), new_keys.with_suffix(".yaml"))
-    )
-    code, doc = run_diff(tmp_path, old, new)
-    assert code == 1 and "name='head'" in json.dumps(doc["fixes"]), doc["fixes"]
+    fixed = renamed.replace("nn.Dense(2)", "nn.Dense(2, name='head')")
+    doc = _renamed_and_fixed(tmp_path, through, SETUP_HEAD, renamed, fixed)
+    assert "name='head'" in json.dumps(doc["fixes"]), doc["fixes"]
     assert "no fix by a name" not in json.dumps(doc)
-    fixed_f, _ = capture(tmp_path, "fixed", renamed.replace("nn.Dense(2)", "nn.Dense(2, name='head')"))
-    assert flax_changed(flax_params(old_f), flax_params(fixed_f)) == set()
 
 
 TWO_BLOCKS = HEADER + textwrap.dedent("""
@@ -210,19 +217,11 @@ def test_modules_named_anew_are_paired_in_the_order_they_are_made(tmp_path, thro
     """Blk_0, Blk_1 named fwd, bwd: Blk_0 is fwd (made first), whatever the names' order. A spec's diff paired them
     by name (Blk_0 -> bwd), and its fix, followed, would swap the two blocks' initialisation; applied in real Flax,
     the fix given restores every param of each block."""
-    old_f, old_keys = capture(tmp_path, "old", TWO_BLOCKS)
-    renamed = TWO_BLOCKS.replace("Blk()(x) + Blk()(x)", "Blk(name='fwd')(x) + Blk(name='bwd')(x)")
-    _, new_keys = capture(tmp_path, "new", renamed)
-    old, new = (
-        (old_keys, new_keys) if through == "keys" else (old_keys.with_suffix(".yaml"), new_keys.with_suffix(".yaml"))
-    )
-    _, doc = run_diff(tmp_path, old, new)
-    fixes = json.dumps(doc["fixes"])
+    two = "Blk()(x) + Blk()(x)"
+    renamed = TWO_BLOCKS.replace(two, "Blk(name='fwd')(x) + Blk(name='bwd')(x)")
+    fixed = TWO_BLOCKS.replace(two, "Blk(name='Blk_0')(x) + Blk(name='Blk_1')(x)")
+    fixes = json.dumps(_renamed_and_fixed(tmp_path, through, TWO_BLOCKS, renamed, fixed)["fixes"])
     assert "now at fwd an explicit name='Blk_0'" in fixes and "now at bwd an explicit name='Blk_1'" in fixes, fixes
-    fixed_f, _ = capture(
-        tmp_path, "fixed", TWO_BLOCKS.replace("Blk()(x) + Blk()(x)", "Blk(name='Blk_0')(x) + Blk(name='Blk_1')(x)")
-    )
-    assert flax_changed(flax_params(old_f), flax_params(fixed_f)) == set()
 
 
 def test_split_rngs_change(tmp_path):
