@@ -103,6 +103,8 @@ def _captured(target, target_text, inputs, rngs, phase, method, steps, step) -> 
             )
     if steps is not None or step is not None:
         option = "--steps" if steps is not None else "--step"
+        # (a factory without parameters that returns an NNX model: its own error says how to write an NNX factory)
+        build_module(target, [parse_input(t) for t in inputs])
         raise UsageError(f"{option} applies to NNX models (TARGET builds an nnx.Module from an nnx.Rngs)")
     cap, rec, root_cls = observe(target_text, inputs, rngs, phase, method)
     return cap, _checked_spec(rec, root_cls, cap)

@@ -1228,6 +1228,13 @@ def test_step_is_for_nnx_models(tmp_path):
     )
 
 
+def test_steps_given_to_a_factory_without_rngs_says_how_to_write_an_nnx_factory(tmp_path):
+    # a factory that seeds the model itself was told "--steps applies to NNX models", though it returns one
+    f = write(tmp_path, "m.py", MLP + "\ndef seeded():\n    return make_model(nnx.Rngs(0, dropout=1))\n")
+    r = invoke("capture", f"{f}:seeded", "--steps", "1")
+    assert r.exit_code == 2 and "returned an NNX model: an NNX factory takes the nnx.Rngs" in r.stderr, r.stderr
+
+
 # the Flax "Randomness" guide's pattern: Dropouts built without rngs, an Rngs made once and given to every call
 CALL_RNGS = HEADER + textwrap.dedent("""
     class Block(nnx.Module):
