@@ -133,8 +133,8 @@ def _derive_nnx(spec, phase, values, draw, streams, paths, limit) -> NnxDeriveRe
 
     if phase is not None:
         raise UsageError(
-            "--phase applies to Linen specs; an NNX spec (flavour: nnx) replays construction and its `steps` calls",
-            Location("--phase", 1, 1),
+            f"--phase applies to Linen specs; {spec.file} is an NNX spec (flavour: nnx), which replays construction "
+            "and its `steps` calls"
         )
     default_draw, _ = _draw(draw)
     return derive_nnx(
@@ -147,8 +147,8 @@ def _audit_nnx(spec: NnxSpec, phase: str | None) -> NnxAudit:
 
     if phase is not None:
         raise UsageError(
-            "--phase applies to Linen specs; an NNX spec (flavour: nnx) replays construction and its `steps` calls",
-            Location("--phase", 1, 1),
+            f"--phase applies to Linen specs; {spec.file} is an NNX spec (flavour: nnx), which replays construction "
+            "and its `steps` calls"
         )
     return audit_nnx(spec)
 

@@ -81,6 +81,18 @@ def spec_from_node(root: YNode, release: Release | None = None) -> Spec | NnxSpe
     """The spec a YAML tree holds; `release` replaces its `flax: version` / `jax: version` (an upgrade check:
     the same model under another release's rules; threefry_partitionable then takes that JAX's default)."""
     file = root.loc.file
+    made = root.value.get("format") if isinstance(root.value, dict) else None
+    if made is not None and isinstance(made.value, str) and made.value.startswith("rngaudit."):
+        what = (
+            "a keys file (capture --keys)"
+            if made.value == "rngaudit.capture"
+            else f"rngaudit's own output ({made.value})"
+        )
+        raise SpecError(
+            f"this is {what}, not a spec: give the spec capture wrote (capture -o SPEC.yaml); verify and diff take "
+            "a keys file too",
+            root.loc,
+        )
     top = Fields(
         root,
         "the spec",

@@ -206,3 +206,16 @@ def test_rngaudits_own_json_is_not_read_as_a_params_tree(tmp_path, made, what):
     assert r.exit_code == 2, r.stdout + r.stderr
     assert f"error: {keys}:1:1: this is {what}" in r.stderr and "capture -o SPEC.yaml" in r.stderr
     assert "s.yaml" in r.stdout and "params_tree" not in r.stdout
+
+
+def test_derive_of_a_keys_file_says_what_it_is(tmp_path):
+    """derive of a keys file said "unknown key 'calls' in the spec (did you mean 'call_rngs'?)"."""
+    from support import invoke
+
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"format": "rngaudit.capture", "format_version": 1, "calls": [], "rngs": {}}))
+    r = invoke("derive", keys, "-o", tmp_path / "out.txt")
+    assert r.exit_code == 2 and r.stderr.startswith(
+        f"error: {keys}:1:1: this is a keys file (capture --keys), not a spec"
+    )
+    assert not (tmp_path / "out.txt").exists()
