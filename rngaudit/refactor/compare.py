@@ -476,9 +476,27 @@ class _SameKeys:
         self.old_paths = {t.path for t in cmp.old.sites}
         self.new_paths = {t.path for t in cmp.new.sites}
         self.by_draw: dict[tuple, list[Entry]] = {}
+        self.sites: dict[str, list[Site]] = {"new": [], "gone": []}
         for f in cmp.entries:
             if f.status in ("new", "gone"):
                 self.by_draw.setdefault((f.status,) + _draw(f.site), []).append(f)
+                self.sites[f.status].append(f.site)
+
+    def renamed_whole(self, a: Site, b: Site) -> bool:
+        """Whether a (gone) and b (new) are one draw of a module renamed whole: the part of their paths that
+        differs, P before and Q now, has every draw of P gone and at Q alike, and nothing else at Q (a layer
+        inserted before a renamed one takes some of its counts, and its keys, under other parameter names: not a
+        rename)."""
+        k = 0
+        while k < min(len(a.path), len(b.path)) - 1 and a.path[-1 - k] == b.path[-1 - k]:
+            k += 1
+        p, q = a.path[: len(a.path) - k], b.path[: len(b.path) - k]
+
+        def under(sites: list[Site], prefix: tuple) -> Counter:
+            n = len(prefix)
+            return Counter((t.path[n:], _draw(t)[:-1]) for t in sites if t.path[:n] == prefix)
+
+        return under(self.sites["gone"], p) == under(self.sites["new"], q)
 
     def partner(self, e: Entry) -> tuple[str, Entry] | None:
         """The entry on the other side with e's draw, neither path on the other side at all (a layer inserted
@@ -488,7 +506,7 @@ class _SameKeys:
         for f in self.by_draw.get(("gone" if e.status == "new" else "new",) + _draw(s), ()):
             t = f.site
             a, b = (t, s) if e.status == "new" else (s, t)
-            if a.path in self.new_paths or b.path in self.old_paths:
+            if a.path in self.new_paths or b.path in self.old_paths or not self.renamed_whole(a, b):
                 continue
             why = (
                 f"the same key, drawn at {'.'.join(b.path)} now and at {'.'.join(a.path)} before (a rename or a "

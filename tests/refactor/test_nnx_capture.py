@@ -642,18 +642,36 @@ def test_a_hand_edited_keys_file_is_checked(tmp_path):
         assert r.exit_code == 2 and message in r.stderr, r.stderr
 
 
-def test_an_inserted_layer_is_not_called_a_rename(tmp_path):
-    """A layer inserted before `ff` takes over the count `ff`'s fork drew: the same key at a new site, while
-    `ff` still exists (at another count). That is a count shift, not a rename."""
-    old = write(tmp_path, "old.py", ENCODER)
-    new = write(
-        tmp_path,
-        "new.py",
-        ENCODER.replace(
-            "self.ln2 = nnx.LayerNorm(d, rngs=rngs)",
-            "self.ln2 = nnx.LayerNorm(d, rngs=rngs)\n        self.gate = nnx.Linear(d, d, rngs=rngs)",
+_INSERTED_GATE = "self.gate = nnx.Linear(dhidden, dhidden, rngs=rngs)\n        self.bn = "
+
+
+@pytest.mark.parametrize(
+    "base, source",
+    [
+        (
+            ENCODER,
+            ENCODER.replace(
+                "self.ln2 = nnx.LayerNorm(d, rngs=rngs)",
+                "self.ln2 = nnx.LayerNorm(d, rngs=rngs)\n        self.gate = nnx.Linear(d, d, rngs=rngs)",
+            ),
         ),
-    )
+        (
+            MLP,
+            MLP.replace("self.bn = ", _INSERTED_GATE)
+            .replace("self.bn(self.linear1(x))", "self.bn(self.gate(self.linear1(x)))")
+            .replace("self.bn", "self.norm"),
+        ),
+    ],
+    ids=["inserted", "inserted-and-the-next-renamed"],
+)
+def test_an_inserted_layer_is_not_called_a_rename(tmp_path, base, source):
+    """A layer inserted before `ff` takes over the count `ff`'s fork drew: the same key at a new site, while
+    `ff` still exists (at another count). That is a count shift, not a rename. With the next layer renamed too
+    (`bn` -> `norm` after an inserted `gate`), `gate.bias` draws what `bn.bias` drew: not a rename either (it was
+    reported "MOVED bn/bias -> gate/bias, a rename or a move"): a module renamed whole keeps every draw."""
+    assert source != base
+    old = write(tmp_path, "old.py", base)
+    new = write(tmp_path, "new.py", source)
     keys = []
     for path in (old, new):
         keys.append(tmp_path / f"{pathlib.Path(path).stem}.json")
@@ -664,7 +682,7 @@ def test_an_inserted_layer_is_not_called_a_rename(tmp_path):
             == 0
         )
     r = invoke("diff", *keys)
-    assert r.exit_code == 1 and "rename" not in r.stdout and "count shift" in r.stdout
+    assert r.exit_code == 1 and "rename" not in r.stdout and "MOVED" not in r.stdout and "count shift" in r.stdout
 
 
 DEFAULT_ONLY = HEADER + textwrap.dedent("""
