@@ -13,7 +13,7 @@ from ..errors import FlaxUnavailableError, InternalError, RngauditError, Unsuppo
 from ..usercode import CodeRef, forget_neighbours, quiet_stdout
 from .keys_file import Capture, Site, spec_sites
 from .specgen import build_spec
-from .target import InputSpec, build_module, parse_input, parse_rngs, parse_step, parse_target
+from .target import InputSpec, NnxModelError, build_module, parse_input, parse_rngs, parse_step, parse_target
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,12 @@ def _captured(target, target_text, inputs, rngs, phase, method, steps, step) -> 
     if steps is not None or step is not None:
         option = "--steps" if steps is not None else "--step"
         # (a factory without parameters that returns an NNX model: its own error says how to write an NNX factory)
-        build_module(target, [parse_input(t) for t in inputs])
+        try:
+            build_module(target, [parse_input(t) for t in inputs])
+        except NnxModelError:
+            raise
+        except RngauditError:
+            pass  # (any other failure: the option is the error)
         raise UsageError(f"{option} applies to NNX models (TARGET builds an nnx.Module from an nnx.Rngs)")
     cap, rec, root_cls = observe(target_text, inputs, rngs, phase, method)
     return cap, _checked_spec(rec, root_cls, cap)

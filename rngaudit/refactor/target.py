@@ -99,7 +99,7 @@ def unpack_made(made, module_type: type, target: CodeRef, called: str, what: str
     if not isinstance(module, module_type):
         first = module[0] if isinstance(module, tuple) and module else module
         if any(k.__module__.startswith("flax.nnx") for k in type(first).__mro__):
-            raise UserCodeError(
+            raise NnxModelError(
                 f"TARGET {target.text}: {target.attr}{called} returned an NNX model: an NNX factory takes the "
                 "nnx.Rngs it builds the model from (def make_model(rngs): return Model(rngs=rngs)), so capture sees "
                 "its construction"
@@ -109,6 +109,10 @@ def unpack_made(made, module_type: type, target: CodeRef, called: str, what: str
             "(return the module, or (module, args))"
         )
     return module, tuple(args), dict(kwargs)
+
+
+class NnxModelError(UserCodeError):
+    """A Linen TARGET (a factory without parameters) that returned an NNX model."""
 
 
 def build_module(target: CodeRef, inputs: list[InputSpec]):
