@@ -477,6 +477,7 @@ class _SameKeys:
         self.new_paths = {t.path for t in cmp.new.sites}
         self.by_draw: dict[tuple, list[Entry]] = {}
         self.sites: dict[str, list[Site]] = {"new": [], "gone": []}
+        self.whole: dict[tuple, bool] = {}  # (old path part, new path part) -> renamed whole
         for f in cmp.entries:
             if f.status in ("new", "gone"):
                 self.by_draw.setdefault((f.status,) + _draw(f.site), []).append(f)
@@ -491,12 +492,15 @@ class _SameKeys:
         while k < min(len(a.path), len(b.path)) - 1 and a.path[-1 - k] == b.path[-1 - k]:
             k += 1
         p, q = a.path[: len(a.path) - k], b.path[: len(b.path) - k]
+        if (p, q) in self.whole:  # (every draw of a module asks about the same pair: the sites are walked once)
+            return self.whole[p, q]
 
         def under(sites: list[Site], prefix: tuple) -> Counter:
             n = len(prefix)
             return Counter((t.path[n:], _draw(t)[:-1]) for t in sites if t.path[:n] == prefix)
 
-        return under(self.sites["gone"], p) == under(self.sites["new"], q)
+        self.whole[p, q] = under(self.sites["gone"], p) == under(self.sites["new"], q)
+        return self.whole[p, q]
 
     def partner(self, e: Entry) -> tuple[str, Entry] | None:
         """The entry on the other side with e's draw, neither path on the other side at all (a layer inserted

@@ -121,6 +121,10 @@ class NnxRecorder:
         self.seeds: dict[int, dict] = {}  # id(an nnx.Rngs made while capture watched) -> its integer seeds
         self.call_rngs: dict[int, object] = {}  # id -> every Rngs a layer's call was given (drop(x, rngs=rngs))
 
+    def reset(self) -> None:
+        """Empty, as made (and active)."""
+        self.__init__()  # type: ignore[misc]
+
     def resolve(self, obj):
         return self.alias.get(id(obj), obj)
 
@@ -171,12 +175,10 @@ _OPEN: list[NnxRecorder] = []
 @contextlib.contextmanager
 def observing() -> Iterator[NnxRecorder]:
     """Every NNX hook installed for the duration (and removed, whatever happens). Inside another observation
-    (capture's session, open while the model's modules are imported) its recorder, emptied: what the imports
-    built and drew is not the model's."""
+    (capture's session, open while the model's modules are imported) its recorder, as it is: the caller resets it
+    once the model's file is imported (what the imports built and drew is not the model's)."""
     if _OPEN:
-        rec = _OPEN[-1]
-        rec.__init__()  # type: ignore[misc]
-        yield rec
+        yield _OPEN[-1]
         return
     rec = NnxRecorder()
     _OPEN.append(rec)
@@ -1280,7 +1282,7 @@ def _run_nnx_capture(
         # `@nnx.split_rngs(splits=N) @nnx.vmap(...) def create_blocks(rngs)` at module level, `@nnx.jit def
         # train_step`) is then one capture follows
         factory = _factory(target)
-        rec.__init__()  # type: ignore[misc]  # (what the import built and drew is not the factory's)
+        rec.reset()  # (what the imports built and drew is not the factory's)
         try:
             rngs = nnx.Rngs(**seeds)
             made = factory(rngs=rngs) if _takes_rngs_keyword(factory) else factory(rngs)
