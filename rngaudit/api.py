@@ -186,10 +186,11 @@ def audit_input(
         from .spec.json_source import load_json
 
         doc = load_json(path)
-        made = doc.value.get("format") if isinstance(doc.value, dict) else None
-        if isinstance(made, str) and made.startswith("rngaudit."):
+        from .spec.parse import rngaudit_output
+
+        what = rngaudit_output(doc.value.get("format") if isinstance(doc.value, dict) else None)
+        if what is not None:
             # (read as a params tree it would be audited as module names, and found clean)
-            what = "a keys file (capture --keys)" if made == "rngaudit.capture" else f"rngaudit's own output ({made})"
             raise InputError(
                 f"{path}:1:1: this is {what}, not a model: collisions audits a spec, a list of module paths or a "
                 "params tree; run it on the spec capture wrote (capture -o SPEC.yaml)",

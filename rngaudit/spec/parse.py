@@ -77,17 +77,20 @@ def _rng_source(n: YNode, impl_width: int, impl: str = "threefry2x32") -> RngSou
     return RngSource(expr, text, n.loc)
 
 
+def rngaudit_output(made: object) -> str | None:
+    """What a document whose `format` is MADE is, if rngaudit wrote it (a keys file, a report), else None."""
+    if not isinstance(made, str) or not made.startswith("rngaudit."):
+        return None
+    return "a keys file (capture --keys)" if made == "rngaudit.capture" else f"rngaudit's own output ({made})"
+
+
 def spec_from_node(root: YNode, release: Release | None = None) -> Spec | NnxSpec:
     """The spec a YAML tree holds; `release` replaces its `flax: version` / `jax: version` (an upgrade check:
     the same model under another release's rules; threefry_partitionable then takes that JAX's default)."""
     file = root.loc.file
     made = root.value.get("format") if isinstance(root.value, dict) else None
-    if made is not None and isinstance(made.value, str) and made.value.startswith("rngaudit."):
-        what = (
-            "a keys file (capture --keys)"
-            if made.value == "rngaudit.capture"
-            else f"rngaudit's own output ({made.value})"
-        )
+    what = rngaudit_output(made.value if made is not None else None)
+    if what is not None:
         raise SpecError(
             f"this is {what}, not a spec: give the spec capture wrote (capture -o SPEC.yaml); verify and diff take "
             "a keys file too",
