@@ -18,6 +18,7 @@ from flax import nnx
 from flax_oracle import draw_fn, eval_key, key_words
 
 from rngaudit.spec.nnx import (
+    NnxBidirectional,
     NnxBridge,
     NnxCall,
     NnxChild,
@@ -27,6 +28,7 @@ from rngaudit.spec.nnx import (
     NnxLoop,
     NnxModule,
     NnxReseed,
+    NnxRnn,
     NnxSpec,
     NnxTransform,
     nested,
@@ -178,7 +180,80 @@ def _layer(st: NnxLayer, rngs):
             rngs=rngs,
             **keep,
         )
+    if k in ("LSTMCell", "OptimizedLSTMCell", "GRUCell", "SimpleCell"):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (keep_rngs is deprecated)
+            return getattr(nnx, k)(2, 3, keep_rngs=o["keep_rngs"], rngs=rngs)
     raise AssertionError(k)
+
+
+def _cell_class(st: NnxChild, rec, path: str, cache: dict, carry_draws: int):
+    """A user cell (an nnx.RNNCellBase): its __init__ and call statements as _class builds them, called with
+    (carry, x); its initialize_carry draws `carry_draws` keys from the stream it is given."""
+    base = _class(st.module, rec, path, cache)
+
+    def __call__(self, carry, x):
+        self.oracle_run(st.module.call, x)
+        return carry, x
+
+    def initialize_carry(self, input_shape, rngs=None):
+        if rngs is None:
+            rngs = getattr(self, "rngs", None)
+        if isinstance(rngs, nnx.Rngs):
+            rngs = rngs.carry
+        site, rec.site = rec.site, path + ".initialize_carry"
+        for _ in range(carry_draws):
+            rngs()
+        rec.site = site
+        return jnp.zeros(input_shape)
+
+    return type(
+        st.module.cls,
+        (base, nnx.RNNCellBase),
+        {"__call__": __call__, "initialize_carry": initialize_carry, "num_feature_axes": property(lambda self: 1)},
+    )
+
+
+def _rnn(st: NnxRnn, rec, path: str, cache: dict, rngs):
+    """nnx.RNN(cell, rngs=..., broadcast_rngs=...), the cell built first."""
+    rec.site = path + ".cell"
+    if isinstance(st.cell, NnxLayer):
+        cell = _layer(st.cell, rngs)
+    else:
+        child_rngs = rngs.fork() if st.cell.rngs == "fork" else rngs
+        cell = _cell_class(st.cell, rec, path + ".cell", cache, st.carry_draws)(child_rngs)
+    rec.site = path
+    given = {"own": True, "fork": rngs, "none": False}[st.rngs]
+    return nnx.RNN(cell, rngs=given, broadcast_rngs=_tags(st.broadcast) if st.broadcast else None)
+
+
+def _bidirectional(st: NnxBidirectional, rec, path: str, cache: dict, rngs):
+    """nnx.Bidirectional(forward_rnn, backward_rnn, rngs=...), the RNNs built first."""
+    fwd = _rnn(st.forward, rec, path + ".forward_rnn", cache, rngs)
+    bwd = _rnn(st.backward, rec, path + ".backward_rnn", cache, rngs)
+    rec.site = path
+    return nnx.Bidirectional(fwd, bwd, rngs={"own": True, "fork": rngs, "none": False}[st.rngs])
+
+
+def _zero_carry(cell):
+    user = not type(cell).__module__.startswith("flax")
+    zero = jnp.zeros((1, 2 if user else 3))
+    return (zero, zero) if isinstance(cell, (nnx.LSTMCell, nnx.OptimizedLSTMCell)) else zero
+
+
+def _rnn_call(st: NnxCall, rnn, rec) -> None:
+    """rnn(x) over a sequence of `length` steps (with `initial_carry=` zeros, or `rngs=` the Rngs given)."""
+    kw: dict = {}
+    if st.initial_carry and isinstance(rnn, nnx.Bidirectional):
+        kw["initial_carry"] = (_zero_carry(rnn.forward_rnn.cell), _zero_carry(rnn.backward_rnn.cell))
+    elif st.initial_carry:
+        kw["initial_carry"] = _zero_carry(rnn.cell)
+    if st.given_rngs:
+        kw["rngs"] = rec.call_rngs if st.given_rngs == "call" else rec.model_rngs
+    rnn(jnp.ones((1, st.length, 2)), **kw)
+    barrier(jnp.ones(()))
 
 
 def _class(mod: NnxModule, rec: _Recorder, path: str, cache: dict):
@@ -201,6 +276,10 @@ def _class(mod: NnxModule, rec: _Recorder, path: str, cache: dict):
                 rec.site = join(st.name)
                 child_rngs = rngs.fork() if st.rngs == "fork" else rngs
                 setattr(self, st.name, _class(st.module, rec, join(st.name), cache)(child_rngs))
+            elif isinstance(st, NnxRnn):
+                setattr(self, st.name, _rnn(st, rec, join(st.name), cache, rngs))
+            elif isinstance(st, NnxBidirectional):
+                setattr(self, st.name, _bidirectional(st, rec, join(st.name), cache, rngs))
             elif isinstance(st, NnxBridge):
                 from flax.nnx import bridge
 
@@ -270,7 +349,9 @@ def _class(mod: NnxModule, rec: _Recorder, path: str, cache: dict):
                 target = getattr(self, st.name)
                 for _ in range(st.repeat):
                     rec.site = join(st.name)
-                    if st.transform is not None:
+                    if isinstance(target, (nnx.RNN, nnx.Bidirectional)):
+                        _rnn_call(st, target, rec)
+                    elif st.transform is not None:
                         transformed(st.transform, _run_target, target, x, rec, join(st.name))
                     elif st.given_rngs:
                         # drop(x, rngs=rngs), the Rngs the model's call was given: it draws rngs[rng_collection]()
@@ -305,7 +386,7 @@ def _class(mod: NnxModule, rec: _Recorder, path: str, cache: dict):
                     finally:
                         rec.draw = None
 
-    return type(mod.cls, (nnx.Module,), {"__init__": __init__, "__call__": __call__})
+    return type(mod.cls, (nnx.Module,), {"__init__": __init__, "__call__": __call__, "oracle_run": run})
 
 
 def _stacked(cls, n: int):

@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 
 from ..engine.keys import KeyEngine
-from ..engine.nnx import NnxKey, replay_nnx, rules_of
+from ..engine.nnx import RNN_OWN_KEY, NnxKey, replay_nnx, rules_of
 from ..errors import Location
 from ..spec.nnx import NnxSpec
 
@@ -304,6 +304,13 @@ def _classify(sites: list[NnxSite]) -> tuple[str, str, str]:
     category = next(c for cause, c in _CATEGORY if cause in causes)
     fix = "; ".join(_FIX[c] for c in dict.fromkeys(cause for cause, _ in _CATEGORY if cause in causes))
     fix = fix.replace("<stream>", first.stream)
+    own = sorted({s.stream_path.removesuffix(".rngs") for s in sites if s.chain[:1] == (RNN_OWN_KEY,)})
+    if "shared" in causes and own:
+        fix = (
+            f"build {' and '.join(own)} with rngs=rngs and a `carry` stream in the Rngs (nnx.RNN(cell, rngs=rngs) "
+            "keeps rngs.carry.fork(); `rngs: fork` in the spec, `carry: <seed>` in rngs): every nnx.RNN built "
+            "without rngs keeps its own RngStream(0), the same key; " + fix
+        )
     return category, why, fix
 
 
@@ -318,10 +325,14 @@ def audit_nnx(spec: NnxSpec) -> NnxAudit:
         keys = np.ascontiguousarray(table.keys)
         flat = keys.view(np.dtype((np.void, keys.dtype.itemsize * keys.shape[1]))).ravel()
         order = np.argsort(flat, kind="stable")
+        unused = np.fromiter((k.unused for k in table.blocks), dtype=bool, count=len(table.blocks))
+        if unused.any():
+            # keys handed out and never used (an nnx.RNN's zeros carry) share nothing: left out
+            order = order[~unused[table.block[order]]]
         same = flat[order][1:] == flat[order][:-1]
         if same.any():
             starts = np.flatnonzero(np.concatenate(([True], ~same)))
-            ends = np.append(starts[1:], n)
+            ends = np.append(starts[1:], len(order))
             for a, b in zip(starts.tolist(), ends.tolist()):
                 if b - a < 2:
                     continue

@@ -29,6 +29,9 @@ from typing import TYPE_CHECKING
 
 from ..errors import FlaxError, Location, SpecError
 from ..spec.nnx import (
+    CELL_PARAMS,
+    CELLS,
+    NnxBidirectional,
     NnxBridge,
     NnxCall,
     NnxChild,
@@ -38,6 +41,7 @@ from ..spec.nnx import (
     NnxLoop,
     NnxModule,
     NnxReseed,
+    NnxRnn,
     NnxSpec,
     NnxStep,
     NnxTransform,
@@ -61,6 +65,7 @@ def rules_of(spec: NnxSpec) -> str:
     return RULES_SHARED if spec.shared_dropout else RULES
 
 
+RNN_OWN_KEY = "key 0 (nnx.RNN's own RngStream)"  # the chain of nnx.RNN(cell)'s stream: RngStream(0, tag='carry')
 MAX_NNX_DRAWS = 50_000_000
 MAX_NNX_CALLS = 10_000_000  # module calls (and members built) the replay makes, draws or not
 
@@ -113,6 +118,7 @@ class NnxKey:
     linen_input: bytes = b""  # what Linen hashed for it (path and count)
     given: str = ""  # a key given to a Dropout's call (as written in the spec): used as it is, no stream drew it
     batched: bool = False  # drawn in an nnx.vmap lane from a per-lane key: inside jax.vmap one traced key array
+    unused: bool = False  # handed out and not used: an nnx.RNN cell's initialize_carry with zeros (the default)
 
     @property
     def fallback(self) -> bool:
@@ -293,7 +299,16 @@ class NnxReplayer:
         self.stream_keys.append(key)
 
     def draw(
-        self, s: Stream, site: str, kind: str, requested: str, loc: Location, label=None, draw=None, n: int = 1
+        self,
+        s: Stream,
+        site: str,
+        kind: str,
+        requested: str,
+        loc: Location,
+        label=None,
+        draw=None,
+        n: int = 1,
+        unused: bool = False,
     ) -> None:
         # mirrors flax/nnx/rnglib.py RngStream.__call__: fold_in(key, count); count += 1. `n` calls in a row
         # are one block of consecutive counts; the keys are computed with every other one, vectorised, when
@@ -337,6 +352,7 @@ class NnxReplayer:
                 broadcast,
                 self.scan,
                 batched=batched,
+                unused=unused,
             )
         )
         s.count += n
@@ -379,31 +395,137 @@ class NnxReplayer:
             elif isinstance(st, NnxChild) and st.stack:
                 inst.attrs[st.name] = self.stacked(st, _join(path, st.name), rngs)
             elif isinstance(st, NnxChild):
-                child_path = _join(path, st.name)
-                child_rngs = rngs
-                if st.rngs == "fork":
-                    # mirrors Rngs.fork: every stream, in order
-                    child_rngs = Rngs(
-                        f"{child_path}.rngs" if st.module.keep_rngs else f"rngs.fork() for {child_path}",
-                        {
-                            name: self.fork(
-                                s,
-                                child_path,
-                                name,
-                                f"{child_path}.rngs.{name}",
-                                f"rngs.fork() for {child_path}",
-                                st.loc,
-                            )
-                            for name, s in rngs.streams.items()
-                        },
-                    )
-                inst.attrs[st.name] = self.build(st.module, child_path, child_rngs)
+                inst.attrs[st.name] = self.child(st, _join(path, st.name), rngs)
+            elif isinstance(st, NnxRnn):
+                inst.attrs[st.name] = self.rnn(st, _join(path, st.name), rngs)
+            elif isinstance(st, NnxBidirectional):
+                inst.attrs[st.name] = self.bidirectional(st, _join(path, st.name), rngs)
             elif isinstance(st, NnxBridge):
                 inst.attrs[st.name] = self.bridge(st, _join(path, st.name), where + (st.name,), rngs)
             elif isinstance(st, NnxDraw):
                 s = rngs.get(st.stream, "AttributeError", st.loc)
                 self.draw(s, path or "(root)", "draw", st.stream, st.loc, st.label, st.draw, st.repeat)
         return inst
+
+    def child(self, st: NnxChild, child_path: str, rngs: Rngs) -> Instance:
+        """A submodule built from the caller's Rngs or (`rngs: fork`) from rngs.fork()."""
+        child_rngs = rngs
+        if st.rngs == "fork":
+            # mirrors Rngs.fork: every stream, in order
+            child_rngs = Rngs(
+                f"{child_path}.rngs" if st.module.keep_rngs else f"rngs.fork() for {child_path}",
+                {
+                    name: self.fork(
+                        s,
+                        child_path,
+                        name,
+                        f"{child_path}.rngs.{name}",
+                        f"rngs.fork() for {child_path}",
+                        st.loc,
+                    )
+                    for name, s in rngs.streams.items()
+                },
+            )
+        return self.build(st.module, child_path, child_rngs)
+
+    def own_stream(self, mode: str, path: str, rngs: Rngs, what: str, loc: Location) -> Stream | None:
+        """What nnx.RNN / nnx.Bidirectional keeps for the carry: RngStream(0, tag='carry') (`own`), rngs.carry.fork()
+        (`fork`) or nothing (`none`), at `path`.rngs in the model's graph."""
+        own: Stream | None = None
+        if mode == "own":
+            own = self.stream(f"{path}.rngs", "carry", self.engine.seed(0), (RNN_OWN_KEY,))
+        elif mode == "fork":
+            s = rngs.get("carry", "AttributeError", loc)
+            own = self.fork(s, path, "carry", f"{path}.rngs", f"{what} fork at {path}", loc)
+        if own is not None:
+            self.graph.append((tuple(path.split(".")) + ("rngs",), own))
+        return own
+
+    def bidirectional(self, st: NnxBidirectional, path: str, rngs: Rngs) -> Bidi:
+        """nnx.Bidirectional(forward_rnn, backward_rnn, rngs=...): the RNNs (its arguments) first, then its stream."""
+        fwd = self.rnn(st.forward, f"{path}.forward_rnn", rngs)
+        bwd = self.rnn(st.backward, f"{path}.backward_rnn", rngs)
+        return Bidi(st, path, fwd, bwd, self.own_stream(st.rngs, path, rngs, "nnx.Bidirectional", st.loc))
+
+    def bidi_call(self, b: Bidi, st: NnxCall) -> None:
+        """One call of an nnx.Bidirectional (mirrors Bidirectional.__call__): its stream, or the call's rngs.carry
+        (not forked), given to the forward RNN's call and then the backward one's (each, given None, its own)."""
+        stream = b.own
+        if st.given_rngs:
+            given = self.call_rngs if st.given_rngs == "call" else self.model_rngs
+            assert given is not None
+            stream = given.get("carry", "AttributeError", st.loc)
+        for r in (b.fwd, b.bwd):
+            self.rnn_call(r, st, stream, bidi=True)
+
+    def rnn(self, st: NnxRnn, path: str, rngs: Rngs) -> Rnn:
+        """`nnx.RNN(cell, rngs=...)` (mirrors flax/nnx/nn/recurrent.py RNN.__init__): the cell is built first (an
+        argument), then the RNN keeps its own RngStream(0, tag='carry') (`own`), rngs.carry.fork() (`fork`), or
+        nothing (`none`)."""
+        where = tuple(path.split("."))
+        cell_path = f"{path}.cell"
+        cell: Layer | Instance
+        if isinstance(st.cell, NnxLayer):
+            cell = self.layer(st.cell, cell_path, rngs)
+            if cell.own is not None:
+                self.graph.append((where + ("cell", "rngs"), cell.own))
+        else:
+            cell = self.child(st.cell, cell_path, rngs)
+        return Rnn(st, path, cell, self.own_stream(st.rngs, path, rngs, "nnx.RNN", st.loc))
+
+    def rnn_call(self, r: Rnn, st: NnxCall, given: Stream | None = None, bidi: bool = False) -> None:
+        """One call of an nnx.RNN (mirrors RNN.__call__): the cell's initialize_carry draws from the RNN's stream
+        (or the call's rngs.carry.fork(), or the cell's own), then nnx.split_rngs(splits=1, only=broadcast,
+        squeeze=True) gives each broadcast stream of the cell a fresh key (one draw, split 1, count 0) around
+        nnx.scan over `length` steps that carries every other stream; on exit they get their key back."""
+        self.tick(st.loc)
+        if self.lane >= 0:
+            raise SpecError(
+                f"nnx.RNN {r.path} is called inside nnx.vmap lanes or a stacked member; rngaudit does not model that "
+                "yet",
+                st.loc,
+            )
+        stream = given if given is not None else r.own
+        if st.given_rngs and not bidi:
+            rngs = self.call_rngs if st.given_rngs == "call" else self.model_rngs
+            assert rngs is not None
+            g = rngs.get("carry", "AttributeError", st.loc)
+            stream = self.fork(
+                g,
+                r.path,
+                "carry",
+                f"{r.path} (rngs.carry.fork() at the call)",
+                f"rngs given to {r.path}'s call: rngs.carry.fork()",
+                st.loc,
+            )
+        if stream is None and isinstance(r.cell, Layer):
+            stream = r.cell.own  # the cell's initialize_carry falls back to the stream it keeps (keep_rngs)
+        n = 0 if st.initial_carry else r.st.carry_draws
+        if n:
+            if stream is None:
+                raise FlaxError(
+                    "ValueError",
+                    f"RNGs must be provided to initialize the cell carry. ({r.path} is built with rngs=False and its "
+                    "cell keeps none: give the call rngs (`rngs: model`) or an initial carry (`initial_carry: true`))",
+                    st.loc,
+                )
+            unused = r.st.carry_init == "zeros"
+            self.draw(stream, f"{r.path}.cell.initialize_carry", "carry", "carry", st.loc, n=n, unused=unused)
+        split = []
+        if r.st.broadcast:
+            under = tuple(r.cell.path.split("."))
+            for _, s in self.streams_in_graph_order(under):
+                if s.tag not in r.st.broadcast:
+                    continue
+                count = s.count
+                self.draw(s, r.path, "split", s.tag, st.loc)
+                split.append((s, s.key, s.key_ix, s.chain, s.count))
+                key = self.engine.split_all(self.engine.fold_in(s.key, count), 1)[0]
+                self.set_key(s, tuple(int(w) for w in key))
+                s.chain = s.chain + (f"fold_in {count} (nnx.split_rngs for {r.path})", "split 1 [0] (squeezed)")
+                s.count = 0
+        self.transformed(r.cell, NnxTransform("scan", st.length, r.st.broadcast), st.loc)
+        self.restore(split)
 
     def bridge(self, st: NnxBridge, path: str, where: tuple[str, ...], rngs: Rngs) -> Bridge:
         """`bridge.ToNNX(module, rngs=...)` (mirrors flax/nnx/bridge/wrappers.py ToNNX.__init__): rngs=rngs keeps
@@ -625,16 +747,25 @@ class NnxReplayer:
             params = (["scale"] if st.opt("use_scale") else []) + (["bias"] if st.opt("use_bias") else [])
         elif kind == "RMSNorm":
             params = ["scale"] if st.opt("use_scale") else []
+        elif kind in CELLS:
+            params = list(CELL_PARAMS[kind])
         elif kind == "MultiHeadAttention":
             lin = ["kernel", "bias"] if st.opt("use_bias") else ["kernel"]
             params = [f"{p}.{q}" for p in ("query", "key", "value") for q in lin]
             if st.opt("normalize_qk"):
                 params += ["query_ln.scale", "key_ln.scale"]
             params += [f"out.{q}" for q in lin]
+        own: Stream | None = None
+        if kind in CELLS and st.opt("keep_rngs"):
+            # mirrors LSTMCell.__init__ (and the other cells'): keep_rngs stores rngs.carry.fork(), before the
+            # Linear layers are built
+            s = rngs.get("carry", "AttributeError", st.loc)
+            own = self.fork(s, path, "carry", f"{path}.rngs", f"{kind} keep_rngs fork at {path}", st.loc)
         for p in params:
             s = rngs.get("params", "AttributeError", st.loc)
             self.draw(s, f"{path}.{p}", "param", "params", st.loc)
-        own: Stream | None = None
+        if kind in CELLS:
+            return Layer(st, path, own, len(params))
         if kind == "Dropout" and not st.opt("rngs"):
             return Layer(st, path, None, len(params))  # nnx.Dropout(rate): no Rngs, a key comes with each call
         if self.old:
@@ -684,7 +815,14 @@ class NnxReplayer:
                     self.restore(forked)
             elif isinstance(st, NnxCall):
                 target = inst.attrs[st.name]
-                if st.transform is not None:
+                if isinstance(target, Rnn):
+                    for _ in range(st.repeat):
+                        self.rnn_call(target, st)
+                elif isinstance(target, Bidi):
+                    for _ in range(st.repeat):
+                        self.tick(st.loc)
+                        self.bidi_call(target, st)
+                elif st.transform is not None:
                     for _ in range(st.repeat):
                         self.transformed(target, st.transform, st.loc)
                 elif isinstance(target, Layer) and st.key is not None:
@@ -701,7 +839,9 @@ class NnxReplayer:
                 s = inst.rngs.get(st.stream, "AttributeError", st.loc)
                 self.draw(s, inst.path or "(root)", "draw", st.stream, st.loc, st.label, st.draw, st.repeat)
 
-    def fork_rngs(self, target: Layer | Instance | Stacked | Bridge, tags: tuple[str, ...], loc: Location) -> list:
+    def fork_rngs(
+        self, target: Layer | Instance | Stacked | Bridge | Rnn | Bidi, tags: tuple[str, ...], loc: Location
+    ) -> list:
         """`nnx.fork_rngs(target, split={tags: None})` (graph mode; mirrors flax/nnx/rnglib.py fork_rngs): every
         stream in target's graph whose tag is in `tags` (every one for ()), in graph order, forks: it draws one
         key (count + 1) and takes that key, with count 0, until `restore` puts back its key and the count after
@@ -1004,6 +1144,35 @@ class Bridge:
 
 
 @dataclass
+class Rnn:
+    """An nnx.RNN: its cell and the stream it keeps for initialize_carry (None: rngs=False)."""
+
+    st: NnxRnn
+    path: str
+    cell: Layer | Instance
+    own: Stream | None
+
+    @property
+    def stateful(self) -> bool:
+        return True
+
+
+@dataclass
+class Bidi:
+    """An nnx.Bidirectional: its two RNNs and the stream it keeps (None: rngs=False)."""
+
+    st: NnxBidirectional
+    path: str
+    fwd: Rnn
+    bwd: Rnn
+    own: Stream | None
+
+    @property
+    def stateful(self) -> bool:
+        return True
+
+
+@dataclass
 class Stacked:
     """A stacked module: its members, built from lane i of every stream."""
 
@@ -1019,7 +1188,7 @@ class Instance:
         self.mod = mod
         self.path = path
         self.rngs = rngs
-        self.attrs: dict[str, Layer | Instance | Stacked | Bridge] = {}
+        self.attrs: dict[str, Layer | Instance | Stacked | Bridge | Rnn | Bidi] = {}
 
     @property
     def stateful(self) -> bool:

@@ -323,6 +323,7 @@ def nnx_call_lines(report: NnxDeriveReport, encode):
                         "stream": k.tag,
                         "stream_path": k.stream,
                         "stream_requested": k.requested,
+                        **({"unused": True} if k.unused else {}),
                     }
                 )[1:-1]
                 it = "null" if k.iteration < 0 else str(k.iteration)
@@ -358,6 +359,8 @@ def nnx_call_json(c: NnxKeyedCall) -> dict:
         out["linen"] = d.linen  # a bridge.ToNNX's Linen key: Linen hashed path and count into the drawn key
     if d.given:
         out["given"] = d.given  # a key given to a Dropout's call, used as it is
+    if d.unused:
+        out["unused"] = True  # an nnx.RNN's carry key, initialize_carry's with a zeros carry: handed out, not used
     if c.values is not None:
         assert c.draw is not None  # (values are drawn for a draw)
         out["values"] = _drawn_json(c.draw, c.values)

@@ -37,6 +37,8 @@ def site_text(d) -> str:
         if d.kind in ("fork", "draw", "split", "broadcast")
         else " (ToNNX call)"
         if d.kind == "bridge"
+        else " (unused: the carry is zeros)"
+        if d.unused
         else ""
     )
     return d.site + kind + (f" [{', '.join(where)}]" if where else "")

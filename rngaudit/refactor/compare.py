@@ -492,6 +492,13 @@ class _SameKeys:
         while k < min(len(a.path), len(b.path)) - 1 and a.path[-1 - k] == b.path[-1 - k]:
             k += 1
         p, q = a.path[: len(a.path) - k], b.path[: len(b.path) - k]
+        j = 0
+        while j < min(len(p), len(q)) - 1 and p[j] == q[j]:
+            j += 1
+        if len(p) == len(q) and len(p) - j > 1 and any(x == y for x, y in zip(p[j:], q[j:])):
+            # two names changed at two levels with one kept between them (rnn.cell.ig -> encoder.cell.ii): not one
+            # rename or move, but a layer inserted before a renamed module shifting its counts onto a sibling's
+            return False
         if (p, q) in self.whole:  # (every draw of a module asks about the same pair: the sites are walked once)
             return self.whole[p, q]
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InternalError, RngauditError, UnsupportedError, UsageError, UserCodeError
-from ..spec.nnx import LAYER_OPTIONS
+from ..spec.nnx import CARRY_DRAWS, CELLS, LAYER_OPTIONS
 from ..usercode import CodeRef, first_line, load
 from .keys_file import Capture, Site
 from .target import InputSpec
@@ -79,6 +79,7 @@ class Called:
     transforms: int = 0  # how many transforms were running when the call started
     given: object = None  # a layer's call given an nnx.Rngs (drop(x, rngs=rngs)): that Rngs
     sealed: int | None = None  # a call under a transform over the module itself: its events when that ended
+    rnn: tuple | None = None  # an nnx.RNN's call: (sequence length, given initial_carry, the Rngs given or None)
 
 
 @dataclass
@@ -120,6 +121,7 @@ class NnxRecorder:
         self.stray = 0  # keys drawn in a step outside every module's call (by a training step itself)
         self.seeds: dict[int, dict] = {}  # id(an nnx.Rngs made while capture watched) -> its integer seeds
         self.call_rngs: dict[int, object] = {}  # id -> every Rngs a layer's call was given (drop(x, rngs=rngs))
+        self.rnn_draws: dict[int, int] = {}  # id(an nnx.RNN) -> the keys its cell's initialize_carry draws a call
 
     def reset(self) -> None:
         """Empty, as made (and active)."""
@@ -465,6 +467,10 @@ def _observed(rec: NnxRecorder) -> Iterator[None]:
         (nnx, "vmap", vmap, transform_hook("vmap", vmap)),
         (nnx, "scan", scan, transform_hook("scan", scan)),
     ]
+    compat = getattr(nnx, "compat", None)
+    if compat is not None and getattr(compat, "scan", None) is not None:
+        # (nnx.RNN's scan over the sequence: the cell inside stands for the cell outside)
+        hooks.append((compat, "scan", compat.scan, transform_hook("scan", compat.scan)))
     if get_stream is not None:
         hooks.append((nnx.Rngs, "_get_stream", get_stream, get_stream_hook))
     for mode in ("split", "broadcast"):
@@ -661,6 +667,8 @@ def _call_hook(rec: NnxRecorder, original):
         if isinstance(given, rngs_class) and _is_layer(outside):
             frame.given = rec.resolve(given)
             rec.call_rngs[id(frame.given)] = frame.given
+        if _is_rnn(outside) or _is_bidi(outside):
+            frame.rnn = _rnn_call(rec, outside, args, kwargs, bool(rec.calling) and _is_bidi(rec.calling[-1].obj))
         if not rec.calling:
             rec.top.append(outside)
         if rec.calling:
@@ -698,6 +706,9 @@ def _remember(rec: NnxRecorder, frame: Called) -> None:
         for kind, what, *how in f.events:
             if kind == "draw":
                 out.append(("draw", what, None))
+            elif what.rnn is not None:
+                # an nnx.RNN's call: its sequence length, initial_carry, the Rngs given (under a transform: not said)
+                out.append(("call", id(what.obj), ("rnn", *what.rnn) if how[0] is None else "rnn_transformed"))
             elif what.given is not None:
                 # drop(x, rngs=rngs): a draw from the Rngs the call was given (under a transform: not said)
                 out.append(("call", id(what.obj), "call_rngs" if how[0] is None else "call_rngs_transformed"))
@@ -706,9 +717,21 @@ def _remember(rec: NnxRecorder, frame: Called) -> None:
         return out
 
     def sig(x: list) -> list:
-        return [(k, w, h if h is None or isinstance(h, str) else (h[0].kind, h[1], h[2])) for k, w, h in x]
+        return [
+            (k, w, h if h is None or isinstance(h, str) or h[0] == "rnn" else (h[0].kind, h[1], h[2])) for k, w, h in x
+        ]
 
     def walk(f: Called) -> None:
+        if f.rnn is not None:
+            # an nnx.RNN: the spec says its calls in its parent's; of its own, the keys its initialize_carry draws
+            if not f.rnn[1]:
+                n = sum(1 for k, *_ in f.events if k == "draw") - (f.rnn[2] is not None)
+                if rec.rnn_draws.setdefault(id(f.obj), n) != n and rec.differs is None:
+                    rec.differs = type(f.obj).__name__
+            for kind, what, *_ in f.events:
+                if kind == "call":
+                    walk(what)
+            return
         seen = rec.calls.setdefault(id(f.obj), flat(f))
         if sig(seen) != sig(flat(f)) and rec.differs is None:
             rec.differs = type(f.obj).__name__
@@ -749,13 +772,55 @@ def _is_layer(obj) -> bool:
     return type(obj).__module__.startswith("flax.nnx") and type(obj).__name__ in LAYER_OPTIONS
 
 
+def _is_rnn(obj) -> bool:
+    return type(obj).__module__.startswith("flax.nnx") and type(obj).__name__ == "RNN"
+
+
+def _is_bidi(obj) -> bool:
+    return type(obj).__module__.startswith("flax.nnx") and type(obj).__name__ == "Bidirectional"
+
+
+def _rnn_call(rec: NnxRecorder, rnn, args: tuple, kwargs: dict, in_bidi: bool) -> tuple:
+    """An nnx.RNN (or nnx.Bidirectional) call's (sequence length, initial_carry given, the Rngs given or None), as
+    RNN.__call__ reads its arguments (the time axis: 0 when time major, else the one before the cell's feature
+    axes). Inside an nnx.Bidirectional's call, the stream it is given is Bidirectional's (said by its call)."""
+    from flax import nnx
+
+    cell = rnn.forward_rnn.cell if _is_bidi(rnn) else rnn.cell
+
+    inputs = args[0] if args else kwargs.get("inputs")
+    major = kwargs.get("time_major")
+    major = rnn.time_major if major is None else major
+    shape = getattr(inputs, "shape", None)
+    if shape is None:
+        raise UnsupportedError(
+            "an nnx.RNN is called with inputs that are not one array (a pytree of sequences); write its `length:` "
+            "by hand (README, Flax NNX specs)"
+        )
+    axis = 0 if major else len(shape) - (cell.num_feature_axes + 1)
+    given = kwargs.get("rngs")
+    if in_bidi:
+        given = None
+    elif given is not None and not isinstance(given, nnx.Rngs):
+        raise UnsupportedError(
+            "an nnx.RNN is called with rngs= an RngStream or a key; capture reads an nnx.Rngs given there (rngs.carry."
+            "fork()), or none"
+        )
+    if given is not None:
+        given = rec.resolve(given)
+        rec.call_rngs[id(given)] = given
+    return int(shape[axis]), kwargs.get("initial_carry") is not None, given
+
+
 # ---------------------------------------------------------------- the spec
 def _layer_options(obj) -> dict:
     kind = type(obj).__name__
     out: dict = {}
     for opt, default in LAYER_OPTIONS[kind].items():
         value: object
-        if opt == "keep_rngs":
+        if opt == "keep_rngs" and kind in CELLS:
+            value = getattr(obj, "rngs", None) is not None  # (rngs.carry.fork(), kept for initialize_carry)
+        elif opt == "keep_rngs":
             value = getattr(obj, "rngs", None) is not None or not getattr(obj, "dropout_rate", 0)
         elif opt == "rng_collection":
             value = getattr(obj, "rng_collection", "dropout")
@@ -825,6 +890,7 @@ class _SpecBuilder:
         self.target = target
         # what a Dropout's call given an Rngs is given (_call_rngs allows one Rngs): the model's own, or call_rngs
         self.given_rngs = "model" if any(r is root.rngs for r in rec.call_rngs.values()) else "call"
+        self.root_rngs = root.rngs
         self.built_of: dict[int, Built] = {}  # id(module, outside any transform) -> its construction
         todo = [root]
         while todo:
@@ -876,6 +942,78 @@ class _SpecBuilder:
         model = _linen_module(obj.to_nnx__module, first, applies[0] if applies else None, f"{self.target} ({where})")
         return {"name": where.split(".", 1)[1], "module": model, **({"lazy_init": False} if first.whole else {})}
 
+    def rnn(self, b: Built, cells: dict, parent: Built, forks: list, where: str, name: str) -> dict:
+        """An nnx.RNN statement: its cell (built just before it, from the parent's Rngs or a fork of them), what it
+        keeps for initialize_carry (its own RngStream(0), rngs.carry.fork() or nothing), broadcast_rngs, and how
+        many keys the cell's initialize_carry draws (read from its calls)."""
+        from flax import nnx
+
+        obj = self.rec.resolve(b.obj)
+        cell_obj = self.rec.resolve(obj.cell)
+        cell_b = cells.get(id(cell_obj))
+        if cell_b is None:
+            raise self.unsupported(
+                f"{where} (nnx.RNN) is given a cell built elsewhere (capture reads nnx.RNN(Cell(..., rngs=rngs)), the "
+                "cell built for it in the same __init__)"
+            )
+        sa = obj.state_axes
+        if not (isinstance(sa, nnx.StateAxes) and list(sa.filters) == [...] and list(sa.axes) == [nnx.Carry]):
+            raise self.unsupported(
+                f"{where} (nnx.RNN) is given state_axes (capture reads the default, every state carried)"
+            )
+        broadcast: tuple[str, ...] | None = ()
+        if obj.broadcast_rngs is not None:
+            broadcast = _tags(obj.broadcast_rngs)
+            if broadcast is None:
+                raise self.unsupported(f"{where} (nnx.RNN) is given a broadcast_rngs filter other than stream tags")
+        out: dict = {"name": name}
+        kind = type(cell_obj).__name__
+        standard = _is_layer(cell_obj) and kind in CELLS
+        if standard:
+            if cell_b.rngs is not parent.rngs:
+                raise self.unsupported(f"{where}.cell ({kind}) is given another Rngs than its parent's")
+            out["cell"] = {kind: _layer_options(cell_obj)} if _layer_options(cell_obj) else kind
+        else:
+            mode = "shared"
+            if cell_b.rngs is not parent.rngs:
+                if cell_b.rngs is None or not any(f is cell_b.rngs for f in forks):
+                    raise self.unsupported(
+                        f"{where}.cell ({kind}) is given an Rngs that is neither its parent's nor its rngs.fork()"
+                    )
+                mode = "fork"
+                forks[:] = [f for f in forks if f is not cell_b.rngs]
+            out["cell"] = {"module": {**({"rngs": "fork"} if mode == "fork" else {}), **self.module(cell_b)}}
+        out.update(self.own_rngs(b, obj, parent, f"{where} (nnx.RNN)"))
+        if broadcast:
+            out["broadcast"] = list(broadcast)
+        # the keys its cell's initialize_carry drew in a call (none given initial_carry=)
+        draws = self.rec.rnn_draws.get(id(obj))
+        if draws is not None:
+            if standard and draws != CARRY_DRAWS[kind]:
+                raise self.unsupported(
+                    f"{where} (nnx.RNN) draws {draws} keys for its carry, and a {kind}'s initialize_carry draws "
+                    f"{CARRY_DRAWS[kind]} (a subclass of the cell?)"
+                )
+            if not standard and draws:
+                out["carry_draws"] = draws
+        if (standard and getattr(cell_obj, "carry_init", None) is not None) or (not standard and draws):
+            out["carry_init"] = "random"  # (a user cell's initialize_carry is taken to use the keys it draws)
+        return out
+
+    def own_rngs(self, b: Built, obj, parent: Built, where: str) -> dict:
+        """What an nnx.RNN or nnx.Bidirectional keeps for the carry, as a spec's `rngs:` (nothing for `own`)."""
+        if obj.rngs is None:
+            if b.events:
+                raise self.unsupported(f"{where} draws at construction without rngs")
+            return {"rngs": "none"}
+        if b.rngs is not None:
+            if b.rngs is not parent.rngs or [e[0] for e in b.events] != ["draw"]:
+                raise self.unsupported(f"{where} is given another Rngs than its parent's")
+            return {"rngs": "fork"}
+        if b.events:
+            raise self.unsupported(f"{where} draws at construction from an Rngs capture did not see given")
+        return {}
+
     def unsupported(self, what: str) -> UnsupportedError:
         return UnsupportedError(
             f"capture of {self.target}: {what}; an NNX spec cannot say this yet, so no spec was written"
@@ -892,6 +1030,17 @@ class _SpecBuilder:
         init: list = []
         built: dict[int, str] = {}
         forks: list = []
+        # the cells of the nnx.RNNs built here (built first, as their argument): written inside their RNN
+        cells: dict[int, Built | None] = {
+            id(self.rec.resolve(e[1].obj.cell)): None for e in b.events if e[0] == "child" and _is_rnn(e[1].obj)
+        }
+        # the RNNs of the nnx.Bidirectionals built here (built first too): written inside their Bidirectional
+        rnns: dict[int, Built | None] = {
+            id(self.rec.resolve(getattr(e[1].obj, side))): None
+            for e in b.events
+            if e[0] == "child" and _is_bidi(e[1].obj)
+            for side in ("forward_rnn", "backward_rnn")
+        }
         for kind, what, *rest in b.events:
             if kind == "draw":
                 init.append({"draw": what})
@@ -901,6 +1050,45 @@ class _SpecBuilder:
                 forks.append(what)
             else:
                 child: Built = what
+                if id(self.rec.resolve(child.obj)) in cells:
+                    cells[id(self.rec.resolve(child.obj))] = child
+                    continue
+                if id(self.rec.resolve(child.obj)) in rnns:
+                    rnns[id(self.rec.resolve(child.obj))] = child
+                    continue
+                if _is_bidi(child.obj):
+                    name = names.get(id(self.rec.resolve(child.obj)))
+                    if name is None:
+                        raise self.unsupported(
+                            f"{cls}.__init__ builds an nnx.Bidirectional it does not keep as an attribute"
+                        )
+                    built[id(self.rec.resolve(child.obj))] = name
+                    obj_b = self.rec.resolve(child.obj)
+                    if obj_b.forward_rnn is obj_b.backward_rnn:
+                        raise self.unsupported(
+                            f"{cls}.{name} (nnx.Bidirectional) is given one RNN as both directions (they share "
+                            "parameters and streams; an NNX spec builds two)"
+                        )
+                    sides = {}
+                    for side in ("forward", "backward"):
+                        rb = rnns.get(id(self.rec.resolve(getattr(obj_b, f"{side}_rnn"))))
+                        if rb is None:
+                            raise self.unsupported(
+                                f"{cls}.{name} (nnx.Bidirectional) is given an RNN built elsewhere (capture reads "
+                                "nnx.Bidirectional(nnx.RNN(...), nnx.RNN(...)), the RNNs built for it)"
+                            )
+                        sides[side] = self.rnn(rb, cells, b, forks, f"{cls}.{name}.{side}_rnn", f"{side}_rnn")
+                        del sides[side]["name"]
+                    own = self.own_rngs(child, obj_b, b, f"{cls}.{name} (nnx.Bidirectional)")
+                    init.append({"Bidirectional": {"name": name, **sides, **own}})
+                    continue
+                if _is_rnn(child.obj):
+                    name = names.get(id(self.rec.resolve(child.obj)))
+                    if name is None:
+                        raise self.unsupported(f"{cls}.__init__ builds an nnx.RNN it does not keep as an attribute")
+                    built[id(self.rec.resolve(child.obj))] = name
+                    init.append({"RNN": self.rnn(child, cells, b, forks, f"{cls}.{name}", name)})
+                    continue
                 if type(child.obj).__name__ == "ToNNX" and "bridge" in type(child.obj).__module__:
                     name = names.get(id(self.rec.resolve(child.obj)))
                     if name is None:
@@ -984,6 +1172,17 @@ class _SpecBuilder:
                     )
                 if how == "call_rngs":
                     call.append({"call": {"name": name, "rngs": self.given_rngs}})
+                    continue
+                if how == "rnn_transformed":
+                    raise self.unsupported(f"{cls}.{name} (nnx.RNN) is called under nnx.vmap/nnx.scan")
+                if isinstance(how, tuple) and how[0] == "rnn":
+                    _, length, initial, given = how
+                    rnn_call: dict = {"name": name, "length": length}
+                    if initial:
+                        rnn_call["initial_carry"] = True
+                    if given is not None:
+                        rnn_call["rngs"] = "model" if given is self.root_rngs else "call"
+                    call.append({"call": rnn_call})
                     continue
                 call.append({"call": {"name": name, **self.transform(how, what, f"{cls}.{name}")} if how else name})
         if call:

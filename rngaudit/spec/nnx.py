@@ -45,7 +45,36 @@ LAYER_OPTIONS: dict[str, dict[str, object]] = {
         "keep_rngs": True,
         "deterministic": False,
     },
+    # the recurrent cells (flax/nnx/nn/recurrent.py): their Linear layers' params; keep_rngs (deprecated) forks
+    # `carry` first, for initialize_carry
+    "LSTMCell": {"keep_rngs": False},
+    "OptimizedLSTMCell": {"keep_rngs": False},
+    "GRUCell": {"keep_rngs": False},
+    "SimpleCell": {"keep_rngs": False},
 }
+# each cell's params draws in __init__ order, and how many keys its initialize_carry draws
+CELL_PARAMS: dict[str, tuple[str, ...]] = {
+    "LSTMCell": (
+        "ii.kernel",
+        "if_.kernel",
+        "ig.kernel",
+        "io.kernel",
+        "hi.kernel",
+        "hi.bias",
+        "hf.kernel",
+        "hf.bias",
+        "hg.kernel",
+        "hg.bias",
+        "ho.kernel",
+        "ho.bias",
+    ),
+    "OptimizedLSTMCell": ("dense_i.kernel", "dense_h.kernel", "dense_h.bias"),
+    "GRUCell": ("dense_i.kernel", "dense_i.bias", "dense_h.kernel"),
+    "SimpleCell": ("dense_h.kernel", "dense_i.kernel", "dense_i.bias"),
+}
+CELLS = tuple(CELL_PARAMS)
+CARRY_DRAWS = {"LSTMCell": 2, "OptimizedLSTMCell": 2, "GRUCell": 1, "SimpleCell": 1}
+RNN_RNGS = ("own", "fork", "none")
 LAYERS = tuple(LAYER_OPTIONS)
 RNGS_MODES = ("shared", "fork")
 # how a stacked module's members get their streams besides nnx.split_rngs (`shared`): nnx.vmap(in_axes=0) over
@@ -103,6 +132,38 @@ BRIDGE_RNGS = ("fork", "key")
 
 
 @dataclass(frozen=True)
+class NnxRnn(NnxStatement):
+    """`self.<name> = nnx.RNN(cell, rngs=..., broadcast_rngs=...)` in `__init__` (mirrors flax/nnx/nn/recurrent.py
+    RNN): `cell` is built first (a standard cell or a user module, attribute `cell`); `rngs` is what the RNN keeps
+    for initialize_carry: `own` (rngs=True, the default: its own RngStream(0, tag='carry')), `fork`
+    (rngs=rngs: rngs.carry.fork()) or `none` (rngs=False). Each call (`call: {name, length: T}`) draws the cell's
+    carry keys, then nnx.split_rngs(splits=1, only=broadcast, squeeze=True) around nnx.scan over T steps, the
+    `broadcast` streams broadcast, the rest carried."""
+
+    name: str
+    cell: NnxLayer | NnxChild
+    rngs: str = "own"
+    broadcast: tuple[str, ...] = ()
+    carry_draws: int = 0  # keys the cell's initialize_carry draws (a standard cell's are known)
+    # what the carry is initialised with: zeros (NNX's default: the keys drawn for it are not used, and
+    # collisions leaves them out) or random (carry_init=... on the cell: they are used)
+    carry_init: str = "zeros"
+
+
+@dataclass(frozen=True)
+class NnxBidirectional(NnxStatement):
+    """`self.<name> = nnx.Bidirectional(forward_rnn, backward_rnn, rngs=...)` (mirrors recurrent.py Bidirectional):
+    the two RNNs built first (attributes forward_rnn, backward_rnn), then the stream it keeps: `own` (its own
+    RngStream(0, tag='carry')), `fork` (rngs.carry.fork()) or `none`. Each call runs the forward RNN, then the
+    backward one, both given that stream (or the call's rngs.carry, not forked): their carry keys share its count."""
+
+    name: str
+    forward: NnxRnn
+    backward: NnxRnn
+    rngs: str = "own"
+
+
+@dataclass(frozen=True)
 class NnxTransform:
     """How a call is transformed. `vmap`: `lanes` lanes (0: over a stacked module's members), the streams
     whose tag is in `streams` split per lane by nnx.split_rngs and mapped with StateAxes, the rest broadcast.
@@ -142,6 +203,8 @@ class NnxCall(NnxStatement):
     # a Dropout given an Rngs at its call, `self.<name>(x, rngs=rngs)`: `call` the spec's call_rngs (an Rngs made
     # once and given to every call of the model), `model` the Rngs the model is built from; "" none
     given_rngs: str = ""
+    length: int = 0  # an nnx.RNN's call: the sequence length (the steps of its scan)
+    initial_carry: bool = False  # an nnx.RNN's call given `initial_carry=`: initialize_carry draws nothing
 
 
 @dataclass(frozen=True)
@@ -258,6 +321,8 @@ SINCE = {
     "rngs: broadcast": (0, 12, 7),
     "fork_rngs": (0, 11),
 }
+# what rngaudit models with the rules of one release on (checked against that release; older ones not)
+MODELLED_SINCE = {"nnx.RNN": (0, 12), "nnx.Bidirectional": (0, 12), **{f"nnx.{c}": (0, 12) for c in CELLS}}
 
 
 class NnxParser:
@@ -274,6 +339,17 @@ class NnxParser:
         said = f"{self.origin} says flax {have}" if self.origin else f"this spec says flax {have} (`flax: version`)"
         return SpecError(f"{what} is flax {since} and later; {said}", loc)
 
+    def modelled(self, what: str, loc) -> None:
+        since = MODELLED_SINCE[what]
+        if self.version is not None and self.version < since:
+            have = ".".join(map(str, self.version))
+            said = f"{self.origin} says flax {have}" if self.origin else f"this spec says flax {have} (`flax: version`)"
+            raise SpecError(
+                f"rngaudit models {what} with the rules of flax {'.'.join(map(str, since))} and later (checked "
+                f"against real NNX); {said}",
+                loc,
+            )
+
     def module(self, node: YNode, what: str = "`model`") -> NnxModule:
         if node.is_map:
             for key in node.value:
@@ -285,11 +361,11 @@ class NnxParser:
         init = tuple(self.statements(f.get("init"), cls, "init"))
         names: dict[str, NnxStatement] = {}
         for st in init:
-            if isinstance(st, (NnxLayer, NnxChild, NnxBridge)) and keep and st.name == "rngs":
+            if isinstance(st, (NnxLayer, NnxChild, NnxBridge, NnxRnn, NnxBidirectional)) and keep and st.name == "rngs":
                 raise SpecError(
                     f"{cls} keeps its Rngs as `self.rngs` (keep_rngs: true); name this attribute otherwise", st.loc
                 )
-            if isinstance(st, (NnxLayer, NnxChild, NnxBridge)):
+            if isinstance(st, (NnxLayer, NnxChild, NnxBridge, NnxRnn, NnxBidirectional)):
                 if st.name in names:
                     raise SpecError(
                         f"attribute {st.name!r} of {cls} is assigned twice in __init__; give it another `name:`",
@@ -318,12 +394,19 @@ class NnxParser:
                     "model that yet; give it in a plain call",
                     st.loc,
                 )
-            if isinstance(st, NnxCall) and (st.key is not None or st.given_rngs):
+            if isinstance(st, NnxCall):
+                self.rnn_call(st, names[st.name])
+            if (
+                isinstance(st, NnxCall)
+                and (st.key is not None or st.given_rngs)
+                and not isinstance(names[st.name], (NnxRnn, NnxBidirectional))
+            ):
                 target = names[st.name]
                 if not (isinstance(target, NnxLayer) and target.kind == "Dropout"):
                     given = "`key:` is a key" if st.key is not None else f"`rngs: {st.given_rngs}` is an Rngs"
                     raise SpecError(
-                        f"{given} given to a Dropout's call (drop(x, rngs=...)), and {st.name} is not a Dropout",
+                        f"{given} given to a Dropout's call (drop(x, rngs=...)), and {st.name} is not a Dropout"
+                        + ("" if st.key is not None else " (nor an nnx.RNN, whose call takes an Rngs too)"),
                         st.loc,
                     )
             if isinstance(st, NnxCall) and st.transform is not None:
@@ -353,6 +436,125 @@ class NnxParser:
                 )
         return NnxModule(cls, init, call, keep, node.loc)
 
+    def rnn_call(self, st: NnxCall, target: NnxStatement) -> None:
+        """What a call of an nnx.RNN needs (its sequence length), and what only such a call takes."""
+        if isinstance(target, (NnxRnn, NnxBidirectional)):
+            if not st.length:
+                raise SpecError(
+                    f"{st.name} is an nnx.RNN: give its call the sequence length, the steps of its scan (`call: "
+                    f"{{name: {st.name}, length: 10}}` for inputs of 10 time steps)",
+                    st.loc,
+                )
+            if st.transform is not None or st.key is not None:
+                what = "a key (`key:`)" if st.key is not None else f"`{st.transform.kind}:`" if st.transform else ""
+                raise SpecError(
+                    f"{st.name} is an nnx.RNN, called with {what}: rngaudit models an RNN called plainly (its own "
+                    "scan over the sequence), with `length`, `initial_carry`, `rngs` and `fork_rngs`",
+                    st.loc,
+                )
+            return
+        if st.length or st.initial_carry:
+            what = "`length`" if st.length else "`initial_carry`"
+            raise SpecError(
+                f"{what} belongs to the call of an nnx.RNN (`RNN:` in `init:`), and {st.name} is not one", st.loc
+            )
+
+    def bidirectional(self, arg: YNode | None, loc, n: int, cls: str) -> NnxBidirectional:
+        """`Bidirectional: {forward, backward, name, rngs}`: nnx.Bidirectional(forward_rnn, backward_rnn, rngs=...)."""
+        if arg is None or not arg.is_map:
+            raise SpecError(
+                "`Bidirectional` takes a mapping: forward and backward (each an RNN, as `RNN:` writes it: {cell: "
+                "LSTMCell}), name, rngs (own | fork | none)",
+                loc,
+            )
+        self.modelled("nnx.Bidirectional", loc)
+        f = Fields(arg, "`Bidirectional`", ("forward", "backward", "name", "rngs"), ("forward", "backward"))
+        rnns = []
+        for side in ("forward", "backward"):
+            node = f.need(side)
+            if node.is_map and "name" in node.value:
+                raise SpecError(
+                    f"nnx.Bidirectional keeps its RNNs as `{side}_rnn`: drop `name:`", node.key_locs["name"]
+                )
+            import dataclasses
+
+            rnns.append(dataclasses.replace(self.rnn(node, node.loc, 0, cls), name=f"{side}_rnn"))
+        mode = f.text("rngs", "own")
+        if mode not in RNN_RNGS:
+            raise SpecError(
+                "`rngs` of a Bidirectional is own (its own RngStream(0, tag='carry'), the default), fork (rngs=rngs: "
+                f"rngs.carry.fork()) or none (rngs=False), not {mode!r}{suggest(mode, RNN_RNGS)}",
+                f.need("rngs").loc,
+            )
+        return NnxBidirectional(loc, _attribute(f, f"bidirectional_{n}"), rnns[0], rnns[1], mode)
+
+    def rnn(self, arg: YNode | None, loc, n: int, cls: str) -> NnxRnn:
+        """`RNN: {cell, name, rngs, broadcast, carry_draws}`: nnx.RNN(cell, rngs=..., broadcast_rngs=...)."""
+        shape = (
+            "`RNN` takes a mapping: cell (a standard cell such as {LSTMCell: {}} or a user cell {module: {class, "
+            "init, call}}), name, rngs (own | fork | none), broadcast (the streams of broadcast_rngs), carry_draws "
+            "(a user cell's initialize_carry draws)"
+        )
+        if arg is None or not arg.is_map:
+            raise SpecError(shape, loc)
+        self.modelled("nnx.RNN", loc)
+        f = Fields(arg, "`RNN`", ("cell", "name", "rngs", "broadcast", "carry_draws", "carry_init"), ("cell",))
+        cn = f.need("cell")
+        kinds = CELLS + ("module",)
+        if isinstance(cn.value, str):
+            cn = YNode({cn.value: YNode(None, cn.loc, {})}, cn.loc, {cn.value: cn.loc})
+        if not cn.is_map or len(cn.value) != 1:
+            raise SpecError(
+                f"`cell` of an RNN is one cell: {', '.join(f'{{{c}: {{}}}}' for c in CELLS)} or a user cell "
+                "{module: {class, init, call}}",
+                cn.loc,
+            )
+        ((ck, cv),) = cn.value.items()
+        if ck not in kinds:
+            raise SpecError(
+                f"`cell` of an RNN is one of {', '.join(kinds)}, not {ck!r}{suggest(ck, kinds)}", cn.key_locs[ck]
+            )
+        if cv is not None and cv.is_map and "name" in cv.value:
+            raise SpecError(
+                "nnx.RNN keeps its cell as the attribute `cell`: drop `name:` (the cell's keys are named "
+                "<rnn>.cell....)",
+                cv.key_locs["name"],
+            )
+        cell = self.statement(cn, cls, "init", {})
+        if isinstance(cell, NnxChild) and cell.stack:
+            raise SpecError("a stacked cell inside nnx.RNN is not modelled yet; drop `stack:`", cell.loc)
+        assert isinstance(cell, (NnxLayer, NnxChild))
+        import dataclasses
+
+        cell = dataclasses.replace(cell, name="cell")
+        mode = f.text("rngs", "own")
+        if mode not in RNN_RNGS:
+            raise SpecError(
+                "`rngs` of an RNN is own (nnx.RNN(cell): its own RngStream(0, tag='carry'), the default), fork "
+                f"(rngs=rngs: it keeps rngs.carry.fork()) or none (rngs=False), not {mode!r}{suggest(mode, RNN_RNGS)}",
+                f.need("rngs").loc,
+            )
+        bn = f.get("broadcast")
+        broadcast = () if bn is None else _streams(bn, "`broadcast:` (the streams of broadcast_rngs)")
+        if isinstance(cell, NnxLayer):
+            if f.has("carry_draws"):
+                raise SpecError(
+                    f"a {cell.kind}'s initialize_carry draws {CARRY_DRAWS[cell.kind]} key(s), always: drop "
+                    "`carry_draws` (it is for a user cell)",
+                    f.need("carry_draws").loc,
+                )
+            carry = CARRY_DRAWS[cell.kind]
+        else:
+            carry = f.integer("carry_draws", 0, 0, MAX_REPEAT)
+        init = f.text("carry_init", "zeros")
+        if init not in ("zeros", "random"):
+            raise SpecError(
+                "`carry_init` of an RNN is zeros (NNX's default: initialize_carry draws keys it does not use) or "
+                f"random (the cell's carry_init uses them), not {init!r}",
+                f.need("carry_init").loc,
+            )
+        return NnxRnn(loc, _attribute(f, f"rnn_{n}"), cell, mode, broadcast, carry, init)
+
     def statements(self, node: YNode | None, cls: str, where: str):
         if node is None or node.value is None:
             return
@@ -363,7 +565,11 @@ class NnxParser:
             yield self.statement(item, cls, where, counts)
 
     def statement(self, item: YNode, cls: str, where: str, counts: dict) -> NnxStatement:
-        allowed = ("draw", "call") + CONTROL if where == "call" else ("draw", "module", "ToNNX") + LAYERS
+        allowed = (
+            ("draw", "call") + CONTROL
+            if where == "call"
+            else ("draw", "module", "ToNNX", "RNN", "Bidirectional") + LAYERS
+        )
         if isinstance(item.value, str):
             key, arg = item.value, None
         elif item.is_map and len(item.value) == 1:
@@ -377,7 +583,7 @@ class NnxParser:
             raise _mixed(key, loc)
         if key not in allowed:
             hint = ""
-            if where == "call" and key in LAYERS + ("module", "ToNNX"):
+            if where == "call" and key in LAYERS + ("module", "ToNNX", "RNN", "Bidirectional"):
                 hint = "; build it in `init:` and call it here with `call: NAME`"
             elif where == "init" and key == "call":
                 hint = "; __init__ builds, __call__ calls: move it to `call:`"
@@ -403,6 +609,10 @@ class NnxParser:
         counts[key] = n + 1
         if key == "ToNNX":
             return self.bridge(arg, loc, n)
+        if key == "RNN":
+            return self.rnn(arg, loc, n, cls)
+        if key == "Bidirectional":
+            return self.bidirectional(arg, loc, n, cls)
         if key == "module":
             if arg is None or not arg.is_map:
                 raise SpecError("`module` takes a mapping: class, name, rngs, init, call", loc)
@@ -499,6 +709,8 @@ class NnxParser:
             raise self.too_old("keep_rngs", values["keep_rngs"].loc)
         if kind in SINCE and self.lacks(kind):
             raise self.too_old(kind, loc)
+        if kind in CELLS:
+            self.modelled(f"nnx.{kind}", loc)
         return NnxLayer(loc, kind, name, tuple(opts))
 
     def bridge(self, arg: YNode | None, loc, n: int) -> NnxBridge:
@@ -547,7 +759,14 @@ class NnxParser:
             raise SpecError("`call` names an attribute built in `init:`: `call: drop` or `call: {name: drop}`", loc)
         if isinstance(arg.value, str):
             return NnxCall(loc, arg.value)
-        f = Fields(arg, "`call`", ("name", "repeat", "key", "rngs", "fork_rngs") + TRANSFORM_KEYS, ("name",))
+        f = Fields(
+            arg,
+            "`call`",
+            ("name", "repeat", "key", "rngs", "fork_rngs", "length", "initial_carry") + TRANSFORM_KEYS,
+            ("name",),
+        )
+        length = f.integer("length", 0, 1, MAX_STEPS)
+        initial = f.flag("initial_carry", False)
         rn = f.get("rngs")
         if rn is not None:
             if rn.value not in ("call", "model"):
@@ -559,10 +778,17 @@ class NnxParser:
                 )
             for other in ("key", "fork_rngs", *TRANSFORM_KEYS):
                 if f.has(other):
-                    raise SpecError(f"give a Dropout's call `rngs: {rn.value}` or `{other}:`, not both", rn.loc)
+                    raise SpecError(f"give a call `rngs: {rn.value}` or `{other}:`, not both", rn.loc)
             if self.lacks("a key given to a Dropout call"):
                 raise self.too_old("a key given to a Dropout call", rn.loc)
-            return NnxCall(loc, f.name("name"), f.integer("repeat", 1, 1, MAX_REPEAT), given_rngs=rn.value)
+            return NnxCall(
+                loc,
+                f.name("name"),
+                f.integer("repeat", 1, 1, MAX_REPEAT),
+                given_rngs=rn.value,
+                length=length,
+                initial_carry=initial,
+            )
         fork = _fork(f.get("fork_rngs"))
         if fork is not None and self.lacks("fork_rngs"):
             raise self.too_old("fork_rngs", f.need("fork_rngs").loc)
@@ -579,7 +805,16 @@ class NnxParser:
                 "a key given at the call (`key:`) under nnx.vmap/nnx.scan is not modelled; give it to a plain call",
                 kn.loc if kn is not None else loc,
             )
-        return NnxCall(loc, f.name("name"), f.integer("repeat", 1, 1, MAX_REPEAT), t, key, fork)
+        return NnxCall(
+            loc,
+            f.name("name"),
+            f.integer("repeat", 1, 1, MAX_REPEAT),
+            t,
+            key,
+            fork,
+            length=length,
+            initial_carry=initial,
+        )
 
     def body(self, node: YNode | None, cls: str, what: str) -> tuple[NnxStatement, ...]:
         """A branch or loop body: the statements `call:` takes (nested control flow included)."""
@@ -870,6 +1105,11 @@ def _calls(mod: NnxModule):
     for st in mod.init:
         if isinstance(st, NnxChild):
             yield from _calls(st.module)
+        else:
+            rnns = (st.forward, st.backward) if isinstance(st, NnxBidirectional) else (st,)
+            for r in rnns:
+                if isinstance(r, NnxRnn) and isinstance(r.cell, NnxChild):
+                    yield from _calls(r.cell.module)
 
 
 def drawn_streams(mod: NnxModule) -> set[str]:

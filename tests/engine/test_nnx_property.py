@@ -6,7 +6,10 @@ what they draw), Dropout and attention (which fork their stream), submodules giv
 __call__ calls those layers and submodules (some more than once, some under nnx.scan with streams carried or
 broadcast, or nnx.vmap with streams split or broadcast, some in nnx.fork_rngs) and draws from a kept Rngs,
 some of it inside nnx.cond, nnx.switch, nnx.fori_loop or nnx.while_loop (nested, a branch or body of any of
-these statements); stacked modules (split_rngs around vmap at construction) called by nnx.scan or nnx.vmap over
+these statements); nnx.RNNs (standard cells, keeping their Rngs or not, or user cells holding Dropouts, layers
+and submodules, with broadcast streams and initialize_carry draws; the RNN with its own stream, rngs.carry.fork()
+or none) called over sequences of 1 to 4 steps, with an initial carry, the model's Rngs or nnx.fork_rngs (never in
+lanes: refused); stacked modules (split_rngs around vmap at construction) called by nnx.scan or nnx.vmap over
 their axis; then calls the model several times (`steps`), or runs calls, stale jitted steps, nnx.reseed events
 and calls under nnx.vmap/nnx.scan or nnx.fork_rngs (`run`). Every key NNX hands out (construction and each
 step) must be derive's, in order, or both
@@ -22,6 +25,7 @@ from hypothesis import strategies as st
 from nnx_oracle import check_against_nnx
 
 from rngaudit import FlaxError, SpecError, derive, parse_spec
+from rngaudit.spec.nnx import NnxReseed
 
 EXAMPLES = int(os.environ.get("RNGAUDIT_NNX_EXAMPLES", "40"))
 
@@ -41,9 +45,9 @@ OLD = FLAX < (0, 12)
 
 
 def has(what: str) -> bool:
-    from rngaudit.spec.nnx import SINCE
+    from rngaudit.spec.nnx import MODELLED_SINCE, SINCE
 
-    return FLAX >= SINCE[what]
+    return FLAX >= (SINCE[what] if what in SINCE else MODELLED_SINCE[what])
 
 
 STREAMS = ("params", "dropout", "noise", "default")
@@ -124,6 +128,8 @@ def lane_safe(mod: dict) -> bool:
     """Whether a module can run in a vmap lane: no stacked module and no nnx.vmap of a new axis inside (rngaudit
     does not model nested lanes)."""
     for st_ in mod.get("init", []):
+        if isinstance(st_, dict) and "RNN" in st_:
+            return False  # (an nnx.RNN called in lanes: not modelled, refused)
         child = st_.get("module") if isinstance(st_, dict) else None
         if child is not None and ("stack" in child or not lane_safe(child)):
             return False
@@ -155,11 +161,11 @@ def flat(statements: list):
             yield from flat(s.get("fori_loop", s.get("while_loop"))["body"])
 
 
-def fork_rngs(draw):
+def fork_rngs(draw, tags: tuple[str, ...] = TAGS):
     """A `fork_rngs:` value: every stream, one tag or some."""
     if maybe(draw, 0.4):
         return True
-    tags = draw(st.lists(st.sampled_from(TAGS), unique=True, min_size=1, max_size=2))
+    tags = draw(st.lists(st.sampled_from(tags), unique=True, min_size=1, max_size=2))
     return tags[0] if len(tags) == 1 and maybe(draw, 0.5) else tags
 
 
@@ -190,6 +196,77 @@ def linen_body(draw, depth: int = 1) -> list:
     return body
 
 
+CELLS = ("LSTMCell", "OptimizedLSTMCell", "GRUCell", "SimpleCell")
+RNN_TAGS = TAGS + ("carry", "recurrent_dropout")  # (carry: what initialize_carry and keep_rngs fork)
+
+
+def dropout_streams(mod: dict) -> set[str]:
+    """The streams the Dropouts and attention layers of a module (and the modules it builds) draw from."""
+    out: set[str] = set()
+    for s in mod.get("init", []):
+        if not isinstance(s, dict):
+            continue
+        if "Dropout" in s:
+            out.add(s["Dropout"].get("rng_collection", "dropout"))
+        elif "MultiHeadAttention" in s and s["MultiHeadAttention"].get("dropout_rate"):
+            out.add("dropout")
+        elif "module" in s:
+            out |= dropout_streams(s["module"])
+    return out
+
+
+def rnn(draw, name: str, n: list) -> dict:
+    """`RNN:` (nnx.RNN in __init__): a standard cell (keep_rngs or not) or a user cell (Dropouts, layers,
+    submodules: never lanes, a bridge or the call's Rngs inside), how the RNN gets its carry stream, the
+    broadcast streams (often one a Dropout of the cell uses), a user cell's initialize_carry draws."""
+    o: dict = {"name": name}
+    if maybe(draw, 0.45):
+        kind = draw(st.sampled_from(CELLS))
+        if maybe(draw, 0.5):
+            o["cell"] = kind
+        else:
+            o["cell"] = {kind: {"keep_rngs": draw(st.booleans())}}
+        used: set[str] = {"carry"} if maybe(draw, 0.5) else set()
+    else:
+        cell = draw(module(draw(st.integers(0, 1)), n, lanes=True))
+        if maybe(draw, 0.5):
+            # recurrent dropout (the Randomness guide's): a Dropout of its own stream, called every step
+            drop = f"r{len(cell.get('init', []))}"
+            col = draw(st.sampled_from(("recurrent_dropout", "recurrent_dropout", "dropout", "noise")))
+            cell.setdefault("init", []).append({"Dropout": {"name": drop, "rate": 0.5, "rng_collection": col}})
+            cell.setdefault("call", []).insert(draw(st.integers(0, len(cell.get("call", [])))), {"call": drop})
+        if has("rngs: fork") and maybe(draw, 0.3):
+            cell["rngs"] = draw(st.sampled_from(("shared", "fork")))
+        o["cell"] = {"module": cell}
+        if maybe(draw, 0.8):
+            o["carry_draws"] = draw(st.integers(0, 2))
+        used = dropout_streams(cell)
+    if maybe(draw, 0.7):
+        o["rngs"] = draw(st.sampled_from(("own", "fork", "fork", "none")))
+    if maybe(draw, 0.55):
+        pool = sorted(used) if used and maybe(draw, 0.75) else list(RNN_TAGS)
+        tags = draw(st.lists(st.sampled_from(pool), unique=True, min_size=1, max_size=2))
+        o["broadcast"] = tags[0] if len(tags) == 1 and maybe(draw, 0.5) else tags
+    if maybe(draw, 0.2):
+        o["carry_init"] = draw(st.sampled_from(("zeros", "random")))
+    return {"RNN": o}
+
+
+def rnn_call(draw, name: str, level: int) -> dict:
+    """`call: {name, length}` of an nnx.RNN: an initial carry, the model's (or the call's) Rngs (plain calls
+    only: not in control flow), nnx.fork_rngs, repeated."""
+    c: dict = {"name": name, "length": draw(st.integers(1, 4))}
+    if maybe(draw, 0.25):
+        c["initial_carry"] = True
+    if level == 0 and maybe(draw, 0.25):
+        c["rngs"] = draw(st.sampled_from(("model", "model", "call")))
+    elif has("fork_rngs") and maybe(draw, 0.15):
+        c["fork_rngs"] = fork_rngs(draw, TAGS + ("carry",))
+    if maybe(draw, 0.2):
+        c["repeat"] = 2
+    return {"call": c}
+
+
 def bridged(mod: dict) -> bool:
     """Whether a module holds a bridge.ToNNX (itself or a child): it is called plainly (rngaudit does not model a
     ToNNX in lanes, steps or control flow)."""
@@ -210,13 +287,19 @@ def module(draw, depth: int, n: list, lanes: bool = False, no_keep: bool = False
     init, names = [], []
     children: dict[str, dict] = {}
     dropouts: set[str] = set()
+    rnns: set[str] = set()
     for i in range(draw(st.integers(1 if depth == 2 else 0, 5))):
         kinds = ("layer", "layer", "layer", "draw") + (("module",) if depth > 0 else ())
+        kinds += ("rnn",) if not lanes and has("nnx.RNN") else ()
         what = draw(st.sampled_from(kinds + (("stack",) if depth > 0 and not lanes else ())))
         if not lanes and has("ToNNX") and maybe(draw, 0.08):
             what = "bridge"
         name = f"a{i}"
-        if what == "bridge":
+        if what == "rnn":
+            init.append(rnn(draw, name, n))
+            names.append(name)
+            rnns.add(name)
+        elif what == "bridge":
             module_ = {"class": f"E{i}", "body": linen_body(draw)}
             init.append({"ToNNX": {"name": name, "module": module_}})
             names.append(name)
@@ -252,6 +335,8 @@ def module(draw, depth: int, n: list, lanes: bool = False, no_keep: bool = False
             return control(level)
         if names and (not keep or maybe(draw, 0.7)):
             target = draw(st.sampled_from(names))
+            if target in rnns:
+                return rnn_call(draw, target, level)
             child = children.get(target)
             if child is not None and (bridged(child) or uses_call_rngs(child)):
                 # (a ToNNX, or a module holding one, or giving a Dropout the call's Rngs: called plainly, outside
@@ -298,6 +383,10 @@ def module(draw, depth: int, n: list, lanes: bool = False, no_keep: bool = False
         made = one(0)
         if made is not None:
             call.append(made)
+    called = {c["call"]["name"] for c in flat(call) if isinstance(c, dict) and isinstance(c.get("call"), dict)}
+    for name in sorted(rnns - called):
+        if maybe(draw, 0.75):  # (an RNN built and never called draws only at construction)
+            call.insert(draw(st.integers(0, len(call))), rnn_call(draw, name, 0))
     if init:
         mod["init"] = init
     if call:
@@ -314,6 +403,10 @@ def nnx_specs(draw) -> str:
     model = draw(module(2, [0]))
     if bridged(model) and "params" not in streams and "default" not in streams:
         streams.insert(0, "params")  # (a Linen param without a params key is Flax's error, outside the oracle's)
+    recurrent = "RNN" in yaml.safe_dump(model)
+    if recurrent:
+        # an RNN forks `carry` (rngs: fork, a cell's keep_rngs; else default, or NNX's error); recurrent dropout
+        streams += [s for s in ("carry", "recurrent_dropout") if maybe(draw, 0.6 if s == "carry" else 0.4)]
     doc = {
         "rngaudit": 1,
         "flavour": "nnx",
@@ -325,23 +418,35 @@ def nnx_specs(draw) -> str:
     plain = uses_call_rngs(model) or draw(st.integers(0, 9)) == 7  # (hypothesis draws 0 and floats near 0 often)
     if plain and (maybe(draw, 0.8) or "rngs: call" in yaml.safe_dump(model)):
         # rngs = nnx.Rngs(...), given to every call: model(x, rngs=rngs) (a stream it lacks is NNX's KeyError)
-        given = draw(st.lists(st.sampled_from(STREAMS), unique=True, min_size=1, max_size=2))
+        given = draw(st.lists(st.sampled_from(STREAMS + ("carry",) * recurrent), unique=True, min_size=1, max_size=2))
         doc["call_rngs"] = {s: draw(st.integers(0, 5)) for s in given}
     if maybe(draw, 0.5):
         doc["steps"] = draw(st.integers(0, 3))
     elif plain:
         doc["run"] = draw(st.lists(st.sampled_from(("call", "reseed")), min_size=1, max_size=4))
-        doc["run"] = [e if e == "call" else {"reseed": {"dropout": draw(st.integers(0, 5))}} for e in doc["run"]]
+        reseeded = ("dropout", "carry") if recurrent else ("dropout",)
+        doc["run"] = [
+            e
+            if e == "call"
+            else {
+                "reseed": {
+                    s: draw(st.integers(0, 5))
+                    for s in draw(st.lists(st.sampled_from(reseeded), unique=True, min_size=1))
+                }
+            }
+            for e in doc["run"]
+        ]
     else:
-        doc["run"] = draw(st.lists(run_event(lane_safe(model), bridged(model)), min_size=1, max_size=5))
+        doc["run"] = draw(st.lists(run_event(lane_safe(model), bridged(model), recurrent), min_size=1, max_size=5))
     return yaml.safe_dump(doc, sort_keys=False)
 
 
 @st.composite
-def run_event(draw, lanes_ok: bool, bridge: bool = False):
+def run_event(draw, lanes_ok: bool, bridge: bool = False, recurrent: bool = False):
     kind = draw(st.sampled_from(("call", "call", "stale_call", "reseed") + (() if bridge else ("transformed",))))
     if kind == "reseed":
-        names = draw(st.lists(st.sampled_from(ASKED), unique=True, min_size=1, max_size=3))
+        asked = ASKED + (("carry", "carry", "recurrent_dropout") if recurrent else ())
+        names = draw(st.lists(st.sampled_from(asked), unique=True, min_size=1, max_size=3))
         return {"reseed": {s: draw(st.integers(0, 5)) for s in names}}
     if kind == "transformed":
         fork = {"fork_rngs": fork_rngs(draw)} if has("fork_rngs") and maybe(draw, 0.25) else {}
@@ -384,6 +489,13 @@ def test_random_nnx_models_match_nnx(text):
         "rngs: model",
         "call_rngs:",
         "only:",
+        "RNN:",
+        "length:",
+        "initial_carry:",
+        "carry_draws:",
+        "carry_init:",
     ):
         if word in text:
             event(f"has {word[:-1]}")
+    if any(isinstance(e, NnxReseed) and any(s == "carry" for s, _ in e.streams) for e in spec.run):
+        event("reseeds carry")
