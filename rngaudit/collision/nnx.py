@@ -252,8 +252,8 @@ _FIX = {
     "frozen": "for one mask per sequence and a new one per call, draw one key per call outside the scan (key = "
     "rngs.<stream>()) and pass it to the Dropout in every step (drop(h, rngs=key)); for a mask per step, carry "
     "the stream (StateAxes {...: nnx.Carry})",
-    "scan_broadcast": "intended for recurrent dropout; carry the stream (StateAxes {...: nnx.Carry}) if each "
-    "step should draw its own key",
+    "scan_broadcast": "intended for recurrent dropout; carry the stream (StateAxes {...: nnx.Carry}, or leave it out "
+    "of nnx.RNN's broadcast_rngs) if each step should draw its own key",
     "linen_concatenation": "rename one of the Linen modules, or set flax_fix_rng_separator (a separator between the "
     "hashed names; it changes every Linen key)",
     "linen_hash_word": "rename one of the Linen modules (a 32-bit word collision is chance: any change of name moves "

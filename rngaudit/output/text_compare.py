@@ -23,6 +23,12 @@ def render_text(cmp: Comparison) -> str:
             s = e.site
             lane = f" lane {list(s.lane)}" if s.lane else ""
             label = f" {s.label}" if s.label else ""
+            if s.step >= 0:
+                # (NNX: when it was drawn, construction or the n-th call, and its nnx.scan step)
+                when = ["init" if s.step == 0 else f"step {s.step}"] + (
+                    [f"scan {s.iteration}"] if s.iteration >= 0 else []
+                )
+                lane = f" ({', '.join(when)})" + lane
             old = list(e.old.key) if e.old is not None and e.old.key else "-"
             new = list(e.new.key) if e.new is not None and e.new.key else "-"
             path = s.path_str if status != "moved" or e.old is None else f"{e.old.path_str} -> {s.path_str}"

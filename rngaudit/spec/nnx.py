@@ -479,14 +479,9 @@ class NnxParser:
             import dataclasses
 
             rnns.append(dataclasses.replace(self.rnn(node, node.loc, 0, cls), name=f"{side}_rnn"))
-        mode = f.text("rngs", "own")
-        if mode not in RNN_RNGS:
-            raise SpecError(
-                "`rngs` of a Bidirectional is own (its own RngStream(0, tag='carry'), the default), fork (rngs=rngs: "
-                f"rngs.carry.fork()) or none (rngs=False), not {mode!r}{suggest(mode, RNN_RNGS)}",
-                f.need("rngs").loc,
-            )
-        return NnxBidirectional(loc, _attribute(f, f"bidirectional_{n}"), rnns[0], rnns[1], mode)
+        return NnxBidirectional(
+            loc, _attribute(f, f"bidirectional_{n}"), rnns[0], rnns[1], _rnn_rngs(f, "a Bidirectional")
+        )
 
     def rnn(self, arg: YNode | None, loc, n: int, cls: str) -> NnxRnn:
         """`RNN: {cell, name, rngs, broadcast, carry_draws}`: nnx.RNN(cell, rngs=..., broadcast_rngs=...)."""
@@ -527,13 +522,7 @@ class NnxParser:
         import dataclasses
 
         cell = dataclasses.replace(cell, name="cell")
-        mode = f.text("rngs", "own")
-        if mode not in RNN_RNGS:
-            raise SpecError(
-                "`rngs` of an RNN is own (nnx.RNN(cell): its own RngStream(0, tag='carry'), the default), fork "
-                f"(rngs=rngs: it keeps rngs.carry.fork()) or none (rngs=False), not {mode!r}{suggest(mode, RNN_RNGS)}",
-                f.need("rngs").loc,
-            )
+        mode = _rnn_rngs(f, "an RNN")
         bn = f.get("broadcast")
         broadcast = () if bn is None else _streams(bn, "`broadcast:` (the streams of broadcast_rngs)")
         if isinstance(cell, NnxLayer):
@@ -889,6 +878,18 @@ class NnxParser:
         f = Fields(arg, f"`{kind}`", ("iterations", "body"), ("iterations", "body"))
         n = as_int(f.need("iterations"), f"`iterations` of {kind}", 0, MAX_STEPS)
         return NnxLoop(loc, kind, n, self.body(f.need("body"), cls, f"`body` of {kind}"))
+
+
+def _rnn_rngs(f: Fields, what: str) -> str:
+    """The `rngs:` of an RNN or a Bidirectional: what it keeps for initialize_carry."""
+    mode = f.text("rngs", "own")
+    if mode not in RNN_RNGS:
+        raise SpecError(
+            f"`rngs` of {what} is own (its own RngStream(0, tag='carry'), the default), fork (rngs=rngs: it keeps "
+            f"rngs.carry.fork()) or none (rngs=False), not {mode!r}{suggest(mode, RNN_RNGS)}",
+            f.need("rngs").loc,
+        )
+    return mode
 
 
 def _fork(node: YNode | None) -> tuple[str, ...] | None:
