@@ -203,6 +203,8 @@ def _cell_class(st: NnxChild, rec, path: str, cache: dict, carry_draws: int):
             rngs = getattr(self, "rngs", None)
         if isinstance(rngs, nnx.Rngs):
             rngs = rngs.carry
+        if rngs is None and carry_draws:
+            raise ValueError("RNGs must be provided to initialize the cell carry.")  # (as NNX's cells raise)
         site, rec.site = rec.site, path + ".initialize_carry"
         for _ in range(carry_draws):
             rngs()
