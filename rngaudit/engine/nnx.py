@@ -506,7 +506,13 @@ class NnxReplayer:
                 raise FlaxError(
                     "ValueError",
                     f"RNGs must be provided to initialize the cell carry. ({r.path} is built with rngs=False and its "
-                    "cell keeps none: give the call rngs (`rngs: model`) or an initial carry (`initial_carry: true`))",
+                    + (
+                        "cell keeps no stream"
+                        if isinstance(r.cell, Layer)
+                        else "cell's initialize_carry is given none (a user cell is taken to raise then, as NNX's "
+                        "cells do)"
+                    )
+                    + ": give the call rngs (`rngs: model`) or an initial carry (`initial_carry: true`))",
                     st.loc,
                 )
             unused = r.st.carry_init == "zeros"
