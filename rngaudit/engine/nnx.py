@@ -452,9 +452,7 @@ class NnxReplayer:
         (not forked), given to the forward RNN's call and then the backward one's (each, given None, its own)."""
         stream = b.own
         if st.given_rngs:
-            given = self.call_rngs if st.given_rngs == "call" else self.model_rngs
-            assert given is not None
-            stream = given.get("carry", "AttributeError", st.loc)
+            stream = self.rngs_given(st).get("carry", "AttributeError", st.loc)
         for r in (b.fwd, b.bwd):
             self.rnn_call(r, st, stream, bidi=True)
 
@@ -487,9 +485,7 @@ class NnxReplayer:
             )
         stream = given if given is not None else r.own
         if st.given_rngs and not bidi:
-            rngs = self.call_rngs if st.given_rngs == "call" else self.model_rngs
-            assert rngs is not None
-            g = rngs.get("carry", "AttributeError", st.loc)
+            g = self.rngs_given(st).get("carry", "AttributeError", st.loc)
             stream = self.fork(
                 g,
                 r.path,
@@ -1053,6 +1049,13 @@ class NnxReplayer:
                 )
             )
 
+    def rngs_given(self, st: NnxCall) -> Rngs:
+        """The Rngs a call is given (`rngs: call`: the spec's call_rngs; `rngs: model`: the one the model is built
+        from)."""
+        given = self.call_rngs if st.given_rngs == "call" else self.model_rngs
+        assert given is not None  # (the parser asks for `call_rngs:`)
+        return given
+
     def given_rngs(self, layer: Layer, st: NnxCall) -> None:
         """`self.drop(x, rngs=rngs)`, `st.repeat` times, given the Rngs the model's call was given (mirrors
         nnx.Dropout.__call__: `rngs[rng_collection]()`, the call's Rngs winning over the Dropout's own stream,
@@ -1067,10 +1070,8 @@ class NnxReplayer:
                 "plainly",
                 st.loc,
             )
-        given = self.call_rngs if st.given_rngs == "call" else self.model_rngs
-        assert given is not None  # (the parser asks for `call_rngs:`)
         col = str(layer.st.opt("rng_collection"))
-        s = given.get(col, "KeyError", st.loc)
+        s = self.rngs_given(st).get(col, "KeyError", st.loc)
         self.draw(s, layer.path, "dropout", col, st.loc, n=st.repeat)
 
     def call_layer(self, layer: Layer, loc: Location, n: int = 1) -> None:

@@ -787,7 +787,6 @@ def _rnn_call(rec: NnxRecorder, rnn, args: tuple, kwargs: dict, in_bidi: bool) -
     from flax import nnx
 
     cell = rnn.forward_rnn.cell if _is_bidi(rnn) else rnn.cell
-
     inputs = args[0] if args else kwargs.get("inputs")
     major = kwargs.get("time_major")
     major = rnn.time_major if major is None else major
@@ -972,7 +971,8 @@ class _SpecBuilder:
         if standard:
             if cell_b.rngs is not parent.rngs:
                 raise self.unsupported(f"{where}.cell ({kind}) is given another Rngs than its parent's")
-            out["cell"] = {kind: _layer_options(cell_obj)} if _layer_options(cell_obj) else kind
+            options = _layer_options(cell_obj)
+            out["cell"] = {kind: options} if options else kind
         else:
             mode = "shared"
             if cell_b.rngs is not parent.rngs:
@@ -1050,19 +1050,20 @@ class _SpecBuilder:
                 forks.append(what)
             else:
                 child: Built = what
-                if id(self.rec.resolve(child.obj)) in cells:
-                    cells[id(self.rec.resolve(child.obj))] = child
+                cid = id(self.rec.resolve(child.obj))
+                if cid in cells:
+                    cells[cid] = child
                     continue
-                if id(self.rec.resolve(child.obj)) in rnns:
-                    rnns[id(self.rec.resolve(child.obj))] = child
+                if cid in rnns:
+                    rnns[cid] = child
                     continue
                 if _is_bidi(child.obj):
-                    name = names.get(id(self.rec.resolve(child.obj)))
+                    name = names.get(cid)
                     if name is None:
                         raise self.unsupported(
                             f"{cls}.__init__ builds an nnx.Bidirectional it does not keep as an attribute"
                         )
-                    built[id(self.rec.resolve(child.obj))] = name
+                    built[cid] = name
                     obj_b = self.rec.resolve(child.obj)
                     if obj_b.forward_rnn is obj_b.backward_rnn:
                         raise self.unsupported(
@@ -1083,10 +1084,10 @@ class _SpecBuilder:
                     init.append({"Bidirectional": {"name": name, **sides, **own}})
                     continue
                 if _is_rnn(child.obj):
-                    name = names.get(id(self.rec.resolve(child.obj)))
+                    name = names.get(cid)
                     if name is None:
                         raise self.unsupported(f"{cls}.__init__ builds an nnx.RNN it does not keep as an attribute")
-                    built[id(self.rec.resolve(child.obj))] = name
+                    built[cid] = name
                     init.append({"RNN": self.rnn(child, cells, b, forks, f"{cls}.{name}", name)})
                     continue
                 if type(child.obj).__name__ == "ToNNX" and "bridge" in type(child.obj).__module__:

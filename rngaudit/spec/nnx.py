@@ -8,6 +8,7 @@ caller's `Rngs` shares its counters; a Dropout forks its own stream)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -322,6 +323,8 @@ SINCE = {
     "fork_rngs": (0, 11),
 }
 # what rngaudit models with the rules of one release on (checked against that release; older ones not)
+# what a module builds and keeps as an attribute (`name:`)
+ATTRIBUTES = (NnxLayer, NnxChild, NnxBridge, NnxRnn, NnxBidirectional)
 MODELLED_SINCE = {"nnx.RNN": (0, 12), "nnx.Bidirectional": (0, 12), **{f"nnx.{c}": (0, 12) for c in CELLS}}
 
 
@@ -333,20 +336,21 @@ class NnxParser:
     def lacks(self, what: str) -> bool:
         return self.version is not None and self.version < SINCE[what]
 
+    def said(self) -> str:
+        """Who names the release the spec is read under, and which."""
+        have = ".".join(map(str, self.version or ()))
+        return f"{self.origin} says flax {have}" if self.origin else f"this spec says flax {have} (`flax: version`)"
+
     def too_old(self, what: str, loc) -> SpecError:
         since = ".".join(map(str, SINCE[what]))
-        have = ".".join(map(str, self.version or ()))
-        said = f"{self.origin} says flax {have}" if self.origin else f"this spec says flax {have} (`flax: version`)"
-        return SpecError(f"{what} is flax {since} and later; {said}", loc)
+        return SpecError(f"{what} is flax {since} and later; {self.said()}", loc)
 
     def modelled(self, what: str, loc) -> None:
         since = MODELLED_SINCE[what]
         if self.version is not None and self.version < since:
-            have = ".".join(map(str, self.version))
-            said = f"{self.origin} says flax {have}" if self.origin else f"this spec says flax {have} (`flax: version`)"
             raise SpecError(
                 f"rngaudit models {what} with the rules of flax {'.'.join(map(str, since))} and later (checked "
-                f"against real NNX); {said}",
+                f"against real NNX); {self.said()}",
                 loc,
             )
 
@@ -361,11 +365,11 @@ class NnxParser:
         init = tuple(self.statements(f.get("init"), cls, "init"))
         names: dict[str, NnxStatement] = {}
         for st in init:
-            if isinstance(st, (NnxLayer, NnxChild, NnxBridge, NnxRnn, NnxBidirectional)) and keep and st.name == "rngs":
+            if isinstance(st, ATTRIBUTES) and keep and st.name == "rngs":
                 raise SpecError(
                     f"{cls} keeps its Rngs as `self.rngs` (keep_rngs: true); name this attribute otherwise", st.loc
                 )
-            if isinstance(st, (NnxLayer, NnxChild, NnxBridge, NnxRnn, NnxBidirectional)):
+            if isinstance(st, ATTRIBUTES):
                 if st.name in names:
                     raise SpecError(
                         f"attribute {st.name!r} of {cls} is assigned twice in __init__; give it another `name:`",
@@ -476,8 +480,6 @@ class NnxParser:
                 raise SpecError(
                     f"nnx.Bidirectional keeps its RNNs as `{side}_rnn`: drop `name:`", node.key_locs["name"]
                 )
-            import dataclasses
-
             rnns.append(dataclasses.replace(self.rnn(node, node.loc, 0, cls), name=f"{side}_rnn"))
         return NnxBidirectional(
             loc, _attribute(f, f"bidirectional_{n}"), rnns[0], rnns[1], _rnn_rngs(f, "a Bidirectional")
@@ -519,8 +521,6 @@ class NnxParser:
         if isinstance(cell, NnxChild) and cell.stack:
             raise SpecError("a stacked cell inside nnx.RNN is not modelled yet; drop `stack:`", cell.loc)
         assert isinstance(cell, (NnxLayer, NnxChild))
-        import dataclasses
-
         cell = dataclasses.replace(cell, name="cell")
         mode = _rnn_rngs(f, "an RNN")
         bn = f.get("broadcast")
@@ -1116,8 +1116,6 @@ def _calls(mod: NnxModule):
 def drawn_streams(mod: NnxModule) -> set[str]:
     """The streams a module (its submodules included) asks for: its Dropout and attention layers' rng_collection
     and its `draw:` statements' streams."""
-    import dataclasses
-
     out: set[str] = set()
 
     def walk(x) -> None:

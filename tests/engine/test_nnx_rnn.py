@@ -6,6 +6,8 @@ NNX hands out and never uses (a zeros carry)."""
 
 from __future__ import annotations
 
+import textwrap
+
 import pytest
 from nnx_oracle import agree, assert_one_error_line, nnx_keys, write_nnx_spec
 from nnx_oracle import nnx_spec as spec_of
@@ -68,7 +70,7 @@ def test_initial_carry_draws_nothing_for_the_carry():
 
 # a user cell with input dropout (carried: a new mask every step) and recurrent dropout (broadcast: one mask a
 # sequence), the recurrent-dropout pattern of the NNX "Randomness" guide, run by nnx.RNN
-USER = """
+USER = textwrap.dedent("""
     rngs: {params: 0, dropout: 1, recurrent_dropout: 4, carry: 2}
     steps: 3
     model:
@@ -88,7 +90,7 @@ USER = """
                 call: [{call: drop}, {call: rdrop}]
       call:
         - call: {name: rnn, length: 3}
-    """
+    """)
 
 
 @pytest.mark.parametrize(
@@ -108,9 +110,7 @@ USER = """
     ],
 )
 def test_a_user_cell_with_recurrent_dropout_hands_out_nnx_keys(change):
-    import textwrap
-
-    text = textwrap.dedent(USER)
+    text = USER
     for old, new in change.items():
         assert old in text
         text = text.replace(old, new)
@@ -118,10 +118,8 @@ def test_a_user_cell_with_recurrent_dropout_hands_out_nnx_keys(change):
 
 
 def test_recurrent_dropout_is_one_mask_a_sequence_and_a_new_one_each_call():
-    import textwrap
-
-    rows = derive(spec_of(textwrap.dedent(USER))).calls
-    theirs = nnx_keys(spec_of(textwrap.dedent(USER)))
+    rows = derive(spec_of(USER)).calls
+    theirs = nnx_keys(spec_of(USER))
     rdrop = [
         (c.derivation.step, tuple(c.key)) for c in rows if c.derivation.site == "rnn.cell.rdrop" and c.derivation.step
     ]
@@ -136,11 +134,11 @@ def test_recurrent_dropout_is_one_mask_a_sequence_and_a_new_one_each_call():
     assert {tuple(r["key"]) for r in theirs if r["site"] == "rnn.cell.rdrop" and r["step"]} == set().union(
         *per_step.values()
     )
-    found = audit_nnx(spec_of(textwrap.dedent(USER))).collisions
+    found = audit_nnx(spec_of(USER)).collisions
     assert {c.category for c in found} == {"scan_broadcast"} and not any(c.failing for c in found)
 
 
-TWO = """
+TWO = textwrap.dedent("""
     rngs: {params: 0, dropout: 1}
     steps: 2
     model:
@@ -151,13 +149,11 @@ TWO = """
       call:
         - call: {name: fwd, length: 4}
         - call: {name: bwd, length: 4}
-    """
+    """)
 
 
 def test_two_rnns_with_their_own_streams_share_carry_keys_only_a_random_carry_uses():
-    import textwrap
-
-    zeros = textwrap.dedent(TWO)
+    zeros = TWO
     assert agree(zeros)["keys"] == 24 + 8
     # NNX hands every RNN built without rngs RngStream(0): the same carry keys as each other and as params=0;
     # with the default zeros carry they are never used, so nothing is reported
@@ -181,9 +177,7 @@ def test_two_rnns_with_their_own_streams_share_carry_keys_only_a_random_carry_us
 
 
 def test_derive_shows_unused_carry_keys():
-    import textwrap
-
-    r = invoke("derive", write_nnx_spec(textwrap.dedent(TWO)))
+    r = invoke("derive", write_nnx_spec(TWO))
     assert r.exit_code == 0
     assert "fwd.cell.initialize_carry (unused: the carry is zeros)" in r.stdout
     assert "key 0 (nnx.RNN's own RngStream) -> fold_in 0" in r.stdout
@@ -209,9 +203,7 @@ def test_derive_shows_unused_carry_keys():
     ],
 )
 def test_bad_rnn_statements_get_one_error_line(tmp_path, old, new, message):
-    import textwrap
-
-    text = textwrap.dedent(TWO)
+    text = TWO
     assert old in text
     assert_one_error_line(tmp_path, text.replace(old, new, 1), message)
 
@@ -233,7 +225,7 @@ def test_an_rnn_without_rngs_and_a_cell_without_them_fails_as_nnx_does():
     assert e.value.flax_error == "ValueError" and "RNGs must be provided to initialize the cell carry" in str(e.value)
 
 
-BIDI = """
+BIDI = textwrap.dedent("""
     rngs: {params: 0, dropout: 1, recurrent_dropout: 4, carry: 2}
     steps: 2
     model:
@@ -254,16 +246,14 @@ BIDI = """
               rngs: SIDE
       call:
         - call: {name: bi, length: 3CALL}
-    """
+    """)
 
 
 @pytest.mark.parametrize("mode", ["own", "fork", "none"])
 @pytest.mark.parametrize("side", ["own", "fork", "none"])
 @pytest.mark.parametrize("call", ["", ", rngs: model", ", initial_carry: true"])
 def test_bidirectional_hands_out_nnx_keys(mode, side, call):
-    import textwrap
-
-    text = textwrap.dedent(BIDI).replace("MODE", mode).replace("SIDE", side).replace("CALL", call)
+    text = BIDI.replace("MODE", mode).replace("SIDE", side).replace("CALL", call)
     got = agree(text)
     if mode == side == "none" and not call:
         assert got == {"error": "ValueError"}  # neither Bidirectional nor its RNNs keep a stream
