@@ -4,6 +4,7 @@
 # string annotation costs it an eval (about 5 ms of each start). Annotations must be valid at runtime.
 import os
 import sys
+from contextlib import nullcontext
 from typing import NamedTuple
 
 import typer
@@ -163,17 +164,22 @@ def derive(
             from ..output.text_rows import derive_text, terminal
 
             width, color = terminal(output)
-            write_stream(
-                derive_text(
-                    report,
-                    width=width,
-                    color=color,
-                    wide=o.wide,
-                    columns=picked,
-                    max_rows=o.max_rows,
-                ),
-                output,
-            )
+            n = len(report.calls)
+            # (no bar while the rows themselves go to the terminal: they would interleave)
+            bar = progress(min(o.max_rows, n) if o.max_rows else n, "writing") if width is None else nullcontext(None)
+            with bar as written:
+                write_stream(
+                    derive_text(
+                        report,
+                        width=width,
+                        color=color,
+                        wide=o.wide,
+                        columns=picked,
+                        max_rows=o.max_rows,
+                        advance=written,
+                    ),
+                    output,
+                )
         else:
 
             def render(console) -> None:  # (the text report, had a format asked for it: the one above)

@@ -9,9 +9,8 @@ import numpy as np
 
 from .. import __version__
 from ..engine.derive import DeriveReport, KeyedCall, TableCalls
-from ..engine.hashing import hash_input
 from ..engine.nnx import NnxDeriveReport, NnxKeyedCall
-from ..engine.table import KeyTable
+from .table_records import Layout, indented, table_records
 
 JSON_FORMAT = "rngaudit.derive"
 JSON_FORMAT_VERSION = 1
@@ -139,7 +138,23 @@ def json_chunks(report: DeriveReport | NnxDeriveReport, advance=None):
         yield "[]"
     else:
         if isinstance(calls, TableCalls):
-            records = indented_call_records(calls, encoder)
+            yield "[\n" + _ITEM
+            layout = Layout(
+                encode=lambda record: _nested(indented(record)),
+                open="[\n" + _ITEM + "    ",
+                between=",\n" + _ITEM + "    ",
+                close="\n" + _ITEM + "  ]",
+                lead=",\n" + _ITEM,
+                end="",
+                extra={},
+                whole=lambda j: _nested(encoder.encode(call_json(calls[j]))),
+            )
+            for text, rows in table_records(calls, layout):
+                yield text
+                if advance is not None:
+                    advance(rows)
+            yield "\n  ]" + tail + "\n"
+            return
         else:
             one = nnx_call_json if isinstance(report, NnxDeriveReport) else call_json
             records = (_nested(encoder.encode(one(c))) for c in calls)  # type: ignore[arg-type]
@@ -168,95 +183,6 @@ def _nested(text: str) -> str:
     """An object encoded on its own (indent 2) as an item of the calls list: each line after the first indented
     by the item's indent (JSON strings hold no raw newline)."""
     return text.replace("\n", "\n" + _ITEM)
-
-
-_SLOTS = ("base", "count", "discarded", "hash_hex", "count_item", "hash_word", "index", "key", "lane")
-
-
-def _slot(name: str) -> str:
-    return f"\x00rngaudit:{name}\x00"
-
-
-def indented_call_records(calls: TableCalls, encoder):
-    """Each call record of a Linen replay as the indenting encoder lays it out inside the document, made from
-    the columns: a template's record is encoded once with placeholders for what varies per row (base, count,
-    discarded, hash word, index, key, lane), then each row fills them in. Rows with drawn values are encoded
-    whole."""
-    table, rows, keys, skip = calls.table, calls.rows, calls.keys, calls.values
-    consts: dict = {}
-    bases_json: dict = {-1: "null"}
-    lanes: dict = {}
-    sep = "00" if table.sep else ""
-    inner = _ITEM + "    "  # a list's items inside a call record
-    for cols in _column_chunks(table, rows, keys):
-        for j, i, t, c, w, b, li, disc, key in cols:
-            if j in skip:
-                yield _nested(encoder.encode(call_json(calls[j])))
-                continue
-            p = consts.get(t, ())
-            if p == ():
-                p = consts[t] = _indented_template(table, t, encoder)
-            if p is None:  # (a name holding a placeholder's text: this template's records are encoded whole)
-                yield _nested(encoder.encode(call_json(calls[j])))
-                continue
-            bj = bases_json.get(b)
-            if bj is None:
-                bj = bases_json[b] = json.dumps(str(table.bases[b]), ensure_ascii=False)
-            sizes = p[9]
-            if sizes:
-                lane = lanes.get((sizes, li))
-                if lane is None:
-                    words = table.lane_of(i)
-                    lane = lanes[(sizes, li)] = (
-                        "[\n" + inner + (",\n" + inner).join(map(str, words)) + "\n" + _ITEM + "  ]" if words else "[]"
-                    )
-            else:
-                lane = "[]"
-            kj = "null" if b < 0 else "[\n" + inner + (",\n" + inner).join(map(str, key)) + "\n" + _ITEM + "  ]"
-            hexed = c.to_bytes((c.bit_length() + 7) // 8, "big").hex()
-            yield (
-                f"{p[0]}{bj}{p[1]}{c}{p[2]}{'true' if disc else 'false'}{p[3]}{sep}{hexed}{p[4]}{c}{p[5]}{w}"
-                f"{p[6]}{i}{p[7]}{kj}{p[8]}{lane}{p[10]}"
-            )
-
-
-def _indented_template(table: KeyTable, t: int, encoder) -> tuple | None:
-    """Template t's call record as the document's encoder lays it out, cut at the placeholders (in _SLOTS order):
-    11 pieces of text around 9 slots, and the lane axes' sizes at index 9 (the pieces are 0-8 and 10); None if a
-    placeholder is not found exactly once (a name that holds its text)."""
-    tpl = table.templates[t]
-    record = {
-        "index": _slot("index"),
-        "path": list(tpl.path),
-        "path_str": "/".join(tpl.path) if tpl.path else "(root)",
-        "stream_requested": tpl.stream_requested,
-        "stream": tpl.stream,
-        "fallback": tpl.stream_requested != tpl.stream,
-        "count": _slot("count"),
-        "kind": tpl.kind,
-        "label": tpl.label,
-        "hash_items": [*tpl.suffix, _slot("count_item")],
-        "hash_input_hex": hash_input(tpl.suffix, table.sep).hex() + _slot("hash_hex"),
-        "hash_word": _slot("hash_word"),
-        "base": _slot("base"),
-        "key": _slot("key"),
-        "lane": _slot("lane"),
-        "discarded": _slot("discarded"),
-        "notes": list(tpl.notes),
-        "location": tpl.location.as_json(),
-    }
-    text = _nested(encoder.encode(record))
-    pieces = []
-    for name in _SLOTS:
-        marker = json.dumps(_slot(name), ensure_ascii=False)
-        if name == "hash_hex":
-            marker = marker[1:-1]  # (inside the hex string)
-        before, found, text = text.partition(marker)
-        if not found or marker in text or marker in before:
-            return None
-        pieces.append(before)
-    pieces.append(text)
-    return (*pieces[:9], tuple(table.axis_size[a] for a in tpl.axes), pieces[9])
 
 
 # ---------------------------------------------------------------- NNX
@@ -381,13 +307,23 @@ def jsonl_lines(report: DeriveReport | NnxDeriveReport, advance=None):
     if isinstance(report, NnxDeriveReport):
         records = nnx_call_lines(report, dumps)
     elif isinstance(report.calls, TableCalls):
+        # the fast path: records laid out from the columns a chunk at a time
         calls = report.calls
-        # the fast path: lines straight from the columns; rows with drawn values the generic way
-        lines = table_call_lines(calls.table, calls.rows, calls.keys, dumps, calls.values)
-        records = (
-            line if line is not None else dumps({"record": "call", **call_json(calls[j])})
-            for j, line in enumerate(lines)
+        layout = Layout(
+            encode=dumps,
+            open="[",
+            between=",",
+            close="]",
+            lead="",
+            end="\n",
+            extra={"record": "call"},
+            whole=lambda j: dumps({"record": "call", **call_json(calls[j])}),
         )
+        for text, rows in table_records(calls, layout):
+            yield text
+            if advance is not None:
+                advance(rows)
+        records = ()
     else:
         records = (dumps({"record": "call", **call_json(c)}) for c in report.calls)
     for line in records:
@@ -404,95 +340,3 @@ def jsonl_lines(report: DeriveReport | NnxDeriveReport, advance=None):
     for run in () if isinstance(report, NnxDeriveReport) else report.to_linen:
         yield dumps({"record": "to_linen", **to_linen_json(run)}) + "\n"
     yield dumps({"record": "summary", **_summary(report)}) + "\n"
-
-
-def _column_chunks(table: KeyTable, rows: np.ndarray, keys: np.ndarray, step: int = 1 << 15):
-    """The rows' columns a chunk at a time, as Python values zipped per row (numpy scalars are slow one at a time):
-    (position, row, template, count, word, base, lane index, discarded, key words)."""
-    for j0 in range(0, len(rows), step):
-        r = rows[j0 : j0 + step]
-        yield zip(
-            range(j0, j0 + len(r)),
-            r.tolist(),
-            table.block[r].tolist(),
-            table.count[r].tolist(),
-            table.word[r].tolist(),
-            table.base[r].tolist(),
-            table.lane_ix[r].tolist(),
-            table.discarded[r].tolist(),
-            keys[j0 : j0 + step].tolist(),
-        )
-
-
-def table_call_lines(table: KeyTable, rows: np.ndarray, keys: np.ndarray, encode, skip=frozenset()):
-    """`{"record": "call", ...}` JSON lines for `rows` (keys: their key data): byte for byte what
-    `encode` (sorted keys, compact) makes of call_json's objects, without making a
-    Derivation per row: what a template fixes is encoded once. Rows at positions in `skip` (those
-    with drawn values) are yielded as None for the caller."""
-    consts: dict = {}
-    bases_json: dict = {-1: "null"}
-    lanes_json: dict = {}
-    sep = "00" if table.sep else ""
-    for cols in _column_chunks(table, rows, keys):
-        for j, i, t, c, w, b, li, disc, key in cols:
-            if j in skip:
-                yield None
-                continue
-            const = consts.get(t)
-            if const is None:
-                const = consts[t] = _call_const(table, t, encode)
-            fallback, items, pre_hex, kind_label, rest, sizes = const
-            bj = bases_json.get(b)
-            if bj is None:
-                bj = bases_json[b] = encode(str(table.bases[b]))
-            if sizes:
-                # a lane's text depends only on the axes' sizes and its index: bounded by the lanes
-                lane = lanes_json.get((sizes, li))
-                if lane is None:
-                    lane = lanes_json[(sizes, li)] = encode(list(table.lane_of(i)))
-            else:
-                lane = "[]"
-            yield (
-                f'{{"base":{bj},"count":{c},"discarded":{"true" if disc else "false"},"fallback":{fallback},'
-                f'"hash_input_hex":"{pre_hex}{sep}{c.to_bytes((c.bit_length() + 7) // 8, "big").hex()}",'
-                f'"hash_items":{items}{c}],"hash_word":{w},"index":{i},'
-                f'"key":{"null" if b < 0 else "[" + ",".join(map(str, key)) + "]"},{kind_label},'
-                f'"lane":{lane},{rest}}}'
-            )
-
-
-def _call_const(table: KeyTable, t: int, encode) -> tuple:
-    """What template t fixes in a call record, encoded once, in the sorted order of its keys."""
-    tpl = table.templates[t]
-    path, req, used, kind, label, suffix, loc, notes, axes = (
-        tpl.path,
-        tpl.stream_requested,
-        tpl.stream,
-        tpl.kind,
-        tpl.label,
-        tpl.suffix,
-        tpl.location,
-        tpl.notes,
-        tpl.axes,
-    )
-    kind_label = encode({"kind": kind, "label": label})[1:-1]
-    rest = encode(
-        {
-            "location": loc.as_json(),
-            "notes": list(notes),
-            "path": list(path),
-            "path_str": "/".join(path) if path else "(root)",
-            "record": "call",
-            "stream": used,
-            "stream_requested": req,
-        }
-    )[1:-1]
-    items = encode(list(suffix))[:-1] + ("," if suffix else "")
-    return (
-        "true" if req != used else "false",
-        items,
-        hash_input(suffix, table.sep).hex(),
-        kind_label,
-        rest,
-        tuple(table.axis_size[a] for a in axes),
-    )

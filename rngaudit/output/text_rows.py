@@ -14,6 +14,7 @@ import numpy as np
 
 from ..engine.derive import DeriveReport, TableCalls
 from ..engine.hashing import encode_item, hash_input
+from .text_columns import table_lines
 from .text_derive import _items, _notes, _ranges, _values
 
 COLUMNS = ("path", "lane", "stream", "count", "label", "hash-input", "bytes", "word", "key")
@@ -306,10 +307,12 @@ def render_rows(
     wide: bool = False,
     columns: Sequence[str] | None = None,
     max_rows: int | None = None,
+    advance=None,
 ) -> Iterator[str]:
     """The text report of a Linen derive, in chunks of lines: the header, the rows, the notes, the drawn values
     and the summary. `width`: the terminal's (None: piped, every column). `max_rows` (None or 0: every row): list
-    the first rows only, then how many more there are, per stream and per top-level module, and how to see them."""
+    the first rows only, then how many more there are, per stream and per top-level module, and how to see them.
+    `advance(n)` is called as rows are written (a progress bar's)."""
     st = Style(color)
     spec = report.spec
     yield (
@@ -331,7 +334,16 @@ def render_rows(
     yellow = {"stream": st.yellow} if st.color else None
     n = len(report.calls)
     limit = n if not max_rows else min(max_rows, n)
-    for k, (cells, fallback, discarded) in enumerate(rows.cells()):
+    if rows.table is not None and not st.color and cols and cols[-1] == "key":
+        # the fast path's rows, laid out from the columns (uncoloured: no row needs styling)
+        for text, m in table_lines(report.calls, cols, widths, limit):  # type: ignore[arg-type]
+            yield text
+            if advance is not None:
+                advance(m)
+        limit_rows: Iterator = iter(())
+    else:
+        limit_rows = enumerate(rows.cells())
+    for k, (cells, fallback, discarded) in limit_rows:
         if k == limit:
             break
         if discarded:
@@ -341,9 +353,13 @@ def render_rows(
         chunk.append(line)
         if len(chunk) == 4096:
             yield "\n".join(chunk) + "\n"
+            if advance is not None:
+                advance(len(chunk))
             chunk = []
     if chunk:
         yield "\n".join(chunk) + "\n"
+        if advance is not None:
+            advance(len(chunk))
     if limit < n:
         yield from more_rows(n - limit, *_index_range(report, limit), *_breakdown(report), "call sites")
     if left_out:
@@ -371,8 +387,10 @@ def derive_text(
     wide: bool = False,
     columns: Sequence[str] | None = None,
     max_rows: int | None = None,
+    advance=None,
 ):
-    """derive's text report of either flavour, in chunks: Linen's streamed rows, an NNX spec's rows."""
+    """derive's text report of either flavour, in chunks: Linen's streamed rows, an NNX spec's rows (`advance(n)`
+    is called as a Linen report's rows are written)."""
     from ..engine.nnx import NnxDeriveReport
 
     if isinstance(report, NnxDeriveReport):
@@ -380,7 +398,9 @@ def derive_text(
 
         yield from render_nnx_rows(report, width=width, color=color, wide=wide, columns=columns, max_rows=max_rows)
         return
-    yield from render_rows(report, width=width, color=color, wide=wide, columns=columns, max_rows=max_rows)
+    yield from render_rows(
+        report, width=width, color=color, wide=wide, columns=columns, max_rows=max_rows, advance=advance
+    )
     for run in report.to_linen:
         # the NNX module a bridge.ToLinen call builds and calls (its keys come from the make_rng rows above)
         from .text_nnx import render_nnx_rows
