@@ -479,7 +479,10 @@ def verify(
                     f"{ours.target} is a Linen spec and TARGET {os.fspath(against)} is an NNX model (a function "
                     "of an nnx.Rngs); verify a spec against a model of its flavour"
                 )
-            theirs, _, _ = observe(os.fspath(against), list(inputs), seeds, ours.phase, method)
+            # (the method the spec says the model runs, capture --method's, unless --method names another)
+            theirs, _, _ = observe(
+                os.fspath(against), list(inputs), seeds, ours.phase, method if method is not None else ours.method
+            )
     return compare(ours, theirs)
 
 

@@ -122,7 +122,9 @@ def _checked_spec(rec, root_cls: str, cap: Capture) -> str:
     without a layer statement it must reproduce Flax, or capture refuses."""
     excluded: set = set()
     for _ in range(_LAYER_RETRIES):
-        text = build_spec(rec, root_cls, cap.phase, cap.rngs, cap.settings, cap.target, True, frozenset(excluded))
+        text = build_spec(
+            rec, root_cls, cap.phase, cap.rngs, cap.settings, cap.target, True, frozenset(excluded), cap.method
+        )
         try:
             difference = first_difference(text, cap)
         except InternalError:
@@ -134,7 +136,7 @@ def _checked_spec(rec, root_cls: str, cap: Capture) -> str:
         if wider <= excluded:
             break
         excluded |= wider
-    text = build_spec(rec, root_cls, cap.phase, cap.rngs, cap.settings, cap.target)
+    text = build_spec(rec, root_cls, cap.phase, cap.rngs, cap.settings, cap.target, method=cap.method)
     verify_spec_text(text, cap)
     return text
 
@@ -297,6 +299,8 @@ def observe_module(module, args: tuple, kwargs: dict, keys: dict, phase: str, ta
     modules = {p: _module_record(m) for p, m in rec.modules.items()}
     rngs = {s: [int(w) for w in jax.random.key_data(k).ravel()] for s, k in keys.items()}
     cap = Capture(target, phase, rngs, settings, sites, modules, {"flax": flax.__version__, "jax": jax.__version__})
+    method = kwargs.get("method")
+    cap.method = method if isinstance(method, str) and method != "__call__" else None
     return cap, rec
 
 

@@ -101,6 +101,7 @@ class Capture:
     # a Linen spec's bridge.ToLinen calls: (its path text, its call number) -> the NNX keys of the module it built
     # (NNX sites; its make_rng keys are among `sites`)
     to_linen: dict = field(default_factory=dict)
+    method: str | None = None  # the module method the model ran (capture --method), None for __call__
 
     def locate(self) -> None:
         """Give each site of a keys file the line:col of its record (one pass over the file)."""
@@ -110,6 +111,15 @@ class Capture:
         for i, s in enumerate(self.sites):
             if s.location is None:
                 s.location = where.get(("calls", i))
+
+
+def _method(value) -> str | None:
+    """A keys file's `method` (what capture --method ran; absent for __call__)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.isidentifier():
+        raise ValueError(f"`method` must be a method name, not {value!r}")
+    return value
 
 
 def spec_sites(spec, report=None) -> list[Site]:
@@ -184,6 +194,7 @@ def capture_to_json(cap: Capture, spec_file: str | None = None) -> dict:
         "target": cap.target,
         "flavour": cap.flavour,
         "phase": cap.phase,
+        **({"method": cap.method} if cap.method is not None else {}),
         "spec": spec_file,
         "versions": dict(cap.versions),
         "flax": {"fix_rng_separator": cap.settings["fix_rng_separator"]},
@@ -272,6 +283,7 @@ def capture_from_json(doc: dict, file: str, source=None) -> Capture:
             versions,
             source,
             flavour,
+            method=_method(doc.get("method")),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise InputError(
@@ -431,6 +443,7 @@ def _spec_capture(name: str, spec) -> Capture:
 
     report = derive(spec, values=False)
     cap = Capture(name, spec.phase, rngs, settings, spec_sites(spec, report), _spec_modules(spec))
+    cap.method = spec.method
     if report.to_linen:
         from .nnx_capture import nnx_sites
 

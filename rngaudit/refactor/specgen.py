@@ -529,8 +529,10 @@ def build_spec(
     target: str,
     layers: bool = False,
     excluded: frozenset = frozenset(),
+    method: str | None = None,
 ) -> str:
-    """The YAML text of a spec that replays what `rec` observed."""
+    """The YAML text of a spec that replays what `rec` observed (`method`: the module method the model ran, when
+    not __call__)."""
     model = model_doc(rec, phase, target, layers, excluded)
     doc = {
         "rngaudit": 1,
@@ -541,6 +543,7 @@ def build_spec(
             "threefry_partitionable": settings["threefry_partitionable"],
         },
         "phase": phase,
+        **({"method": method} if method is not None else {}),
         "rngs": dict(seeds),
     }
     if phase == "apply" and rec.mutable:

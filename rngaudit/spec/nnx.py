@@ -1045,6 +1045,12 @@ def nnx_spec(
     for key in top.node.value:
         if key in LINEN_STATEMENTS:
             raise _mixed(key, top.node.key_locs[key])
+        if key == "method":
+            raise SpecError(
+                "`method:` names the method a Linen model runs (capture --method); an NNX spec's `run:` and the "
+                "model's `call:` say what runs",
+                top.node.key_locs[key],
+            )
     sn, rn = top.get("steps"), top.get("run")
     if sn is not None and rn is not None:
         raise SpecError("give `steps: N` (N calls of the model) or `run:` (calls and events), not both", rn.loc)

@@ -99,7 +99,20 @@ def spec_from_node(root: YNode, release: Release | None = None) -> Spec | NnxSpe
     top = Fields(
         root,
         "the spec",
-        ("rngaudit", "flavour", "flax", "jax", "phase", "mutable", "rngs", "model", "steps", "run", "call_rngs"),
+        (
+            "rngaudit",
+            "flavour",
+            "flax",
+            "jax",
+            "phase",
+            "method",
+            "mutable",
+            "rngs",
+            "model",
+            "steps",
+            "run",
+            "call_rngs",
+        ),
         (),
     )
     vn = top.get("rngaudit")
@@ -213,7 +226,32 @@ def spec_from_node(root: YNode, release: Release | None = None) -> Spec | NnxSpe
     parser.key_source = lambda kn: _rng_source(kn, width, impl)
     model = parser.root(top.need("model"))
     check_budget(model)
-    return Spec(file, fix, impl, part, phase, mutable, rngs, model, flax_version=flax_version, jax_version=jax_version)
+    return Spec(
+        file,
+        fix,
+        impl,
+        part,
+        phase,
+        mutable,
+        rngs,
+        model,
+        flax_version=flax_version,
+        jax_version=jax_version,
+        method=_method(top),
+    )
+
+
+def _method(top: Fields) -> str | None:
+    """`method: NAME`: the module method the model runs (capture --method writes it; verify runs it)."""
+    node = top.get("method")
+    if node is None:
+        return None
+    name = node.value
+    if not isinstance(name, str) or not name.isidentifier():
+        raise SpecError(
+            f"`method` must be the name of the module method the model runs (e.g. encode), not {name!r}", node.loc
+        )
+    return None if name == "__call__" else name
 
 
 def _no_nnx(top: Fields) -> None:

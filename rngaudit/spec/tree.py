@@ -155,6 +155,7 @@ class Spec:
     extra: dict = field(default_factory=dict)
     flax_version: str | None = None  # `flax: {version}`: the release whose rules apply; None: the newest
     jax_version: str | None = None  # `jax: {version}`: sets threefry_partitionable's default only
+    method: str | None = None  # `method:` the module method the model runs (verify runs it), None: __call__
 
     @property
     def rules(self) -> FlaxRules:

@@ -1224,3 +1224,61 @@ def test_a_spec_with_an_eager_variable_diffs_clean_against_its_models_keys_file(
         r = invoke("diff", *pair)
         assert r.exit_code == 0, r.output
         assert "3 kept, 0 changed, 0 new, 0 gone" in r.output and "things" not in r.output, r.output
+
+
+VAE = (
+    HEADER
+    + """
+class VAE(nn.Module):
+  def setup(self):
+    self.enc = nn.Dense(4)
+    self.dec = nn.Dense(4)
+    self.drop = nn.Dropout(0.1, deterministic=False)
+  def __call__(self, x):
+    return self.dec(self.encode(x))
+  def encode(self, x):
+    h = self.enc(x)
+    return self.drop(h + jax.random.normal(self.make_rng('noise'), h.shape))
+
+def make():
+  return VAE(), (jnp.ones((2, 4)),)
+"""
+)
+
+
+@pytest.mark.parametrize("phase", ["init", "apply"])
+def test_the_method_capture_ran_is_recorded_and_verify_runs_it(tmp_path, phase):
+    """capture --method encode writes `method: encode` into the spec and the keys file; verify runs that method
+    (a spec of encode's keys checked against the model's __call__ found dec's keys missing: a false alarm)."""
+    f = write(tmp_path, "vae.py", VAE)
+    opts = ("--method", "encode", "--rngs", "params=0,noise=1,dropout=2", "--phase", phase)
+    spec, doc = capture(tmp_path, f"{f}:make", *opts)
+    assert yaml.safe_load(spec.read_text())["method"] == "encode" and doc["method"] == "encode"
+    assert_replays(spec, doc)
+    assert not any(c["path"][:1] == ["dec"] for c in doc["calls"])  # (encode never calls dec)
+    r = invoke("verify", spec, "--against", f"{f}:make")
+    assert r.exit_code == 0 and ", 0 missing, 0 extra" in r.output, r.output
+    r = invoke("verify", spec, "--against", tmp_path / "cap.json")
+    assert r.exit_code == 0, r.output
+    # --method names another method: it wins (__call__ also draws dec's params)
+    r = invoke("verify", spec, "--against", f"{f}:make", "--method", "__call__")
+    assert r.exit_code == (1 if phase == "init" else 0) and "0 differ" in r.output, r.output
+    # __call__, the default, is not written
+    plain, doc = capture(tmp_path, f"{f}:make", "--rngs", "params=0,noise=1,dropout=2", stem="plain")
+    assert "method" not in yaml.safe_load(plain.read_text()) and "method" not in doc
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("method: 3\n", "`method` must be the name of the module method the model runs (e.g. encode), not 3"),
+        ("method: 'a b'\n", "not 'a b'"),
+        ("flavour: nnx\nmethod: encode\n", "`method:` names the method a Linen model runs"),
+    ],
+)
+def test_a_bad_method_in_a_spec_is_one_error_line(tmp_path, text, message):
+    model = "{class: M, init: [{Linear: {name: l}}]}" if "nnx" in text else "{class: M, body: [make_rng]}"
+    spec = write(tmp_path, "s.yaml", f"rngaudit: 1\n{text}rngs: {{params: 0}}\nmodel: {model}\n")
+    r = invoke("derive", spec)
+    assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output
+    assert r.output.count("error:") == 1 and f"{spec}:" in r.output
