@@ -33,6 +33,23 @@ def _class_levels(kinds: list[str], outer: str, inner: str) -> list[bool] | None
     return None if rest is None else [False, *rest]
 
 
+def _remat_scan(lifts: list, inner: str) -> list | None:
+    """nn.remat_scan(Block, lengths=(a, b, ...)) as Flax runs it: scan(a) of remat of scan(b) ... (flax/core/lift.py
+    remat_scan), its class `Remat_scanBlock`: one `remat_scan` lift with the lengths; None if `lifts` are not
+    that (the scans' options all alike but their lengths, each remat lifting every stream)."""
+    kinds = [kind for kind, _, _ in lifts]
+    if not lifts or lifts[0][2] != "Remat_scan" + inner or kinds != ["scan", "remat"] * (len(kinds) // 2) + ["scan"]:
+        return None
+    scans = [opts for kind, opts, _ in lifts if kind == "scan"]
+    if any(opts != {"rngs": "all"} for kind, opts, _ in lifts if kind == "remat"):
+        return None
+    shared = [{k: v for k, v in opts.items() if k != "length"} for opts in scans]
+    if any(o != shared[0] for o in shared) or shared[0].get("check_constancy_invariants") is not True:
+        return None
+    opts = {k: v for k, v in shared[0].items() if k != "check_constancy_invariants"}
+    return [("remat_scan", {"lengths": [opts_["length"] for opts_ in scans], **opts}, lifts[0][2])]
+
+
 _REPEATABLE = ("module", "vmap", "scan", "jit", "fold_rngs", "remat", "checkpoint", "map_variables", "remat_scan")
 
 
@@ -280,6 +297,8 @@ class _Builder:
                 return layer
         # class transforms rename the class (VmapMLP, nested: ScanCheckpointBlock); a method decorator keeps it
         classes = _class_levels([kind for kind, _, _ in lifts], lifts[0][2] if lifts else inner.cls, inner.cls)
+        if classes is None and (folded := _remat_scan(lifts, inner.cls)) is not None:
+            lifts, classes = folded, [True]
         if classes is None:
             raise _Unsupported(f"cannot tell how {lifts[0][2]} wraps {inner.cls}")
         stmt = body

@@ -563,7 +563,7 @@ def test_errors_have_the_class_of_their_cause(tmp_path, monkeypatch):
     with pytest.raises(errors.UsageError):
         observe(f"{f}:make", phase="train")
     # a captured spec whose replay disagrees with Flax is a bug of rngaudit's: InternalError (exit code 3)
-    monkeypatch.setattr(capture_module, "build_spec", lambda *a: "rngaudit: 1\nmodel: {class: M}\n")
+    monkeypatch.setattr(capture_module, "build_spec", lambda *a, **kw: "rngaudit: 1\nmodel: {class: M}\n")
     with pytest.raises(errors.InternalError) as e:
         run_capture(f"{f}:make", rngs="params=0,dropout=1")
     assert e.value.exit_code == errors.EXIT_INTERNAL and "does not reproduce Flax" in e.value.message
@@ -1282,3 +1282,69 @@ def test_a_bad_method_in_a_spec_is_one_error_line(tmp_path, text, message):
     r = invoke("derive", spec)
     assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output
     assert r.output.count("error:") == 1 and f"{spec}:" in r.output
+
+
+REMAT_SCAN = (
+    HEADER
+    + """
+class Block(nn.Module):
+    heads: int = 2
+    train: bool = True
+    @nn.compact
+    def __call__(self, x):
+        h = nn.LayerNorm()(x)
+        h = nn.MultiHeadDotProductAttention(num_heads=self.heads, dropout_rate=0.1, deterministic=not self.train)(h)
+        x = x + nn.Dropout(0.1, deterministic=not self.train)(h)
+        h = nn.Dense(16)(nn.LayerNorm()(x))
+        h = nn.Dense(x.shape[-1])(nn.gelu(h))
+        return x + nn.Dropout(0.1, deterministic=not self.train)(h)
+
+class GPT(nn.Module):
+    lengths: tuple = (2, 2)
+    @nn.compact
+    def __call__(self, ids):
+        x = nn.Embed(50, 8)(ids)
+        x = nn.Dropout(0.1, deterministic=False)(x)
+        x = nn.remat_scan(Block, lengths=self.lengths)(heads=2, name="h")(x)
+        return nn.Dense(50)(nn.LayerNorm()(x))
+
+class DenseStack(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.remat_scan(nn.Dense, lengths=(10, 10))(8, name="dense_stack")(x)
+
+class Shared(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.remat_scan(Block, lengths=(3,), variable_broadcast="params",
+                             split_rngs={"params": False, "dropout": True})()(x)
+
+def gpt():
+    return GPT(), (jnp.ones((2, 5), jnp.int32),)
+def gpt3():
+    return GPT(lengths=(2, 1, 2)), (jnp.ones((2, 5), jnp.int32),)
+def dense_stack():
+    return DenseStack(), (jnp.ones((2, 8)),)
+def shared():
+    return Shared(), (jnp.ones((2, 3, 8)),)
+"""
+)
+
+
+@pytest.mark.parametrize(
+    "factory, draws", [("gpt", (82, 13)), ("gpt3", (82, 13)), ("dense_stack", (200, 0)), ("shared", (25, 9))]
+)
+@pytest.mark.parametrize("phase", ["init", "apply"])
+def test_remat_scan_is_captured_as_one_statement(tmp_path, factory, draws, phase):
+    """nn.remat_scan (a GPT's blocks with attention and dropout, the Flax docs' 100 Dense, shared params under
+    variable_broadcast): Flax runs it as scan of remat of scan...; capture writes one `remat_scan` statement with
+    its lengths, whose replay is every key real Flax handed out, and verify finds nothing."""
+    f = write(tmp_path, "models.py", REMAT_SCAN)
+    spec, doc = capture(tmp_path, f"{f}:{factory}", "--rngs", "params=0,dropout=1", "--phase", phase)
+    assert len(doc["calls"]) == draws[phase == "apply"]
+    text = spec.read_text()
+    assert "remat_scan:" in text and "lengths: [" in text and "- scan:" not in text
+    if doc["calls"]:
+        assert_replays(spec, doc)
+    r = invoke("verify", spec, "--against", f"{f}:{factory}")
+    assert r.exit_code == 0 and "0 differ, 0 missing, 0 extra" in r.output, r.output
