@@ -518,10 +518,15 @@ def _verify_nnx(spec: NnxSpec, target: str, inputs, rngs, method, step: str | No
     step_ref = None if step is None else parse_step(step)
     with session(ref, *([step_ref] if step_ref is not None else [])):
         if not is_nnx_target(ref):
-            raise UsageError(
-                f"{spec.file} is an NNX spec and TARGET {target} is not an NNX model (a function of an nnx.Rngs)"
-            )
-        theirs, _ = run_nnx_capture(ref, [parse_input(t) for t in inputs], seeds, spec.steps, step_ref)
+            # a factory without parameters: it builds the NNX model and seeds it itself (nnx.Rngs(0) inside)
+            if rngs is not None:
+                raise UsageError(
+                    f"--rngs: TARGET {target} takes no nnx.Rngs (a factory that seeds its model itself); --rngs seeds "
+                    "a factory that takes the Rngs (def make_model(rngs): return Model(rngs=rngs))"
+                )
+            theirs, _ = run_nnx_capture(ref, [parse_input(t) for t in inputs], None, spec.steps, step_ref)
+        else:
+            theirs, _ = run_nnx_capture(ref, [parse_input(t) for t in inputs], seeds, spec.steps, step_ref)
     theirs.target = target
     return compare(spec_capture(spec.file, spec), theirs)
 

@@ -130,7 +130,7 @@ def fallback_warnings(cap) -> list[str]:
     if cap.flavour == "nnx":
         return [
             f"warning: stream {asked!r} is served by 'default' at {len(paths)} draw(s) (first: {'.'.join(p for p in paths[0].split('/'))}), "
-            f"sharing its counter: no {asked!r} in --rngs"
+            f"sharing its counter: no {asked!r} in the nnx.Rngs the model is built from (--rngs, or the factory's)"
             for (asked, used), paths in fell.items()
         ]
     given = set(cap.rngs)

@@ -101,17 +101,37 @@ def _captured(target, target_text, inputs, rngs, phase, method, steps, step) -> 
                 1 if steps is None else steps,
                 None if step is None else parse_step(step),
             )
-    if steps is not None or step is not None:
-        option = "--steps" if steps is not None else "--step"
-        # (a factory without parameters that returns an NNX model: its own error says how to write an NNX factory)
-        try:
-            build_module(target, [parse_input(t) for t in inputs])
-        except NnxModelError:
-            raise
-        except RngauditError:
-            pass  # (any other failure: the option is the error)
-        raise UsageError(f"{option} applies to NNX models (TARGET builds an nnx.Module from an nnx.Rngs)")
-    cap, rec, root_cls = observe(target_text, inputs, rngs, phase, method)
+    try:
+        if steps is not None or step is not None:
+            option = "--steps" if steps is not None else "--step"
+            try:
+                build_module(target, [parse_input(t) for t in inputs])
+            except NnxModelError:
+                raise
+            except RngauditError:
+                pass  # (any other failure: the option is the error)
+            raise UsageError(f"{option} applies to NNX models (TARGET builds an nnx.Module from an nnx.Rngs)")
+        cap, rec, root_cls = observe(target_text, inputs, rngs, phase, method)
+    except NnxModelError:
+        # a factory without parameters that builds an NNX model and seeds it itself (Model(rngs=nnx.Rngs(0))):
+        # captured with the seeds it gives
+        from .nnx_capture import run_nnx_capture
+
+        if phase != "init" or method is not None or rngs:
+            option = "--rngs" if rngs else "--phase" if phase != "init" else "--method"
+            raise UsageError(
+                f"{option}: TARGET {target_text} builds an NNX model and seeds it itself (nnx.Rngs(...) in the "
+                "factory); --phase and --method are Linen's, and --rngs seeds a factory that takes the Rngs (def "
+                "make_model(rngs): return Model(rngs=rngs))"
+            ) from None
+        with _whole_tracebacks():
+            return run_nnx_capture(
+                target,
+                [parse_input(t) for t in inputs],
+                None,
+                1 if steps is None else steps,
+                None if step is None else parse_step(step),
+            )
     return cap, _checked_spec(rec, root_cls, cap)
 
 

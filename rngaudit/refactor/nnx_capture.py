@@ -1405,11 +1405,12 @@ def is_nnx_target(target: CodeRef) -> bool:
 
 
 def run_nnx_capture(
-    target: CodeRef, inputs: list[InputSpec], seeds: dict[str, int], steps: int, step: CodeRef | None = None
+    target: CodeRef, inputs: list[InputSpec], seeds: dict[str, int] | None, steps: int, step: CodeRef | None = None
 ) -> tuple[Capture, str]:
-    """Capture TARGET (an NNX model) built from nnx.Rngs(**seeds) and called `steps` times (by the training step
-    `step`, `step(model, *args)`, when given); returns the capture and the NNX spec's YAML text, checked: derive
-    replays every key."""
+    """Capture TARGET (an NNX model) built from nnx.Rngs(**seeds) (seeds None: a factory without parameters that
+    seeds the model itself, its nnx.Rngs(...) read) and called `steps` times (by the training step `step`,
+    `step(model, *args)`, when given); returns the capture and the NNX spec's YAML text, checked: derive replays
+    every key."""
 
     if not 0 <= steps <= MAX_STEPS:
         raise UserCodeError(f"--steps {steps}: give 0 to {MAX_STEPS} calls")
@@ -1461,7 +1462,7 @@ def _step_function(step: CodeRef):
 
 
 def _run_nnx_capture(
-    target: CodeRef, inputs: list[InputSpec], seeds: dict[str, int], steps: int, step: CodeRef | None = None
+    target: CodeRef, inputs: list[InputSpec], seeds: dict[str, int] | None, steps: int, step: CodeRef | None = None
 ):
     import flax
     import jax
@@ -1483,9 +1484,13 @@ def _run_nnx_capture(
         # train_step`) is then one capture follows
         factory = _factory(target)
         rec.reset()  # (what the imports built and drew is not the factory's)
+        rngs: Any = None
         try:
-            rngs = nnx.Rngs(**seeds)
-            made = factory(rngs=rngs) if _takes_rngs_keyword(factory) else factory(rngs)
+            if seeds is None:  # a factory without parameters: it seeds the model itself (Model(rngs=nnx.Rngs(0)))
+                made = factory()
+            else:
+                rngs = nnx.Rngs(**seeds)
+                made = factory(rngs=rngs) if _takes_rngs_keyword(factory) else factory(rngs)
         except RngauditError:
             raise
         except (Exception, SystemExit) as e:  # noqa: BLE001 (the model's own error)
@@ -1526,7 +1531,16 @@ def _run_nnx_capture(
                 "container or a layer built from other modules as the root): return a module of yours that builds "
                 "it from the factory's rngs"
             )
-        if root.rngs is not rngs:
+        if rngs is None:
+            rngs = root.rngs
+            seeds = rec.seeds.get(id(rngs))  # (the nnx.Rngs(stream=SEED, ...) the factory made)
+            if seeds is None:
+                raise UnsupportedError(
+                    f"capture of {target.text}: the factory builds the model from an nnx.Rngs not made with integer "
+                    "seeds there (nnx.Rngs(0), nnx.Rngs(params=0, dropout=1)); make it so, or write a factory that "
+                    "takes the Rngs (def make_model(rngs): return Model(rngs=rngs)) and give --rngs"
+                )
+        elif root.rngs is not rngs:
             raise UnsupportedError(
                 f"capture of {target.text}: the model is built from another Rngs than the one the factory is given; "
                 "build it from that one (Model(rngs=rngs)), so --rngs seeds it"
@@ -1563,6 +1577,7 @@ def _run_nnx_capture(
             f"capture of {target.text}: {rec.differs}.__call__ draws differently from one call to the next (a "
             "call-time `deterministic` argument, or a branch on the model's state?); an NNX spec has one call per module"
         )
+    assert seeds is not None  # (the factory's, where it was not given them)
     doc = {
         "rngaudit": 1,
         "flavour": "nnx",

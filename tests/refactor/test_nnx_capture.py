@@ -1246,11 +1246,46 @@ def test_step_is_for_nnx_models(tmp_path):
     )
 
 
-def test_steps_given_to_a_factory_without_rngs_says_how_to_write_an_nnx_factory(tmp_path):
-    # a factory that seeds the model itself was told "--steps applies to NNX models", though it returns one
-    f = write(tmp_path, "m.py", MLP + "\ndef seeded():\n    return make_model(nnx.Rngs(0, dropout=1))\n")
-    r = invoke("capture", f"{f}:seeded", "--steps", "1")
-    assert r.exit_code == 2 and "returned an NNX model: an NNX factory takes the nnx.Rngs" in r.stderr, r.stderr
+SEEDED = (
+    MLP
+    + """
+def seeded():
+    return make_model(nnx.Rngs(0, dropout=1))
+
+def seeded_by_key():
+    return make_model(nnx.Rngs(jax.random.key(0)))
+"""
+)
+
+
+def test_a_factory_that_seeds_its_model_itself_is_captured(tmp_path):
+    """`def make(): return Model(rngs=nnx.Rngs(0, dropout=1)), (x,)`, the way most NNX code builds a model (it was
+    refused: "an NNX factory takes the nnx.Rngs"): captured with the seeds it gives, the keys real NNX hands out,
+    the same as the factory that takes the Rngs given those seeds; verify runs it as it is."""
+    f = write(tmp_path, "m.py", SEEDED)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    spec, doc = capture(tmp_path / "a", f"{f}:seeded", "--steps", "3")
+    assert load_spec(str(spec)).rngs.keys() == {"default", "dropout"} and doc["rngs"] == {"default": 0, "dropout": 1}
+    assert_real_nnx_agrees(spec, doc)
+    _, given = capture(tmp_path / "b", f"{f}:make_model", "--rngs", "default=0,dropout=1", "--steps", "3")
+    assert [c["key"] for c in doc["calls"]] == [c["key"] for c in given["calls"]] and len(doc["calls"]) == 10
+    r = invoke("verify", spec, "--against", f"{f}:seeded")
+    assert r.exit_code == 0 and "10 same, 0 differ, 0 missing, 0 extra" in r.stdout, r.output
+    # its seeds are the factory's: --rngs (and Linen's --phase) are one error line, nothing written
+    for args, message in (
+        (("--rngs", "params=0"), "--rngs: TARGET"),
+        (("--phase", "apply"), "--phase: TARGET"),
+    ):
+        out = tmp_path / "no.yaml"
+        r = invoke("capture", f"{f}:seeded", "-o", out, *args)
+        assert r.exit_code == 2 and r.stderr.startswith(f"error: {message}") and len(r.stderr.splitlines()) == 1
+        assert not out.exists()
+    r = invoke("verify", spec, "--against", f"{f}:seeded", "--rngs", "default=0")
+    assert r.exit_code == 2 and "--rngs: TARGET" in r.stderr
+    # an Rngs seeded with a key: capture cannot write its seed as the spec's rngs, and says how to write it
+    r = invoke("capture", f"{f}:seeded_by_key", "-o", tmp_path / "no.yaml")
+    assert r.exit_code == 2 and "not made with integer seeds" in r.stderr, r.stderr
 
 
 # the Flax "Randomness" guide's pattern: Dropouts built without rngs, an Rngs made once and given to every call
