@@ -10,7 +10,7 @@ import numpy as np
 from .. import __version__
 from ..engine.derive import DeriveReport, KeyedCall, TableCalls
 from ..engine.nnx import NnxDeriveReport, NnxKeyedCall
-from .table_records import Layout, indented, table_records
+from .table_records import Layout, indented, nnx_records, slot, table_records
 
 JSON_FORMAT = "rngaudit.derive"
 JSON_FORMAT_VERSION = 1
@@ -155,9 +155,27 @@ def json_chunks(report: DeriveReport | NnxDeriveReport, advance=None):
                     advance(rows)
             yield "\n  ]" + tail + "\n"
             return
-        else:
-            one = nnx_call_json if isinstance(report, NnxDeriveReport) else call_json
-            records = (_nested(encoder.encode(one(c))) for c in calls)  # type: ignore[arg-type]
+        elif isinstance(report, NnxDeriveReport):
+            # laid out from the replay's columns, a block's record encoded once
+            yield "[\n" + _ITEM
+            layout = Layout(
+                encode=lambda record: _nested(indented(record)),
+                open="[\n" + _ITEM + "    ",
+                between=",\n" + _ITEM + "    ",
+                close="\n" + _ITEM + "  ]",
+                lead=",\n" + _ITEM,
+                end="",
+                extra={},
+                whole=lambda j: _nested(indented(nnx_call_json(report.calls[j]))),
+            )
+            for text, rows in nnx_records(report.calls, layout, lambda b: _nnx_template(report.calls.table.blocks[b])):
+                yield text
+                if advance is not None:
+                    advance(rows)
+            yield "\n  ]" + tail + "\n"
+            return
+        else:  # (the plain engine's calls, one record at a time)
+            records = (_nested(indented(call_json(c))) for c in calls)
         buf = ["[\n" + _ITEM]
         size = 0
         for j, record in enumerate(records):
@@ -259,6 +277,17 @@ def nnx_call_lines(report: NnxDeriveReport, encode):
                 f'{{{head},"count":{c},"fallback":{fallback},"index":{i},"iteration":{it},'
                 f'"key":[{",".join(map(str, key))}],{rest}}}'
             )
+
+
+def _nnx_template(k) -> dict:
+    """A block's call record with placeholders for what its rows differ in: count, index and key."""
+    import copy
+
+    d = copy.copy(k)
+    object.__setattr__(d, "count", slot("count"))
+    out = nnx_call_json(NnxKeyedCall(d, (), None, None, slot("index")))  # type: ignore[arg-type]
+    out["key"] = slot("key")
+    return out
 
 
 def nnx_call_json(c: NnxKeyedCall) -> dict:

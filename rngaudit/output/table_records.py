@@ -91,8 +91,10 @@ def indented(value, level: int = 0, step: str = "  ") -> str:
     every template of a report."""
     if isinstance(value, str):
         return _string(value)
-    if value is None or value is True or value is False or type(value) is int:
-        return _SCALAR.encode(value)
+    if type(value) is int:
+        return int.__repr__(value)
+    if value is None or value is True or value is False:
+        return _CONSTANTS[value]
     inner = "\n" + step * (level + 1)
     if isinstance(value, dict):
         if not value:
@@ -114,7 +116,7 @@ def _nest(text: str, level: int, step: str) -> str:
 
 
 _string = json.encoder.encode_basestring  # (ensure_ascii=False)
-_SCALAR = json.JSONEncoder(ensure_ascii=False)
+_CONSTANTS = {None: "null", True: "true", False: "false"}
 _INDENTED = json.JSONEncoder(sort_keys=True, indent=2, ensure_ascii=False)
 
 
@@ -273,6 +275,67 @@ def table_records(calls: TableCalls, layout: Layout) -> Iterator[tuple[str, int]
             lo, hi = np.searchsorted(special, [j0, j0 + m])
             whole = np.union1d(whole, special[lo:hi] - j0)
         for x in whole.tolist():
+            lead = cols[x, 0]
+            cols[x, :] = ""
+            cols[x, 0] = lead + layout.whole(j0 + x)
+            cols[x, -1] = layout.end
+        yield "".join(cols.ravel().tolist()), m
+
+
+_NNX_MARKERS = tuple(json.dumps(slot(name)) for name in ("count", "index", "key"))
+
+
+def nnx_records(calls, layout: Layout, template: Callable[[int], dict]) -> Iterator[tuple[str, int]]:
+    """The call records of an NNX report's rows (NnxCalls), in order, as (text, rows) a chunk at a time:
+    `template(b)` is block b's record with placeholders for the count, index and key (a block's rows differ in
+    those only); a row with drawn values, or of a block whose names hold a placeholder's text, is
+    `layout.whole` of its row."""
+    table = calls.table
+    rows = calls.rows()
+    nb = len(table.blocks)
+    pieces = np.empty((4, nb), dtype=object)
+    whole = np.zeros(nb, dtype=bool)
+    made = np.zeros(nb, dtype=bool)
+    special = np.array(sorted(calls.values), dtype=np.int64)
+    width = table.keys.shape[1]
+    step = CHUNK
+    for j0 in range(0, len(rows), step):
+        r = rows[j0 : j0 + step]
+        m = len(r)
+        t = table.block[r]
+        for b in np.unique(t[~made[t]]).tolist():
+            made[b] = True
+            text = layout.encode(template(b))
+            cut = []
+            for marker in _NNX_MARKERS:
+                before, found, text = text.partition(marker)
+                if not found or marker in text or marker in before:
+                    whole[b] = True
+                    break
+                cut.append(before)
+            else:
+                pieces[:, b] = [*cut, text]
+        k = table.keys[r]
+        cols = np.empty((m, 9 + 2 * width), dtype=object)
+        cols[:, 0] = layout.lead
+        if j0 == 0:
+            cols[0, 0] = ""
+        cols[:, 1] = pieces[0, t]
+        cols[:, 2] = list(map(str, table.count[r].tolist()))
+        cols[:, 3] = pieces[1, t]
+        cols[:, 4] = list(map(str, r.tolist()))
+        cols[:, 5] = pieces[2, t]
+        for w in range(width):
+            cols[:, 6 + 2 * w] = layout.open if w == 0 else layout.between
+            cols[:, 7 + 2 * w] = list(map(str, k[:, w].tolist()))
+        cols[:, 6 + 2 * width] = layout.close
+        cols[:, 7 + 2 * width] = pieces[3, t]
+        cols[:, 8 + 2 * width] = layout.end
+        redo = np.flatnonzero(whole[t])
+        if len(special):
+            lo, hi = np.searchsorted(special, [j0, j0 + m])
+            redo = np.union1d(redo, special[lo:hi] - j0)
+        for x in redo.tolist():
             lead = cols[x, 0]
             cols[x, :] = ""
             cols[x, 0] = lead + layout.whole(j0 + x)

@@ -13,6 +13,7 @@ _CLASS_PREFIX = {
     "remat": "Checkpoint",
     "fold_rngs": "Fold_rngs",
     "map_variables": "Map_variables",
+    "remat_scan": "Remat_scan",
 }
 _FLOW = ("cond", "switch", "while_loop")  # lifted inside a method: statements of the body
 
@@ -33,21 +34,36 @@ def _class_levels(kinds: list[str], outer: str, inner: str) -> list[bool] | None
     return None if rest is None else [False, *rest]
 
 
-def _remat_scan(lifts: list, inner: str) -> list | None:
+def _remat_scan(run: list) -> tuple | None:
     """nn.remat_scan(Block, lengths=(a, b, ...)) as Flax runs it: scan(a) of remat of scan(b) ... (flax/core/lift.py
-    remat_scan), its class `Remat_scanBlock`: one `remat_scan` lift with the lengths; None if `lifts` are not
-    that (the scans' options all alike but their lengths, each remat lifting every stream)."""
-    kinds = [kind for kind, _, _ in lifts]
-    if not lifts or lifts[0][2] != "Remat_scan" + inner or kinds != ["scan", "remat"] * (len(kinds) // 2) + ["scan"]:
-        return None
-    scans = [opts for kind, opts, _ in lifts if kind == "scan"]
-    if any(opts != {"rngs": "all"} for kind, opts, _ in lifts if kind == "remat"):
+    remat_scan): `run`, those lifts, as one `remat_scan` lift with the lengths; None if they are not that (the scans'
+    options alike but their lengths, each remat lifting every stream)."""
+    scans = [opts for kind, opts, _ in run if kind == "scan"]
+    if any(opts != {"rngs": "all"} for kind, opts, _ in run if kind == "remat"):
         return None
     shared = [{k: v for k, v in opts.items() if k != "length"} for opts in scans]
     if any(o != shared[0] for o in shared) or shared[0].get("check_constancy_invariants") is not True:
         return None
     opts = {k: v for k, v in shared[0].items() if k != "check_constancy_invariants"}
-    return [("remat_scan", {"lengths": [opts_["length"] for opts_ in scans], **opts}, lifts[0][2])]
+    return ("remat_scan", {"lengths": [o["length"] for o in scans], **opts}, run[0][2])
+
+
+def _foldings(lifts: list, limit: int = 64) -> list[list]:
+    """`lifts` read with runs scan, remat, scan, ... folded into one remat_scan lift, every way (the first reading
+    folds nothing), at most `limit` readings."""
+    if not lifts:
+        return [[]]
+    out = [[lifts[0], *rest] for rest in _foldings(lifts[1:], limit)]
+    j = 1
+    while lifts[0][0] == "scan" and len(out) < limit:
+        folded = _remat_scan(lifts[:j])
+        if folded is not None:
+            out += [[folded, *rest] for rest in _foldings(lifts[j:], limit)]
+        if j + 1 < len(lifts) and lifts[j][0] == "remat" and lifts[j + 1][0] == "scan":
+            j += 2
+        else:
+            break
+    return out[:limit]
 
 
 _REPEATABLE = ("module", "vmap", "scan", "jit", "fold_rngs", "remat", "checkpoint", "map_variables", "remat_scan")
@@ -296,9 +312,17 @@ class _Builder:
             if layer is not None:
                 return layer
         # class transforms rename the class (VmapMLP, nested: ScanCheckpointBlock); a method decorator keeps it
-        classes = _class_levels([kind for kind, _, _ in lifts], lifts[0][2] if lifts else inner.cls, inner.cls)
-        if classes is None and (folded := _remat_scan(lifts, inner.cls)) is not None:
-            lifts, classes = folded, [True]
+        # the readings of the lifts that spell the class name (nn.remat_scan runs as scans and remats; its class,
+        # Remat_scanBlock, names it), method decorators after every class transform (the innermost class's): the
+        # one with the fewest method decorators, then the fewest lifts
+        readings = []
+        for reading in _foldings(lifts):
+            levels = _class_levels([kind for kind, _, _ in reading], lifts[0][2] if lifts else inner.cls, inner.cls)
+            if levels is not None and levels == sorted(levels, reverse=True):
+                readings.append((levels.count(False), len(reading), reading, levels))
+        classes = None
+        if readings:
+            _, _, lifts, classes = min(readings, key=lambda r: r[:2])
         if classes is None:
             raise _Unsupported(f"cannot tell how {lifts[0][2]} wraps {inner.cls}")
         stmt = body

@@ -5,13 +5,16 @@ with rows that are encoded whole (drawn values, a name holding a placeholder) in
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
-from hypothesis import given, settings
+from engine.test_nnx_property import nnx_specs
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import REPO
 
 from rngaudit import load_spec, parse_spec
+from rngaudit.api import derive as derive_any
 from rngaudit.engine.derive import derive
 from rngaudit.errors import RngauditError
 from rngaudit.output import table_records
@@ -143,3 +146,42 @@ def test_text_rows_advance_the_progress_bar_by_the_rows_written(monkeypatch, col
     listed = min(max_rows, len(report.calls)) if max_rows else len(report.calls)
     assert sum(seen) == listed and all(seen)
     assert ("more call sites not listed" in text) == (listed < len(report.calls))
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@pytest.mark.parametrize("chunk", [2, 1 << 10])
+def test_nnx_text_rows_from_the_columns_equal_the_rows_one_at_a_time(monkeypatch, chunk):
+    """An NNX report's uncoloured rows, laid out from the replay's columns, equal the rows made one at a time
+    (the coloured report, its escapes removed), with every column, a narrow terminal's, a --columns pick that
+    ends in the key, and the first rows only; its JSON equals the whole document's encoding."""
+    monkeypatch.setattr(table_records, "CHUNK", chunk)
+    _same_nnx_rows(derive_any(load_spec(str(REPO / "rngaudit" / "examples" / "nnx_guide.yaml"))))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(nnx_specs(), st.sampled_from([2, 1 << 10]))
+def test_nnx_text_rows_of_random_models(text, chunk):
+    """The same on random NNX models (forks, vmap lanes, scan steps, broadcasts, RNNs, the bridge, values)."""
+    try:
+        report = derive_any(parse_spec(text, "<hypothesis>"))
+    except RngauditError:
+        return
+    old, table_records.CHUNK = table_records.CHUNK, chunk
+    try:
+        _same_nnx_rows(report)
+    finally:
+        table_records.CHUNK = old
+
+
+def _same_nnx_rows(report) -> None:
+    from rngaudit.output.text_nnx import render_nnx_rows
+
+    # (and --format json, laid out from the columns too: the whole document's encoding, record by record)
+    assert "".join(json_chunks(report)) == dumps(to_json(report))
+
+    for kw in ({}, {"width": 70}, {"columns": ["stream", "key"]}, {"max_rows": 3}, {"wide": True}):
+        plain = "".join(render_nnx_rows(report, **kw))
+        colored = "".join(render_nnx_rows(report, color=True, **kw))
+        assert plain == ANSI.sub("", colored), kw

@@ -1327,12 +1327,28 @@ def dense_stack():
     return DenseStack(), (jnp.ones((2, 8)),)
 def shared():
     return Shared(), (jnp.ones((2, 3, 8)),)
+
+class NBlock(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        x = nn.Dropout(0.5, deterministic=False)(nn.Dense(4)(x))
+        return x + jax.random.normal(self.make_rng("noise"), x.shape)
+
+class InVmap(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.vmap(nn.remat_scan(NBlock, lengths=(2, 2)), variable_axes={"params": 0},
+                       split_rngs={"params": True, "dropout": True, "noise": True})()(x)
+
+def invmap():
+    return InVmap(), (jnp.ones((3, 2, 4)),)
 """
 )
 
 
 @pytest.mark.parametrize(
-    "factory, draws", [("gpt", (82, 13)), ("gpt3", (82, 13)), ("dense_stack", (200, 0)), ("shared", (25, 9))]
+    "factory, draws",
+    [("gpt", (82, 13)), ("gpt3", (82, 13)), ("dense_stack", (200, 0)), ("shared", (25, 9)), ("invmap", (48, 24))],
 )
 @pytest.mark.parametrize("phase", ["init", "apply"])
 def test_remat_scan_is_captured_as_one_statement(tmp_path, factory, draws, phase):
@@ -1343,7 +1359,10 @@ def test_remat_scan_is_captured_as_one_statement(tmp_path, factory, draws, phase
     spec, doc = capture(tmp_path, f"{f}:{factory}", "--rngs", "params=0,dropout=1", "--phase", phase)
     assert len(doc["calls"]) == draws[phase == "apply"]
     text = spec.read_text()
-    assert "remat_scan:" in text and "lengths: [" in text and "- scan:" not in text
+    assert "remat_scan:" in text and "- scan:" not in text and "transforms:" not in text
+    assert (
+        "lengths: [2, 1, 2]" if factory == "gpt3" else "lengths: [3]" if factory == "shared" else "lengths: ["
+    ) in text
     if doc["calls"]:
         assert_replays(spec, doc)
     r = invoke("verify", spec, "--against", f"{f}:{factory}")
