@@ -137,38 +137,17 @@ def json_chunks(report: DeriveReport | NnxDeriveReport, advance=None):
     if not len(calls):
         yield "[]"
     else:
-        if isinstance(calls, TableCalls):
+        if isinstance(calls, TableCalls) or isinstance(report, NnxDeriveReport):
+            # laid out from the replay's columns, a template's (a block's) record encoded once
             yield "[\n" + _ITEM
-            layout = Layout(
-                encode=lambda record: _nested(indented(record)),
-                open="[\n" + _ITEM + "    ",
-                between=",\n" + _ITEM + "    ",
-                close="\n" + _ITEM + "  ]",
-                lead=",\n" + _ITEM,
-                end="",
-                extra={},
-                whole=lambda j: _nested(encoder.encode(call_json(calls[j]))),
-            )
-            for text, rows in table_records(calls, layout):
-                yield text
-                if advance is not None:
-                    advance(rows)
-            yield "\n  ]" + tail + "\n"
-            return
-        elif isinstance(report, NnxDeriveReport):
-            # laid out from the replay's columns, a block's record encoded once
-            yield "[\n" + _ITEM
-            layout = Layout(
-                encode=lambda record: _nested(indented(record)),
-                open="[\n" + _ITEM + "    ",
-                between=",\n" + _ITEM + "    ",
-                close="\n" + _ITEM + "  ]",
-                lead=",\n" + _ITEM,
-                end="",
-                extra={},
-                whole=lambda j: _nested(indented(nnx_call_json(report.calls[j]))),
-            )
-            for text, rows in nnx_records(report.calls, layout, lambda b: _nnx_template(report.calls.table.blocks[b])):
+            if isinstance(report, NnxDeriveReport):
+                nnx = report.calls
+                layout = _item_layout(lambda j: nnx_call_json(nnx[j]))
+                chunks = nnx_records(nnx, layout, lambda b: _nnx_template(nnx.table.blocks[b]))
+            else:
+                linen = calls
+                chunks = table_records(linen, _item_layout(lambda j: call_json(linen[j])))  # type: ignore[arg-type]
+            for text, rows in chunks:
                 yield text
                 if advance is not None:
                     advance(rows)
@@ -191,6 +170,21 @@ def json_chunks(report: DeriveReport | NnxDeriveReport, advance=None):
         buf.append("\n  ]")
         yield "".join(buf)
     yield tail + "\n"
+
+
+def _item_layout(record) -> Layout:
+    """A call record as an item of the JSON document's calls list (indent 2, sorted keys); `record(j)`: row j's
+    record, for the rows encoded whole."""
+    return Layout(
+        encode=lambda r: _nested(indented(r)),
+        open="[\n" + _ITEM + "    ",
+        between=",\n" + _ITEM + "    ",
+        close="\n" + _ITEM + "  ]",
+        lead=",\n" + _ITEM,
+        end="",
+        extra={},
+        whole=lambda j: _nested(indented(record(j))),
+    )
 
 
 _CALLS = "\x00rngaudit:calls\x00"  # stands for the calls list while the rest of the document is encoded

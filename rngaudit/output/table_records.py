@@ -270,16 +270,7 @@ def table_records(calls: TableCalls, layout: Layout) -> Iterator[tuple[str, int]
         cols[:, key_end + 2] = lanes(t, table.lane_ix[r])
         cols[:, key_end + 3] = p[9, t]
         cols[:, key_end + 4] = layout.end
-        whole = np.flatnonzero(texts.whole[t])
-        if len(special):
-            lo, hi = np.searchsorted(special, [j0, j0 + m])
-            whole = np.union1d(whole, special[lo:hi] - j0)
-        for x in whole.tolist():
-            lead = cols[x, 0]
-            cols[x, :] = ""
-            cols[x, 0] = lead + layout.whole(j0 + x)
-            cols[x, -1] = layout.end
-        yield "".join(cols.ravel().tolist()), m
+        yield _joined(cols, texts.whole[t], special, j0, layout), m
 
 
 _NNX_MARKERS = tuple(json.dumps(slot(name)) for name in ("count", "index", "key"))
@@ -331,16 +322,32 @@ def nnx_records(calls, layout: Layout, template: Callable[[int], dict]) -> Itera
         cols[:, 6 + 2 * width] = layout.close
         cols[:, 7 + 2 * width] = pieces[3, t]
         cols[:, 8 + 2 * width] = layout.end
-        redo = np.flatnonzero(whole[t])
-        if len(special):
-            lo, hi = np.searchsorted(special, [j0, j0 + m])
-            redo = np.union1d(redo, special[lo:hi] - j0)
-        for x in redo.tolist():
-            lead = cols[x, 0]
-            cols[x, :] = ""
-            cols[x, 0] = lead + layout.whole(j0 + x)
-            cols[x, -1] = layout.end
-        yield "".join(cols.ravel().tolist()), m
+        yield _joined(cols, whole[t], special, j0, layout), m
 
 
-__all__ = ["SLOTS", "Layout", "record_template", "slot", "table_records"]
+def _joined(cols: np.ndarray, whole: np.ndarray, special: np.ndarray, j0: int, layout: Layout) -> str:
+    """A chunk's text (its first row at position j0): the pieces of each row joined, but the rows `whole` marks
+    and those at the positions `special` (drawn values) are `layout.whole` of the row, between its lead and end."""
+    redo = np.flatnonzero(whole)
+    if len(special):
+        lo, hi = np.searchsorted(special, [j0, j0 + len(cols)])
+        redo = np.union1d(redo, special[lo:hi] - j0)
+    for x in redo.tolist():
+        lead = cols[x, 0]
+        cols[x, :] = ""
+        cols[x, 0] = lead + layout.whole(j0 + x)
+        cols[x, -1] = layout.end
+    return "".join(cols.ravel().tolist())
+
+
+__all__ = [
+    "SLOTS",
+    "LaneTexts",
+    "Layout",
+    "indented",
+    "nnx_records",
+    "objects",
+    "record_template",
+    "slot",
+    "table_records",
+]

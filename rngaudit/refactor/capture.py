@@ -86,13 +86,7 @@ def _nnx_observation():
 def _captured(target, target_text, inputs, rngs, phase, method, steps, step) -> tuple[Capture, str]:
     from .nnx_capture import is_nnx_target, run_nnx_capture
 
-    if is_nnx_target(target):
-        if phase != "init" or method is not None:
-            raise UsageError(
-                f"TARGET {target_text} is an NNX model: --phase and --method are Linen's (an NNX capture builds "
-                "the model and calls it --steps times)"
-            )
-        seeds = dict(rngs) if isinstance(rngs, dict) else parse_rngs(rngs)
+    def nnx(seeds: dict | None) -> tuple[Capture, str]:
         with _whole_tracebacks():
             return run_nnx_capture(
                 target,
@@ -101,6 +95,14 @@ def _captured(target, target_text, inputs, rngs, phase, method, steps, step) -> 
                 1 if steps is None else steps,
                 None if step is None else parse_step(step),
             )
+
+    if is_nnx_target(target):
+        if phase != "init" or method is not None:
+            raise UsageError(
+                f"TARGET {target_text} is an NNX model: --phase and --method are Linen's (an NNX capture builds "
+                "the model and calls it --steps times)"
+            )
+        return nnx(dict(rngs) if isinstance(rngs, dict) else parse_rngs(rngs))
     try:
         if steps is not None or step is not None:
             option = "--steps" if steps is not None else "--step"
@@ -115,8 +117,6 @@ def _captured(target, target_text, inputs, rngs, phase, method, steps, step) -> 
     except NnxModelError:
         # a factory without parameters that builds an NNX model and seeds it itself (Model(rngs=nnx.Rngs(0))):
         # captured with the seeds it gives
-        from .nnx_capture import run_nnx_capture
-
         if phase != "init" or method is not None or rngs:
             option = "--rngs" if rngs else "--phase" if phase != "init" else "--method"
             raise UsageError(
@@ -124,14 +124,7 @@ def _captured(target, target_text, inputs, rngs, phase, method, steps, step) -> 
                 "factory); --phase and --method are Linen's, and --rngs seeds a factory that takes the Rngs (def "
                 "make_model(rngs): return Model(rngs=rngs))"
             ) from None
-        with _whole_tracebacks():
-            return run_nnx_capture(
-                target,
-                [parse_input(t) for t in inputs],
-                None,
-                1 if steps is None else steps,
-                None if step is None else parse_step(step),
-            )
+        return nnx(None)
     return cap, _checked_spec(rec, root_cls, cap)
 
 
