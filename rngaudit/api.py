@@ -514,19 +514,19 @@ def _verify_nnx(spec: NnxSpec, target: str, inputs, rngs, method, step: str | No
             "(reseed, stale_call, vmap, scan or fork_rngs calls): compare it with a keys file instead"
         )
     ref = parse_target(target)
-    seeds = dict(rngs) if isinstance(rngs, dict) else parse_rngs(rngs) if rngs is not None else _spec_seeds(spec)
     step_ref = None if step is None else parse_step(step)
     with session(ref, *([step_ref] if step_ref is not None else [])):
-        if not is_nnx_target(ref):
-            # a factory without parameters: it builds the NNX model and seeds it itself (nnx.Rngs(0) inside)
-            if rngs is not None:
-                raise UsageError(
-                    f"--rngs: TARGET {target} takes no nnx.Rngs (a factory that seeds its model itself); --rngs seeds "
-                    "a factory that takes the Rngs (def make_model(rngs): return Model(rngs=rngs))"
-                )
-            theirs, _ = run_nnx_capture(ref, [parse_input(t) for t in inputs], None, spec.steps, step_ref)
-        else:
-            theirs, _ = run_nnx_capture(ref, [parse_input(t) for t in inputs], seeds, spec.steps, step_ref)
+        seeds = None  # (a factory without parameters builds the NNX model and seeds it itself)
+        if is_nnx_target(ref):
+            seeds = (
+                dict(rngs) if isinstance(rngs, dict) else parse_rngs(rngs) if rngs is not None else _spec_seeds(spec)
+            )
+        elif rngs is not None:
+            raise UsageError(
+                f"--rngs: TARGET {target} takes no nnx.Rngs (a factory that seeds its model itself); --rngs seeds "
+                "a factory that takes the Rngs (def make_model(rngs): return Model(rngs=rngs))"
+            )
+        theirs, _ = run_nnx_capture(ref, [parse_input(t) for t in inputs], seeds, spec.steps, step_ref)
     theirs.target = target
     return compare(spec_capture(spec.file, spec), theirs)
 

@@ -207,7 +207,7 @@ class _BlockTexts:
     def unstripped(self, rows: np.ndarray) -> bool:
         """No row's chain ends in whitespace (a line is stripped of its trailing spaces)."""
         return all(
-            not self.of(b)[3].endswith((" ", "\t")) or self.of(b)[4] for b in np.unique(self.table.block[rows]).tolist()
+            self.of(b)[4] or self.of(b)[3] == self.of(b)[3].rstrip() for b in np.unique(self.table.block[rows]).tolist()
         )
 
     def lines(self, rows: np.ndarray, cols: list[str], widths: dict[str, int]) -> Iterator[str]:

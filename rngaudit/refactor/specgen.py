@@ -320,9 +320,11 @@ class _Builder:
             levels = _class_levels([kind for kind, _, _ in reading], lifts[0][2] if lifts else inner.cls, inner.cls)
             if levels is not None and levels == sorted(levels, reverse=True):
                 readings.append((levels.count(False), len(reading), reading, levels))
-        classes = None
+        classes: list[bool] | None
         if readings:
             _, _, lifts, classes = min(readings, key=lambda r: r[:2])
+        else:  # (none: the lifts as they are, whose error below says what is wrong)
+            classes = _class_levels([kind for kind, _, _ in lifts], lifts[0][2] if lifts else inner.cls, inner.cls)
         if classes is None:
             raise _Unsupported(f"cannot tell how {lifts[0][2]} wraps {inner.cls}")
         stmt = body
