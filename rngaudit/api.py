@@ -504,14 +504,24 @@ def _verify_nnx(spec: NnxSpec, target: str, inputs, rngs, method, step: str | No
     from .refactor.keys_file import spec_capture
     from .refactor.nnx_capture import is_nnx_target, run_nnx_capture
     from .refactor.target import parse_input, parse_rngs, parse_step, parse_target
-    from .spec.nnx import NnxStep
+    from .spec.nnx import NnxMode, NnxStep
 
     if method is not None:
         raise UsageError("--method is Linen's: an NNX model is built and called")
-    if any(not isinstance(e, NnxStep) or e.stale or e.transform is not None or e.fork is not None for e in spec.run):
+    if any(
+        not isinstance(e, (NnxStep, NnxMode))
+        or isinstance(e, NnxStep)
+        and (e.stale or e.transform or e.fork is not None)
+        for e in spec.run
+    ):
         raise UsageError(
             f"{spec.file}: verify against a live NNX model runs plain calls; this spec's `run:` has other events "
             "(reseed, stale_call, vmap, scan or fork_rngs calls): compare it with a keys file instead"
+        )
+    if step is None and any(isinstance(e, NnxMode) for e in spec.run):
+        raise UsageError(
+            f"{spec.file}: its `run:` puts the model in train/eval mode; give --step STEP, the function that does "
+            "(model.train(), model.eval() or nnx.view), or compare the spec with a keys file"
         )
     ref = parse_target(target)
     step_ref = None if step is None else parse_step(step)
@@ -526,7 +536,9 @@ def _verify_nnx(spec: NnxSpec, target: str, inputs, rngs, method, step: str | No
                 f"--rngs: TARGET {target} takes no nnx.Rngs (a factory that seeds its model itself); --rngs seeds "
                 "a factory that takes the Rngs (def make_model(rngs): return Model(rngs=rngs))"
             )
-        theirs, _ = run_nnx_capture(ref, [parse_input(t) for t in inputs], seeds, spec.steps, step_ref)
+        # (the model run until it has been called as many times as the spec says: a --step may call it more than
+        # once a step, and sets its train/eval mode itself)
+        theirs, _ = run_nnx_capture(ref, [parse_input(t) for t in inputs], seeds, 0, step_ref, calls=spec.steps)
     theirs.target = target
     return compare(spec_capture(spec.file, spec), theirs)
 

@@ -26,6 +26,7 @@ from rngaudit.spec.nnx import (
     NnxDraw,
     NnxLayer,
     NnxLoop,
+    NnxMode,
     NnxModule,
     NnxReseed,
     NnxRnn,
@@ -503,6 +504,12 @@ def nnx_keys(spec: NnxSpec) -> list[dict]:
                 from flax.nnx import bridge
 
                 bridge.lazy_init(model, x)  # (its keys are init's: step 0)
+                continue
+            if isinstance(event, NnxMode):
+                if event.deterministic:
+                    model.eval()
+                else:
+                    model.train()
                 continue
             if isinstance(event, NnxReseed):
                 # (reseed's own Rngs hands out the new stream keys: not keys the model draws)

@@ -39,6 +39,7 @@ from ..spec.nnx import (
     NnxDraw,
     NnxLayer,
     NnxLoop,
+    NnxMode,
     NnxModule,
     NnxReseed,
     NnxRnn,
@@ -182,6 +183,7 @@ class NnxReplayer:
         self.control = 0  # inside nnx.cond / nnx.switch / a loop (how deep)
         self.call_rngs: Rngs | None = None  # `call_rngs:` (run builds it)
         self.model_rngs: Rngs | None = None  # the Rngs the model is built from
+        self.mode: bool | None = None  # model.eval() (True) / model.train() (False): every layer's `deterministic`
 
     def rngs(self, name: str, sources: dict) -> Rngs:
         """`nnx.Rngs(**sources)`: the `default` seed (Rngs(0, ...)) is added after the named streams, as
@@ -232,7 +234,15 @@ class NnxReplayer:
                         self.call(model)
             elif isinstance(event, NnxReseed):
                 self.reseed(event)
+            elif isinstance(event, NnxMode):
+                # mirrors nnx.Module.eval/train: set_attributes(deterministic=...) on every module that has it
+                # (Dropout and attention: the layers whose calls draw), construction's setting overridden
+                self.mode = event.deterministic
         return self.keys
+
+    def deterministic(self, st: NnxLayer) -> bool:
+        """A Dropout's or attention layer's `deterministic`: as built, or as model.eval()/train() last set it."""
+        return bool(st.opt("deterministic")) if self.mode is None else self.mode
 
     def streams_in_graph_order(self, under: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Stream]]:
         """The model's RngStreams (those at paths under `under`) as nnx.graph.iter_graph visits them: depth
@@ -1019,7 +1029,7 @@ class NnxReplayer:
         nnx.Dropout.__call__: a call-time key wins over its own stream, which draws nothing)."""
         assert st.key is not None
         rate = layer.st.opt("rate")
-        if rate == 0.0 or layer.st.opt("deterministic") or rate == 1.0:
+        if rate == 0.0 or self.deterministic(layer.st) or rate == 1.0:
             return
         key = self.engine.eval(st.key.expr)
         self.total += st.repeat
@@ -1061,7 +1071,7 @@ class NnxReplayer:
         nnx.Dropout.__call__: `rngs[rng_collection]()`, the call's Rngs winning over the Dropout's own stream,
         which draws nothing)."""
         rate = layer.st.opt("rate")
-        if rate == 0.0 or layer.st.opt("deterministic") or rate == 1.0:
+        if rate == 0.0 or self.deterministic(layer.st) or rate == 1.0:
             return
         if self.lane >= 0 or self.control or self.stale:
             where = "nnx.vmap/nnx.scan lanes" if self.lane >= 0 else "control flow" if self.control else "stale_call"
@@ -1080,7 +1090,7 @@ class NnxReplayer:
         if st.kind == "Dropout":
             rate = st.opt("rate")
             # mirrors nnx.Dropout.__call__: rate 0 or deterministic, and rate 1, draw nothing
-            if rate == 0.0 or st.opt("deterministic") or rate == 1.0:
+            if rate == 0.0 or self.deterministic(st) or rate == 1.0:
                 return
             col = str(st.opt("rng_collection"))
             if layer.shared is None and layer.own is None:
@@ -1097,7 +1107,7 @@ class NnxReplayer:
             assert layer.own is not None
             self.draw(layer.own, layer.path, "dropout", col, loc, n=n)
         elif st.kind == "MultiHeadAttention":
-            if not st.opt("dropout_rate") > 0 or st.opt("deterministic"):
+            if not st.opt("dropout_rate") > 0 or self.deterministic(st):
                 return
             if layer.shared is not None:
                 # flax < 0.11: rngs.dropout() on the Rngs it was given, at each call

@@ -80,6 +80,7 @@ class Called:
     given: object = None  # a layer's call given an nnx.Rngs (drop(x, rngs=rngs)): that Rngs
     sealed: int | None = None  # a call under a transform over the module itself: its events when that ended
     rnn: tuple | None = None  # an nnx.RNN's call: (sequence length, given initial_carry, the Rngs given or None)
+    quiet: bool = False  # a Dropout's or attention's call that draws nothing because the layer is deterministic
 
 
 @dataclass
@@ -103,7 +104,11 @@ class NnxRecorder:
         self.calling: list[Called] = []
         self.roots: list[Built] = []
         self.forks = 0  # inside Rngs.fork
-        self.step = 0
+        self.step = 0  # the model's calls so far (a spec's step is one call of the model)
+        self.invocation = 0  # the step being run (capture's call of the model or of --step), from 1
+        self.model: object | None = None  # the model, once the factory has built it
+        self.modes: list[dict] = []  # each call of the model: _modes() of the object called (the model or a view)
+        self.built_modes: dict[int, object] = {}  # id(Dropout/attention) -> its `deterministic` as built
         self.records: list[dict] = []
         self.traced = False
         self.calls: dict[int, list] = {}  # id(module) -> what its first call did
@@ -167,7 +172,7 @@ class NnxRecorder:
                 f.drew = True
         elif self.building:
             self.building[-1].events.append(("draw", tag))
-        elif self.step > 0:
+        elif self.invocation > 0:
             self.stray += 1
 
 
@@ -453,11 +458,28 @@ def _observed(rec: NnxRecorder) -> Iterator[None]:
 
         return hook
 
+    def view_hook(original):
+        # nnx.view(model, deterministic=...) / nnx.with_attributes: new module objects sharing the model's variables
+        # (its RNG counts included), so a view's calls and draws are the model's; its `deterministic` is read at
+        # each call
+        def hook(node, /, *args, **kw):
+            out = original(node, *args, **kw)
+            if rec.active:
+                _pair(rec, out, node)
+            return out
+
+        return hook
+
     hooks: list[tuple[object, str, object, object]] = [  # (owner, name, original, hook)
         *_eager_transforms(nnx, rec),
         *(
             (nnx, n, getattr(nnx, n), paired_hook(getattr(nnx, n)))
             for n in ("grad", "value_and_grad")
+            if hasattr(nnx, n)
+        ),
+        *(
+            (nnx, n, getattr(nnx, n), view_hook(getattr(nnx, n)))
+            for n in ("view", "with_attributes")
             if hasattr(nnx, n)
         ),
         (meta, "_pytree_meta_construct", construct, construct_hook),
@@ -669,8 +691,13 @@ def _call_hook(rec: NnxRecorder, original):
             rec.call_rngs[id(frame.given)] = frame.given
         if _is_rnn(outside) or _is_bidi(outside):
             frame.rnn = _rnn_call(rec, outside, args, kwargs, bool(rec.calling) and _is_bidi(rec.calling[-1].obj))
+        if _is_layer(outside) and kwargs.get("deterministic") is None and _draws_unless_deterministic(self):
+            frame.quiet = getattr(self, "deterministic", None) is True  # (model.eval(), or built deterministic)
         if not rec.calling:
             rec.top.append(outside)
+            if outside is rec.model and rec.invocation:
+                rec.step += 1
+                rec.modes.append(_modes(self))
         if rec.calling:
             parent = rec.calling[-1]
             how = None
@@ -712,7 +739,7 @@ def _remember(rec: NnxRecorder, frame: Called) -> None:
             elif what.given is not None:
                 # drop(x, rngs=rngs): a draw from the Rngs the call was given (under a transform: not said)
                 out.append(("call", id(what.obj), "call_rngs" if how[0] is None else "call_rngs_transformed"))
-            elif what.drew or not _is_layer(what.obj):
+            elif what.drew or what.quiet or not _is_layer(what.obj):
                 out.append(("call", id(what.obj), how[0]))
         return out
 
@@ -732,6 +759,8 @@ def _remember(rec: NnxRecorder, frame: Called) -> None:
                 if kind == "call":
                     walk(what)
             return
+        if f.quiet:
+            return  # (a layer that draws nothing while deterministic: its draws are those of its other calls)
         seen = rec.calls.setdefault(id(f.obj), flat(f))
         if sig(seen) != sig(flat(f)) and rec.differs is None:
             rec.differs = type(f.obj).__name__
@@ -766,6 +795,54 @@ def _pair(rec: NnxRecorder, inner, outer) -> None:
                 visit(a, b, depth + 1)
 
     visit(inner, outer, 0)
+
+
+def _draws_unless_deterministic(obj) -> bool:
+    """A Dropout with 0 < rate < 1, or attention with dropout: its call draws a key unless it is deterministic."""
+    from flax import nnx
+
+    if isinstance(obj, nnx.Dropout):
+        return 0 < obj.rate < 1
+    return isinstance(obj, nnx.MultiHeadAttention) and obj.dropout_rate > 0
+
+
+def _modes(model) -> dict[tuple, object]:
+    """The `deterministic` of every layer of the model whose calls draw unless it is deterministic, by path."""
+    from flax import nnx
+
+    return {
+        tuple(path): getattr(node, "deterministic", None)
+        for path, node in nnx.graph.iter_graph(model)
+        if _draws_unless_deterministic(node)
+    }
+
+
+def _run_events(rec: NnxRecorder, built: dict, target: CodeRef) -> list | None:
+    """The calls of the model and the model.train()/model.eval() between them (`run:`), from the `deterministic`
+    of its layers at each call; None when they never change (`steps:` says the calls)."""
+    state: dict = dict(built)
+    run: list = []
+    for n, now in enumerate(rec.modes, 1):
+        if now != state:
+            values = set(now.values())
+            if len(values) != 1 or not isinstance(next(iter(values)), bool):
+                mixed = sorted(".".join(map(str, p)) for p, v in now.items() if v is not True)
+                raise UnsupportedError(
+                    f"capture of {target.text}: at call {n} of the model some of its Dropout/attention layers are "
+                    f"deterministic and others ({', '.join(mixed[:3])}) are not, unlike at construction; an NNX spec "
+                    "says model.eval() and model.train() (every layer): use them, or nnx.view(model, "
+                    "deterministic=...)"
+                )
+            (value,) = values
+            run.append("eval" if value else "train")
+            state = dict.fromkeys(now, value)
+        if run and isinstance(run[-1], dict):
+            run[-1]["call"] += 1
+        elif run and run[-1] == "call":
+            run[-1] = {"call": 2}
+        else:
+            run.append("call")
+    return run if any(e in ("train", "eval") for e in run) else None
 
 
 def _is_layer(obj) -> bool:
@@ -812,12 +889,14 @@ def _rnn_call(rec: NnxRecorder, rnn, args: tuple, kwargs: dict, in_bidi: bool) -
 
 
 # ---------------------------------------------------------------- the spec
-def _layer_options(obj) -> dict:
+def _layer_options(obj, built_modes: dict[int, object]) -> dict:
     kind = type(obj).__name__
     out: dict = {}
     for opt, default in LAYER_OPTIONS[kind].items():
         value: object
-        if opt == "keep_rngs" and kind in CELLS:
+        if opt == "deterministic" and id(obj) in built_modes:
+            value = bool(built_modes[id(obj)])  # (as built: model.eval()/train() later are `run:` events)
+        elif opt == "keep_rngs" and kind in CELLS:
             value = getattr(obj, "rngs", None) is not None  # (rngs.carry.fork(), kept for initialize_carry)
         elif opt == "keep_rngs":
             value = getattr(obj, "rngs", None) is not None or not getattr(obj, "dropout_rate", 0)
@@ -971,7 +1050,7 @@ class _SpecBuilder:
         if standard:
             if cell_b.rngs is not parent.rngs:
                 raise self.unsupported(f"{where}.cell ({kind}) is given another Rngs than its parent's")
-            options = _layer_options(cell_obj)
+            options = _layer_options(cell_obj, self.rec.built_modes)
             out["cell"] = {kind: options} if options else kind
         else:
             mode = "shared"
@@ -1131,7 +1210,7 @@ class _SpecBuilder:
                             raise self.unsupported(f"{cls}.{name} draws without an Rngs")
                         if type(child.obj).__name__ == "Dropout":
                             # nnx.Dropout(rate) without rngs: it draws from the Rngs its calls are given
-                            init.append({"Dropout": {"name": name, **_layer_options(child.obj)}})
+                            init.append({"Dropout": {"name": name, **_layer_options(child.obj, self.rec.built_modes)}})
                             continue
                         if self.rec.calls.get(id(child.obj)):
                             raise self.unsupported(f"{cls}.{name} draws at call time from an Rngs passed to the call")
@@ -1140,7 +1219,9 @@ class _SpecBuilder:
                         raise self.unsupported(
                             f"{cls}.{name} ({type(child.obj).__name__}) is given another Rngs than {cls}'s"
                         )
-                    init.append({type(child.obj).__name__: {"name": name, **_layer_options(child.obj)}})
+                    init.append(
+                        {type(child.obj).__name__: {"name": name, **_layer_options(child.obj, self.rec.built_modes)}}
+                    )
                     continue
                 mode = "shared"
                 if child.rngs is not b.rngs:
@@ -1405,12 +1486,18 @@ def is_nnx_target(target: CodeRef) -> bool:
 
 
 def run_nnx_capture(
-    target: CodeRef, inputs: list[InputSpec], seeds: dict[str, int] | None, steps: int, step: CodeRef | None = None
+    target: CodeRef,
+    inputs: list[InputSpec],
+    seeds: dict[str, int] | None,
+    steps: int,
+    step: CodeRef | None = None,
+    calls: int | None = None,
 ) -> tuple[Capture, str]:
     """Capture TARGET (an NNX model) built from nnx.Rngs(**seeds) (seeds None: a factory without parameters that
     seeds the model itself, its nnx.Rngs(...) read) and called `steps` times (by the training step `step`,
-    `step(model, *args)`, when given); returns the capture and the NNX spec's YAML text, checked: derive replays
-    every key."""
+    `step(model, *args)`, when given; each call of the model a step of the spec); `calls`: instead, steps until the
+    model has been called that many times (verify of a spec). Returns the capture and the NNX spec's YAML text,
+    checked: derive replays every key."""
 
     if not 0 <= steps <= MAX_STEPS:
         raise UserCodeError(f"--steps {steps}: give 0 to {MAX_STEPS} calls")
@@ -1419,28 +1506,29 @@ def run_nnx_capture(
     # (Linen's hooks before the model is imported: a bridge.ToNNX's Linen module is read by Linen capture, and a
     # class transform keeps the function it was made with; NNX's: a transform applied at import is followed)
     with session(target, *([step] if step is not None else [])):
-        return _run_nnx_capture(target, inputs, seeds, steps, step)
+        return _run_nnx_capture(target, inputs, seeds, steps, step, calls)
 
 
 def _check_step(step: CodeRef, model, rec: NnxRecorder) -> None:
-    """A training step an NNX spec can say: it calls the model once, and draws no key outside that call."""
+    """A training step an NNX spec can say: it calls the model (once or more, each call a step of the spec), and
+    draws no key outside those calls."""
     calls = [m for m in rec.top if m is not model]
     if calls:
         names = sorted({type(m).__name__ for m in calls})
         raise UnsupportedError(
-            f"--step {step.text}: step {rec.step} calls {', '.join(names)} outside the model's call (a module of "
-            "the model called directly, or a copy of it: nnx.split/merge, jax.grad); an NNX spec's step is one call "
-            "of the model: call the model, or use nnx.grad / nnx.value_and_grad on it"
+            f"--step {step.text}: step {rec.invocation} calls {', '.join(names)} outside the model's call (a module "
+            "of the model called directly, or a copy of it: nnx.split/merge, jax.grad); an NNX spec's steps are "
+            "calls of the model: call the model (or nnx.view of it), or use nnx.grad / nnx.value_and_grad on it"
         )
-    if len(rec.top) != 1:
+    if not rec.top:
         raise UnsupportedError(
-            f"--step {step.text}: step {rec.step} calls the model {len(rec.top)} times; an NNX spec's step is one "
-            "call of the model (capture a step that calls it once, or give --steps for each call)"
+            f"--step {step.text}: step {rec.invocation} does not call the model; an NNX spec's steps are calls of "
+            "the model"
         )
     if rec.stray:
         raise UnsupportedError(
-            f"--step {step.text}: step {rec.step} draws {rec.stray} key(s) outside the model's call (from an "
-            "Rngs of its own, or a stream of the model read directly); an NNX spec's step is one call of the model"
+            f"--step {step.text}: step {rec.invocation} draws {rec.stray} key(s) outside the model's calls (from an "
+            "Rngs of its own, or a stream of the model read directly); an NNX spec's steps are calls of the model"
         )
 
 
@@ -1462,7 +1550,12 @@ def _step_function(step: CodeRef):
 
 
 def _run_nnx_capture(
-    target: CodeRef, inputs: list[InputSpec], seeds: dict[str, int] | None, steps: int, step: CodeRef | None = None
+    target: CodeRef,
+    inputs: list[InputSpec],
+    seeds: dict[str, int] | None,
+    steps: int,
+    step: CodeRef | None = None,
+    calls: int | None = None,
 ):
     import flax
     import jax
@@ -1546,8 +1639,17 @@ def _run_nnx_capture(
                 "build it from that one (Model(rngs=rngs)), so --rngs seeds it"
             )
         fn = _step_function(step) if step is not None else None
-        for n in range(1, steps + 1):
-            rec.step, rec.top, rec.stray = n, [], 0
+        rec.model = model
+        rec.built_modes = {
+            id(node): getattr(node, "deterministic", None)
+            for _, node in nnx.graph.iter_graph(model)
+            if isinstance(node, (nnx.Dropout, nnx.MultiHeadAttention))
+        }
+        built_modes = _modes(model)
+        n = 0
+        while n < steps if calls is None else rec.step < calls:
+            n += 1
+            rec.invocation, rec.top, rec.stray = n, [], 0
             try:
                 if fn is None:
                     model(*args, **kwargs)
@@ -1563,6 +1665,11 @@ def _run_nnx_capture(
                 ) from None
             if step is not None:
                 _check_step(step, model, rec)
+            elif not rec.top:
+                raise UnsupportedError(
+                    f"capture of {target.text}: calling the model ran no module's __call__ capture sees (a model "
+                    "whose __call__ is not its class's own?)"
+                )
     if rec.traced:
         raise UnsupportedError(
             f"capture of {target.text}: the model draws keys under a transform capture does not follow: one "
@@ -1578,6 +1685,12 @@ def _run_nnx_capture(
             "call-time `deterministic` argument, or a branch on the model's state?); an NNX spec has one call per module"
         )
     assert seeds is not None  # (the factory's, where it was not given them)
+    if calls is not None and rec.step > calls:
+        # (a step that calls the model more than once went past the calls asked for: those are not compared)
+        rec.records = [r for r in rec.records if r["step"] <= calls]
+        del rec.modes[calls:]
+    run = _run_events(rec, built_modes, target)
+    calls = len(rec.modes)
     doc = {
         "rngaudit": 1,
         "flavour": "nnx",
@@ -1589,7 +1702,13 @@ def _run_nnx_capture(
         },
         "rngs": dict(seeds),
         **_call_rngs(rec, rngs, target),
-        **({"run": ["lazy_init", {"call": steps}] if steps else ["lazy_init"]} if whole else {"steps": steps}),
+        **(
+            {"run": ["lazy_init", *(run or ([{"call": calls}] if calls else []))]}
+            if whole
+            else {"run": run}
+            if run
+            else {"steps": calls}
+        ),
         "model": _SpecBuilder(rec, target.text, root).module(root),
     }
     header = f"# captured from {target.text} by rngaudit (flax {flax.__version__}, jax {jax.__version__})\n"

@@ -267,6 +267,15 @@ class NnxReseed(NnxStatement):
 
 
 @dataclass(frozen=True)
+class NnxMode(NnxStatement):
+    """`model.eval()` (deterministic) or `model.train()` between calls: sets `deterministic` on every Dropout and
+    attention layer of the model (mirrors nnx.Module.eval/train, set_attributes), or calls of an
+    `nnx.view(model, deterministic=...)`, which share the model's RNG counts."""
+
+    deterministic: bool
+
+
+@dataclass(frozen=True)
 class NnxModule:
     cls: str
     init: tuple[NnxStatement, ...]
@@ -284,7 +293,7 @@ class NnxSpec:
     threefry_partitionable: bool
     rngs: dict[str, RngSource]
     model: NnxModule
-    run: tuple[NnxStep | NnxReseed, ...]
+    run: tuple[NnxStep | NnxReseed | NnxMode, ...]
     flavour: str = "nnx"
     flax_version: str | None = None  # `flax: {version: ...}`; None: the current rules (flax >= 0.11)
     jax_version: str | None = None  # `jax: {version}`: sets threefry_partitionable's default only
@@ -985,15 +994,15 @@ def transform(f: Fields, stacked_ok: bool) -> NnxTransform | None:
     return NnxTransform(kind, lanes, streams)
 
 
-RUN_EVENTS = ("call", "stale_call", "reseed", "lazy_init")
+RUN_EVENTS = ("call", "stale_call", "reseed", "lazy_init", "train", "eval")
 
 
-def _run(node: YNode, key_source) -> tuple[NnxStep | NnxReseed, ...]:
+def _run(node: YNode, key_source) -> tuple[NnxStep | NnxReseed | NnxMode, ...]:
     if not node.is_seq:
         raise SpecError(
             f"`run` must be a list of events ({', '.join(RUN_EVENTS)}), not {type_name(node.value)}", node.loc
         )
-    out: list[NnxStep | NnxReseed] = []
+    out: list[NnxStep | NnxReseed | NnxMode] = []
     for item in node.value:
         if isinstance(item.value, str):
             key, arg, loc = item.value, None, item.loc
@@ -1020,6 +1029,14 @@ def _run(node: YNode, key_source) -> tuple[NnxStep | NnxReseed, ...]:
                     loc,
                 )
             out.append(NnxStep(loc, 1, lazy_init=True))
+        elif key in ("train", "eval"):
+            if arg is not None and arg.value is not None:
+                raise SpecError(
+                    f"`{key}` takes nothing: it is model.{key}(), which sets `deterministic` on every Dropout and "
+                    "attention layer of the model",
+                    loc,
+                )
+            out.append(NnxMode(loc, key == "eval"))
         elif key in ("call", "stale_call"):
             n = 1 if arg is None else as_int(arg, f"`{key}` (how many calls)", 1, MAX_STEPS)
             out.append(NnxStep(loc, n, key == "stale_call"))

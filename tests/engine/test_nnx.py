@@ -122,6 +122,35 @@ def test_reseed_follows_sorted_attribute_order_not_construction_order():
     assert zeta[2] == alpha[1] and alpha[2] == zeta[1]  # step 2's keys are step 1's, swapped
 
 
+def test_train_and_eval_modes_switch_every_dropout_and_attention_layer():
+    """model.eval() sets `deterministic` on every Dropout and attention layer (a Dropout built deterministic
+    included, then model.train() makes it draw): calls in eval mode draw nothing, and the counts carry on."""
+    text = """
+        rngaudit: 1
+        flavour: nnx
+        rngs: {params: 0, dropout: 1}
+        run: [call, eval, call: 2, train, call, {reseed: {dropout: 1}}, eval, {stale_call: 1}, train, call]
+        model:
+          class: Net
+          init:
+            - Dropout: {name: drop, rate: 0.5}
+            - Dropout: {name: still, rate: 0.5, deterministic: true}
+            - MultiHeadAttention: {name: att, dropout_rate: 0.1}
+            - module:
+                name: block
+                class: Block
+                init: [{Dropout: {name: drop, rate: 0.3}}]
+                call: [{call: drop}]
+          call: [{call: drop}, {call: still}, {call: att}, {call: block}]
+        """
+    agree(text)
+    r = derive(spec_of(text))
+    steps = lambda site: [c.derivation.step for c in r.calls if c.derivation.site == site and c.derivation.step]
+    # calls 1-6: train, eval, eval, train, a stale step in eval mode, train
+    assert steps("drop") == steps("att") == steps("block.drop") == [1, 4, 6]
+    assert steps("still") == [4, 6]  # (built deterministic: model.train() makes it draw)
+
+
 def test_a_stale_jitted_step_draws_the_same_key_every_step():
     """FLAX_NNX_RULES §5: a pure jax.jit step fed the old state (its returned state dropped) repeats the mask."""
     text = f"""rngaudit: 1
@@ -234,6 +263,8 @@ def test_the_oracle_sees_keys_as_nnx_hands_them_out():
         ("model: {class: M, init: [{Dropout: {}}]}", "`Dropout` needs `rate`"),
         ("model: {class: M, init: [{Dropout: {rate: 2}}]}", "from 0 to 1"),
         ("run: [walk]\nmodel: {class: M}", "unknown event 'walk'"),
+        ("run: [{eval: 2}]\nmodel: {class: M}", "`eval` takes nothing: it is model.eval"),
+        ("run: [evaluate]\nmodel: {class: M}", "did you mean 'eval'"),
         ("steps: 2\nrun: [call]\nmodel: {class: M}", "not both"),
         ("model: {class: M, init: [Linear, {Linear: {name: linear_0}}]}", "assigned twice"),
     ],

@@ -10,8 +10,8 @@ these statements); nnx.RNNs (standard cells, keeping their Rngs or not, or user 
 and submodules, with broadcast streams and initialize_carry draws; the RNN with its own stream, rngs.carry.fork()
 or none) called over sequences of 1 to 4 steps, with an initial carry, the model's Rngs or nnx.fork_rngs (never in
 lanes: refused); stacked modules (split_rngs around vmap at construction) called by nnx.scan or nnx.vmap over
-their axis; then calls the model several times (`steps`), or runs calls, stale jitted steps, nnx.reseed events
-and calls under nnx.vmap/nnx.scan or nnx.fork_rngs (`run`). Every key NNX hands out (construction and each
+their axis; then calls the model several times (`steps`), or runs calls, stale jitted steps, nnx.reseed events,
+model.train()/model.eval() and calls under nnx.vmap/nnx.scan or nnx.fork_rngs (`run`). Every key NNX hands out (construction and each
 step) must be derive's, in order, or both
 must raise the same error. RNGAUDIT_NNX_EXAMPLES sets how many (default 40, a fixed set)."""
 
@@ -347,7 +347,13 @@ def module(draw, depth: int, n: list, lanes: bool = False, no_keep: bool = False
                 # (a ToNNX, or a module holding one, or giving a Dropout the call's Rngs: called plainly, outside
                 # control flow)
                 return {"call": target} if level == 0 else None
-            if target in dropouts and not lanes and level == 0 and maybe(draw, 0.35):
+            if (
+                target in dropouts
+                and not lanes
+                and level == 0
+                and has("a key given to a Dropout call")
+                and maybe(draw, 0.35)
+            ):
                 # drop(x, rngs=rngs): the Rngs the model's call was given (the spec's call_rngs)
                 given = draw(st.sampled_from(("call", "model")))
                 return {"call": {"name": target, "rngs": given, "repeat": draw(st.integers(1, 2))}}
@@ -428,11 +434,11 @@ def nnx_specs(draw) -> str:
     if maybe(draw, 0.5):
         doc["steps"] = draw(st.integers(0, 3))
     elif plain:
-        doc["run"] = draw(st.lists(st.sampled_from(("call", "reseed")), min_size=1, max_size=4))
+        doc["run"] = draw(st.lists(st.sampled_from(("call", "reseed", "train", "eval")), min_size=1, max_size=4))
         reseeded = ("dropout", "carry") if recurrent else ("dropout",)
         doc["run"] = [
             e
-            if e == "call"
+            if e in ("call", "train", "eval")
             else {
                 "reseed": {
                     s: draw(st.integers(0, 5))
@@ -448,12 +454,14 @@ def nnx_specs(draw) -> str:
 
 @st.composite
 def run_event(draw, lanes_ok: bool, bridge: bool = False, recurrent: bool = False):
-    kinds = ("call", "call", "stale_call", "reseed") + (("reseed",) if recurrent else ())
+    kinds = ("call", "call", "stale_call", "reseed", "mode") + (("reseed",) if recurrent else ())
     kind = draw(st.sampled_from(kinds + (() if bridge else ("transformed",))))
     if kind == "reseed":
         asked = ASKED + (("carry", "carry", "recurrent_dropout") if recurrent else ())
         names = draw(st.lists(st.sampled_from(asked), unique=True, min_size=1, max_size=3))
         return {"reseed": {s: draw(st.integers(0, 5)) for s in names}}
+    if kind == "mode":
+        return draw(st.sampled_from(("train", "eval")))  # model.train() / model.eval()
     if kind == "transformed":
         fork = {"fork_rngs": fork_rngs(draw)} if has("fork_rngs") and maybe(draw, 0.25) else {}
         return {"call": {"n": draw(st.integers(1, 2)), **transform(draw, lanes_ok), **fork}}

@@ -10,6 +10,7 @@ import sys
 import textwrap
 
 import pytest
+import yaml
 from nnx_oracle import check_against_nnx
 from support import invoke, write
 
@@ -1178,6 +1179,9 @@ TRAIN_STEP = HEADER + textwrap.dedent("""
     def layer(model, optimizer, x, y):
         model.l1(x)
 
+    def nothing(model, optimizer, x, y):
+        pass
+
     def stray(model, optimizer, x, y):
         model(x)
         model.drop.rngs()
@@ -1217,7 +1221,7 @@ def test_a_jitted_training_step_captures_the_keys_real_nnx_draws(tmp_path):
 @pytest.mark.parametrize(
     "step, message",
     [
-        ("twice", "step 1 calls the model 2 times"),
+        ("nothing", "step 1 does not call the model"),
         ("layer", "step 1 calls Linear outside the model's call"),
         ("stray", "step 1 draws 1 key(s) outside the model's call"),
         ("split_merge", "step 1 calls MLP outside the model's call"),
@@ -1230,6 +1234,113 @@ def test_a_step_an_nnx_spec_cannot_say_is_refused_and_nothing_written(tmp_path, 
     out = tmp_path / "o.yaml"
     r = invoke("capture", f"{f}:make_model", "--step", f"{f}:{step}", "--rngs", "params=0,dropout=1", "-o", out)
     assert r.exit_code == 2 and message in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+    assert not out.exists()
+
+
+# the Flax NNX MNIST tutorial's loop: train_step and eval_step jitted, model.train() before the training steps and
+# model.eval() before evaluation (or nnx.view of the model in each mode); attention with dropout beside Dropout
+TRAIN_EVAL = HEADER + textwrap.dedent("""
+    import optax
+
+    class Net(nnx.Module):
+        def __init__(self, din, dh, dout, *, rngs: nnx.Rngs):
+            self.l1 = nnx.Linear(din, dh, rngs=rngs)
+            self.drop = nnx.Dropout(0.2, rngs=rngs)
+            self.bn = nnx.BatchNorm(dh, rngs=rngs)
+            self.att = nnx.MultiHeadAttention(
+                num_heads=2, in_features=dh, dropout_rate=0.1, decode=False, deterministic=False, rngs=rngs
+            )
+            self.l2 = nnx.Linear(dh, dout, rngs=rngs)
+
+        def __call__(self, x):
+            h = self.bn(self.drop(self.l1(x)))
+            return self.l2(nnx.relu(self.att(h[:, None, :])[:, 0, :]))
+
+    def loss_fn(model, x, y):
+        return optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean()
+
+    @nnx.jit
+    def train_step(model, optimizer, x, y):
+        loss, grads = nnx.value_and_grad(loss_fn)(model, x, y)
+        optimizer.update(model, grads)
+        return loss
+
+    @nnx.jit
+    def eval_step(model, x, y):
+        return loss_fn(model, x, y)
+
+    def epoch(model, optimizer, x, y):
+        model.train()
+        train_step(model, optimizer, x, y)
+        train_step(model, optimizer, x, y)
+        model.eval()
+        eval_step(model, x, y)
+
+    def views(model, optimizer, x, y):
+        train_step(nnx.view(model, deterministic=False), optimizer, x, y)
+        eval_step(nnx.view(model, deterministic=True), x, y)
+
+    def attributes(model, optimizer, x, y):
+        train_step(nnx.with_attributes(model, deterministic=False), optimizer, x, y)
+        eval_step(nnx.with_attributes(model, deterministic=True, use_running_average=True), x, y)
+
+    def two_views(model, optimizer, x, y):
+        # two augmented views through one encoder (SimCLR-style): two dropout masks a step
+        grads = nnx.grad(lambda m: jnp.mean((m(x) - m(x * 2)) ** 2))(model)
+        optimizer.update(model, grads)
+
+    def only_dropout(model, optimizer, x, y):
+        model.set_attributes(nnx.Dropout, deterministic=True)
+        model(x)
+
+    def make_model(rngs):
+        model = Net(4, 16, 3, rngs=rngs)
+        optimizer = nnx.Optimizer(model, optax.adamw(1e-3), wrt=nnx.Param)
+        return model, (optimizer, jnp.ones((8, 4)), jnp.zeros((8,), jnp.int32))
+""")
+
+
+@pytest.mark.parametrize(
+    "step, run",
+    [
+        ("epoch", [{"call": 2}, "eval", "call", "train", {"call": 2}, "eval", "call"]),
+        ("views", ["call", "eval", "call", "train", "call", "eval", "call"]),
+        ("attributes", ["call", "eval", "call", "train", "call", "eval", "call"]),
+        ("two_views", None),
+    ],
+)
+def test_train_and_eval_modes_and_steps_calling_the_model_twice_capture_the_keys_real_nnx_draws(tmp_path, step, run):
+    f = write(tmp_path, "train.py", TRAIN_EVAL)
+    seeds = {"params": 0, "dropout": 1}
+    spec, doc = capture(
+        tmp_path, f"{f}:make_model", "--step", f"{f}:{step}", "--rngs", "params=0,dropout=1", "--steps", "2"
+    )
+    # each call of the model is a step of the spec; model.train()/eval() (or the view called) between them
+    written = yaml.safe_load(spec.read_text())
+    assert written.get("run") == run and written.get("steps") == (None if run else 4), written
+    assert _keys_file_keys(doc) == _real_model_keys(f, seeds, 2, step)
+    # (the dropout masks: only calls in train mode draw, the Dropout's and the attention's)
+    train = {"epoch": [1, 2, 4, 5], "views": [1, 3], "attributes": [1, 3], "two_views": [1, 2, 3, 4]}[step]
+    assert sorted({c["step"] for c in doc["calls"] if c["stream"] == "dropout"} - {0}) == train
+    assert_real_nnx_agrees(spec, doc)
+    r = invoke("verify", spec, "--against", f"{f}:make_model", "--step", f"{f}:{step}")
+    assert r.exit_code == 0 and "0 differ, 0 missing, 0 extra" in r.stdout, r.stdout + r.stderr
+    if run is not None:
+        # the spec's modes against a model called plainly: an error that says what to give, not false findings
+        r = invoke("verify", spec, "--against", f"{f}:make_model")
+        assert r.exit_code == 2 and "give --step STEP" in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+        # against a step that switches modes elsewhere: the calls whose mode differs, found
+        other = "views" if step == "epoch" else "epoch"
+        r = invoke("verify", spec, "--against", f"{f}:make_model", "--step", f"{f}:{other}")
+        assert r.exit_code == 1 and "MISSING" in r.stdout and "EXTRA" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_step_that_makes_only_some_layers_deterministic_is_refused(tmp_path):
+    f = write(tmp_path, "train.py", TRAIN_EVAL)
+    out = tmp_path / "o.yaml"
+    r = invoke("capture", f"{f}:make_model", "--step", f"{f}:only_dropout", "--rngs", "params=0,dropout=1", "-o", out)
+    assert r.exit_code == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert "some of its Dropout/attention layers are deterministic and others (att)" in r.stderr
     assert not out.exists()
 
 
