@@ -413,19 +413,20 @@ def capture(
     return CaptureReport(cap, spec_text)
 
 
-def _sites(source: str | os.PathLike[str] | Spec | Capture) -> Capture:
+def _sites(source: str | os.PathLike[str] | Spec | NnxSpec | Capture) -> Capture:
     from .refactor.keys_file import Capture, load_sites, spec_capture
+    from .spec.nnx import NnxSpec
     from .spec.tree import Spec
 
     if isinstance(source, Capture):
         return source
-    if isinstance(source, Spec):
+    if isinstance(source, (Spec, NnxSpec)):
         return spec_capture(source.file, source)
     return load_sites(os.fspath(source))
 
 
 def verify(
-    spec: str | os.PathLike[str] | Spec,
+    spec: str | os.PathLike[str] | Spec | NnxSpec,
     against: str | os.PathLike[str] | Capture,
     *,
     inputs: Sequence[str] = (),
@@ -466,6 +467,7 @@ def verify(
         theirs = _sites(against)
     else:
         seeds = rngs
+        assert not isinstance(spec, NnxSpec)  # (an NNX spec against a TARGET: _verify_nnx above)
         if seeds is None:
             seeds = _spec_seeds(source if isinstance(source, Spec) else load(spec, command="verify"))
         from .refactor.capture import session
@@ -544,8 +546,8 @@ def _verify_nnx(spec: NnxSpec, target: str, inputs, rngs, method, step: str | No
 
 
 def diff(
-    old: str | os.PathLike[str] | Spec | Capture,
-    new: str | os.PathLike[str] | Spec | Capture | None = None,
+    old: str | os.PathLike[str] | Spec | NnxSpec | Capture,
+    new: str | os.PathLike[str] | Spec | NnxSpec | Capture | None = None,
     *,
     from_flax: str | None = None,
     to_flax: str | None = None,

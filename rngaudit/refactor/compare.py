@@ -418,6 +418,7 @@ def _explain_nnx(cmp: Comparison, old: Capture, new: Capture) -> None:
     index: _SameKeys | None = None
     shifts: _CountShifts | None = None
     pairs: dict[int, Entry] = {}  # id(a new or gone entry) -> the entry on the other side with its key
+    renames = _renamed_modules(cmp)
     for e in cmp.entries:
         if e.status == "changed":
             o, n = e.old, e.new
@@ -436,18 +437,118 @@ def _explain_nnx(cmp: Comparison, old: Capture, new: Capture) -> None:
                 e.why.append("the key of the stream it draws from changed")
         elif e.status in ("new", "gone"):
             if shifts is None:
-                shifts = _CountShifts(old, new)
+                shifts = _CountShifts(old, new, renames)
             shift = shifts.explain(e)
             if shift:
                 e.why.append(shift)
                 continue
             if index is None:
-                index = _SameKeys(cmp)
+                index = _SameKeys(cmp, renames)
             found = index.partner(e)
             if found:
                 e.why.append(found[0])
                 pairs.setdefault(id(e), found[1])
     _merge_moves(cmp, pairs)
+    _merge_renames(cmp, renames)
+    for e in cmp.entries:
+        if e.status in ("new", "gone") and not e.why:
+            e.why.append(
+                "a call site that did not exist before" if e.status == "new" else "this call site no longer exists"
+            )
+
+
+def _renamed_modules(cmp: Comparison) -> dict[tuple, tuple[tuple, tuple]]:
+    """Modules gone and new that draw alike (the same parameter names, streams and kinds below them, step by step),
+    each the only one of its shape on its side: one module renamed (old path -> (new path, shape)), at the highest
+    level whose name differs (rnn -> encoder, not rnn.cell.ii -> encoder.cell.ii). Its keys may have changed too
+    (built at another point of `__init__`: its counts moved)."""
+    assert cmp.old is not None and cmp.new is not None
+    paths = {
+        side: {t.path[:i] for t in cap.sites for i in range(1, len(t.path) + 1)}
+        for side, cap in (("old", cmp.old), ("new", cmp.new))
+    }
+    groups: dict[str, dict[tuple, list[Site]]] = {"gone": {}, "new": {}}
+    for e in cmp.entries:
+        if e.status in ("new", "gone"):
+            module = _module_of(e.site)
+            other = paths["new" if e.status == "gone" else "old"]
+            root = next((module[:i] for i in range(1, len(module) + 1) if module[:i] not in other), None)
+            if root is not None:
+                groups[e.status].setdefault(root, []).append(e.site)
+    by_shape: dict[tuple, dict[str, list[tuple]]] = {}
+    for status, modules in groups.items():
+        for module, sites in modules.items():
+            shape = tuple(sorted((t.path[len(module) :], t.stream, t.kind, t.step, t.lane) for t in sites))
+            by_shape.setdefault(shape, {"gone": [], "new": []})[status].append(module)
+    return {
+        sides["gone"][0]: (sides["new"][0], shape)
+        for shape, sides in by_shape.items()
+        if len(sides["gone"]) == 1 and len(sides["new"]) == 1  # (more of one shape: which is which is not known)
+    }
+
+
+def _module_of(s: Site) -> tuple:
+    """The module a draw belongs to: its path less the parameter name (a one-part path is the module's own)."""
+    return s.path[:-1] if len(s.path) > 1 else s.path
+
+
+def _merge_renames(cmp: Comparison, renames: dict[tuple, tuple[tuple, tuple]]) -> None:
+    """Each draw of a renamed module whose key changed, gone under its old name and new under the new one and
+    not explained otherwise: one `changed` entry from the old name to the new, with why (its count moved)."""
+    sides: dict[tuple, list[Entry]] = {}
+    roots = {"gone": set(renames), "new": {q for q, _ in renames.values()}}
+    for e in cmp.entries:
+        if e.status in ("new", "gone") and not e.why:
+            module = _module_of(e.site)
+            root = next((module[:i] for i in range(1, len(module) + 1) if module[:i] in roots[e.status]), None)
+            if root is not None:
+                sides.setdefault((e.status, root), []).append(e)
+    merged: dict[int, Entry] = {}
+    dropped: set[int] = set()
+    for p, (q, shape) in renames.items():
+        # (each draw beside its counterpart: the same name below the module, stream, kind, step and lane)
+        order = lambda e, m: (e.site.step, e.site.lane, e.site.path[len(m) :], e.site.stream, e.site.kind, e.site.count)
+        olds = sorted(sides.get(("gone", p), []), key=lambda e: order(e, p))
+        news = sorted(sides.get(("new", q), []), key=lambda e: order(e, q))
+        if len(olds) != len(news):
+            continue
+        for o, n in zip(olds, news):
+            a, b = o.site, n.site
+            if (a.path[len(p) :], a.stream, a.kind) != (b.path[len(q) :], b.stream, b.kind):
+                continue
+            was, now = ".".join(p), ".".join(q)
+            why = [
+                (
+                    f"{now} draws what {was} drew ({', '.join(_shown(shape))}) and {was} is gone: {was} renamed {now} "
+                    f"(or {was} removed and {now} added)"
+                )
+            ]
+            if a.count != b.count:
+                delta = b.count - a.count
+                why.append(
+                    f"count shift: it drew {b.stream!r} count {a.count} before and {b.count} now, {abs(delta)} "
+                    f"{'more' if delta > 0 else 'fewer'} keys of {b.stream_path} handed out before it (it is built "
+                    "at another point of __init__, or layers before it were added or removed). An NNX key depends "
+                    "on how many keys its stream handed out before it, not on names: build each submodule from "
+                    "rngs.fork(), so that its keys do not depend on what is built before it"
+                )
+            elif a.chain != b.chain:
+                why.append(
+                    f"the stream {b.stream_path} it draws from was made differently: {' -> '.join(a.chain)}  became  "
+                    f"{' -> '.join(b.chain)}"
+                )
+            if a.key == b.key:
+                # (a draw of it whose count did not move, a fork of a stream nothing else draws: its key kept)
+                why = [f"the same key, drawn at {'.'.join(b.path)} now and at {'.'.join(a.path)} before ({why[0]})"]
+            merged[id(n)] = Entry("moved" if a.key == b.key else "changed", n.ident, a, b, why)
+            dropped.add(id(o))
+    if merged:
+        cmp.entries = [merged.get(id(e), e) for e in cmp.entries if id(e) not in dropped]
+
+
+def _shown(shape: tuple) -> list[str]:
+    names = list(dict.fromkeys(".".join(tail) or "(its own)" for tail, *_ in shape))
+    return names[:4] + ([f"{len(names) - 4} more"] if len(names) > 4 else [])
 
 
 def _merge_moves(cmp: Comparison, pairs: dict) -> None:
@@ -471,8 +572,9 @@ class _SameKeys:
     """A diff's new and gone NNX sites by what a move keeps (key, stream, count, kind, label, parameter name), and
     the paths of each side: the pairs of a site gone and one new that are the same draw under another name."""
 
-    def __init__(self, cmp: Comparison):
+    def __init__(self, cmp: Comparison, renames: dict | None = None):
         assert cmp.old is not None and cmp.new is not None
+        self.renames = {p: q for p, (q, _) in (renames or {}).items()}  # (a module renamed whole, with its shape)
         self.old_paths = {t.path for t in cmp.old.sites}
         self.new_paths = {t.path for t in cmp.new.sites}
         self.by_draw: dict[tuple, list[Entry]] = {}
@@ -519,12 +621,28 @@ class _SameKeys:
             a, b = (t, s) if e.status == "new" else (s, t)
             if a.path in self.new_paths or b.path in self.old_paths or not self.renamed_whole(a, b):
                 continue
+            if not self.follows_renames(a, b):
+                continue
             why = (
                 f"the same key, drawn at {'.'.join(b.path)} now and at {'.'.join(a.path)} before (a rename or a "
                 "move: NNX keys do not depend on names)"
             )
             return why, f
         return None
+
+    def follows_renames(self, a: Site, b: Site) -> bool:
+        """Whether gone a and new b keep the names a module renamed whole keeps below it (dec -> dec_v2 maps
+        dec.l0 to dec_v2.l0: the same key at dec_v2.l1 is its counts moving, not l0 renamed l1)."""
+        for i in range(1, len(a.path) + 1):
+            to = self.renames.get(a.path[:i])
+            if to is not None:
+                return b.path == to + a.path[i:]
+        back = {q: p for p, q in self.renames.items()}
+        for i in range(1, len(b.path) + 1):
+            fro = back.get(b.path[:i])
+            if fro is not None:
+                return a.path == fro + b.path[i:]
+        return True
 
 
 def _draw(s: Site) -> tuple:
@@ -538,7 +656,10 @@ class _CountShifts:
     """A diff's NNX count shifts: the same site drawing the same stream at another count, and which draws were
     added (or removed) before it. Each side's sites are indexed once (a layer inserted early shifts most sites)."""
 
-    def __init__(self, old: Capture, new: Capture):
+    def __init__(self, old: Capture, new: Capture, renames: dict | None = None):
+        # the modules renamed (_renamed_modules), both ways: their draws were moved, not added or removed
+        self.renamed = {"old": {p: q for p, (q, _) in (renames or {}).items()}}
+        self.renamed["new"] = {q: p for p, q in self.renamed["old"].items()}
         self.first: dict[str, dict[tuple, Site]] = {}  # side -> (path, stream, step, lane, kind) -> first site
         self.only: dict[str, dict[tuple, list[Site]]] = {}  # side -> (stream_path, step) -> sites the other lacks
         known = {
@@ -566,12 +687,28 @@ class _CountShifts:
         # the draws of that stream that exist on one side only, before the site: what moved it
         site = after if delta > 0 else before
         only = self.only["new" if delta > 0 else "old"].get((site.stream_path, site.step), [])
-        moved = [t for t in only if t.count < site.count]
+        side = "new" if delta > 0 else "old"
+        moved, renamed = [], 0
+        for t in only:
+            if t.count >= site.count:
+                continue
+            there = self.counterpart(t, side)
+            if there is None:
+                moved.append(t)  # (added, or removed)
+            elif there.count > (before if delta > 0 else after).count:
+                moved.append(t)  # (a renamed module's draw that was after the site and is before it now, or back)
+                renamed += 1
         where = ""
         if moved and len(moved) == abs(delta):
             paths = list(dict.fromkeys(".".join(t.path) for t in moved))
             shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
-            where = f": {'added' if delta > 0 else 'removed'} before it: {shown}"
+            verb = (
+                ("added before it", "moved (renamed) from after it to before it")
+                if delta > 0
+                else ("removed before it", "moved (renamed) from before it to after it")
+            )
+            how = verb[0] if not renamed else verb[1] if renamed == len(moved) else f"{verb[0]}, or {verb[1]}"
+            where = f": {how}: {shown}"
         return (
             f"count shift: {'.'.join(s.path)} drew {s.stream!r} count {before.count} before and {after.count} now, "
             f"{abs(delta)} {'more' if delta > 0 else 'fewer'} keys of {site.stream_path} handed out before it"
@@ -579,6 +716,17 @@ class _CountShifts:
             "each submodule from rngs.fork(), so that layers added inside one submodule leave the other "
             "submodules' keys as they were"
         )
+
+    def counterpart(self, t: Site, side: str) -> Site | None:
+        """A draw of a renamed module on `side`: the same draw under its name on the other side."""
+        names = self.renamed[side]
+        module = _module_of(t)
+        for i in range(1, len(module) + 1):
+            to = names.get(module[:i])
+            if to is not None:
+                other = "old" if side == "new" else "new"
+                return self.first[other].get((to + t.path[i:], t.stream, t.step, t.lane, t.kind))
+        return None
 
 
 def _forks(cap: Capture) -> set:

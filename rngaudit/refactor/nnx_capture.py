@@ -80,7 +80,7 @@ class Called:
     given: object = None  # a layer's call given an nnx.Rngs (drop(x, rngs=rngs)): that Rngs
     sealed: int | None = None  # a call under a transform over the module itself: its events when that ended
     rnn: tuple | None = None  # an nnx.RNN's call: (sequence length, given initial_carry, the Rngs given or None)
-    quiet: bool = False  # a Dropout's or attention's call that draws nothing because the layer is deterministic
+    quiet: bool = False  # a Dropout's or attention's call that draws nothing because it is deterministic
 
 
 @dataclass
@@ -107,7 +107,9 @@ class NnxRecorder:
         self.step = 0  # the model's calls so far (a spec's step is one call of the model)
         self.invocation = 0  # the step being run (capture's call of the model or of --step), from 1
         self.model: object | None = None  # the model, once the factory has built it
-        self.modes: list[dict] = []  # each call of the model: _modes() of the object called (the model or a view)
+        # each call of the model: id(Dropout/attention) -> whether it was deterministic at its calls (its attribute
+        # on the object called: the model or a view, or the call's `deterministic=` argument)
+        self.modes: list[dict] = []
         self.built_modes: dict[int, object] = {}  # id(Dropout/attention) -> its `deterministic` as built
         self.records: list[dict] = []
         self.traced = False
@@ -691,13 +693,18 @@ def _call_hook(rec: NnxRecorder, original):
             rec.call_rngs[id(frame.given)] = frame.given
         if _is_rnn(outside) or _is_bidi(outside):
             frame.rnn = _rnn_call(rec, outside, args, kwargs, bool(rec.calling) and _is_bidi(rec.calling[-1].obj))
-        if _is_layer(outside) and kwargs.get("deterministic") is None and _draws_unless_deterministic(self):
-            frame.quiet = getattr(self, "deterministic", None) is True  # (model.eval(), or built deterministic)
         if not rec.calling:
             rec.top.append(outside)
             if outside is rec.model and rec.invocation:
                 rec.step += 1
-                rec.modes.append(_modes(self))
+                rec.modes.append({})
+        if _is_layer(outside) and _draws_unless_deterministic(self):
+            given_mode = kwargs.get("deterministic")
+            mode = getattr(self, "deterministic", None) if given_mode is None else given_mode
+            frame.quiet = mode is True  # (model.eval(), built deterministic, or deterministic=True at the call)
+            inside = rec.invocation and rec.modes and rec.calling and rec.calling[0].obj is rec.model
+            if inside and rec.modes[-1].setdefault(id(outside), mode) != mode and rec.differs is None:
+                rec.differs = type(outside).__name__  # (called in both modes in one call of the model)
         if rec.calling:
             parent = rec.calling[-1]
             how = None
@@ -806,36 +813,30 @@ def _draws_unless_deterministic(obj) -> bool:
     return isinstance(obj, nnx.MultiHeadAttention) and obj.dropout_rate > 0
 
 
-def _modes(model) -> dict[tuple, object]:
-    """The `deterministic` of every layer of the model whose calls draw unless it is deterministic, by path."""
-    from flax import nnx
-
-    return {
-        tuple(path): getattr(node, "deterministic", None)
-        for path, node in nnx.graph.iter_graph(model)
-        if _draws_unless_deterministic(node)
-    }
-
-
-def _run_events(rec: NnxRecorder, built: dict, target: CodeRef) -> list | None:
-    """The calls of the model and the model.train()/model.eval() between them (`run:`), from the `deterministic`
-    of its layers at each call; None when they never change (`steps:` says the calls)."""
-    state: dict = dict(built)
+def _run_events(rec: NnxRecorder, target: CodeRef) -> list | None:
+    """The calls of the model and the model.train()/model.eval() between them (`run:`), from whether its Dropout
+    and attention layers were deterministic at each call (as built, then as model.train()/eval() or a view set
+    them, or as the call's `deterministic=` said: the keys are the same); None when that never changes (`steps:`
+    says the calls)."""
+    state = {i: bool(v) for i, v in rec.built_modes.items()}  # (what the spec's layers say, then its events)
     run: list = []
     for n, now in enumerate(rec.modes, 1):
-        if now != state:
+        for i, v in now.items():
+            state.setdefault(i, v)  # (a layer not in the model's graph as built: its spec says how it was called)
+        if any(state[i] != v for i, v in now.items()):
             values = set(now.values())
             if len(values) != 1 or not isinstance(next(iter(values)), bool):
-                mixed = sorted(".".join(map(str, p)) for p, v in now.items() if v is not True)
+                names = _attribute_names(rec.model)
+                mixed = sorted(names.get(i, "?") for i, v in now.items() if v is not True)
                 raise UnsupportedError(
                     f"capture of {target.text}: at call {n} of the model some of its Dropout/attention layers are "
                     f"deterministic and others ({', '.join(mixed[:3])}) are not, unlike at construction; an NNX spec "
-                    "says model.eval() and model.train() (every layer): use them, or nnx.view(model, "
-                    "deterministic=...)"
+                    "says model.eval() and model.train() (every layer): use them, nnx.view(model, "
+                    "deterministic=...), or the same `deterministic=` for every layer a call of the model calls"
                 )
             (value,) = values
             run.append("eval" if value else "train")
-            state = dict.fromkeys(now, value)
+            state = dict.fromkeys(state, value)
         if run and isinstance(run[-1], dict):
             run[-1]["call"] += 1
         elif run and run[-1] == "call":
@@ -1645,7 +1646,6 @@ def _run_nnx_capture(
             for _, node in nnx.graph.iter_graph(model)
             if isinstance(node, (nnx.Dropout, nnx.MultiHeadAttention))
         }
-        built_modes = _modes(model)
         n = 0
         while n < steps if calls is None else rec.step < calls:
             n += 1
@@ -1682,14 +1682,15 @@ def _run_nnx_capture(
     if rec.differs is not None:
         raise UnsupportedError(
             f"capture of {target.text}: {rec.differs}.__call__ draws differently from one call to the next (a "
-            "call-time `deterministic` argument, or a branch on the model's state?); an NNX spec has one call per module"
+            "branch on the model's state or on an argument, or a layer called both deterministic and not in one call "
+            "of the model?); an NNX spec has one call per module"
         )
     assert seeds is not None  # (the factory's, where it was not given them)
     if calls is not None and rec.step > calls:
         # (a step that calls the model more than once went past the calls asked for: those are not compared)
         rec.records = [r for r in rec.records if r["step"] <= calls]
         del rec.modes[calls:]
-    run = _run_events(rec, built_modes, target)
+    run = _run_events(rec, target)
     calls = len(rec.modes)
     doc = {
         "rngaudit": 1,
