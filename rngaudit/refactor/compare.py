@@ -1059,6 +1059,7 @@ def _explain_moves(cmp: Comparison, old: Capture, new: Capture, lanes: tuple[dic
         if e.status == "new" and not e.why and at is not None:
             e.why.append(f"drawn by the {_base_class(new.modules[at]['class'])} inserted at {_p(at)}")
     _explain_insertions(cmp, old, new, mods_old, mods_new, targets)
+    _explain_unrolled(cmp, old, new)
     for e in cmp.entries:
         if e.status in ("new", "gone") and not e.why:
             e.why.append(
@@ -1067,6 +1068,82 @@ def _explain_moves(cmp: Comparison, old: Capture, new: Capture, lanes: tuple[dic
                 or _lane_count_change(e, lanes, old, new)
                 or ("a call site that did not exist before" if e.status == "new" else "this call site no longer exists")
             )
+
+
+_LANE_TRANSFORMS = {"Scan": ("nn.scan", "step"), "Vmap": ("nn.vmap", "lane")}
+
+
+def _lane_module(cap: Capture, path: tuple) -> tuple[tuple, str, str] | None:
+    """The nn.scan/nn.vmap module a draw at `path` is made in (the outermost one): its path, the transform and the
+    class it maps (ScanBlock_0 -> ("ScanBlock_0",), "Scan", "Block")."""
+    for i in range(1, len(path)):
+        cls = cap.modules.get(path[:i], {}).get("class") or path[i - 1].rsplit("_", 1)[0]
+        for prefix in _LANE_TRANSFORMS:
+            if cls.startswith(prefix) and len(cls) > len(prefix) and cls[len(prefix)].isupper():
+                return path[:i], prefix, cls[len(prefix) :]
+    return None
+
+
+def _explain_unrolled(cmp: Comparison, old: Capture, new: Capture) -> None:
+    """An nn.scan (or nn.vmap) module gone whose N steps (lanes) drew what N modules new beside it draw (each the
+    same draws below it, and of the class it mapped), or the other way round: the transform unrolled into modules
+    (or modules rolled into it). Every key changes: a step's key is split from the transform's, a module's is
+    hashed from its own path. Said on each of those sites, with the modules' names."""
+    for lanes_cap, flat_cap, lanes_status, flat_status in ((old, new, "gone", "new"), (new, old, "new", "gone")):
+        groups: dict[tuple, dict] = {}
+        for e in cmp.entries:
+            s = e.site
+            if e.status != lanes_status or len(s.lane) != 1:
+                continue
+            found = _lane_module(lanes_cap, s.path)
+            if found is None:
+                continue
+            m, prefix, inner = found
+            g = groups.setdefault(m, {"prefix": prefix, "inner": inner, "lanes": {}, "entries": []})
+            g["lanes"].setdefault(s.lane[0], set()).add((s.path[len(m) :], s.stream, s.kind, s.label))
+            g["entries"].append(e)
+        if not groups:
+            continue
+        for m, g in groups.items():
+            shapes = list(g["lanes"].values())
+            n = len(shapes)
+            if sorted(g["lanes"]) != list(range(n)) or any(sh != shapes[0] for sh in shapes):
+                continue  # (lanes that draw differently: not one module mapped)
+            parent = m[:-1]
+            modules: dict[tuple, list[Entry]] = {}
+            for e in cmp.entries:
+                s = e.site
+                if e.status != flat_status or s.lane or len(s.path) <= len(m) or s.path[: len(parent)] != parent:
+                    continue
+                mod = s.path[: len(m)]
+                cls = flat_cap.modules.get(mod, {}).get("class") or mod[-1].rsplit("_", 1)[0]
+                if cls == g["inner"] and not any(t.path[: len(m)] == mod for t in lanes_cap.sites):
+                    modules.setdefault(mod, []).append(e)
+            if len(modules) != n or any(
+                {(e.site.path[len(m) :], e.site.stream, e.site.kind, e.site.label) for e in es} != shapes[0]
+                for es in modules.values()
+            ):
+                continue
+            tool, unit = _LANE_TRANSFORMS[g["prefix"]]
+            names = ", ".join(_p(mod) for mod in list(modules)[:4]) + (f" and {n - 4} more" if n > 4 else "")
+            rolled = lanes_status == "new"
+            how = (
+                f"the modules {names} were rolled into {_p(m)} ({tool} over {g['inner']}, {n} {unit}s), or removed "
+                "and it added"
+                if rolled
+                else f"{_p(m)} ({tool} over {g['inner']}, {n} {unit}s) was unrolled into the modules {names}, or "
+                "removed and they added"
+            )
+            why = (
+                f"{how}: they draw alike ({', '.join(sorted({str(label or kind) for _, _, kind, label in shapes[0]}))}). "
+                f"A {unit}'s key is split from {_p(m)}'s key, a module's is hashed from its own path: no key is "
+                f"kept (re-initialise, or keep the {'modules' if rolled else tool} for checkpoints made with "
+                f"{'them' if rolled else 'it'})"
+            )
+            # (on the sites nothing else explains: a module of them paired with the transform, Block_0 wrapped in
+            # nn.scan, keeps that explanation)
+            for e in [e for e in g["entries"] + [e for es in modules.values() for e in es] if not e.why]:
+                e.why.append(why)
 
 
 def _free_name(cap: Capture, path: tuple) -> str:

@@ -845,3 +845,49 @@ def test_many_moved_modules_have_their_fixes_checked_together(tmp_path):
     assert "name='Block_7'" in doc["fixes"][0] + "".join(doc["fixes"])
     code, doc = run_diff(tmp_path, old, fixed)  # (the fixes applied by hand: nothing changed)
     assert code == 0, doc
+
+
+_STACKED = """
+rngaudit: 1
+rngs: {params: 0, dropout: 1}
+model:
+  class: Model
+  body:
+    - Dense: {features: 4}
+    - TRANSFORM
+"""
+_BLOCK = "{class: Block, body: [{Dense: {features: 4}}, {Dropout: {rate: 0.1, deterministic: false}}]}"
+
+
+@pytest.mark.parametrize(
+    "transform, unit, tool",
+    [
+        (
+            f"scan: {{module: {_BLOCK}, length: 3, split_rngs: {{params: true, dropout: true}}, variable_axes: {{params: 0}}}}",
+            "steps",
+            "nn.scan",
+        ),
+        (
+            f"vmap: {{module: {_BLOCK}, axis_size: 3, split_rngs: {{params: true, dropout: true}}, variable_axes: {{params: 0}}, name: ensemble}}",
+            "lanes",
+            "nn.vmap",
+        ),
+    ],
+    ids=["scan", "vmap-named"],
+)
+def test_a_scan_or_vmap_unrolled_into_modules_is_explained_both_ways(tmp_path, transform, unit, tool):
+    """Scan-over-layers replaced by a Python loop of three Blocks (or an ensemble's nn.vmap by three modules):
+    every key changes, and each site says why (it said 'this call site no longer exists')."""
+    lanes = write(tmp_path, "lanes.yaml", _STACKED.replace("TRANSFORM", transform))
+    flat = write(tmp_path, "flat.yaml", _STACKED.replace("TRANSFORM", f"module: {_BLOCK[:-1]}, repeat: 3}}"))
+    where = "ensemble" if "ensemble" in transform else "ScanBlock_0"
+    r = invoke("diff", lanes, flat)
+    assert r.exit_code == 1 and r.stdout.endswith("2 kept, 0 changed, 9 new, 9 gone\n"), r.stdout
+    said = (
+        f"why: {where} ({tool} over Block, 3 {unit}) was unrolled into the modules Block_0, Block_1, Block_2, or "
+        "removed and they added: they draw alike (bias, dropout mask, kernel)."
+    )
+    assert r.stdout.count(said) == 18 and "no longer exists" not in r.stdout and "did not exist" not in r.stdout
+    r = invoke("diff", flat, lanes)
+    assert r.exit_code == 1 and "no longer exists" not in r.stdout and "did not exist" not in r.stdout, r.stdout
+    assert f"the modules Block_0, Block_1, Block_2 were rolled into {where} ({tool} over Block, 3 {unit})" in r.stdout

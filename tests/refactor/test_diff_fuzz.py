@@ -393,6 +393,9 @@ CAUSES = {
         ("renamed path", "shifted auto-name index", "was added", "its keys moved to", "; was "),
         {"rename", "insert", "delete", "reorder", "wrap jit", "wrap vmap", "wrap remat"},
     ),
+    # an nn.scan/nn.vmap module and as many modules of its class beside it: unrolled (or rolled); a module wrapped
+    # in a one-lane nn.vmap is such a roll
+    "unroll": (("was unrolled into", "were rolled into"), {"wrap vmap"}),
     # nn.jit's fork draws from the parent's streams: the parent's later draws shift
     "count": (("shifted count", "count shift"), {"insert", "delete", "reorder", "wrap jit"}),
 }
