@@ -25,7 +25,15 @@ def to_json(cmp: Comparison) -> dict:
             "new_key": list(e.new.key) if e.new is not None and e.new.key is not None else None,
             "why": list(e.why),
             "fix": e.fix,
-            **({"old_path": list(e.old.path)} if e.status == "moved" and e.old is not None else {}),
+            # (a moved key, or a renamed module's changed one: the old site under its old name)
+            **(
+                {"old_path": list(e.old.path)}
+                if e.status in ("moved", "changed")
+                and e.old is not None
+                and e.new is not None
+                and e.old.path != e.new.path
+                else {}
+            ),
         }
 
     statuses = (

@@ -452,8 +452,14 @@ def _explain_nnx(cmp: Comparison, old: Capture, new: Capture) -> None:
     _merge_renames(cmp, renames)
     for e in cmp.entries:
         if e.status in ("new", "gone") and not e.why:
+            # (an NNX site is a layer's draw at a step: a layer that is there still draws nothing where it is
+            # deterministic, as in eval mode)
             e.why.append(
-                "a call site that did not exist before" if e.status == "new" else "this call site no longer exists"
+                "nothing drew this key here before (the layer is new, was not called, or was deterministic at this "
+                "call: in eval mode, or given deterministic=True)"
+                if e.status == "new"
+                else "nothing draws this key here now (the layer is gone, not called, or deterministic at this call: "
+                "in eval mode, or given deterministic=True)"
             )
 
 
@@ -703,18 +709,23 @@ class _CountShifts:
             paths = list(dict.fromkeys(".".join(t.path) for t in moved))
             shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
             verb = (
-                ("added before it", "moved (renamed) from after it to before it")
+                ("added before it", "before it now and after it before, under another name (the rename above)")
                 if delta > 0
-                else ("removed before it", "moved (renamed) from before it to after it")
+                else ("removed before it", "after it now and before it before, under another name (the rename above)")
             )
             how = verb[0] if not renamed else verb[1] if renamed == len(moved) else f"{verb[0]}, or {verb[1]}"
             where = f": {how}: {shown}"
+        advice = (
+            "An NNX key depends on how many keys its stream handed out before it, not on names: build each submodule "
+            "from rngs.fork(), so that layers added inside one submodule leave the other submodules' keys as they were"
+            if s.step <= 0
+            else "A stream's count carries on from call to call: a call that draws more or fewer keys (a layer added or "
+            "removed, or deterministic in eval mode) moves every later key of the stream"
+        )
         return (
             f"count shift: {'.'.join(s.path)} drew {s.stream!r} count {before.count} before and {after.count} now, "
             f"{abs(delta)} {'more' if delta > 0 else 'fewer'} keys of {site.stream_path} handed out before it"
-            f"{where}. An NNX key depends on how many keys its stream handed out before it, not on names: build "
-            "each submodule from rngs.fork(), so that layers added inside one submodule leave the other "
-            "submodules' keys as they were"
+            f"{where}. {advice}"
         )
 
     def counterpart(self, t: Site, side: str) -> Site | None:

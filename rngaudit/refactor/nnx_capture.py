@@ -699,11 +699,12 @@ def _call_hook(rec: NnxRecorder, original):
                 rec.step += 1
                 rec.modes.append({})
         if _is_layer(outside) and _draws_unless_deterministic(self):
-            given_mode = kwargs.get("deterministic")
-            mode = getattr(self, "deterministic", None) if given_mode is None else given_mode
+            given_mode = _as_mode(kwargs.get("deterministic"))
+            mode = _as_mode(getattr(self, "deterministic", None)) if given_mode is None else given_mode
             frame.quiet = mode is True  # (model.eval(), built deterministic, or deterministic=True at the call)
             inside = rec.invocation and rec.modes and rec.calling and rec.calling[0].obj is rec.model
-            if inside and rec.modes[-1].setdefault(id(outside), mode) != mode and rec.differs is None:
+            seen = (mode, given_mode is not None)
+            if inside and rec.modes[-1].setdefault(id(outside), seen) != seen and rec.differs is None:
                 rec.differs = type(outside).__name__  # (called in both modes in one call of the model)
         if rec.calling:
             parent = rec.calling[-1]
@@ -813,28 +814,60 @@ def _draws_unless_deterministic(obj) -> bool:
     return isinstance(obj, nnx.MultiHeadAttention) and obj.dropout_rate > 0
 
 
+def _as_mode(v):
+    """A `deterministic` as a bool where it is one (np.bool_, a concrete array: `deterministic=~train`); None, or a
+    traced value, as it is."""
+    if v is None or isinstance(v, bool):
+        return v
+    try:
+        return bool(v)
+    except Exception:  # noqa: BLE001 (traced: a jitted call's argument)
+        return v
+
+
 def _run_events(rec: NnxRecorder, target: CodeRef) -> list | None:
     """The calls of the model and the model.train()/model.eval() between them (`run:`), from whether its Dropout
     and attention layers were deterministic at each call (as built, then as model.train()/eval() or a view set
     them, or as the call's `deterministic=` said: the keys are the same); None when that never changes (`steps:`
-    says the calls)."""
+    says the calls). A layer every call gives the same `deterministic=` keeps it (its spec option says it)."""
+    seen: dict[int, set] = {}
+    for now in rec.modes:
+        for i, mode in now.items():
+            seen.setdefault(i, set()).add(mode)
+    fixed = {
+        i: next(iter(modes))[0]
+        for i, modes in seen.items()
+        if len(modes) == 1 and next(iter(modes))[1] and isinstance(next(iter(modes))[0], bool)
+    }
+    rec.built_modes.update(fixed)  # (the spec's layer says `deterministic:` as every call gave it)
+    names = _attribute_names(rec.model)
     state = {i: bool(v) for i, v in rec.built_modes.items()}  # (what the spec's layers say, then its events)
     run: list = []
     for n, now in enumerate(rec.modes, 1):
-        for i, v in now.items():
+        modes = {i: mode for i, (mode, _) in now.items() if i not in fixed}
+        for i, v in modes.items():
             state.setdefault(i, v)  # (a layer not in the model's graph as built: its spec says how it was called)
-        if any(state[i] != v for i, v in now.items()):
-            values = set(now.values())
+        if any(state[i] != v for i, v in modes.items()):
+            values = set(modes.values())
             if len(values) != 1 or not isinstance(next(iter(values)), bool):
-                names = _attribute_names(rec.model)
-                mixed = sorted(names.get(i, "?") for i, v in now.items() if v is not True)
+                mixed = sorted(names.get(i, "?") for i, v in modes.items() if v is not True)
                 raise UnsupportedError(
                     f"capture of {target.text}: at call {n} of the model some of its Dropout/attention layers are "
-                    f"deterministic and others ({', '.join(mixed[:3])}) are not, unlike at construction; an NNX spec "
-                    "says model.eval() and model.train() (every layer): use them, nnx.view(model, "
-                    "deterministic=...), or the same `deterministic=` for every layer a call of the model calls"
+                    f"deterministic and others ({', '.join(mixed[:3])}) are not, and not as they were at the call "
+                    "before; an NNX spec says model.eval() and model.train() (every layer): use them, "
+                    "nnx.view(model, deterministic=...), or the same `deterministic=` for every layer a call of the "
+                    "model calls"
                 )
             (value,) = values
+            against = sorted(names.get(i, "?") for i, v in fixed.items() if v != value)
+            if against:
+                raise UnsupportedError(
+                    f"capture of {target.text}: at call {n} the model's Dropout/attention layers become "
+                    f"{'deterministic' if value else 'not deterministic'} (model.{'eval' if value else 'train'}() "
+                    f"or a view), while {', '.join(against[:3])} is always called with deterministic="
+                    f"{not value}; an NNX spec's train/eval events set every layer, and it cannot say a call's own "
+                    "deterministic= beside them yet: let that layer follow the model's mode"
+                )
             run.append("eval" if value else "train")
             state = dict.fromkeys(state, value)
         if run and isinstance(run[-1], dict):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 import sys
 import textwrap
 
@@ -1361,8 +1362,32 @@ TRAIN_FLAG = HEADER + textwrap.dedent("""
         model(x, train=True)
         model(x, train=False)
 
+    def numpy_flag(model, x):
+        import numpy as np
+
+        model(x, train=np.bool_(True))
+        model(x, train=np.bool_(False))
+
     def make_model(rngs):
         return ArgNet(rngs), (jnp.ones((8, 4)),)
+
+    class Fixed(nnx.Module):
+        # attention always called deterministic, whatever the mode; the Dropout follows model.train()/eval()
+        def __init__(self, rngs):
+            self.att = nnx.MultiHeadAttention(num_heads=2, in_features=4, dropout_rate=0.1, decode=False, rngs=rngs)
+            self.drop = nnx.Dropout(0.3, rngs=rngs)
+
+        def __call__(self, x):
+            return self.drop(self.att(x, deterministic=True))
+
+    def make_fixed(rngs):
+        return Fixed(rngs), (jnp.ones((3, 2, 4)),)
+
+    def fixed_eval(model, x):
+        model(x)
+        model.eval()
+        model(x)
+        model.train()
 """)
 
 
@@ -1387,6 +1412,57 @@ def test_a_train_flag_passed_on_as_deterministic_is_captured_as_train_and_eval(t
     assert_real_nnx_agrees(spec, doc)
     r = invoke("verify", spec, "--against", f"{f}:make_model", "--step", f"{f}:step")
     assert r.exit_code == 0 and "0 differ, 0 missing, 0 extra" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize(
+    "factory, step, run",
+    [
+        ("make_model", "numpy_flag", ["call", "eval", "call", "train", "call", "eval", "call"]),  # train=np.bool_
+        ("make_fixed", None, None),  # (a layer always called deterministic=True: its option, no event)
+    ],
+)
+def test_a_deterministic_argument_every_call_gives_is_the_layers_option(tmp_path, factory, step, run):
+    f = write(tmp_path, "flag.py", TRAIN_FLAG)
+    seeds = {"params": 0, "dropout": 1}
+    stepping = ("--step", f"{f}:{step}") if step else ()
+    spec, doc = capture(tmp_path, f"{f}:{factory}", *stepping, "--rngs", "params=0,dropout=1", "--steps", "2")
+    written = yaml.safe_load(spec.read_text())
+    assert written.get("run") == run, written
+    if factory == "make_fixed":
+        assert {"MultiHeadAttention": {"name": "att", "dropout_rate": 0.1, "deterministic": True}} in written["model"][
+            "init"
+        ]
+    assert_real_nnx_agrees(spec, doc)
+    r = invoke("verify", spec, "--against", f"{f}:{factory}", *stepping)
+    assert r.exit_code == 0 and "0 differ, 0 missing, 0 extra" in r.stdout, r.stdout + r.stderr
+    if step is not None:
+        assert _keys_file_keys(doc) == _real_model_keys(f, seeds, 2, step, factory)
+
+
+def test_a_mode_switch_against_a_layers_own_deterministic_argument_is_refused(tmp_path):
+    f = write(tmp_path, "flag.py", TRAIN_FLAG)
+    out = tmp_path / "o.yaml"
+    r = invoke(
+        "capture",
+        f"{f}:make_fixed",
+        "--step",
+        f"{f}:fixed_eval",
+        "--rngs",
+        "params=0,dropout=1",
+        "--steps",
+        "2",
+        "-o",
+        out,
+    )
+    # (model.eval() agrees with att's deterministic=True; model.train() at call 3 does not)
+    assert r.exit_code == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert "at call 3 the model's Dropout/attention layers become not deterministic" in r.stderr
+    assert "att is always called with deterministic=True" in r.stderr
+    assert not out.exists()
+    # one step (train, eval): the mode agrees with att's argument throughout
+    spec, doc = capture(tmp_path, f"{f}:make_fixed", "--step", f"{f}:fixed_eval", "--rngs", "params=0,dropout=1")
+    assert yaml.safe_load(spec.read_text())["run"] == ["call", "eval", "call"]
+    assert_real_nnx_agrees(spec, doc)
 
 
 def test_a_step_that_makes_only_some_layers_deterministic_is_refused(tmp_path):
@@ -1713,9 +1789,9 @@ def test_rnns_capture_cannot_read_are_refused_and_nothing_written(tmp_path, body
     assert not out.exists()
 
 
-def test_a_layer_inserted_before_a_renamed_rnn_is_not_called_a_move(tmp_path):
+def test_a_layer_inserted_before_a_renamed_rnn_is_followed_by_its_names(tmp_path):
     """rnn -> encoder with a LayerNorm inserted before it: the count shift hands rnn.cell.ig's key to
-    encoder.cell.ii (both one-kernel Linears); two names changed at two levels is not one rename or move."""
+    encoder.cell.ii (both one-kernel Linears); that is not a move of ig to ii, but rnn renamed encoder whole."""
     before = write(tmp_path, "before.py", RNN_MODELS)
     after = write(
         tmp_path,
@@ -1729,7 +1805,12 @@ def test_a_layer_inserted_before_a_renamed_rnn_is_not_called_a_move(tmp_path):
         r = invoke("capture", f"{f}:lstm", "--rngs", "params=0,dropout=1", "-o", "/dev/null", "--keys", tmp_path / keys)
         assert r.exit_code == 0, r.stderr
     r = invoke("diff", tmp_path / "before.json", tmp_path / "after.json")
-    assert r.exit_code == 1 and "MOVED" not in r.stdout, r.stdout
+    assert r.exit_code == 1, r.stdout
+    # rnn renamed encoder whole: each draw followed to the same name below it (the carry keys of its own stream
+    # kept, MOVED; the params, their counts shifted by the LayerNorm, CHANGED), never rnn.cell.ig to encoder.cell.ii
+    moved = re.findall(r"MOVED +(\S+) -> (\S+)", r.stdout)
+    assert moved and all(a.split("/", 1)[1] == b.split("/", 1)[1] for a, b in moved), moved
+    assert "rnn renamed encoder (or rnn removed and encoder added)" in r.stdout
     old = {".".join(c["path"]): c["key"] for c in json.loads((tmp_path / "before.json").read_text())["calls"]}
     new = {".".join(c["path"]): c["key"] for c in json.loads((tmp_path / "after.json").read_text())["calls"]}
     assert old["rnn.cell.ig.kernel"] == new["encoder.cell.ii.kernel"]  # (the coincidence the diff must not explain)

@@ -12,6 +12,7 @@ The default run draws a fixed set; RNGAUDIT_NNX_DIFF_FUZZ_EXAMPLES=2000 for a lo
 from __future__ import annotations
 
 import copy
+import json
 import os
 import re
 
@@ -164,7 +165,7 @@ def _check_claim(why: str, truth: dict, e) -> None:
         assert kind in ("rename", "rename+reorder"), (kind, why)
         old_name, new_name = truth["renamed"]
         assert e.old.path[0] == old_name and e.new.path[0] == new_name, (truth, why)
-    if "moved (renamed)" in why:
+    if "under another name (the rename above)" in why:
         assert kind == "rename+reorder", (kind, why)
     m = re.search(r"added before it: ([^.]+(?:\.[^ .,]+)*(?:, [^ ,.]+(?:\.[^ ,.]+)*)*)", why)
     if "added before it" in why:
@@ -208,11 +209,23 @@ def test_a_layer_renamed_and_built_elsewhere_is_followed_and_explained(tmp_path)
     r = invoke("diff", old, new)
     assert r.exit_code == 1, r.stdout + r.stderr
     lines = r.stdout.splitlines()
-    assert [ln.split()[1] for ln in lines if ln.startswith("CHANGED")] == ["decoder/kernel", "decoder/bias"]
+    assert [ln.split()[1:4] for ln in lines if ln.startswith("CHANGED")] == [
+        ["dec/kernel", "->", "decoder/kernel"],
+        ["dec/bias", "->", "decoder/bias"],
+    ]
+    doc = json.loads(invoke("diff", old, new, "-f", "json").stdout)
+    changed = [c for c in doc["sites"] if c["status"] == "changed"]
+    assert [(c["old_path"], c["path"]) for c in changed] == [
+        (["dec", "kernel"], ["decoder", "kernel"]),
+        (["dec", "bias"], ["decoder", "bias"]),
+    ]
     assert "why: decoder draws what dec drew (bias, kernel) and dec is gone: dec renamed decoder" in r.stdout
     assert "it drew 'params' count 2 before and 0 now, 2 fewer keys of rngs.params handed out before it" in r.stdout
     # enc's count shift names what moved before it, not "added"
-    assert "moved (renamed) from after it to before it: decoder.kernel, decoder.bias" in r.stdout
+    assert (
+        "before it now and after it before, under another name (the rename above): decoder.kernel, decoder.bias"
+        in r.stdout
+    )
     assert "added before it" not in r.stdout and not any(
         ln.startswith(("GONE     dec/", "NEW      decoder/")) for ln in lines
     )
@@ -220,4 +233,7 @@ def test_a_layer_renamed_and_built_elsewhere_is_followed_and_explained(tmp_path)
     # the other way round: decoder renamed dec, built after enc
     r = invoke("diff", new, old)
     assert "dec draws what decoder drew (bias, kernel) and decoder is gone: decoder renamed dec" in r.stdout
-    assert "moved (renamed) from before it to after it: decoder.kernel, decoder.bias" in r.stdout
+    assert (
+        "after it now and before it before, under another name (the rename above): decoder.kernel, decoder.bias"
+        in r.stdout
+    )
