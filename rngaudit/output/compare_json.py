@@ -26,14 +26,7 @@ def to_json(cmp: Comparison) -> dict:
             "why": list(e.why),
             "fix": e.fix,
             # (a moved key, or a renamed module's changed one: the old site under its old name)
-            **(
-                {"old_path": list(e.old.path)}
-                if e.status in ("moved", "changed")
-                and e.old is not None
-                and e.new is not None
-                and e.old.path != e.new.path
-                else {}
-            ),
+            **({"old_path": list(e.old_path)} if e.old_path is not None else {}),
         }
 
     statuses = (

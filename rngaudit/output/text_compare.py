@@ -31,8 +31,8 @@ def render_text(cmp: Comparison) -> str:
                 lane = f" ({', '.join(when)})" + lane
             old = list(e.old.key) if e.old is not None and e.old.key else "-"
             new = list(e.new.key) if e.new is not None and e.new.key else "-"
-            moved = e.old is not None and e.new is not None and e.old.path != e.new.path  # (moved, or renamed)
-            path = f"{e.old.path_str} -> {s.path_str}" if moved and e.old is not None else s.path_str
+            was = e.old if e.old_path is not None else None  # (moved, or renamed)
+            path = f"{was.path_str} -> {s.path_str}" if was is not None else s.path_str
             lines.append(f"{status.upper():8} {path}  {s.stream} count {s.count}{lane}{label}  {old} -> {new}")
             for w in e.why:
                 lines.append(f"         why: {w}")

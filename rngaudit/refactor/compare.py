@@ -37,6 +37,13 @@ class Entry:
         assert site is not None  # (an entry has a site on one side at least)
         return site
 
+    @property
+    def old_path(self) -> tuple | None:
+        """The old site's path where it differs from the new one's (a key moved, or a renamed module's changed)."""
+        if self.old is None or self.new is None or self.old.path == self.new.path:
+            return None
+        return self.old.path
+
 
 @dataclass(frozen=True)
 class Thing:
@@ -424,10 +431,7 @@ def _explain_nnx(cmp: Comparison, old: Capture, new: Capture) -> None:
             o, n = e.old, e.new
             assert o is not None and n is not None
             if o.chain != n.chain:
-                e.why.append(
-                    f"the stream {n.stream_path} it draws from was made differently: "
-                    f"{' -> '.join(o.chain)}  became  {' -> '.join(n.chain)}"
-                )
+                e.why.append(_chain_change(o, n))
             e.why += [
                 f"{k} differs ({old.settings.get(k)!r} -> {new.settings.get(k)!r})"
                 for k in _SETTINGS
@@ -493,6 +497,16 @@ def _renamed_modules(cmp: Comparison) -> dict[tuple, tuple[tuple, tuple]]:
     }
 
 
+def _renamed_prefix(path: tuple, names: dict) -> tuple[int, tuple] | None:
+    """The shortest prefix of `path` that `names` maps (a renamed module, by either name): its length and the
+    other name, or None."""
+    for i in range(1, len(path) + 1):
+        other = names.get(path[:i])
+        if other is not None:
+            return i, other
+    return None
+
+
 def _module_of(s: Site) -> tuple:
     """The module a draw belongs to: its path less the parameter name (a one-part path is the module's own)."""
     return s.path[:-1] if len(s.path) > 1 else s.path
@@ -502,13 +516,13 @@ def _merge_renames(cmp: Comparison, renames: dict[tuple, tuple[tuple, tuple]]) -
     """Each draw of a renamed module whose key changed, gone under its old name and new under the new one and
     not explained otherwise: one `changed` entry from the old name to the new, with why (its count moved)."""
     sides: dict[tuple, list[Entry]] = {}
-    roots = {"gone": set(renames), "new": {q for q, _ in renames.values()}}
+    names = {"gone": {p: q for p, (q, _) in renames.items()}, "new": {q: p for p, (q, _) in renames.items()}}
     for e in cmp.entries:
         if e.status in ("new", "gone") and not e.why:
             module = _module_of(e.site)
-            root = next((module[:i] for i in range(1, len(module) + 1) if module[:i] in roots[e.status]), None)
-            if root is not None:
-                sides.setdefault((e.status, root), []).append(e)
+            hit = _renamed_prefix(module, names[e.status])
+            if hit is not None:
+                sides.setdefault((e.status, module[: hit[0]]), []).append(e)
     merged: dict[int, Entry] = {}
     dropped: set[int] = set()
     for p, (q, shape) in renames.items():
@@ -539,10 +553,7 @@ def _merge_renames(cmp: Comparison, renames: dict[tuple, tuple[tuple, tuple]]) -
                     "rngs.fork(), so that its keys do not depend on what is built before it"
                 )
             elif a.chain != b.chain:
-                why.append(
-                    f"the stream {b.stream_path} it draws from was made differently: {' -> '.join(a.chain)}  became  "
-                    f"{' -> '.join(b.chain)}"
-                )
+                why.append(_chain_change(a, b))
             if a.key == b.key:
                 # (a draw of it whose count did not move, a fork of a stream nothing else draws: its key kept)
                 why = [f"the same key, drawn at {'.'.join(b.path)} now and at {'.'.join(a.path)} before ({why[0]})"]
@@ -550,6 +561,13 @@ def _merge_renames(cmp: Comparison, renames: dict[tuple, tuple[tuple, tuple]]) -
             dropped.add(id(o))
     if merged:
         cmp.entries = [merged.get(id(e), e) for e in cmp.entries if id(e) not in dropped]
+
+
+def _chain_change(a: Site, b: Site) -> str:
+    return (
+        f"the stream {b.stream_path} it draws from was made differently: {' -> '.join(a.chain)}  became  "
+        f"{' -> '.join(b.chain)}"
+    )
 
 
 def _shown(shape: tuple) -> list[str]:
@@ -580,7 +598,9 @@ class _SameKeys:
 
     def __init__(self, cmp: Comparison, renames: dict | None = None):
         assert cmp.old is not None and cmp.new is not None
-        self.renames = {p: q for p, (q, _) in (renames or {}).items()}  # (a module renamed whole, with its shape)
+        # a module renamed whole (_renamed_modules), old name -> new and back
+        self.renames = {p: q for p, (q, _) in (renames or {}).items()}
+        self.back = {q: p for p, q in self.renames.items()}
         self.old_paths = {t.path for t in cmp.old.sites}
         self.new_paths = {t.path for t in cmp.new.sites}
         self.by_draw: dict[tuple, list[Entry]] = {}
@@ -639,16 +659,11 @@ class _SameKeys:
     def follows_renames(self, a: Site, b: Site) -> bool:
         """Whether gone a and new b keep the names a module renamed whole keeps below it (dec -> dec_v2 maps
         dec.l0 to dec_v2.l0: the same key at dec_v2.l1 is its counts moving, not l0 renamed l1)."""
-        for i in range(1, len(a.path) + 1):
-            to = self.renames.get(a.path[:i])
-            if to is not None:
-                return b.path == to + a.path[i:]
-        back = {q: p for p, q in self.renames.items()}
-        for i in range(1, len(b.path) + 1):
-            fro = back.get(b.path[:i])
-            if fro is not None:
-                return a.path == fro + b.path[i:]
-        return True
+        hit = _renamed_prefix(a.path, self.renames)
+        if hit is not None:
+            return b.path == hit[1] + a.path[hit[0] :]
+        hit = _renamed_prefix(b.path, self.back)
+        return hit is None or a.path == hit[1] + b.path[hit[0] :]
 
 
 def _draw(s: Site) -> tuple:
@@ -730,14 +745,11 @@ class _CountShifts:
 
     def counterpart(self, t: Site, side: str) -> Site | None:
         """A draw of a renamed module on `side`: the same draw under its name on the other side."""
-        names = self.renamed[side]
-        module = _module_of(t)
-        for i in range(1, len(module) + 1):
-            to = names.get(module[:i])
-            if to is not None:
-                other = "old" if side == "new" else "new"
-                return self.first[other].get((to + t.path[i:], t.stream, t.step, t.lane, t.kind))
-        return None
+        hit = _renamed_prefix(_module_of(t), self.renamed[side])
+        if hit is None:
+            return None
+        other = "old" if side == "new" else "new"
+        return self.first[other].get((hit[1] + t.path[hit[0] :], t.stream, t.step, t.lane, t.kind))
 
 
 def _forks(cap: Capture) -> set:
@@ -1113,14 +1125,13 @@ def _explain_unrolled(cmp: Comparison, old: Capture, new: Capture) -> None:
             g = groups.setdefault(m, {"prefix": prefix, "inner": inner, "lanes": {}, "entries": []})
             g["lanes"].setdefault(s.lane[0], set()).add((s.path[len(m) :], s.stream, s.kind, s.label))
             g["entries"].append(e)
-        if not groups:
-            continue
         for m, g in groups.items():
             shapes = list(g["lanes"].values())
             n = len(shapes)
             if sorted(g["lanes"]) != list(range(n)) or any(sh != shapes[0] for sh in shapes):
                 continue  # (lanes that draw differently: not one module mapped)
             parent = m[:-1]
+            there = {t.path[: len(m)] for t in lanes_cap.sites}  # (the modules at m's depth on the lanes' side)
             modules: dict[tuple, list[Entry]] = {}
             for e in cmp.entries:
                 s = e.site
@@ -1128,7 +1139,7 @@ def _explain_unrolled(cmp: Comparison, old: Capture, new: Capture) -> None:
                     continue
                 mod = s.path[: len(m)]
                 cls = flat_cap.modules.get(mod, {}).get("class") or mod[-1].rsplit("_", 1)[0]
-                if cls == g["inner"] and not any(t.path[: len(m)] == mod for t in lanes_cap.sites):
+                if cls == g["inner"] and mod not in there:
                     modules.setdefault(mod, []).append(e)
             if len(modules) != n or any(
                 {(e.site.path[len(m) :], e.site.stream, e.site.kind, e.site.label) for e in es} != shapes[0]

@@ -840,7 +840,6 @@ def _run_events(rec: NnxRecorder, target: CodeRef) -> list | None:
         if len(modes) == 1 and next(iter(modes))[1] and isinstance(next(iter(modes))[0], bool)
     }
     rec.built_modes.update(fixed)  # (the spec's layer says `deterministic:` as every call gave it)
-    names = _attribute_names(rec.model)
     state = {i: bool(v) for i, v in rec.built_modes.items()}  # (what the spec's layers say, then its events)
     run: list = []
     for n, now in enumerate(rec.modes, 1):
@@ -850,6 +849,7 @@ def _run_events(rec: NnxRecorder, target: CodeRef) -> list | None:
         if any(state[i] != v for i, v in modes.items()):
             values = set(modes.values())
             if len(values) != 1 or not isinstance(next(iter(values)), bool):
+                names = _attribute_names(rec.model)
                 mixed = sorted(names.get(i, "?") for i, v in modes.items() if v is not True)
                 raise UnsupportedError(
                     f"capture of {target.text}: at call {n} of the model some of its Dropout/attention layers are "
@@ -859,8 +859,9 @@ def _run_events(rec: NnxRecorder, target: CodeRef) -> list | None:
                     "model calls"
                 )
             (value,) = values
-            against = sorted(names.get(i, "?") for i, v in fixed.items() if v != value)
-            if against:
+            if any(v != value for v in fixed.values()):
+                names = _attribute_names(rec.model)
+                against = sorted(names.get(i, "?") for i, v in fixed.items() if v != value)
                 raise UnsupportedError(
                     f"capture of {target.text}: at call {n} the model's Dropout/attention layers become "
                     f"{'deterministic' if value else 'not deterministic'} (model.{'eval' if value else 'train'}() "
