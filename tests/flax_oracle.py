@@ -1044,9 +1044,9 @@ class _Builder:
             elif isinstance(item, Sequential):
                 self._sequential(m, item, local)
             elif Cond is not None and isinstance(item, Cond):
-                self._cond(m, item)
+                self._cond(m, item, local)
             elif WhileLoop is not None and isinstance(item, WhileLoop):
-                self._while(m, item)
+                self._while(m, item, local)
             else:
                 raise OracleUnsupported(type(item).__name__)
 
@@ -1129,17 +1129,18 @@ class _Builder:
         seq(X)
 
     # -------------------------------------------------------------- control flow
-    def _branch_fn(self, items):
+    def _branch_fn(self, items, local: dict):
+        # (a submodule made before the branch is called as users write it: the Python object, a closure)
         def branch(mdl, x):
-            self.run(mdl, items, {})
+            self.run(mdl, items, dict(local))
             return x
 
         return branch
 
-    def _cond(self, m, item) -> None:
+    def _cond(self, m, item, local: dict) -> None:
         n = len(item.branches)
         pick = self.selection.get(id(item), 0)
-        fns = [self._branch_fn(b) for b in item.branches]
+        fns = [self._branch_fn(b, local) for b in item.branches]
         rngs = _flax_filter(item.rngs)
         self.cap.pending_cond = id(item)  # lift.cond/switch (hooked) tag each branch's trace with it
         if getattr(item, "kind", "cond") == "cond" and n == 2:
@@ -1147,18 +1148,18 @@ class _Builder:
         else:
             nn.switch(jnp.asarray(pick, jnp.int32), fns, m, X, rngs=rngs)
 
-    def _while(self, m, item) -> None:
+    def _while(self, m, item, local: dict) -> None:
         split = {_flax_filter(k) if k is not True else True: v for k, v in item.split_rngs}
 
         # The carry is (i, iterations) behind an optimization barrier: with a trip count XLA can work
         # out, the CPU runtime runs the body that many times and never evaluates cond, so the cond's
         # callbacks (and keys) would never run inside jit/scan. (The hooked lift.while_loop reads i.)
         def cond_fn(mdl, c):
-            self.run(mdl, item.cond_items, {})
+            self.run(mdl, item.cond_items, dict(local))
             return c[0] < c[1]
 
         def body_fn(mdl, c):
-            self.run(mdl, item.body_items, {})
+            self.run(mdl, item.body_items, dict(local))
             return c[0] + 1, c[1]
 
         init = _barrier((jnp.asarray(0, jnp.int32), jnp.asarray(item.iterations, jnp.int32)))

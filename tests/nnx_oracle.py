@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -350,24 +351,29 @@ def _class(mod: NnxModule, rec: _Recorder, path: str, cache: dict):
                         run(self, (one,), x)
             elif isinstance(st, NnxCall):
                 target = getattr(self, st.name)
+                # drop(x, deterministic=...): the call's argument wins over the layer's attribute
+                given_mode = {} if st.deterministic is None else {"deterministic": st.deterministic}
                 for _ in range(st.repeat):
                     rec.site = join(st.name)
                     if isinstance(target, (nnx.RNN, nnx.Bidirectional)):
                         _rnn_call(st, target, rec)
                     elif st.transform is not None:
-                        transformed(st.transform, _run_target, target, x, rec, join(st.name))
+                        run_target = functools.partial(_run_target, deterministic=st.deterministic)
+                        transformed(st.transform, run_target, target, x, rec, join(st.name))
                     elif st.given_rngs:
                         # drop(x, rngs=rngs), the Rngs the model's call was given: it draws rngs[rng_collection]()
-                        target(jnp.ones((64,)), rngs=rec.call_rngs if st.given_rngs == "call" else rec.model_rngs)
+                        rngs = rec.call_rngs if st.given_rngs == "call" else rec.model_rngs
+                        target(jnp.ones((64,)), rngs=rngs, **given_mode)
                     elif st.key is not None:
                         # drop(x, rngs=key): what NNX does with the key is seen in the mask it drops
-                        y = target(jnp.ones((64,)), rngs=eval_key(st.key.expr, raw=False))
+                        y = target(jnp.ones((64,)), rngs=eval_key(st.key.expr, raw=False), **given_mode)
 
                         def given(y, step=rec.step, site=rec.site, rate=target.rate):
                             mask = tuple(bool(v) for v in np.asarray(y != 0))
                             rec.records.append({"step": step, "site": site, "given": True, "mask": mask, "rate": rate})
 
-                        if target.deterministic or not 0.0 < target.rate < 1.0:
+                        quiet = target.deterministic if st.deterministic is None else st.deterministic
+                        if quiet or not 0.0 < target.rate < 1.0:
                             pass  # (NNX uses no key: it drops nothing, or everything)
                         elif isinstance(y, jax.core.Tracer):  # (inside a branch, a loop or a jitted step)
                             jax.debug.callback(given, y, ordered=True)
@@ -379,7 +385,7 @@ def _class(mod: NnxModule, rec: _Recorder, path: str, cache: dict):
                         rec.site = join(st.name) + ".to_nnx__rngs"
                         target(builder.input_for(rec.bridges[id(target.to_nnx__module)]))
                     else:
-                        _run_target(target, x)
+                        _run_target(target, x, st.deterministic)
             elif isinstance(st, NnxDraw):
                 for _ in range(st.repeat):
                     rec.site = path or "(root)"
@@ -413,11 +419,12 @@ def _stacked_from(cls, st: NnxChild, rngs):
     return nnx.vmap(lambda r: cls(r), in_axes=(axes,))(make({_tags(st.only): st.stack, ...: None}))
 
 
-def _run_target(target, x):
+def _run_target(target, x, deterministic: bool | None = None):
+    given = {} if deterministic is None else {"deterministic": deterministic}
     if isinstance(target, nnx.Dropout):
-        target(jnp.ones((4,)))
+        target(jnp.ones((4,)), **given)
     elif isinstance(target, nnx.MultiHeadAttention):
-        target(jnp.ones((1, 2, 2)))
+        target(jnp.ones((1, 2, 2)), **given)
     elif isinstance(target, nnx.Module) and not type(target).__module__.startswith("flax"):
         target(x)
 

@@ -203,11 +203,23 @@ class Grouping:
             and len(calls) == 1
         )
 
+    def _made_outside(self, members: list[int]) -> str | None:
+        """The note of a submodule made before an nn.while_loop and called in it, where every member draws so
+        (its lanes share the key whatever split_rngs says); None otherwise."""
+        from ..engine.lifts import OUTSIDE_LOOP
+
+        head = OUTSIDE_LOOP.split("{name}", 1)[1][:40]
+        found = {next((n for n in self.s.notes_of(i) if head in n), None) for i in members}
+        return found.pop() if len(found) == 1 and None not in found else None
+
     def _shared_key(self, groups: list[tuple[list[int], dict]]) -> Pending:
         lanes_only = all(self._lanes_only(g, by_unit) for g, by_unit in groups)
         members = sorted(i for g, _ in groups for i in g)
         inputs = [part for g, _ in groups for part in self._by_bytes(g)]
-        if lanes_only:
+        outside = self._made_outside(members) if lanes_only else None
+        if outside is not None:
+            note = outside
+        elif lanes_only:
             note = (
                 "every lane of a transform gets the same key for this stream (split_rngs is false for it); "
                 "split the stream if the lanes should differ"

@@ -91,6 +91,10 @@ class Sites:
     def rename_target(self, i: int) -> RenameTarget | None:
         raise NotImplementedError
 
+    def notes_of(self, i: int) -> tuple[str, ...]:
+        """What derive notes on site i's draw (the transforms it is traced in, ...); () where unknown."""
+        return ()
+
     def keys_for(self, indices: Sequence[int], items: Sequence[tuple], separator: bool) -> np.ndarray | list | None:
         """Key data sites `indices` would get if they hashed `items` with `separator` (in the form of
         `keys`); None if hash-only."""

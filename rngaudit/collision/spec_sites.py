@@ -188,6 +188,9 @@ class SpecSites(Sites):
 
         return SpecSites(spec, keys=self.keys is not None, rows=replay(spec), key_cache=self.key_cache)
 
+    def notes_of(self, i: int) -> tuple[str, ...]:
+        return tuple(self.rows[i].notes)
+
     def rename_target(self, i: int) -> RenameTarget | None:
         d = self.rows[i]
         return self._target_at(d.path, d.location)
@@ -536,6 +539,9 @@ class TableSites(SpecSites):
                 loc,
             )
         return out, {}
+
+    def notes_of(self, i: int) -> tuple[str, ...]:
+        return tuple(self.table.templates[self._block(i)].notes)
 
     def rename_target(self, i: int) -> RenameTarget | None:
         tpl = self.table.templates[self._block(i)]

@@ -325,18 +325,38 @@ def any_mutable(run: Run, scope: Scope) -> bool:
     return bool((mutable if cols is None else cols & mutable) - scope.frozen)
 
 
-def trace_branch(r: Replayer, inst: Instance, scope: Scope, items, cursor: dict, run: Run) -> dict:
+# the note on the draws of a submodule made before an nn.while_loop and called in it (collisions reads it)
+OUTSIDE_LOOP = (
+    "{name} was made before the nn.while_loop, outside it, and keeps the scope outside: its draws in the loop get "
+    "the same key in every iteration, whatever split_rngs says; for keys that differ per iteration, define it in "
+    "setup and call it as an attribute of the module the loop hands its body (body_fn(mdl, c): mdl.block(c), not "
+    "self.block(c))"
+)
+
+
+def trace_branch(
+    r: Replayer, inst: Instance, scope: Scope, items, cursor: dict, local: dict, run: Run, axis: int | None = None
+) -> dict:
     """Trace `items` as a function of the module (nn.cond/switch/while_loop): on a clone bound
-    to the lifted scope, starting from the module's current auto-name cursor."""
+    to the lifted scope, starting from the module's current auto-name cursor. A submodule the module's compact
+    method made before (`local`) stays bound to its scope outside: called in the branch, it draws the outer
+    stream's keys, counting on, the same in every iteration of a loop (`axis`; measured against Flax)."""
     # mirrors flax/linen/transforms.py decorator_lift_transform core_fn: state.export() per target
     clone = Instance(inst.mod, scope, clone=inst.clone)
     r.setup(clone, run)
     branch_cursor = dict(cursor)
-    r.items(clone, items, {}, branch_cursor, run)
+    outer = dict(local)
+    if axis is not None:
+        for name, child in local.items():
+            # (read-only inside the loop, as its other variables are)
+            note = OUTSIDE_LOOP.format(name=name)
+            at = child.scope.lifted(axes=child.scope.axes + (axis,), immutable=True, context=scope.context + (note,))
+            outer[name] = Instance(child.mod, at, clone=child.clone)
+    r.items(clone, items, outer, branch_cursor, run)
     return branch_cursor
 
 
-def cond(r: Replayer, inst: Instance, item: Cond, cursor: dict, run: Run) -> None:
+def cond(r: Replayer, inst: Instance, item: Cond, cursor: dict, local: dict, run: Run) -> None:
     # mirrors flax/core/lift.py cond/switch: jax.lax.cond/switch trace every branch, in order
     scope = inst.scope
     # (the branches get the streams in the scope's order: measured against Flax, unlike while_loop)
@@ -360,7 +380,7 @@ def cond(r: Replayer, inst: Instance, item: Cond, cursor: dict, run: Run) -> Non
         )
         # every branch starts from the same variables (scope_fn(variable_groups, ...))
         run.store = dict(before)
-        last = trace_branch(r, inst, inner, branch, cursor, run)
+        last = trace_branch(r, inst, inner, branch, cursor, local, run)
         new = {key: v for key, v in run.store.items() if key not in before}
         if made is not None and set(new) != set(made):
             raise FlaxError(
@@ -375,7 +395,7 @@ def cond(r: Replayer, inst: Instance, item: Cond, cursor: dict, run: Run) -> Non
     cursor.update(last)
 
 
-def while_loop(r: Replayer, inst: Instance, item: WhileLoop, cursor: dict, run: Run) -> None:
+def while_loop(r: Replayer, inst: Instance, item: WhileLoop, cursor: dict, local: dict, run: Run) -> None:
     # mirrors flax/core/lift.py while_loop: cond traced before body; a split stream is folded with
     # the iteration index, negated for cond (make_loop_rngs(-i)); cond sees immutable variables
     scope = inst.scope
@@ -399,6 +419,6 @@ def while_loop(r: Replayer, inst: Instance, item: WhileLoop, cursor: dict, run: 
             immutable=True,
             context=scope.context + (f"nn.while_loop {what}",),
         )
-        last = trace_branch(r, inst, inner, items, cursor, run)
+        last = trace_branch(r, inst, inner, items, cursor, local, run, axis)
     cursor.clear()
     cursor.update(last)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from ..errors import FlaxError, Location, SpecError
@@ -184,6 +184,7 @@ class NnxReplayer:
         self.call_rngs: Rngs | None = None  # `call_rngs:` (run builds it)
         self.model_rngs: Rngs | None = None  # the Rngs the model is built from
         self.mode: bool | None = None  # model.eval() (True) / model.train() (False): every layer's `deterministic`
+        self.given_mode: bool | None = None  # the `deterministic=` the layer being called is given at its call
 
     def rngs(self, name: str, sources: dict) -> Rngs:
         """`nnx.Rngs(**sources)`: the `default` seed (Rngs(0, ...)) is added after the named streams, as
@@ -241,7 +242,10 @@ class NnxReplayer:
         return self.keys
 
     def deterministic(self, st: NnxLayer) -> bool:
-        """A Dropout's or attention layer's `deterministic`: as built, or as model.eval()/train() last set it."""
+        """A Dropout's or attention layer's `deterministic`: as its call gives it (mirrors first_from(deterministic,
+        self.deterministic) in their __call__), else as built, or as model.eval()/train() last set it."""
+        if self.given_mode is not None:
+            return self.given_mode
         return bool(st.opt("deterministic")) if self.mode is None else self.mode
 
     def streams_in_graph_order(self, under: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Stream]]:
@@ -818,13 +822,18 @@ class NnxReplayer:
                 self.loop(inst, st)
             elif isinstance(st, NnxCall) and st.fork is not None:
                 # `with nnx.fork_rngs(self.<name>, split=...): self.<name>(x)`, each of the `repeat` calls
-                import dataclasses
-
-                one = dataclasses.replace(st, repeat=1, fork=None)
+                one = replace(st, repeat=1, fork=None)
                 for _ in range(st.repeat):
                     forked = self.fork_rngs(inst.attrs[st.name], st.fork, st.loc)
                     self.statements(inst, (one,))
                     self.restore(forked)
+            elif isinstance(st, NnxCall) and st.deterministic is not None:
+                # drop(x, deterministic=...): a layer's call (the parser allows it on Dropout/attention only)
+                self.given_mode = st.deterministic
+                try:
+                    self.statements(inst, (replace(st, deterministic=None),))
+                finally:
+                    self.given_mode = None
             elif isinstance(st, NnxCall):
                 target = inst.attrs[st.name]
                 if isinstance(target, Rnn):

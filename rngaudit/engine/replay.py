@@ -195,9 +195,9 @@ class Replayer:
             elif isinstance(item, Sequential):
                 self.sequential(inst, item, local, cursor, run)
             elif isinstance(item, Cond):
-                cond(self, inst, item, cursor, run)
+                cond(self, inst, item, cursor, local, run)
             elif isinstance(item, WhileLoop):
-                while_loop(self, inst, item, cursor, run)
+                while_loop(self, inst, item, cursor, local, run)
 
     def to_linen_call(self, inst: Instance, run: Run) -> None:
         """A call of a bridge.ToLinen module (mirrors flax/nnx/bridge/wrappers.py ToLinen.__call__ and

@@ -209,6 +209,8 @@ def _nnx_meta(report: NnxDeriveReport) -> dict:
         "rules": report.rules,
         "flax": {"version": spec.flax_version},
         "steps": spec.steps,
+        # (the steps made after model.eval(), where Dropout and attention draw nothing; only with train/eval events)
+        **({"eval_steps": list(spec.eval_steps)} if spec.eval_steps is not None else {}),
         "jax": {
             "prng_impl": spec.prng_impl,
             "threefry_partitionable": spec.threefry_partitionable,

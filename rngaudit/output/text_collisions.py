@@ -39,7 +39,7 @@ _WHY_CATEGORY = {
 _WHY_SHARED = {
     SHARED_SEED: "the streams (or base keys) hold the same key data, and the stream name is not hashed: "
     "equal paths and counts get equal keys",
-    "unsplit_lanes": "the lanes of a vmap/scan with split_rngs false for this stream share every key",
+    "unsplit_lanes": "the lanes of a transform that does not split this stream for these draws share every key",
 }
 _INDENT = "   "
 _LABEL = 11

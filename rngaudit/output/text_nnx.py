@@ -89,7 +89,7 @@ def render_nnx_rows(
     else:
         yield (
             st.bold(spec.file)
-            + f"  flavour=nnx  steps={spec.steps}  impl={spec.prng_impl}  "
+            + f"  flavour=nnx  steps={spec.steps}{_eval_steps(spec.eval_steps)}  impl={spec.prng_impl}  "
             + f"threefry_partitionable={str(spec.threefry_partitionable).lower()}\n"
         )
     yield f"  rules: {report.rules}\n"
@@ -263,3 +263,17 @@ class _BlockTexts:
             for x, p in enumerate(pieces):
                 out[:, x] = p
             yield "".join(out.ravel().tolist())
+
+
+def _eval_steps(steps: tuple[int, ...] | None) -> str:
+    """` (eval mode: 3-4, 7)`: the steps made in eval mode (model.eval()), where their Dropout and attention layers
+    draw nothing; "" when there are none."""
+    if not steps:
+        return ""
+    runs: list[list[int]] = []
+    for s in steps:
+        if runs and s == runs[-1][1] + 1:
+            runs[-1][1] = s
+        else:
+            runs.append([s, s])
+    return " (eval mode: " + ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs) + ")"

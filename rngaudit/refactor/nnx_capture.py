@@ -111,6 +111,9 @@ class NnxRecorder:
         # on the object called: the model or a view, or the call's `deterministic=` argument)
         self.modes: list[dict] = []
         self.built_modes: dict[int, object] = {}  # id(Dropout/attention) -> its `deterministic` as built
+        # id(Dropout/attention) -> the `deterministic=` every call of it gives, where the model also switches modes
+        # (model.train()/eval()): the spec says it at the layer's calls
+        self.pinned: dict[int, bool] = {}
         self.records: list[dict] = []
         self.traced = False
         self.calls: dict[int, list] = {}  # id(module) -> what its first call did
@@ -704,7 +707,11 @@ def _call_hook(rec: NnxRecorder, original):
             frame.quiet = mode is True  # (model.eval(), built deterministic, or deterministic=True at the call)
             inside = rec.invocation and rec.modes and rec.calling and rec.calling[0].obj is rec.model
             seen = (mode, given_mode is not None)
-            if inside and rec.modes[-1].setdefault(id(outside), seen) != seen and rec.differs is None:
+            before = rec.modes[-1].setdefault(id(outside), seen) if inside else seen
+            if before != seen and before[0] == mode:
+                # (the same mode, given as an argument at some of its calls only: it follows the model's mode)
+                rec.modes[-1][id(outside)] = (mode, False)
+            elif before != seen and rec.differs is None:
                 rec.differs = type(outside).__name__  # (called in both modes in one call of the model)
         if rec.calling:
             parent = rec.calling[-1]
@@ -839,7 +846,6 @@ def _run_events(rec: NnxRecorder, target: CodeRef) -> list | None:
         for i, modes in seen.items()
         if len(modes) == 1 and next(iter(modes))[1] and isinstance(next(iter(modes))[0], bool)
     }
-    rec.built_modes.update(fixed)  # (the spec's layer says `deterministic:` as every call gave it)
     state = {i: bool(v) for i, v in rec.built_modes.items()}  # (what the spec's layers say, then its events)
     run: list = []
     for n, now in enumerate(rec.modes, 1):
@@ -859,16 +865,6 @@ def _run_events(rec: NnxRecorder, target: CodeRef) -> list | None:
                     "model calls"
                 )
             (value,) = values
-            if any(v != value for v in fixed.values()):
-                names = _attribute_names(rec.model)
-                against = sorted(names.get(i, "?") for i, v in fixed.items() if v != value)
-                raise UnsupportedError(
-                    f"capture of {target.text}: at call {n} the model's Dropout/attention layers become "
-                    f"{'deterministic' if value else 'not deterministic'} (model.{'eval' if value else 'train'}() "
-                    f"or a view), while {', '.join(against[:3])} is always called with deterministic="
-                    f"{not value}; an NNX spec's train/eval events set every layer, and it cannot say a call's own "
-                    "deterministic= beside them yet: let that layer follow the model's mode"
-                )
             run.append("eval" if value else "train")
             state = dict.fromkeys(state, value)
         if run and isinstance(run[-1], dict):
@@ -877,7 +873,13 @@ def _run_events(rec: NnxRecorder, target: CodeRef) -> list | None:
             run[-1] = {"call": 2}
         else:
             run.append("call")
-    return run if any(e in ("train", "eval") for e in run) else None
+    if not any(e in ("train", "eval") for e in run):
+        rec.built_modes.update(fixed)  # (the spec's layer says `deterministic:` as every call gave it)
+        return None
+    # beside model.train()/eval(), a layer every call gives the same `deterministic=` says it at its calls (the
+    # call's argument wins over what the events set)
+    rec.pinned = fixed
+    return run
 
 
 def _is_layer(obj) -> bool:
@@ -1287,8 +1289,12 @@ class _SpecBuilder:
                     raise self.unsupported(
                         f"{cls}.{name} is given an Rngs at its call under nnx.vmap/nnx.scan, or is not a Dropout"
                     )
+                given = {}
+                if what in self.rec.pinned:
+                    # drop(x, deterministic=True) at every call, beside model.train()/eval()
+                    given = {"deterministic": self.rec.pinned[what]}
                 if how == "call_rngs":
-                    call.append({"call": {"name": name, "rngs": self.given_rngs}})
+                    call.append({"call": {"name": name, "rngs": self.given_rngs, **given}})
                     continue
                 if how == "rnn_transformed":
                     raise self.unsupported(f"{cls}.{name} (nnx.RNN) is called under nnx.vmap/nnx.scan")
@@ -1301,7 +1307,12 @@ class _SpecBuilder:
                         rnn_call["rngs"] = "model" if given is self.root_rngs else "call"
                     call.append({"call": rnn_call})
                     continue
-                call.append({"call": {"name": name, **self.transform(how, what, f"{cls}.{name}")} if how else name})
+                if how or given:
+                    call.append(
+                        {"call": {"name": name, **(self.transform(how, what, f"{cls}.{name}") if how else {}), **given}}
+                    )
+                else:
+                    call.append({"call": name})
         if call:
             out["call"] = _runs(call)
         return out

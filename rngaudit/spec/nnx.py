@@ -206,6 +206,9 @@ class NnxCall(NnxStatement):
     given_rngs: str = ""
     length: int = 0  # an nnx.RNN's call: the sequence length (the steps of its scan)
     initial_carry: bool = False  # an nnx.RNN's call given `initial_carry=`: initialize_carry draws nothing
+    # a Dropout's or attention layer's call given `deterministic=` (it wins over the layer's attribute, whatever
+    # model.train()/eval() set); None: not given
+    deterministic: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -310,6 +313,23 @@ class NnxSpec:
     def steps(self) -> int:
         """How many times the model is called."""
         return sum(e.n for e in self.run if isinstance(e, NnxStep) and not e.lazy_init)
+
+    @property
+    def eval_steps(self) -> tuple[int, ...] | None:
+        """The steps (calls of the model) made in eval mode, after a `eval` event and before the next `train`;
+        None when the spec has neither event (its layers draw as built)."""
+        if not any(isinstance(e, NnxMode) for e in self.run):
+            return None
+        out: list[int] = []
+        step, evaluating = 0, False
+        for e in self.run:
+            if isinstance(e, NnxMode):
+                evaluating = e.deterministic
+            elif isinstance(e, NnxStep) and not e.lazy_init:
+                if evaluating:
+                    out += range(step + 1, step + e.n + 1)
+                step += e.n
+        return tuple(out)
 
 
 def _mixed(key: str, loc) -> SpecError:
@@ -420,6 +440,15 @@ class NnxParser:
                     raise SpecError(
                         f"{given} given to a Dropout's call (drop(x, rngs=...)), and {st.name} is not a Dropout"
                         + ("" if st.key is not None else " (nor an nnx.RNN, whose call takes an Rngs too)"),
+                        st.loc,
+                    )
+            if isinstance(st, NnxCall) and st.deterministic is not None:
+                target = names[st.name]
+                if not (isinstance(target, NnxLayer) and target.kind in ("Dropout", "MultiHeadAttention")):
+                    raise SpecError(
+                        f"`deterministic:` at a call is the argument of a Dropout's or attention layer's call "
+                        f"(drop(x, deterministic=True)), and {st.name} is neither; a module's own flag is said by "
+                        "its layers' calls, or by the run events `train`/`eval`",
                         st.loc,
                     )
             if isinstance(st, NnxCall) and st.transform is not None:
@@ -760,11 +789,12 @@ class NnxParser:
         f = Fields(
             arg,
             "`call`",
-            ("name", "repeat", "key", "rngs", "fork_rngs", "length", "initial_carry") + TRANSFORM_KEYS,
+            ("name", "repeat", "key", "rngs", "fork_rngs", "length", "initial_carry", "deterministic") + TRANSFORM_KEYS,
             ("name",),
         )
         length = f.integer("length", 0, 1, MAX_STEPS)
         initial = f.flag("initial_carry", False)
+        det = f.flag("deterministic", False) if f.has("deterministic") else None
         rn = f.get("rngs")
         if rn is not None:
             if rn.value not in ("call", "model"):
@@ -786,6 +816,7 @@ class NnxParser:
                 given_rngs=rn.value,
                 length=length,
                 initial_carry=initial,
+                deterministic=det,
             )
         fork = _fork(f.get("fork_rngs"))
         if fork is not None and self.lacks("fork_rngs"):
@@ -812,6 +843,7 @@ class NnxParser:
             fork,
             length=length,
             initial_carry=initial,
+            deterministic=det,
         )
 
     def body(self, node: YNode | None, cls: str, what: str) -> tuple[NnxStatement, ...]:

@@ -17,6 +17,7 @@ from flax_oracle import check_against_flax, flax_keys, flax_settings
 from support import FIXTURES
 
 from rngaudit import derive, load_spec, parse_spec
+from rngaudit.collision.audit import audit_spec
 
 GUIDE = FIXTURES / "guide"
 
@@ -326,6 +327,44 @@ def test_while_loop_folds_split_streams_with_the_iteration(split):
     split_dropout = "dropout: true" in split
     assert lanes_differ(body) == split_dropout and lanes_equal(body) != split_dropout
     assert cond[(0,)] != body[(0,)]
+
+
+@pytest.mark.parametrize("split", ["{noise: true}", "{noise: false}"])
+def test_a_submodule_made_before_a_while_loop_keeps_the_scope_outside(split):
+    """A compact method's submodule made (and called) before nn.while_loop and called in its cond and body (a
+    closure over the Python object, as users write it): it draws from its scope outside, its count carrying on,
+    the same key in every iteration even where split_rngs splits the stream (was a spec error: no child)."""
+    text = f"""
+        rngaudit: 1
+        rngs: {{params: 0, noise: 1}}
+        model:
+          class: M
+          body:
+            - module: {{class: Body, body: [Dense, {{make_rng: noise}}]}}
+            - while_loop:
+                cond: [{{call: Body_0}}]
+                body: [{{call: Body_0}}, {{make_rng: noise}}]
+                iterations: 3
+                split_rngs: {split}
+            - call: Body_0
+        """
+    agree(text)
+    calls = by_call(flax_rows(text))
+    cond, body = calls[(("Body_0",), "noise", 2)], calls[(("Body_0",), "noise", 3)]
+    assert set(cond) == {(0,), (1,), (2,), (3,)} and set(body) == {(0,), (1,), (2,)}
+    assert lanes_equal(cond) and lanes_equal(body)  # (split or not)
+    own = calls[((), "noise", 1)]  # (M's own draw in the body: split as split_rngs says)
+    assert lanes_differ(own) == ("true" in split)
+    assert set(calls[(("Body_0",), "noise", 4)]) == {()}  # (after the loop: the next count, outside)
+    # collisions says why the body's lanes share a key, with the fix
+    found = [f for f in audit_spec(spec_of(text)).collisions if f.category == "unsplit_lanes"]
+    only_body = [f for f in found if {s.path for s in f.sites} == {("Body_0",)}]
+    assert only_body and all("Body_0 was made before the nn.while_loop" in f.rename_note for f in only_body), found
+    if "true" in split:
+        assert len(only_body) == len(found) == 2  # (its draws in cond and in body; M's own draws are split)
+    else:
+        # (M's own draws share the body's lanes' keys too: that finding says what is true of both, split_rngs)
+        assert any("split_rngs is false for it" in f.rename_note for f in found), found
 
 
 # ---------------------------------------------------------------- nn.cond / nn.switch (R16)

@@ -151,6 +151,41 @@ def test_train_and_eval_modes_switch_every_dropout_and_attention_layer():
     assert steps("still") == [4, 6]  # (built deterministic: model.train() makes it draw)
 
 
+def test_a_calls_own_deterministic_wins_over_train_and_eval():
+    """Dropout/attention `__call__(x, deterministic=...)`: first_from(deterministic, self.deterministic) (the
+    call's argument before the attribute model.train()/eval() set), under nnx.vmap lanes and fork_rngs too."""
+    text = """
+        rngaudit: 1
+        flavour: nnx
+        rngs: {params: 0, dropout: 1}
+        run: [call, eval, call, train, call]
+        model:
+          class: Net
+          init:
+            - Dropout: {name: mc, rate: 0.5}
+            - Dropout: {name: drop, rate: 0.5}
+            - MultiHeadAttention: {name: att, dropout_rate: 0.1}
+            - Dropout: {name: lanes, rate: 0.5, deterministic: true}
+          call:
+            - call: {name: mc, deterministic: false}
+            - call: drop
+            - call: {name: att, deterministic: true}
+            - call: {name: drop, deterministic: false, fork_rngs: true}
+            - call: {name: lanes, vmap: 2, split: dropout, deterministic: false}
+        """
+    agree(text)
+    r = derive(spec_of(text))
+    steps = lambda site: [
+        c.derivation.step
+        for c in r.calls
+        if c.derivation.site == site and c.derivation.step and c.derivation.kind in ("dropout", "attention_dropout")
+    ]
+    assert steps("mc") == [1, 2, 3] and steps("att") == []
+    assert steps("lanes") == [1, 1, 2, 2, 3, 3]  # (two lanes a call, eval included)
+    # drop: the plain call in train mode only, the forked call with deterministic=False at every step
+    assert sorted(steps("drop")) == [1, 1, 2, 3, 3]
+
+
 def test_a_stale_jitted_step_draws_the_same_key_every_step():
     """FLAX_NNX_RULES §5: a pure jax.jit step fed the old state (its returned state dropped) repeats the mask."""
     text = f"""rngaudit: 1

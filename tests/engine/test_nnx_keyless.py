@@ -92,6 +92,14 @@ def test_a_keyless_dropout_called_without_a_key_is_nnx_s_value_error():
             "a key must be",
         ),
         ("model: {class: M, init: [{Dropout: {name: d, rate: 0.5, rngs: 0}}]}", "`rngs` must be true or false"),
+        (
+            "model: {class: M, init: [{Linear: {name: l}}], call: [{call: {name: l, deterministic: true}}]}",
+            "and l is neither",
+        ),
+        (
+            "model: {class: M, init: [{Dropout: {name: d, rate: 0.5}}], call: [{call: {name: d, deterministic: 1}}]}",
+            "`deterministic` must be true or false",
+        ),
     ],
 )
 def test_bad_given_keys_are_one_error_line(tmp_path, text, message):

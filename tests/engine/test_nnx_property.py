@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from nnx_oracle import check_against_nnx
 
 from rngaudit import FlaxError, SpecError, derive, parse_spec
-from rngaudit.spec.nnx import NnxReseed
+from rngaudit.spec.nnx import NnxMode, NnxReseed, _calls
 
 EXAMPLES = int(os.environ.get("RNGAUDIT_NNX_EXAMPLES", "40"))
 
@@ -292,6 +292,7 @@ def module(draw, depth: int, n: list, lanes: bool = False, no_keep: bool = False
     init, names = [], []
     children: dict[str, dict] = {}
     dropouts: set[str] = set()
+    moded: set[str] = set()  # Dropout and attention layers: their calls may be given `deterministic=`
     rnns: set[str] = set()
     for i in range(draw(st.integers(1 if depth == 2 else 0, 5))):
         kinds = ("layer", "layer", "layer", "draw") + (("module",) if depth > 0 else ())
@@ -315,6 +316,8 @@ def module(draw, depth: int, n: list, lanes: bool = False, no_keep: bool = False
             names.append(name)
             if kind == "Dropout":
                 dropouts.add(name)
+            if kind in ("Dropout", "MultiHeadAttention"):
+                moded.add(name)
         elif what in ("module", "stack"):
             fork = what == "module" and maybe(draw, 0.4) and has("rngs: fork")
             child = draw(module(depth - 1, n, lanes or what == "stack", (no_keep and not fork) or what == "stack"))
@@ -335,7 +338,16 @@ def module(draw, depth: int, n: list, lanes: bool = False, no_keep: bool = False
             init.append(rng_draw(draw))
 
     def one(level: int):
-        """A statement of __call__ (or of a branch or loop body `level` deep): a call, a draw or control flow."""
+        """A statement of __call__ (or of a branch or loop body `level` deep): a call, a draw or control flow; a
+        Dropout's or attention's call sometimes given `deterministic=` (drop(x, deterministic=False))."""
+        made = statement(level)
+        if made is not None and "call" in made and maybe(draw, 0.2):
+            call_ = made["call"] if isinstance(made["call"], dict) else {"name": made["call"]}
+            if call_["name"] in moded:
+                made = {"call": {**call_, "deterministic": draw(st.booleans())}}
+        return made
+
+    def statement(level: int):
         if level < 2 and maybe(draw, 0.12):
             return control(level)
         if names and (not keep or maybe(draw, 0.7)):
@@ -511,5 +523,9 @@ def test_random_nnx_models_match_nnx(text):
     ):
         if word in text:
             event(f"has {word[:-1]}")
+    given_mode = [st.deterministic for st in _calls(spec.model) if st.deterministic is not None]
+    if given_mode:
+        modes = any(isinstance(e, NnxMode) for e in spec.run)
+        event(f"a call given deterministic={given_mode[0]}" + (" (and train/eval)" if modes else ""))
     if any(isinstance(e, NnxReseed) and any(s == "carry" for s, _ in e.streams) for e in spec.run):
         event("reseeds carry")

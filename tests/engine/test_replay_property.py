@@ -490,15 +490,21 @@ def decorators(draw, streams, ctx: _Ctx) -> tuple[list, _Ctx, str]:
 
 
 @st.composite
-def flow_items(draw, depth: int, streams, ctx: _Ctx, in_while: bool = False):
-    """Statements of a cond/switch branch or a while cond/body."""
+def flow_items(draw, depth: int, streams, ctx: _Ctx, in_while: bool = False, outer: tuple = ()):
+    """Statements of a cond/switch branch or a while cond/body; `outer`: the submodules the method made before
+    the flow, which a branch may call (a closure over the Python object: it keeps the scope outside)."""
     made = _Names()
     out = []
     for _ in range(draw(st.integers(0, 3))):
         kinds = ["make_rng", "make_rng", "dropout", "param", "variable"] + (["module", "jit"] if depth > 0 else [])
         if made.known:
             kinds.append("call")
+        if outer:
+            kinds += ["outer", "outer"]
         kind = draw(st.sampled_from(kinds))
+        if kind == "outer":
+            out.append({"call": draw(st.sampled_from(outer))})
+            continue
         if kind == "make_rng":
             out.append(draw(rng_item()))
         elif kind == "param":
@@ -532,20 +538,25 @@ def flow_items(draw, depth: int, streams, ctx: _Ctx, in_while: bool = False):
 
 
 @st.composite
-def flow_item(draw, depth: int, streams, ctx: _Ctx):
+def flow_item(draw, depth: int, streams, ctx: _Ctx, outer: tuple = ()):
     kind = draw(st.sampled_from(("while_loop", "cond", "switch")))
     if kind == "while_loop":
         item = {
-            "cond": draw(flow_items(depth, streams, ctx, True)),
-            "body": draw(flow_items(depth, streams, ctx, True)),
+            "cond": draw(flow_items(depth, streams, ctx, True, outer)),
+            "body": draw(flow_items(depth, streams, ctx, True, outer)),
             "iterations": draw(st.integers(0, 3)),
         }
         if maybe(draw, 0.8):
             item["split_rngs"] = _split_rngs(draw, streams, ctx)
     elif kind == "cond":
-        item = {"true_fun": draw(flow_items(depth, streams, ctx)), "false_fun": draw(flow_items(depth, streams, ctx))}
+        item = {
+            "true_fun": draw(flow_items(depth, streams, ctx, outer=outer)),
+            "false_fun": draw(flow_items(depth, streams, ctx, outer=outer)),
+        }
     else:
-        item = {"branches": [draw(flow_items(depth, streams, ctx)) for _ in range(draw(st.integers(1, 3)))]}
+        item = {
+            "branches": [draw(flow_items(depth, streams, ctx, outer=outer)) for _ in range(draw(st.integers(1, 3)))]
+        }
     if kind != "while_loop" and maybe(draw, 0.3):
         item["rngs"] = _filter_value(draw, streams, ctx)
     return {kind: {**item, **_when(draw)}}
@@ -576,7 +587,7 @@ def titems(draw, depth: int, in_setup: bool, made: _Names, min_size: int, max_si
         elif kind == "sequential":
             item = draw(sequential_item(depth, made, in_setup))
         elif kind == "flow":
-            item = draw(flow_item(depth - 1, streams, ctx))
+            item = draw(flow_item(depth - 1, streams, ctx, tuple(made.known) if maybe(draw, 0.8) else ()))
             if maybe(draw, 0.4):
                 # a module of a class the branches make, created again after the flow: it takes the
                 # auto-name the flow's last branch hands back, maybe one a branch used (a reused scope)
@@ -687,3 +698,55 @@ def test_random_transformed_models_match_flax(text, raw_keys):
     )
     if agreement.discarded:
         event("with discarded traces")
+
+
+# A compact method that makes submodules (and calls them) and then calls them inside nn.while_loop / nn.cond /
+# nn.switch, closing over the Python objects: they keep the scope outside (their counts carry on, a loop's
+# iterations share their keys). The transformed models above make such a call seldom.
+OUTER_FLOW_EXAMPLES = int(os.environ.get("RNGAUDIT_HYPOTHESIS_OUTER_FLOW_EXAMPLES", "8"))
+
+
+@st.composite
+def outer_flow_specs(draw) -> str:
+    streams = draw(st.lists(st.sampled_from(STREAMS), unique=True, min_size=1, max_size=3))
+    if "params" not in streams and maybe(draw, 0.85):
+        streams.insert(0, "params")
+    names = tuple(streams)
+    phase = draw(st.sampled_from(("init", "apply")))
+    ctx = _Ctx(apply=phase == "apply")
+    made = _Names()
+    body: list = []
+    for _ in range(draw(st.integers(1, 3))):
+        if maybe(draw, 0.6):
+            body.append(draw(module_item(2, made, False)))
+        else:
+            body.append(draw(layer_item(made, False)))
+        if maybe(draw, 0.3):
+            body.append(draw(rng_item()))
+    for _ in range(draw(st.integers(1, 2))):
+        body.append(draw(flow_item(1, names, ctx, tuple(made.known))))
+        if made.known and maybe(draw, 0.5):
+            body.append({"call": draw(st.sampled_from(made.known))})
+    doc = {
+        "rngaudit": 1,
+        "flax": {"fix_rng_separator": draw(st.booleans()), **ORACLE_RELEASE},
+        "phase": phase,
+        "rngs": {s: draw(key_exprs(2)) for s in streams},
+        "model": {"class": "M", "body": body},
+    }
+    return yaml.safe_dump(doc, allow_unicode=True, sort_keys=False)
+
+
+@settings(
+    max_examples=OUTER_FLOW_EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+)
+@given(outer_flow_specs())
+def test_submodules_called_inside_control_flow_match_flax(text):
+    try:
+        agreement = check_against_flax(parse_spec(text, "<hypothesis>"))
+    except OracleUnsupported as e:
+        event(f"oracle cannot build: {e}")
+        reject()
+    event(f"flax raises {agreement.error}" if agreement.error else "lanes" if agreement.lanes else "keys")

@@ -706,6 +706,25 @@ FLOW = HEADER + textwrap.dedent("""
       return VmapCond(), (jnp.array([[1., 1.], [-1., -1.], [2., 2.]]),)
     def two_loops():
       return TwoLoops(), (X,)
+
+    class Noisy(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        x = nn.Dense(x.shape[-1])(x)
+        return x + jax.random.normal(self.make_rng("noise"), x.shape)
+
+    class Refine(nn.Module):
+      # a compact child made and called before the loop, then called in its body (a closure)
+      @nn.compact
+      def __call__(self, x):
+        step = Noisy()
+        x = step(x)
+        def body(mdl, c):
+          return step(c[0]), c[1] + 1
+        return nn.while_loop(lambda m, c: c[1] < 3, body, self, (x, 0), split_rngs={"noise": True})[0]
+
+    def refine():
+      return Refine(), (X,)
 """)
 
 FLOW_CASES = {  # factory -> (phases, what the spec must say)
@@ -758,6 +777,19 @@ def test_while_loop_lanes_and_iterations(tmp_path):
     body_lanes = {c["lane"][0] for c in doc["calls"] if c["path_str"] == "Draw_0"}
     assert cond_lanes == {0, 1, 2, 3} and body_lanes == {0, 1, 2}  # cond runs once more than the body
     assert all(c["context"] == ["while_loop"] for c in doc["calls"])
+
+
+def test_a_child_made_before_a_while_loop_and_called_in_it(tmp_path):
+    """It keeps the scope outside: every iteration draws the same key (split_rngs notwithstanding), which
+    collisions reports with why and the fix. capture stopped with an internal error (exit 3): the spec's replay
+    had no child Body_0 inside the loop."""
+    f = write(tmp_path, "flow.py", FLOW)
+    spec, doc = capture(tmp_path, f"{f}:refine", "--rngs", "params=0,noise=1")
+    assert_replays(spec, doc)
+    loop = {tuple(c["lane"]): c["key"] for c in doc["calls"] if c["stream"] == "noise" and c["lane"]}
+    assert set(loop) == {(0,), (1,), (2,)} and len(set(map(tuple, loop.values()))) == 1
+    r = invoke("collisions", spec)
+    assert r.exit_code == 0 and "Noisy_0 was made before the nn.while_loop" in r.stdout, r.stdout
 
 
 def test_map_variables_init_run_twice(tmp_path):

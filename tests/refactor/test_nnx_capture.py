@@ -1388,6 +1388,44 @@ TRAIN_FLAG = HEADER + textwrap.dedent("""
         model.eval()
         model(x)
         model.train()
+
+    class Noisy(nnx.Module):
+        # a Dropout always called deterministic=False (noise kept at evaluation, MC-dropout style) beside one that
+        # follows model.train()/eval(), and attention called deterministic=True, under nnx.jit
+        def __init__(self, rngs):
+            self.l1 = nnx.Linear(4, 4, rngs=rngs)
+            self.mc = nnx.Dropout(0.5, rngs=rngs)
+            self.drop = nnx.Dropout(0.3, rngs=rngs)
+            self.att = nnx.MultiHeadAttention(num_heads=2, in_features=4, dropout_rate=0.1, decode=False, rngs=rngs)
+
+        def __call__(self, x):
+            h = self.drop(self.mc(self.l1(x), deterministic=False))
+            return self.att(h, deterministic=True)
+
+    def make_noisy(rngs):
+        return Noisy(rngs), (jnp.ones((3, 2, 4)),)
+
+    class Twice(nnx.Module):
+        # one Dropout called twice a call, once given deterministic=False: both follow the (train) mode
+        def __init__(self, rngs):
+            self.drop = nnx.Dropout(0.3, rngs=rngs)
+
+        def __call__(self, x):
+            return self.drop(self.drop(x), deterministic=False)
+
+    def make_twice(rngs):
+        return Twice(rngs), (jnp.ones((2, 4)),)
+
+    @nnx.jit
+    def jitted(model, x):
+        return model(x)
+
+    def noisy_epoch(model, x):
+        model.train()
+        jitted(model, x)
+        jitted(model, x)
+        model.eval()
+        jitted(model, x)
 """)
 
 
@@ -1419,6 +1457,7 @@ def test_a_train_flag_passed_on_as_deterministic_is_captured_as_train_and_eval(t
     [
         ("make_model", "numpy_flag", ["call", "eval", "call", "train", "call", "eval", "call"]),  # train=np.bool_
         ("make_fixed", None, None),  # (a layer always called deterministic=True: its option, no event)
+        ("make_twice", None, None),  # (given deterministic=False at one of its two calls: was refused)
     ],
 )
 def test_a_deterministic_argument_every_call_gives_is_the_layers_option(tmp_path, factory, step, run):
@@ -1439,30 +1478,41 @@ def test_a_deterministic_argument_every_call_gives_is_the_layers_option(tmp_path
         assert _keys_file_keys(doc) == _real_model_keys(f, seeds, 2, step, factory)
 
 
-def test_a_mode_switch_against_a_layers_own_deterministic_argument_is_refused(tmp_path):
+@pytest.mark.parametrize(
+    "factory, step, run, said",
+    [
+        # model.eval() agrees with att's deterministic=True, model.train() at call 3 does not
+        ("make_fixed", "fixed_eval", ["call", "eval", "call", "train", "call", "eval", "call"], {"att": True}),
+        # mc draws in eval mode too; drop only in train mode; att never
+        (
+            "make_noisy",
+            "noisy_epoch",
+            [{"call": 2}, "eval", "call", "train", {"call": 2}, "eval", "call"],
+            {"mc": False, "att": True},
+        ),
+    ],
+)
+def test_a_layers_own_deterministic_argument_beside_train_and_eval_is_said_at_its_calls(
+    tmp_path, factory, step, run, said
+):
     f = write(tmp_path, "flag.py", TRAIN_FLAG)
-    out = tmp_path / "o.yaml"
-    r = invoke(
-        "capture",
-        f"{f}:make_fixed",
-        "--step",
-        f"{f}:fixed_eval",
-        "--rngs",
-        "params=0,dropout=1",
-        "--steps",
-        "2",
-        "-o",
-        out,
+    seeds = {"params": 0, "dropout": 1}
+    spec, doc = capture(
+        tmp_path, f"{f}:{factory}", "--step", f"{f}:{step}", "--rngs", "params=0,dropout=1", "--steps", "2"
     )
-    # (model.eval() agrees with att's deterministic=True; model.train() at call 3 does not)
-    assert r.exit_code == 2 and len(r.stderr.splitlines()) == 1, r.stderr
-    assert "at call 3 the model's Dropout/attention layers become not deterministic" in r.stderr
-    assert "att is always called with deterministic=True" in r.stderr
-    assert not out.exists()
-    # one step (train, eval): the mode agrees with att's argument throughout
-    spec, doc = capture(tmp_path, f"{f}:make_fixed", "--step", f"{f}:fixed_eval", "--rngs", "params=0,dropout=1")
-    assert yaml.safe_load(spec.read_text())["run"] == ["call", "eval", "call"]
+    written = yaml.safe_load(spec.read_text())
+    assert written["run"] == run, written
+    calls = {c["call"]["name"]: c["call"] for c in written["model"]["call"] if isinstance(c["call"], dict)}
+    assert {name: calls[name].get("deterministic") for name in said} == said, written["model"]["call"]
+    assert _keys_file_keys(doc) == _real_model_keys(f, seeds, 2, step, factory)
+    if factory == "make_noisy":
+        # (mc draws at every call, eval ones included; drop only in train mode: calls 1, 2, 4, 5)
+        drawn = {(c["path"][0], c["step"]) for c in doc["calls"] if c["stream"] == "dropout" and c["step"]}
+        assert {s for p, s in drawn if p.startswith("mc")} == {1, 2, 3, 4, 5, 6}, drawn
+        assert {s for p, s in drawn if p.startswith("drop")} == {1, 2, 4, 5}, drawn
     assert_real_nnx_agrees(spec, doc)
+    r = invoke("verify", spec, "--against", f"{f}:{factory}", "--step", f"{f}:{step}")
+    assert r.exit_code == 0 and "0 differ, 0 missing, 0 extra" in r.stdout, r.stdout + r.stderr
 
 
 def test_a_step_that_makes_only_some_layers_deterministic_is_refused(tmp_path):
