@@ -206,10 +206,9 @@ class Grouping:
     def _made_outside(self, members: list[int]) -> str | None:
         """The note of a submodule made before an nn.while_loop and called in it, where every member draws so
         (its lanes share the key whatever split_rngs says); None otherwise."""
-        from ..engine.lifts import OUTSIDE_LOOP
+        from ..engine.lifts import OUTSIDE_LOOP_MARK
 
-        head = OUTSIDE_LOOP.split("{name}", 1)[1][:40]
-        found = {next((n for n in self.s.notes_of(i) if head in n), None) for i in members}
+        found = {next((n for n in self.s.notes_of(i) if OUTSIDE_LOOP_MARK in n), None) for i in members}
         return found.pop() if len(found) == 1 and None not in found else None
 
     def _shared_key(self, groups: list[tuple[list[int], dict]]) -> Pending:

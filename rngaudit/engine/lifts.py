@@ -325,9 +325,11 @@ def any_mutable(run: Run, scope: Scope) -> bool:
     return bool((mutable if cols is None else cols & mutable) - scope.frozen)
 
 
-# the note on the draws of a submodule made before an nn.while_loop and called in it (collisions reads it)
+# the note on the draws of a submodule made before an nn.while_loop and called in it; collisions finds it by
+# OUTSIDE_LOOP_MARK
+OUTSIDE_LOOP_MARK = " was made before the nn.while_loop, outside it, "
 OUTSIDE_LOOP = (
-    "{name} was made before the nn.while_loop, outside it, and keeps the scope outside: its draws in the loop get "
+    "{name}" + OUTSIDE_LOOP_MARK + "and keeps the scope outside: its draws in the loop get "
     "the same key in every iteration, whatever split_rngs says; for keys that differ per iteration, define it in "
     "setup and call it as an attribute of the module the loop hands its body (body_fn(mdl, c): mdl.block(c), not "
     "self.block(c))"

@@ -1289,12 +1289,10 @@ class _SpecBuilder:
                     raise self.unsupported(
                         f"{cls}.{name} is given an Rngs at its call under nnx.vmap/nnx.scan, or is not a Dropout"
                     )
-                given = {}
-                if what in self.rec.pinned:
-                    # drop(x, deterministic=True) at every call, beside model.train()/eval()
-                    given = {"deterministic": self.rec.pinned[what]}
+                # drop(x, deterministic=True) at every call, beside model.train()/eval()
+                mode = {"deterministic": self.rec.pinned[what]} if what in self.rec.pinned else {}
                 if how == "call_rngs":
-                    call.append({"call": {"name": name, "rngs": self.given_rngs, **given}})
+                    call.append({"call": {"name": name, "rngs": self.given_rngs, **mode}})
                     continue
                 if how == "rnn_transformed":
                     raise self.unsupported(f"{cls}.{name} (nnx.RNN) is called under nnx.vmap/nnx.scan")
@@ -1307,9 +1305,9 @@ class _SpecBuilder:
                         rnn_call["rngs"] = "model" if given is self.root_rngs else "call"
                     call.append({"call": rnn_call})
                     continue
-                if how or given:
+                if how or mode:
                     call.append(
-                        {"call": {"name": name, **(self.transform(how, what, f"{cls}.{name}") if how else {}), **given}}
+                        {"call": {"name": name, **(self.transform(how, what, f"{cls}.{name}") if how else {}), **mode}}
                     )
                 else:
                     call.append({"call": name})
