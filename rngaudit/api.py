@@ -498,6 +498,21 @@ def _spec_seeds(spec: Spec | NnxSpec) -> dict[str, int]:
         ) from None
 
 
+def _nnx_spec_seeds(spec: NnxSpec) -> dict[str, int | list[int]]:
+    """The spec's rngs for the nnx.Rngs verify builds the model from: integer seeds as written, any other key
+    (`split(key(0))[1]`, raw key data) as its key data."""
+    from .engine.keys import KeyEngine
+
+    engine = KeyEngine(spec.prng_impl, spec.threefry_partitionable)
+    out: dict[str, int | list[int]] = {}
+    for stream, src in spec.rngs.items():
+        try:
+            out[stream] = int(src.text)
+        except ValueError:
+            out[stream] = list(engine.eval(src.expr))
+    return out
+
+
 def _verify_nnx(spec: NnxSpec, target: str, inputs, rngs, method, step: str | None = None) -> Comparison:
     """An NNX spec against a live NNX model: the model captured (built from the spec's seeds and called as many
     times as the spec's `steps`), then compared key by key."""
@@ -528,10 +543,14 @@ def _verify_nnx(spec: NnxSpec, target: str, inputs, rngs, method, step: str | No
     ref = parse_target(target)
     step_ref = None if step is None else parse_step(step)
     with session(ref, *([step_ref] if step_ref is not None else [])):
-        seeds = None  # (a factory without parameters builds the NNX model and seeds it itself)
+        seeds: dict[str, int | list[int]] | None = None  # (None: a factory without parameters seeds it itself)
         if is_nnx_target(ref):
             seeds = (
-                dict(rngs) if isinstance(rngs, dict) else parse_rngs(rngs) if rngs is not None else _spec_seeds(spec)
+                dict(rngs)
+                if isinstance(rngs, dict)
+                else dict(parse_rngs(rngs))
+                if rngs is not None
+                else _nnx_spec_seeds(spec)
             )
         elif rngs is not None:
             raise UsageError(

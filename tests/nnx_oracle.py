@@ -363,7 +363,10 @@ def _class(mod: NnxModule, rec: _Recorder, path: str, cache: dict):
                     elif st.given_rngs:
                         # drop(x, rngs=rngs), the Rngs the model's call was given: it draws rngs[rng_collection]()
                         rngs = rec.call_rngs if st.given_rngs == "call" else rec.model_rngs
-                        target(jnp.ones((64,)), rngs=rngs, **given_mode)
+                        if isinstance(target, nnx.MultiHeadAttention):
+                            target(jnp.ones((1, 2, 2)), rngs=rngs, **given_mode)  # (it draws rngs.dropout())
+                        else:
+                            target(jnp.ones((64,)), rngs=rngs, **given_mode)
                     elif st.key is not None:
                         # drop(x, rngs=key): what NNX does with the key is seen in the mask it drops
                         y = target(jnp.ones((64,)), rngs=eval_key(st.key.expr, raw=False), **given_mode)
@@ -526,6 +529,9 @@ def nnx_keys(spec: NnxSpec) -> list[dict]:
                 continue
             for _ in range(event.n):
                 rec.step += 1
+                if spec.call_rngs_steps is not None:
+                    # model(x, rngs=nnx.Rngs(dropout=jax.random.fold_in(key, step))): an Rngs made for this step
+                    rec.call_rngs = _rngs(spec.call_rngs_steps[rec.step - 1])
                 if getattr(event, "fork", None) is not None:
                     # with nnx.fork_rngs(model, split={tags: None}): model(x) (under its transform, if any)
                     rec.site = "(root)"

@@ -5,7 +5,8 @@ same key at the same count, or when one stream's count (or key) goes back to a s
 returned state is dropped, or nnx.reseed. Each group is one finding, in the category of its cause:
 
   shared_stream_key      (failing)      two streams seeded with the same key (Rngs(params=0, dropout=0), ...)
-  count_rewind           (failing)      a stale jitted step re-emits the keys of the step before
+  count_rewind           (failing)      a stale jitted step re-emits the keys of the step before (or an Rngs
+                                        made for each step with the same key)
   broadcast_lanes        (failing)      every lane of an nnx.vmap draws one key: the stream is not split
   frozen_scan_broadcast  (failing)      a stream broadcast into nnx.scan draws the same keys at every call
   keyless_dropout        (failing)      a Dropout built without rngs is given the same key at every call
@@ -169,11 +170,18 @@ def _at(s: NnxSite) -> str:
     return _when(s) + ("" if s.given else f" count {s.count}")
 
 
-def _cause(s: NnxSite, earlier: list[NnxSite]) -> str:
+def _cause(s: NnxSite, earlier: list[NnxSite], step_rngs: bool = False) -> str:
     """Why draw `s` repeats a key one of `earlier` drew: stale, reseed (the same stream went back),
-    reseed_order (nnx.reseed gave it another stream's key), or shared (two streams hold one key)."""
+    reseed_order (nnx.reseed gave it another stream's key), or shared (two streams hold one key). `step_rngs`:
+    the spec's `call_rngs` is an Rngs made for each step (its streams `call_rngs.<stream>` at every step)."""
     if s.given and any(e.given for e in earlier):
         return "keyless"
+    if (
+        step_rngs
+        and s.stream_path.startswith(_STEP_RNGS)
+        and any(e.stream_path == s.stream_path and e.step != s.step for e in earlier)
+    ):
+        return "step_rngs"
     if s.lane >= 0 and not s.stale and _built_alike(s.chain):
         alike = _unlaned(s.chain)
         if any(e.lane >= 0 and e.lane != s.lane and e.step == s.step and _unlaned(e.chain) == alike for e in earlier):
@@ -208,8 +216,11 @@ def _cause(s: NnxSite, earlier: list[NnxSite]) -> str:
     return "reseed_order" if reseeded else "shared"
 
 
+_STEP_RNGS = "call_rngs."  # (the streams of the Rngs given to the model's calls: engine/nnx.py names them so)
 _BECAUSE = {
     "stale": "a jitted step whose returned state was dropped started from the same RNG counts",
+    "step_rngs": "the nnx.Rngs made for that step's call holds the key an earlier step's held (the same key every "
+    "step: nnx.Rngs(dropout=key)), and a new Rngs counts from 0 again",
     "reseed": "nnx.reseed set the stream back to a key it had, count 0",
     "reseed_order": "nnx.reseed gave it another stream's key: it visits streams in sorted attribute order, "
     "not in the order they were built",
@@ -234,6 +245,8 @@ _BECAUSE = {
     "this stream, so its lanes get the same key",
 }
 _FIX = {
+    "step_rngs": "fold the step into the key the step's Rngs is made from (nnx.Rngs(dropout=jax.random.fold_in(key, "
+    "step))), or split a new key for every step",
     "stale": "keep the state a jitted step returns (nnx.update(model, state)), or call the model through nnx.jit, "
     "which updates it in place",
     "reseed": "reseeding with a seed used before repeats keys (intended when reproducing a call, as the guide's "
@@ -267,6 +280,7 @@ _CATEGORY = (
     ("linen_concatenation", "concatenation"),
     ("linen_hash_word", "hash_word"),
     ("stale", "count_rewind"),
+    ("step_rngs", "count_rewind"),
     ("pass_through", "count_rewind"),
     ("keyless", "keyless_dropout"),
     ("stack_broadcast", "broadcast_lanes"),
@@ -279,9 +293,9 @@ _CATEGORY = (
 )
 
 
-def _classify(sites: list[NnxSite]) -> tuple[str, str, str]:
+def _classify(sites: list[NnxSite], step_rngs: bool = False) -> tuple[str, str, str]:
     first = sites[0]
-    causes = [_cause(s, sites[:j]) for j, s in enumerate(sites) if j]
+    causes = [_cause(s, sites[:j], step_rngs) for j, s in enumerate(sites) if j]
     pairs = list(zip(sites[1:], causes))
     # the first draw of each cause, most serious first, then the rest in order (up to 4 are told)
     rank = {cause: r for r, (cause, _) in enumerate(_CATEGORY)}
@@ -338,7 +352,7 @@ def audit_nnx(spec: NnxSpec) -> NnxAudit:
                     continue
                 rows = sorted(order[a:b].tolist())
                 sites = [_site(i, table.blocks[int(table.block[i])], int(table.count[i]), keys[i]) for i in rows]
-                category, why, fix = _classify(sites)
+                category, why, fix = _classify(sites, spec.call_rngs_steps is not None)
                 c = NnxCollision(category, category in NNX_FAILING, why, fix, tuple(sites), sites[0].key)
                 found.append((rows[0], c))
     # a stream the Rngs lacks, served by `default`: once per statement

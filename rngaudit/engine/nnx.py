@@ -232,6 +232,9 @@ class NnxReplayer:
                         self.call(model)
                         self.initializing = False
                     else:
+                        if self.spec.call_rngs_steps is not None:
+                            # an Rngs made for this step and given to its call: counts from 0, its own keys
+                            self.call_rngs = self.rngs("call_rngs", self.spec.call_rngs_steps[self.step - 1])
                         self.call(model)
             elif isinstance(event, NnxReseed):
                 self.reseed(event)
@@ -1078,10 +1081,16 @@ class NnxReplayer:
     def given_rngs(self, layer: Layer, st: NnxCall) -> None:
         """`self.drop(x, rngs=rngs)`, `st.repeat` times, given the Rngs the model's call was given (mirrors
         nnx.Dropout.__call__: `rngs[rng_collection]()`, the call's Rngs winning over the Dropout's own stream,
-        which draws nothing)."""
-        rate = layer.st.opt("rate")
-        if rate == 0.0 or self.deterministic(layer.st) or rate == 1.0:
-            return
+        which draws nothing; nnx.MultiHeadAttention.__call__: `rngs.dropout()` when it has dropout_rate > 0 and
+        is not deterministic)."""
+        attention = layer.st.kind == "MultiHeadAttention"
+        if attention:
+            if not layer.st.opt("dropout_rate") > 0 or self.deterministic(layer.st):
+                return
+        else:
+            rate = layer.st.opt("rate")
+            if rate == 0.0 or self.deterministic(layer.st) or rate == 1.0:
+                return
         if self.lane >= 0 or self.control or self.stale:
             where = "nnx.vmap/nnx.scan lanes" if self.lane >= 0 else "control flow" if self.control else "stale_call"
             raise SpecError(
@@ -1089,6 +1098,10 @@ class NnxReplayer:
                 "plainly",
                 st.loc,
             )
+        if attention:
+            s = self.rngs_given(st).get("dropout", "AttributeError", st.loc)
+            self.draw(s, layer.path, "attention_dropout", "dropout", st.loc, n=st.repeat)
+            return
         col = str(layer.st.opt("rng_collection"))
         s = self.rngs_given(st).get(col, "KeyError", st.loc)
         self.draw(s, layer.path, "dropout", col, st.loc, n=st.repeat)

@@ -222,6 +222,11 @@ def _nnx_meta(report: NnxDeriveReport) -> dict:
             if spec.call_rngs
             else {}
         ),
+        **(
+            {"call_rngs_steps": [{s: {"expr": given[s].text} for s in sorted(given)} for given in spec.call_rngs_steps]}
+            if spec.call_rngs_steps
+            else {}
+        ),
     }
 
 

@@ -97,6 +97,9 @@ def render_nnx_rows(
         yield f"  rngs[{s!r}] = {spec.rngs[s].text} -> {list(report.roots[s])}\n"
     for s in sorted(spec.call_rngs or ()):
         yield f"  call_rngs[{s!r}] = {spec.call_rngs[s].text} (the Rngs given to every call)\n"  # type: ignore[index]
+    for i, given in enumerate(spec.call_rngs_steps or (), 1):
+        for s in sorted(given):
+            yield f"  call_rngs[{s!r}] = {given[s].text} (the Rngs made for step {i}'s call)\n"
     calls = report.calls
     n = len(calls)
     limit = n if not max_rows else min(max_rows, n)

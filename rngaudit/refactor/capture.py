@@ -13,7 +13,16 @@ from ..errors import FlaxUnavailableError, InternalError, RngauditError, Unsuppo
 from ..usercode import CodeRef, forget_neighbours, quiet_stdout
 from .keys_file import Capture, Site, spec_sites
 from .specgen import build_spec
-from .target import InputSpec, NnxModelError, build_module, parse_input, parse_rngs, parse_step, parse_target
+from .target import (
+    FactoryError,
+    InputSpec,
+    NnxModelError,
+    build_module,
+    parse_input,
+    parse_rngs,
+    parse_step,
+    parse_target,
+)
 
 
 @dataclass(frozen=True)
@@ -108,8 +117,8 @@ def _captured(target, target_text, inputs, rngs, phase, method, steps, step) -> 
             option = "--steps" if steps is not None else "--step"
             try:
                 build_module(target, [parse_input(t) for t in inputs])
-            except NnxModelError:
-                raise
+            except (NnxModelError, FactoryError):
+                raise  # (an NNX model seeded by its factory; a factory that fails says why, not the option)
             except RngauditError:
                 pass  # (any other failure: the option is the error)
             raise UsageError(f"{option} applies to NNX models (TARGET builds an nnx.Module from an nnx.Rngs)")

@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import yaml
+
 from ..errors import InternalError, RngauditError, UnsupportedError, UsageError, UserCodeError
 from ..spec.nnx import CARRY_DRAWS, CELLS, LAYER_OPTIONS
 from ..usercode import CodeRef, first_line, load
@@ -131,6 +133,7 @@ class NnxRecorder:
         self.stray = 0  # keys drawn in a step outside every module's call (by a training step itself)
         self.seeds: dict[int, dict] = {}  # id(an nnx.Rngs made while capture watched) -> its integer seeds
         self.call_rngs: dict[int, object] = {}  # id -> every Rngs a layer's call was given (drop(x, rngs=rngs))
+        self.call_rngs_at: dict[int, dict[int, object]] = {}  # step -> the Rngs given at its calls (id -> it)
         self.rnn_draws: dict[int, int] = {}  # id(an nnx.RNN) -> the keys its cell's initialize_carry draws a call
 
     def reset(self) -> None:
@@ -139,6 +142,13 @@ class NnxRecorder:
 
     def resolve(self, obj):
         return self.alias.get(id(obj), obj)
+
+    def given(self, rngs) -> object:
+        """An nnx.Rngs a layer's call is given (drop(x, rngs=rngs)), noted with the step it is given at."""
+        rngs = self.resolve(rngs)
+        self.call_rngs[id(rngs)] = rngs
+        self.call_rngs_at.setdefault(self.step, {})[id(rngs)] = rngs
+        return rngs
 
     def draw(self, stream, count, key, traced: bool = False) -> None:
         import jax
@@ -202,6 +212,26 @@ def observing() -> Iterator[NnxRecorder]:
         _OPEN.pop()
 
 
+def _seed(value) -> int | list[int] | None:
+    """What a spec's `rngs:` writes for a stream of nnx.Rngs(...): an integer seed as given, a concrete key
+    (jax.random.key(n), PRNGKey(n), a split of one) as its raw key data `[w0, w1]`; None for anything else (a key
+    traced under a transform)."""
+    if type(value) is int:
+        return value
+    import jax
+    import numpy as np
+
+    try:
+        if isinstance(value, jax.Array) and jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
+            value = jax.random.key_data(value)
+        data = np.asarray(value)
+    except Exception:  # noqa: BLE001  (a tracer, or not an array)
+        return None
+    if data.dtype != np.uint32 or data.shape not in ((2,), (4,)):
+        return None
+    return [int(w) for w in data]
+
+
 @contextlib.contextmanager
 def _observed(rec: NnxRecorder) -> Iterator[None]:
     import jax
@@ -220,8 +250,9 @@ def _observed(rec: NnxRecorder) -> Iterator[None]:
             # written as the spec's call_rngs)
             out = construct(cls, self, *args, **kwargs)
             given = {**({"default": args[0]} if args else {}), **kwargs}
-            if given and all(type(v) is int for v in given.values()):
-                rec.seeds[id(self)] = given
+            seeds = {k: _seed(v) for k, v in given.items()}
+            if given and all(v is not None for v in seeds.values()):
+                rec.seeds[id(self)] = seeds
                 rec.inner.append(self)
             return out
         if not (isinstance(cls, type) and issubclass(cls, nnx.Module)):
@@ -692,8 +723,7 @@ def _call_hook(rec: NnxRecorder, original):
         frame = Called(outside, transforms=len(rec.transforms))
         given = kwargs.get("rngs")
         if isinstance(given, rngs_class) and _is_layer(outside):
-            frame.given = rec.resolve(given)
-            rec.call_rngs[id(frame.given)] = frame.given
+            frame.given = rec.given(given)
         if _is_rnn(outside) or _is_bidi(outside):
             frame.rnn = _rnn_call(rec, outside, args, kwargs, bool(rec.calling) and _is_bidi(rec.calling[-1].obj))
         if not rec.calling:
@@ -920,8 +950,7 @@ def _rnn_call(rec: NnxRecorder, rnn, args: tuple, kwargs: dict, in_bidi: bool) -
             "fork()), or none"
         )
     if given is not None:
-        given = rec.resolve(given)
-        rec.call_rngs[id(given)] = given
+        given = rec.given(given)
     return int(shape[axis]), kwargs.get("initial_carry") is not None, given
 
 
@@ -1026,9 +1055,10 @@ class _SpecBuilder:
                 out.append((kind, what, how))
         return out
 
-    def is_dropout(self, target_id: int) -> bool:
+    def takes_rngs(self, target_id: int) -> bool:
+        """Whether it is a layer a spec gives an Rngs at its call (`rngs: call`): Dropout, attention."""
         b = self.built_of.get(target_id)
-        return b is not None and type(b.obj).__name__ == "Dropout"
+        return b is not None and type(b.obj).__name__ in ("Dropout", "MultiHeadAttention")
 
     def transform(self, how, target_id: int, where: str) -> dict:
         return _transform_of(self, how, target_id, where)
@@ -1285,9 +1315,10 @@ class _SpecBuilder:
                 name = built.get(what)
                 if name is None:
                     raise self.unsupported(f"{cls}.__call__ calls a module that {cls}.__init__ did not build")
-                if how == "call_rngs_transformed" or (isinstance(how, str) and not self.is_dropout(what)):
+                if how == "call_rngs_transformed" or (how == "call_rngs" and not self.takes_rngs(what)):
                     raise self.unsupported(
-                        f"{cls}.{name} is given an Rngs at its call under nnx.vmap/nnx.scan, or is not a Dropout"
+                        f"{cls}.{name} is given an Rngs at its call under nnx.vmap/nnx.scan, or is not a Dropout or "
+                        "an attention layer"
                     )
                 # drop(x, deterministic=True) at every call, beside model.train()/eval()
                 mode = {"deterministic": self.rec.pinned[what]} if what in self.rec.pinned else {}
@@ -1532,7 +1563,7 @@ def is_nnx_target(target: CodeRef) -> bool:
 def run_nnx_capture(
     target: CodeRef,
     inputs: list[InputSpec],
-    seeds: dict[str, int] | None,
+    seeds: dict[str, int | list[int]] | None,
     steps: int,
     step: CodeRef | None = None,
     calls: int | None = None,
@@ -1596,7 +1627,7 @@ def _step_function(step: CodeRef):
 def _run_nnx_capture(
     target: CodeRef,
     inputs: list[InputSpec],
-    seeds: dict[str, int] | None,
+    seeds: dict[str, int | list[int]] | None,
     steps: int,
     step: CodeRef | None = None,
     calls: int | None = None,
@@ -1626,7 +1657,8 @@ def _run_nnx_capture(
             if seeds is None:  # a factory without parameters: it seeds the model itself (Model(rngs=nnx.Rngs(0)))
                 made = factory()
             else:
-                rngs = nnx.Rngs(**seeds)
+                # (key data, from a spec's key: the typed key nnx.Rngs takes)
+                rngs = nnx.Rngs(**{k: _key_array(v) for k, v in seeds.items()})
                 made = factory(rngs=rngs) if _takes_rngs_keyword(factory) else factory(rngs)
         except RngauditError:
             raise
@@ -1674,8 +1706,9 @@ def _run_nnx_capture(
             if seeds is None:
                 raise UnsupportedError(
                     f"capture of {target.text}: the factory builds the model from an nnx.Rngs not made with integer "
-                    "seeds there (nnx.Rngs(0), nnx.Rngs(params=0, dropout=1)); make it so, or write a factory that "
-                    "takes the Rngs (def make_model(rngs): return Model(rngs=rngs)) and give --rngs"
+                    "seeds or keys there (nnx.Rngs(0), nnx.Rngs(params=0, dropout=1), nnx.Rngs(jax.random.key(0))); "
+                    "make it so, or write a factory that takes the Rngs (def make_model(rngs): return "
+                    "Model(rngs=rngs)) and give --rngs"
                 )
         elif root.rngs is not rngs:
             raise UnsupportedError(
@@ -1744,7 +1777,7 @@ def _run_nnx_capture(
             "prng_impl": settings["prng_impl"],
             "threefry_partitionable": settings["threefry_partitionable"],
         },
-        "rngs": dict(seeds),
+        "rngs": _flow_keys(seeds),
         **_call_rngs(rec, rngs, target),
         **(
             {"run": ["lazy_init", *(run or ([{"call": calls}] if calls else []))]}
@@ -1756,7 +1789,7 @@ def _run_nnx_capture(
         "model": _SpecBuilder(rec, target.text, root).module(root),
     }
     header = f"# captured from {target.text} by rngaudit (flax {flax.__version__}, jax {jax.__version__})\n"
-    spec_text = header + yaml.safe_dump(doc, sort_keys=False)
+    spec_text = header + yaml.dump(doc, Dumper=_SpecDumper, sort_keys=False)
     sites = check_replay(spec_text, rec.records, target.text, rec.lanes or bool(rec.bridges))
     versions = {"flax": flax.__version__, "jax": jax.__version__}
     cap = Capture(target.text, "call", dict(seeds), settings, sites, {}, versions, flavour="nnx")
@@ -1770,21 +1803,60 @@ def _call_rngs(rec: NnxRecorder, rngs, target: CodeRef) -> dict:
     if not given:
         return {}
     if len(given) > 1:
-        raise UnsupportedError(
-            f"capture of {target.text}: the model's layers are given {len(given)} different Rngs at their calls; an "
-            "NNX spec says one (call_rngs: the Rngs every call of the model is given, made once)"
-        )
+        # an Rngs made for each step (model(x, rngs=nnx.Rngs(dropout=jax.random.fold_in(key, step)))): one a step,
+        # new at every step, seeded with integers or keys capture read
+        at = [list(rec.call_rngs_at.get(step, {}).values()) for step in range(1, rec.step + 1)]
+        if any(len(a) != 1 for a in at) or len({id(a[0]) for a in at}) != len(at) or rngs in given:
+            raise UnsupportedError(
+                f"capture of {target.text}: the model's layers are given {len(given)} different Rngs at their calls, "
+                "not one made for each step (model(x, rngs=nnx.Rngs(dropout=fold_in(key, step))), every call of the "
+                "step given it); an NNX spec says one Rngs for every call (call_rngs: {dropout: 1}), or one a step"
+            )
+        made = [rec.seeds.get(id(a[0])) for a in at]
+        if any(m is None for m in made):
+            raise UnsupportedError(
+                f"capture of {target.text}: a step's call is given an Rngs not made by nnx.Rngs(stream=SEED, ...) "
+                "with integer seeds or concrete keys (one made inside a jitted function from a traced key?); make "
+                "it before the jitted step and pass it in, or give every call one Rngs made in the factory"
+            )
+        return {"call_rngs": [_flow_keys(m) for m in made if m is not None]}
     (r,) = given
     if r is rngs:
         return {}  # (the Rngs the model is built from: `rngs: model`)
     seeds = rec.seeds.get(id(r))
     if seeds is None:
         raise UnsupportedError(
-            f"capture of {target.text}: a layer's call is given an Rngs not made by nnx.Rngs(stream=SEED, ...); "
-            "capture reads the Rngs the model is built from, or one of integer seeds made in the factory and given "
-            "to the model's calls (rngs = nnx.Rngs(dropout=1); return model, (x, rngs))"
+            f"capture of {target.text}: a layer's call is given an Rngs not made by nnx.Rngs(stream=SEED, ...) with "
+            "integer seeds or a concrete key; capture reads the Rngs the model is built from, or one made with "
+            "seeds or keys and given to the model's calls (rngs = nnx.Rngs(dropout=1); return model, (x, rngs))"
         )
-    return {"call_rngs": dict(seeds)}
+    return {"call_rngs": _flow_keys(seeds)}
+
+
+def _key_array(seed: int | list[int]):
+    if isinstance(seed, int):
+        return seed
+    import jax
+    import jax.numpy as jnp
+
+    return jax.random.wrap_key_data(jnp.asarray(seed, dtype=jnp.uint32))
+
+
+class _KeyData(list):
+    """Raw key data in a spec's `rngs:`, written on one line (`params: [3625411723, 1954958720]`)."""
+
+
+def _flow_keys(seeds: dict) -> dict:
+    return {k: _KeyData(v) if isinstance(v, list) else v for k, v in seeds.items()}
+
+
+class _SpecDumper(yaml.SafeDumper):
+    """safe_dump, writing _KeyData on one line."""
+
+
+_SpecDumper.add_representer(
+    _KeyData, lambda dumper, data: dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=True)
+)
 
 
 def _takes_rngs_keyword(factory) -> bool:

@@ -115,6 +115,10 @@ class NnxModelError(UserCodeError):
     """A Linen TARGET (a factory without parameters) that returned an NNX model."""
 
 
+class FactoryError(UserCodeError):
+    """A TARGET function without parameters that raises when called (whichever model it would build)."""
+
+
 def build_module(target: CodeRef, inputs: list[InputSpec]):
     """The module and its example arguments: the factory may return a Module, or (module, args) or
     (module, args, kwargs); --input overrides the example arguments."""
@@ -135,7 +139,7 @@ def build_module(target: CodeRef, inputs: list[InputSpec]):
         try:
             made = factory()
         except Exception as e:  # noqa: BLE001
-            raise UserCodeError(
+            raise FactoryError(
                 f"TARGET {target.text}: calling {target.attr}() raises {type(e).__name__}: {e}"
             ) from None
     else:

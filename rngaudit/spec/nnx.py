@@ -302,6 +302,8 @@ class NnxSpec:
     jax_version: str | None = None  # `jax: {version}`: sets threefry_partitionable's default only
     # `call_rngs:`: the nnx.Rngs made once before the first call and given to every call, model(x, rngs=rngs)
     call_rngs: dict[str, RngSource] | None = None
+    # `call_rngs:` as a list: step i's call is given an nnx.Rngs made for it (nnx.Rngs(dropout=fold_in(key, i)))
+    call_rngs_steps: tuple[dict[str, RngSource], ...] | None = None
 
     @property
     def shared_dropout(self) -> bool:
@@ -435,11 +437,16 @@ class NnxParser:
                 and not isinstance(names[st.name], (NnxRnn, NnxBidirectional))
             ):
                 target = names[st.name]
-                if not (isinstance(target, NnxLayer) and target.kind == "Dropout"):
+                takes = ("Dropout",) if st.key is not None else ("Dropout", "MultiHeadAttention")
+                if not (isinstance(target, NnxLayer) and target.kind in takes):
                     given = "`key:` is a key" if st.key is not None else f"`rngs: {st.given_rngs}` is an Rngs"
                     raise SpecError(
                         f"{given} given to a Dropout's call (drop(x, rngs=...)), and {st.name} is not a Dropout"
-                        + ("" if st.key is not None else " (nor an nnx.RNN, whose call takes an Rngs too)"),
+                        + (
+                            ""
+                            if st.key is not None
+                            else " (nor a MultiHeadAttention or an nnx.RNN, whose calls take an Rngs too)"
+                        ),
                         st.loc,
                     )
             if isinstance(st, NnxCall) and st.deterministic is not None:
@@ -1124,24 +1131,38 @@ def nnx_spec(
             raise parser.too_old("fork_rngs", e.loc)
     model = parser.module(top.need("model"))
     cn = top.get("call_rngs")
-    call_rngs = None
+    call_rngs = call_rngs_steps = None
     if cn is not None:
-        if not cn.is_map or not cn.value:
-            raise SpecError(
-                "`call_rngs` is the nnx.Rngs given to every call of the model (model(x, rngs=rngs)): its streams "
-                "and seeds, e.g. `call_rngs: {dropout: 1}`",
-                cn.loc,
-            )
-        call_rngs = {stream: key_source(kn) for stream, kn in cn.value.items()}
+        what = (
+            "`call_rngs` is the nnx.Rngs given to every call of the model (model(x, rngs=rngs)): its streams and "
+            "seeds, e.g. `call_rngs: {dropout: 1}`; or a list of them, one a step, where each step's call is given "
+            "an Rngs made for it (model(x, rngs=nnx.Rngs(dropout=jax.random.fold_in(key, step))))"
+        )
+        if cn.is_seq and cn.value:
+            if len(cn.value) != sum(e.n for e in run if isinstance(e, NnxStep) and not e.lazy_init):
+                raise SpecError(
+                    f"`call_rngs` lists {len(cn.value)} Rngs, one a step, and the spec makes "
+                    f"{sum(e.n for e in run if isinstance(e, NnxStep) and not e.lazy_init)} steps: give one for each "
+                    "step",
+                    cn.loc,
+                )
+            for item in cn.value:
+                if not item.is_map or not item.value:
+                    raise SpecError(what, item.loc)
+            call_rngs_steps = tuple({stream: key_source(kn) for stream, kn in item.value.items()} for item in cn.value)
+        elif not cn.is_map or not cn.value:
+            raise SpecError(what, cn.loc)
+        else:
+            call_rngs = {stream: key_source(kn) for stream, kn in cn.value.items()}
     given = [st for st in _calls(model) if st.given_rngs]
     uses = next((st for st in given if st.given_rngs == "call"), None)
-    if uses is not None and call_rngs is None:
+    if uses is not None and call_rngs is None and call_rngs_steps is None:
         raise SpecError(
             f"`rngs: call` gives {uses.name} the Rngs the model's call is given: say what it holds with a top-level "
             "`call_rngs: {dropout: SEED}`",
             uses.loc,
         )
-    if call_rngs is not None or given:
+    if call_rngs is not None or call_rngs_steps is not None or given:
         for e in run:
             if isinstance(e, NnxStep) and (e.stale or e.transform is not None or e.fork is not None or e.lazy_init):
                 raise SpecError(
@@ -1150,7 +1171,17 @@ def nnx_spec(
                     "transform yet",
                     e.loc,
                 )
-    return NnxSpec(file, impl, partitionable, rngs, model, run, flax_version=version, call_rngs=call_rngs)
+    return NnxSpec(
+        file,
+        impl,
+        partitionable,
+        rngs,
+        model,
+        run,
+        flax_version=version,
+        call_rngs=call_rngs,
+        call_rngs_steps=call_rngs_steps,
+    )
 
 
 def _calls(mod: NnxModule):

@@ -233,7 +233,84 @@ def test_a_call_rngs_seeded_like_a_model_stream_re_emits_its_keys():
             "not under stale_call",
         ),
         ("call_rngs: 3\nmodel: {class: M}", "`call_rngs` is the nnx.Rngs given to every call"),
+        ("call_rngs: [{dropout: 1}, 2]\nsteps: 2\nmodel: {class: M}", "or a list of them, one a step"),
+        ("call_rngs: [{dropout: 1}]\nsteps: 2\nmodel: {class: M}", "lists 1 Rngs, one a step, and the spec makes 2"),
+        (
+            "call_rngs: [{dropout: 1}]\nrun: [stale_call]\n"
+            + "model: {class: M, init: [{Dropout: {name: d, rate: 0.5}}], call: [{call: {name: d, rngs: call}}]}",
+            "not under stale_call",
+        ),
     ],
 )
 def test_bad_call_rngs_are_one_error_line(tmp_path, text, message):
     assert_one_error_line(tmp_path, text, message)
+
+
+# ---------------------------------------------------------------- an Rngs made for each step
+# Flax's lm1b_nnx example: each training step gives the model nnx.Rngs(dropout=jax.random.fold_in(rng, step)),
+# a new Rngs (counts from 0) from a new key. The spec's `call_rngs:` is then a list, one Rngs a step.
+def step_rngs(keys: list[str], run: str) -> str:
+    listed = "".join(f"\n      - {{dropout: {k if k.isdigit() or k[0] == '[' else repr(k)}}}" for k in keys)
+    return given_rngs(call_rngs=listed, run=run)
+
+
+@pytest.mark.parametrize(
+    "keys, run",
+    [
+        (["fold_in(key(7), 0)", "fold_in(key(7), 1)", "fold_in(key(7), 2)"], "steps: 3"),
+        (["split(key(3))[0]", "[0, 9]"], "run: [call, {reseed: {dropout: 4}}, eval, call]"),
+        (["7", "7"], "steps: 2"),  # the same key every step: the same masks again
+    ],
+    ids=["fold-in-step", "reseed-eval", "same-key"],
+)
+def test_an_rngs_made_for_each_step_draws_what_nnx_draws(keys, run):
+    got = check_against_nnx(spec_of(step_rngs(keys, run)))
+    report = derive(spec_of(step_rngs(keys, run)))
+    given = [c.derivation for c in report.calls if c.derivation.stream.startswith("call_rngs.")]
+    assert got["keys"] == len(report.calls) and given
+    # each step's Rngs counts from 0: drop, then block.drop twice, in a step that draws
+    assert {d.step for d in given} <= set(range(1, len(keys) + 1))
+    for step in {d.step for d in given}:
+        assert [d.count for d in given if d.step == step] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("keep", ["false", "true"])
+@pytest.mark.parametrize("run", ["steps: 2", "run: [call, eval, call, train, call]"])
+def test_attention_given_an_rngs_at_its_call_draws_rngs_dropout_as_nnx_does(keep, run):
+    """att(x, rngs=rngs): MultiHeadAttention draws rngs.dropout() from the Rngs given (over its own fork, kept
+    or not), when it has dropout_rate > 0 and is not deterministic."""
+    text = f"""
+    rngs: {{params: 0, dropout: 1}}
+    call_rngs: {{dropout: 5}}
+    {run}
+    model:
+      class: M
+      init:
+        - MultiHeadAttention: {{name: att, dropout_rate: 0.1, keep_rngs: {keep}}}
+        - MultiHeadAttention: {{name: quiet, dropout_rate: 0.0}}
+      call:
+        - call: {{name: att, rngs: call, deterministic: false}}
+        - call: {{name: att, rngs: model}}
+        - call: {{name: quiet, rngs: call}}
+    """
+    got = check_against_nnx(spec_of(text))
+    report = derive(spec_of(text))
+    drawn = [(c.derivation.step, c.derivation.stream, c.derivation.count) for c in report.calls if c.derivation.step]
+    assert got["keys"] == len(report.calls)
+    # the call's deterministic=False draws in every step; given the model's Rngs it draws only in train mode
+    assert [d for d in drawn if d[1] == "call_rngs.dropout"] == [
+        (s, "call_rngs.dropout", i) for i, s in enumerate(range(1, report.spec.steps + 1))
+    ]
+
+
+def test_an_rngs_made_with_the_same_key_every_step_is_a_count_rewind():
+    same = spec_of(step_rngs(["7", "7"], "steps: 2"))
+    found = audit_nnx(same).collisions
+    assert [(c.category, c.failing) for c in found] == [("count_rewind", True)] * 3
+    assert [[(s.stream_path, s.step, s.count) for s in c.sites] for c in found] == [
+        [("call_rngs.dropout", 1, n), ("call_rngs.dropout", 2, n)] for n in range(3)
+    ]
+    assert "an earlier step's held (the same key every step" in found[0].why
+    assert "jax.random.fold_in(key, step)" in found[0].fix
+    # folded in the step: none
+    assert audit_nnx(spec_of(step_rngs(["fold_in(key(7), 0)", "fold_in(key(7), 1)"], "steps: 2"))).collisions == ()

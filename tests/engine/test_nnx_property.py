@@ -360,13 +360,14 @@ def module(draw, depth: int, n: list, lanes: bool = False, no_keep: bool = False
                 # control flow)
                 return {"call": target} if level == 0 else None
             if (
-                target in dropouts
+                target in moded
                 and not lanes
                 and level == 0
                 and has("a key given to a Dropout call")
                 and maybe(draw, 0.35)
             ):
-                # drop(x, rngs=rngs): the Rngs the model's call was given (the spec's call_rngs)
+                # drop(x, rngs=rngs) (or attention's att(x, rngs=rngs)): the Rngs the model's call was given (the
+                # spec's call_rngs)
                 given = draw(st.sampled_from(("call", "model")))
                 return {"call": {"name": target, "rngs": given, "repeat": draw(st.integers(1, 2))}}
             if target in dropouts and has("a key given to a Dropout call") and maybe(draw, 0.25):
@@ -461,6 +462,14 @@ def nnx_specs(draw) -> str:
         ]
     else:
         doc["run"] = draw(st.lists(run_event(lane_safe(model), bridged(model), recurrent), min_size=1, max_size=5))
+    steps = doc.get("steps", 1) if "run" not in doc else doc["run"].count("call")
+    if "call_rngs" in doc and steps and maybe(draw, 0.5):
+        # an Rngs made for each step, model(x, rngs=nnx.Rngs(dropout=fold_in(key, step))): the same streams, a
+        # key a step (small seeds: steps given the same key too)
+        doc["call_rngs"] = [
+            {s: draw(st.one_of(st.integers(0, 2), st.just(f"fold_in(key(1), {i})"))) for s in doc["call_rngs"]}
+            for i in range(steps)
+        ]
     return yaml.safe_dump(doc, sort_keys=False)
 
 
@@ -523,6 +532,8 @@ def test_random_nnx_models_match_nnx(text):
     ):
         if word in text:
             event(f"has {word[:-1]}")
+    if spec.call_rngs_steps is not None:
+        event("an Rngs made for each step")
     given_mode = [st.deterministic for st in _calls(spec.model) if st.deterministic is not None]
     if given_mode:
         modes = any(isinstance(e, NnxMode) for e in spec.run)
