@@ -521,12 +521,12 @@ def _verify_nnx(spec: NnxSpec, target: str, inputs, rngs, method, step: str | No
     from .refactor.keys_file import spec_capture
     from .refactor.nnx_capture import is_nnx_target, run_nnx_capture
     from .refactor.target import parse_input, parse_rngs, parse_step, parse_target
-    from .spec.nnx import NnxMode, NnxStep
+    from .spec.nnx import NnxMode, NnxRunDraw, NnxStep
 
     if method is not None:
         raise UsageError("--method is Linen's: an NNX model is built and called")
     if any(
-        not isinstance(e, (NnxStep, NnxMode))
+        not isinstance(e, (NnxStep, NnxMode, NnxRunDraw))
         or isinstance(e, NnxStep)
         and (e.stale or e.transform or e.fork is not None)
         for e in spec.run
@@ -534,6 +534,11 @@ def _verify_nnx(spec: NnxSpec, target: str, inputs, rngs, method, step: str | No
         raise UsageError(
             f"{spec.file}: verify against a live NNX model runs plain calls; this spec's `run:` has other events "
             "(reseed, stale_call, vmap, scan or fork_rngs calls): compare it with a keys file instead"
+        )
+    if step is None and any(isinstance(e, NnxRunDraw) for e in spec.run):
+        raise UsageError(
+            f"{spec.file}: its `run:` draws from the model's Rngs outside its calls (`draw:`); give --step STEP, the "
+            "training step that does, or compare the spec with a keys file"
         )
     if step is None and any(isinstance(e, NnxMode) for e in spec.run):
         raise UsageError(
@@ -606,7 +611,32 @@ def diff(
             )
         origin = f"--{which}-flax ({'OLD' if which == 'from' else 'NEW'} side)"
         sides.append(_release_sites(os.fspath(side), Release(flax, jax, origin)))
-    return compare(*sides)
+    cmp = compare(*sides)
+    if from_jax is not None or to_jax is not None:
+        for label, side in (("OLD", old), ("NEW", new)):
+            if not isinstance(side, (str, os.PathLike)):
+                continue  # (checked above: spec files on both sides)
+            pinned = _pinned_partitionable(os.fspath(side))
+            if pinned is not None:
+                cmp.notes.append(
+                    f"{label} sets jax.threefry_partitionable: {str(pinned).lower()} (the model sets the flag), so "
+                    "--from-jax/--to-jax do not change it there; where the flag is JAX's default, drop it from the "
+                    "spec to check what the release moves"
+                )
+                if new is old:
+                    break
+    return cmp
+
+
+def _pinned_partitionable(path: str) -> bool | None:
+    """A spec file's own `jax: {threefry_partitionable: ...}`, or None where it leaves it to the release."""
+    from .spec.yaml_source import load_file
+
+    top = load_file(path)
+    jax = top.value.get("jax") if top.is_map else None
+    if jax is None or not jax.is_map or "threefry_partitionable" not in jax.value:
+        return None
+    return bool(jax.value["threefry_partitionable"].value)
 
 
 def _release_sites(path: str, release) -> Capture:

@@ -18,6 +18,7 @@ import numpy as np
 from flax import nnx
 from flax_oracle import draw_fn, eval_key, key_words
 
+from rngaudit.engine.nnx import run_draw_steps
 from rngaudit.spec.nnx import (
     NnxBidirectional,
     NnxBridge,
@@ -31,6 +32,7 @@ from rngaudit.spec.nnx import (
     NnxModule,
     NnxReseed,
     NnxRnn,
+    NnxRunDraw,
     NnxSpec,
     NnxTransform,
     nested,
@@ -226,7 +228,7 @@ def _rnn(st: NnxRnn, rec, path: str, cache: dict, rngs):
     if isinstance(st.cell, NnxLayer):
         cell = _layer(st.cell, rngs)
     else:
-        child_rngs = rngs.fork() if st.cell.rngs == "fork" else rngs
+        child_rngs = rngs.fork() if st.cell.rngs == "fork" else None if st.cell.rngs == "none" else rngs
         cell = _cell_class(st.cell, rec, path + ".cell", cache, st.carry_draws)(child_rngs)
     rec.site = path
     given = {"own": True, "fork": rngs, "none": False}[st.rngs]
@@ -260,6 +262,21 @@ def _rnn_call(st: NnxCall, rnn, rec) -> None:
     barrier(jnp.ones(()))
 
 
+def _attribute(obj, name: str):
+    """obj.<name>, or (a dotted spec name, `enc.drop`) a submodule's attribute: self.enc.drop."""
+    if hasattr(obj, name):
+        return getattr(obj, name)
+    parts = name.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        head = getattr(obj, ".".join(parts[:i]), None)
+        if isinstance(head, nnx.Module):
+            try:
+                return _attribute(head, ".".join(parts[i:]))
+            except AttributeError:
+                continue
+    raise AttributeError(name)
+
+
 def _class(mod: NnxModule, rec: _Recorder, path: str, cache: dict):
     def join(name: str) -> str:
         return f"{path}.{name}" if path else name
@@ -278,7 +295,7 @@ def _class(mod: NnxModule, rec: _Recorder, path: str, cache: dict):
                     setattr(self, st.name, _stacked_from(cls, st, rngs))
             elif isinstance(st, NnxChild):
                 rec.site = join(st.name)
-                child_rngs = rngs.fork() if st.rngs == "fork" else rngs
+                child_rngs = rngs.fork() if st.rngs == "fork" else None if st.rngs == "none" else rngs
                 setattr(self, st.name, _class(st.module, rec, join(st.name), cache)(child_rngs))
             elif isinstance(st, NnxRnn):
                 setattr(self, st.name, _rnn(st, rec, join(st.name), cache, rngs))
@@ -347,10 +364,10 @@ def _class(mod: NnxModule, rec: _Recorder, path: str, cache: dict):
                 one = dataclasses.replace(st, repeat=1, fork=None)
                 for _ in range(st.repeat):
                     rec.site = join(st.name)
-                    with nnx.fork_rngs(getattr(self, st.name), split={_tags(st.fork) if st.fork else ...: None}):
+                    with nnx.fork_rngs(_attribute(self, st.name), split={_tags(st.fork) if st.fork else ...: None}):
                         run(self, (one,), x)
             elif isinstance(st, NnxCall):
-                target = getattr(self, st.name)
+                target = _attribute(self, st.name)
                 # drop(x, deterministic=...): the call's argument wins over the layer's attribute
                 given_mode = {} if st.deterministic is None else {"deterministic": st.deterministic}
                 for _ in range(st.repeat):
@@ -509,7 +526,15 @@ def nnx_keys(spec: NnxSpec) -> list[dict]:
             # rngs = nnx.Rngs(dropout=1), given to every call (model(x, rngs=rngs) hands it to its Dropouts)
             rec.call_rngs = _rngs(spec.call_rngs)
         x = jnp.ones((1,))
-        for event in spec.run:
+        labels = run_draw_steps(spec.run)
+        for at, event in enumerate(spec.run):
+            if isinstance(event, NnxRunDraw):
+                # model.rngs.<stream>() in the training step, outside the model's call: the next call's step
+                now, rec.step, rec.site = rec.step, labels[at], "(root)"
+                for _ in range(event.repeat):
+                    getattr(model.rngs, event.stream)()
+                rec.step = now
+                continue
             if getattr(event, "lazy_init", False):
                 from flax.nnx import bridge
 

@@ -43,6 +43,7 @@ from ..spec.nnx import (
     NnxModule,
     NnxReseed,
     NnxRnn,
+    NnxRunDraw,
     NnxSpec,
     NnxStep,
     NnxTransform,
@@ -126,6 +127,22 @@ class NnxKey:
         return self.requested != self.tag and self.tag == "default"
 
 
+def run_draw_steps(run) -> dict[int, int]:
+    """The step of each `draw` event of `run:` (by its index): the next call's (bridge.lazy_init's is not a step),
+    or, with no call after it, the last call's (0: none)."""
+    out: dict[int, int] = {}
+    step, pending = 0, []
+    for at, e in enumerate(run):
+        if isinstance(e, NnxRunDraw):
+            pending.append(at)
+        elif isinstance(e, NnxStep) and not e.lazy_init:
+            out.update(dict.fromkeys(pending, step + 1))
+            pending = []
+            step += e.n
+    out.update(dict.fromkeys(pending, step))
+    return out
+
+
 class Rngs:
     """An nnx.Rngs: its streams in order (vars(self) order)."""
 
@@ -205,8 +222,17 @@ class NnxReplayer:
         # `call_rngs:` the nnx.Rngs given to every call (model(x, rngs=rngs)): outside the model's graph (reseed
         # and fork_rngs do not reach it), its counts carry on from call to call
         self.call_rngs = self.rngs("call_rngs", self.spec.call_rngs) if self.spec.call_rngs else None
-        for event in self.spec.run:
-            if isinstance(event, NnxStep):
+        labels = run_draw_steps(self.spec.run)
+        for at, event in enumerate(self.spec.run):
+            if isinstance(event, NnxRunDraw):
+                # model.rngs.<stream>() outside the model's call (a training step, a loss method): its rows are the
+                # next call's step
+                assert model.rngs is not None  # (the parser asks for keep_rngs)
+                s = model.rngs.get(event.stream, "AttributeError", event.loc)
+                now, self.step = self.step, labels[at]
+                self.draw(s, "(root)", "draw", event.stream, event.loc, n=event.repeat)
+                self.step = now
+            elif isinstance(event, NnxStep):
                 for _ in range(event.n):
                     self.step += 0 if event.lazy_init else 1  # (bridge.lazy_init's keys belong to init)
                     if event.fork is not None:
@@ -425,9 +451,12 @@ class NnxReplayer:
         return inst
 
     def child(self, st: NnxChild, child_path: str, rngs: Rngs) -> Instance:
-        """A submodule built from the caller's Rngs or (`rngs: fork`) from rngs.fork()."""
+        """A submodule built from the caller's Rngs, from rngs.fork() (`rngs: fork`) or without one (`rngs: none`:
+        the parser lets it build only what takes none)."""
         child_rngs = rngs
-        if st.rngs == "fork":
+        if st.rngs == "none":
+            child_rngs = Rngs(f"{child_path} (built without an Rngs)", {}, self.old)
+        elif st.rngs == "fork":
             # mirrors Rngs.fork: every stream, in order
             child_rngs = Rngs(
                 f"{child_path}.rngs" if st.module.keep_rngs else f"rngs.fork() for {child_path}",
@@ -827,7 +856,7 @@ class NnxReplayer:
                 # `with nnx.fork_rngs(self.<name>, split=...): self.<name>(x)`, each of the `repeat` calls
                 one = replace(st, repeat=1, fork=None)
                 for _ in range(st.repeat):
-                    forked = self.fork_rngs(inst.attrs[st.name], st.fork, st.loc)
+                    forked = self.fork_rngs(inst.attr(st.name), st.fork, st.loc)
                     self.statements(inst, (one,))
                     self.restore(forked)
             elif isinstance(st, NnxCall) and st.deterministic is not None:
@@ -838,7 +867,7 @@ class NnxReplayer:
                 finally:
                     self.given_mode = None
             elif isinstance(st, NnxCall):
-                target = inst.attrs[st.name]
+                target = inst.attr(st.name)
                 if isinstance(target, Rnn):
                     for _ in range(st.repeat):
                         self.rnn_call(target, st)
@@ -1228,6 +1257,20 @@ class Instance:
         self.path = path
         self.rngs = rngs
         self.attrs: dict[str, Layer | Instance | Stacked | Bridge | Rnn | Bidi] = {}
+
+    def attr(self, name: str) -> Layer | Instance | Stacked | Bridge | Rnn | Bidi:
+        """Attribute `name`, or (dotted, `enc.drop`) one of a submodule's (the parser checked it exists)."""
+        if name in self.attrs:
+            return self.attrs[name]
+        parts = name.split(".")
+        for i in range(len(parts) - 1, 0, -1):
+            head = self.attrs.get(".".join(parts[:i]))
+            if isinstance(head, Instance):
+                try:
+                    return head.attr(".".join(parts[i:]))
+                except KeyError:
+                    continue
+        raise KeyError(name)
 
     @property
     def stateful(self) -> bool:

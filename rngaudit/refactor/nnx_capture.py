@@ -29,6 +29,7 @@ from ..errors import InternalError, RngauditError, UnsupportedError, UsageError,
 from ..spec.nnx import CARRY_DRAWS, CELLS, LAYER_OPTIONS
 from ..usercode import CodeRef, first_line, load
 from .keys_file import Capture, Site
+from .specgen import jax_doc
 from .target import InputSpec
 
 MAX_STEPS = 10_000
@@ -131,6 +132,10 @@ class NnxRecorder:
         self.made: dict[int, tuple] = {}
         self.top: list = []  # the modules called from outside any module's call, this step (--step checks them)
         self.stray = 0  # keys drawn in a step outside every module's call (by a training step itself)
+        # the streams of the Rngs the model keeps (id -> name): a step may draw from them (model.rngs.noise())
+        self.root_streams: dict[int, str] = {}
+        self.pending: list[tuple[int, str]] = []  # such draws since the model's last call: (record index, stream)
+        self.draws_before: dict[int, list[str]] = {}  # call of the model -> the streams drawn so before it
         self.seeds: dict[int, dict] = {}  # id(an nnx.Rngs made while capture watched) -> its integer seeds
         self.call_rngs: dict[int, object] = {}  # id -> every Rngs a layer's call was given (drop(x, rngs=rngs))
         self.call_rngs_at: dict[int, dict[int, object]] = {}  # step -> the Rngs given at its calls (id -> it)
@@ -187,6 +192,10 @@ class NnxRecorder:
                 f.drew = True
         elif self.building:
             self.building[-1].events.append(("draw", tag))
+        elif self.invocation > 0 and not traced and id(self.resolve(stream)) in self.root_streams:
+            # model.rngs.<stream>() by the training step (or a method of the model other than __call__): its row
+            # is the next call's step (relabelled there), a `draw` event of the spec's `run:`
+            self.pending.append((len(self.records) - 1, tag))
         elif self.invocation > 0:
             self.stray += 1
 
@@ -730,6 +739,11 @@ def _call_hook(rec: NnxRecorder, original):
             rec.top.append(outside)
             if outside is rec.model and rec.invocation:
                 rec.step += 1
+                if rec.pending:
+                    for i, _ in rec.pending:
+                        rec.records[i]["step"] = rec.step
+                    rec.draws_before[rec.step] = [tag for _, tag in rec.pending]
+                    rec.pending = []
                 rec.modes.append({})
         if _is_layer(outside) and _draws_unless_deterministic(self):
             given_mode = _as_mode(kwargs.get("deterministic"))
@@ -826,11 +840,14 @@ def _pair(rec: NnxRecorder, inner, outer) -> None:
     def visit(i: Any, o: Any, depth: int) -> None:
         if i is o or depth > 12 or o is None:
             return
-        if isinstance(i, (nnx.Module, nnx.Rngs)):
+        if isinstance(i, (nnx.Module, nnx.Rngs, nnx.RngStream)):
+            # (a stream too: a step's model.rngs.noise() under nnx.value_and_grad draws from the copy's)
             rec.alias[id(i)] = rec.resolve(o)
             rec.inner.append(i)
             for name, v in vars(i).items():
-                if not name.startswith("_") and isinstance(v, (nnx.Module, nnx.Rngs, *lists, *dicts, list, tuple)):
+                if not name.startswith("_") and isinstance(
+                    v, (nnx.Module, nnx.Rngs, nnx.RngStream, *lists, *dicts, list, tuple)
+                ):
                     visit(v, getattr(o, name, None), depth + 1)
         seq: tuple[type, ...] = (list, tuple, *lists)
         if isinstance(i, seq) and isinstance(o, seq):
@@ -910,6 +927,44 @@ def _run_events(rec: NnxRecorder, target: CodeRef) -> list | None:
     # call's argument wins over what the events set)
     rec.pinned = fixed
     return run
+
+
+def _with_draws(run: list | None, rec: NnxRecorder) -> list | None:
+    """`run:` with the draws a training step made from the Rngs the model keeps, outside the model's calls
+    (`draw: noise` before the call they lead into; after the last call, at the end)."""
+    after = [tag for _, tag in rec.pending]
+    if not rec.draws_before and not after:
+        return run
+    flat: list = []
+    for e in run if run is not None else [{"call": len(rec.modes)}]:
+        flat += ["call"] * e["call"] if isinstance(e, dict) else [e]
+    out: list = []
+
+    def draws(tags: list[str]) -> None:
+        for tag in tags:
+            if out and isinstance(out[-1], dict) and out[-1].get("draw", {}).get("stream") == tag:
+                out[-1]["draw"]["repeat"] += 1
+            else:
+                out.append({"draw": {"stream": tag, "repeat": 1}})
+
+    n = 0
+    for e in flat:
+        if e == "call":
+            n += 1
+            draws(rec.draws_before.get(n, []))
+            if out and isinstance(out[-1], dict) and "call" in out[-1]:
+                out[-1]["call"] += 1
+            elif out and out[-1] == "call":
+                out[-1] = {"call": 2}
+            else:
+                out.append("call")
+        else:
+            out.append(e)
+    draws(after)
+    return [
+        {"draw": e["draw"]["stream"]} if isinstance(e, dict) and "draw" in e and e["draw"]["repeat"] == 1 else e
+        for e in out
+    ]
 
 
 def _is_layer(obj) -> bool:
@@ -1036,6 +1091,8 @@ class _SpecBuilder:
         self.given_rngs = "model" if any(r is root.rngs for r in rec.call_rngs.values()) else "call"
         self.root_rngs = root.rngs
         self.built_of: dict[int, Built] = {}  # id(module, outside any transform) -> its construction
+        self.attrs_of: dict[int, dict[int, str]] = {}  # id(module written) -> id(what it built) -> attribute
+        self.plain: set[int] = set()  # the submodules written as `module` (not a stack): a dotted call reaches in
         todo = [root]
         while todo:
             b = todo.pop()
@@ -1054,6 +1111,18 @@ class _SpecBuilder:
             else:
                 out.append((kind, what, how))
         return out
+
+    def dotted(self, built: dict[int, str], what: int) -> str | None:
+        """The dotted name (`enc.drop`, `enc.blocks.0.drop`) of module `what` inside the plain submodules of a
+        module whose attributes are `built`, or None."""
+        for cid, cname in built.items():
+            sub = self.attrs_of.get(cid) if cid in self.plain else None
+            if sub is None:
+                continue
+            inner = sub.get(what) or self.dotted(sub, what)
+            if inner is not None:
+                return f"{cname}.{inner}"
+        return None
 
     def takes_rngs(self, target_id: int) -> bool:
         """Whether it is a layer a spec gives an Rngs at its call (`rngs: call`): Dropout, attention."""
@@ -1291,8 +1360,14 @@ class _SpecBuilder:
                     )
                     continue
                 mode = "shared"
+                if child.rngs is None:
+                    # built without an Rngs (a positional encoding, a LayerScale, nnx.PReLU()): it draws nothing
+                    # of its own; what it builds is checked as the spec's `rngs: none` lets it build
+                    init.append({"module": {"name": name, "rngs": "none", **self.module(child)}})
+                    self.plain.add(id(self.rec.resolve(child.obj)))
+                    continue
                 if child.rngs is not b.rngs:
-                    if child.rngs is None or not any(f is child.rngs for f in forks):
+                    if not any(f is child.rngs for f in forks):
                         raise self.unsupported(
                             f"{cls}.{name} ({type(child.obj).__name__}) is given an Rngs that is neither "
                             f"{cls}'s nor its rngs.fork()"
@@ -1300,11 +1375,13 @@ class _SpecBuilder:
                     mode = "fork"
                     forks = [f for f in forks if f is not child.rngs]
                 sub = self.module(child)
+                self.plain.add(id(self.rec.resolve(child.obj)))
                 init.append({"module": {"name": name, **({"rngs": "fork"} if mode == "fork" else {}), **sub}})
         if forks:
             raise self.unsupported(f"{cls}.__init__ forks its Rngs without giving the fork to a submodule")
         if init:
             out["init"] = _runs(init)
+        self.attrs_of[id(obj)] = built
         call = []
         for kind, what, how in self.inlined(self.rec.calls.get(id(obj), []), built):
             if kind == "draw":
@@ -1314,7 +1391,13 @@ class _SpecBuilder:
             else:
                 name = built.get(what)
                 if name is None:
-                    raise self.unsupported(f"{cls}.__call__ calls a module that {cls}.__init__ did not build")
+                    # a submodule's layer, called from a method of the submodule (self.enc.encode(x) calling
+                    # self.drop): the spec calls it by its dotted name, `enc.drop`
+                    name = self.dotted(built, what)
+                if name is None:
+                    raise self.unsupported(
+                        f"{cls}.__call__ calls a module that {cls}.__init__ did not build (nor a submodule of it)"
+                    )
                 if how == "call_rngs_transformed" or (how == "call_rngs" and not self.takes_rngs(what)):
                     raise self.unsupported(
                         f"{cls}.{name} is given an Rngs at its call under nnx.vmap/nnx.scan, or is not a Dropout or "
@@ -1683,6 +1766,14 @@ def _run_nnx_capture(
                 "return it uncalled (bridge.lazy_init(model, x) is the one call a factory may make)"
             )
         root = next((b for b in rec.roots if b.obj is model), None)
+        stack = next((b for b in rec.roots if b.stack and rec.resolve(b.obj) is model), None)
+        if root is None and stack is not None:
+            raise UnsupportedError(
+                f"capture of {target.text}: the model, a {type(model).__name__}, is a stack an nnx.vmap built (an "
+                "ensemble made by nnx.split_rngs(splits=N) and nnx.vmap over a function that builds it); an NNX spec "
+                "says a stack as a module of the model: return a module of yours that builds it (self.members = "
+                "create_model(rngs)) and calls it under nnx.vmap"
+            )
         if root is None:
             raise UnsupportedError(
                 f"capture of {target.text}: the model was not built by the factory's call (capture needs to see "
@@ -1717,6 +1808,9 @@ def _run_nnx_capture(
             )
         fn = _step_function(step) if step is not None else None
         rec.model = model
+        if root.rngs is not None and any(v is root.rngs for v in vars(model).values()):
+            # (the model keeps its Rngs: a training step may draw from it, model.rngs.noise())
+            rec.root_streams = {id(s): name for name, s in vars(root.rngs).items() if isinstance(s, nnx.RngStream)}
         rec.built_modes = {
             id(node): getattr(node, "deterministic", None)
             for _, node in nnx.graph.iter_graph(model)
@@ -1766,17 +1860,14 @@ def _run_nnx_capture(
         # (a step that calls the model more than once went past the calls asked for: those are not compared)
         rec.records = [r for r in rec.records if r["step"] <= calls]
         del rec.modes[calls:]
-    run = _run_events(rec, target)
+        rec.pending = []
+    run = _with_draws(_run_events(rec, target), rec)
     calls = len(rec.modes)
     doc = {
         "rngaudit": 1,
         "flavour": "nnx",
         "flax": {"version": settings["flax_version"]},
-        "jax": {
-            "version": settings["jax_version"],
-            "prng_impl": settings["prng_impl"],
-            "threefry_partitionable": settings["threefry_partitionable"],
-        },
+        "jax": jax_doc(settings),
         "rngs": _flow_keys(seeds),
         **_call_rngs(rec, rngs, target),
         **(

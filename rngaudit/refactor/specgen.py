@@ -268,7 +268,17 @@ class _Builder:
                 )
             ln = lift_nodes[0]
             if not ln.traces:
-                raise _Unsupported(f"nn.{ln.kind} at {'/'.join(node.path) or '(root)'} ran without tracing its body")
+                where = "/".join(node.path) or "(root)"
+                raise _Unsupported(
+                    f"nn.{ln.kind} at {where} ran without tracing its body"
+                    + (
+                        " (JAX reused the trace of another instance of the same jitted class, nn.jit's cache, so "
+                        "capture saw none of its draws: make the class with nn.jit(Block) where each instance is "
+                        "made, or write that part of the spec by hand)"
+                        if ln.kind == "jit"
+                        else ""
+                    )
+                )
             lifts.append((ln.kind, _lift_options(ln), node.cls))
             inner = [
                 x
@@ -582,11 +592,7 @@ def build_spec(
     doc = {
         "rngaudit": 1,
         "flax": {"fix_rng_separator": settings["fix_rng_separator"], "version": settings["flax_version"]},
-        "jax": {
-            "version": settings["jax_version"],
-            "prng_impl": settings["prng_impl"],
-            "threefry_partitionable": settings["threefry_partitionable"],
-        },
+        "jax": jax_doc(settings),
         "phase": phase,
         **({"method": method} if method is not None else {}),
         "rngs": dict(seeds),
@@ -599,6 +605,22 @@ def build_spec(
         "# spec reproduces every key Flax handed out (checked before it was written).\n"
     )
     return header + yaml.dump(doc, Dumper=_PlainDumper, sort_keys=False, default_flow_style=None, width=100)
+
+
+def jax_doc(settings: dict) -> dict:
+    """A captured spec's `jax:` mapping: the release and the PRNG implementation, and `threefry_partitionable`
+    only where the model set it against its release's default (jax.config.update(...)): a spec that states the
+    flag pins it, so an upgrade check (`diff --from-jax/--to-jax`) would not move it."""
+    from ..spec.releases import jax_partitionable_default, version_tuple
+
+    doc = {"version": settings["jax_version"], "prng_impl": settings["prng_impl"]}
+    try:
+        default = jax_partitionable_default(version_tuple(settings["jax_version"]))
+    except (TypeError, ValueError):
+        default = None  # (a release rngaudit cannot read: the flag is written)
+    if settings["threefry_partitionable"] != default:
+        doc["threefry_partitionable"] = settings["threefry_partitionable"]
+    return doc
 
 
 class _PlainDumper(yaml.SafeDumper):

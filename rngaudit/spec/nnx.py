@@ -77,7 +77,7 @@ CELLS = tuple(CELL_PARAMS)
 CARRY_DRAWS = {"LSTMCell": 2, "OptimizedLSTMCell": 2, "GRUCell": 1, "SimpleCell": 1}
 RNN_RNGS = ("own", "fork", "none")
 LAYERS = tuple(LAYER_OPTIONS)
-RNGS_MODES = ("shared", "fork")
+RNGS_MODES = ("shared", "fork", "none")
 # how a stacked module's members get their streams besides nnx.split_rngs (`shared`): nnx.vmap(in_axes=0) over
 # rngs.split(N), or over rngs.broadcast(N) (every member the same keys); with `only:`, rngs.split({only: N, ...:
 # None}) and StateAxes({only: 0, ...: None}): the other streams are copies, count reset to 0, every member's
@@ -279,6 +279,16 @@ class NnxMode(NnxStatement):
 
 
 @dataclass(frozen=True)
+class NnxRunDraw(NnxStatement):
+    """`model.rngs.<stream>()` outside the model's call, `repeat` times: a training step (or a method of the model
+    other than __call__, a diffusion loss's timesteps and noise) drawing from the Rngs the model keeps. Its rows
+    belong to the step of the next call of the model (the last one's, when no call follows)."""
+
+    stream: str
+    repeat: int = 1
+
+
+@dataclass(frozen=True)
 class NnxModule:
     cls: str
     init: tuple[NnxStatement, ...]
@@ -296,7 +306,7 @@ class NnxSpec:
     threefry_partitionable: bool
     rngs: dict[str, RngSource]
     model: NnxModule
-    run: tuple[NnxStep | NnxReseed | NnxMode, ...]
+    run: tuple[NnxStep | NnxReseed | NnxMode | NnxRunDraw, ...]
     flavour: str = "nnx"
     flax_version: str | None = None  # `flax: {version: ...}`; None: the current rules (flax >= 0.11)
     jax_version: str | None = None  # `jax: {version}`: sets threefry_partitionable's default only
@@ -409,13 +419,13 @@ class NnxParser:
                 names[st.name] = st
         call = tuple(self.statements(f.get("call"), cls, "call"))
         for st, under in nested(call):
-            if isinstance(st, NnxCall) and st.name not in names:
+            if isinstance(st, NnxCall) and _attribute_of(names, st.name) is None:
                 known = ", ".join(names) or "none"
                 raise SpecError(
                     f"`call: {st.name}`: {cls} builds no attribute {st.name!r} in `init:` (attributes: {known})",
                     st.loc,
                 )
-            bridged = isinstance(st, NnxCall) and isinstance(names[st.name], NnxBridge)
+            bridged = isinstance(st, NnxCall) and isinstance(_attribute_of(names, st.name), NnxBridge)
             if bridged and (under is not None or isinstance(st, NnxCall) and st.transform is not None):
                 where = "inside nnx.cond, nnx.switch or a loop" if under is not None else "under nnx.vmap or nnx.scan"
                 raise SpecError(
@@ -430,13 +440,13 @@ class NnxParser:
                     st.loc,
                 )
             if isinstance(st, NnxCall):
-                self.rnn_call(st, names[st.name])
+                self.rnn_call(st, _attribute_of(names, st.name))
             if (
                 isinstance(st, NnxCall)
                 and (st.key is not None or st.given_rngs)
-                and not isinstance(names[st.name], (NnxRnn, NnxBidirectional))
+                and not isinstance(_attribute_of(names, st.name), (NnxRnn, NnxBidirectional))
             ):
-                target = names[st.name]
+                target = _attribute_of(names, st.name)
                 takes = ("Dropout",) if st.key is not None else ("Dropout", "MultiHeadAttention")
                 if not (isinstance(target, NnxLayer) and target.kind in takes):
                     given = "`key:` is a key" if st.key is not None else f"`rngs: {st.given_rngs}` is an Rngs"
@@ -450,7 +460,7 @@ class NnxParser:
                         st.loc,
                     )
             if isinstance(st, NnxCall) and st.deterministic is not None:
-                target = names[st.name]
+                target = _attribute_of(names, st.name)
                 if not (isinstance(target, NnxLayer) and target.kind in ("Dropout", "MultiHeadAttention")):
                     raise SpecError(
                         f"`deterministic:` at a call is the argument of a Dropout's or attention layer's call "
@@ -459,7 +469,7 @@ class NnxParser:
                         st.loc,
                     )
             if isinstance(st, NnxCall) and st.transform is not None:
-                target = names[st.name]
+                target = _attribute_of(names, st.name)
                 size = target.stack if isinstance(target, NnxChild) else 0
                 stacked = size > 0
                 t = st.transform
@@ -666,7 +676,10 @@ class NnxParser:
                         "(nnx.vmap over rngs.split(N)) or broadcast (over rngs.broadcast(N))"
                     )
                 else:
-                    what = "`rngs` of a module is shared (the caller's Rngs) or fork (rngs.fork())"
+                    what = (
+                        "`rngs` of a module is shared (the caller's Rngs), fork (rngs.fork()) or none (built without "
+                        "an Rngs)"
+                    )
                 hint = f"; `rngs: {mode}` builds a stack: add `stack: N`" if mode in STACK_RNGS else ""
                 if stack and mode == "fork":
                     hint = "; drop `rngs: fork` (a stack's members are built from lanes of the caller's streams)"
@@ -695,6 +708,8 @@ class NnxParser:
                 arg.key_locs,
             )
             mod = self.module(inner, "`module`")
+            if mode == "none":
+                _needs_no_rngs(mod, arg.loc)
             if stack:
                 kept = _keeps_shared(mod, self.version is not None and self.version < (0, 11))
                 if kept is not None:
@@ -1033,15 +1048,15 @@ def transform(f: Fields, stacked_ok: bool) -> NnxTransform | None:
     return NnxTransform(kind, lanes, streams)
 
 
-RUN_EVENTS = ("call", "stale_call", "reseed", "lazy_init", "train", "eval")
+RUN_EVENTS = ("call", "stale_call", "reseed", "lazy_init", "train", "eval", "draw")
 
 
-def _run(node: YNode, key_source) -> tuple[NnxStep | NnxReseed | NnxMode, ...]:
+def _run(node: YNode, key_source) -> tuple[NnxStep | NnxReseed | NnxMode | NnxRunDraw, ...]:
     if not node.is_seq:
         raise SpecError(
             f"`run` must be a list of events ({', '.join(RUN_EVENTS)}), not {type_name(node.value)}", node.loc
         )
-    out: list[NnxStep | NnxReseed | NnxMode] = []
+    out: list[NnxStep | NnxReseed | NnxMode | NnxRunDraw] = []
     for item in node.value:
         if isinstance(item.value, str):
             key, arg, loc = item.value, None, item.loc
@@ -1079,6 +1094,19 @@ def _run(node: YNode, key_source) -> tuple[NnxStep | NnxReseed | NnxMode, ...]:
         elif key in ("call", "stale_call"):
             n = 1 if arg is None else as_int(arg, f"`{key}` (how many calls)", 1, MAX_STEPS)
             out.append(NnxStep(loc, n, key == "stale_call"))
+        elif key == "draw":
+            # model.rngs.<stream>() outside the model's call: `draw: noise` or `draw: {stream: noise, repeat: 2}`
+            if arg is not None and isinstance(arg.value, str):
+                out.append(NnxRunDraw(loc, arg.value))
+                continue
+            if arg is None or not arg.is_map:
+                raise SpecError(
+                    "`draw` in `run` is model.rngs.<stream>() outside the model's call: `draw: noise` or `draw: "
+                    "{stream: noise, repeat: 2}`",
+                    loc,
+                )
+            f = Fields(arg, "`draw`", ("stream", "repeat"), ("stream",))
+            out.append(NnxRunDraw(loc, f.name("stream"), f.integer("repeat", 1, 1, MAX_REPEAT)))
         else:
             if arg is None or not arg.is_map or not arg.value:
                 raise SpecError("`reseed` takes the streams to reseed and their new keys: `reseed: {dropout: 5}`", loc)
@@ -1130,6 +1158,13 @@ def nnx_spec(
         if isinstance(e, NnxStep) and e.fork is not None and parser.lacks("fork_rngs"):
             raise parser.too_old("fork_rngs", e.loc)
     model = parser.module(top.need("model"))
+    drawn = next((e for e in run if isinstance(e, NnxRunDraw)), None)
+    if drawn is not None and not model.keep_rngs:
+        raise SpecError(
+            f"`draw: {drawn.stream}` in `run` is model.rngs.{drawn.stream}() outside the model's call: the model keeps "
+            "its Rngs (`keep_rngs: true` on `model:`)",
+            drawn.loc,
+        )
     cn = top.get("call_rngs")
     call_rngs = call_rngs_steps = None
     if cn is not None:
@@ -1182,6 +1217,41 @@ def nnx_spec(
         call_rngs=call_rngs,
         call_rngs_steps=call_rngs_steps,
     )
+
+
+def _attribute_of(names: dict, name: str):
+    """The statement that built attribute `name` of a module (`names`: its attributes), or None. A dotted name
+    reaches into a submodule built as a module (`enc.drop`: self.enc.drop, called from a method of enc such as
+    self.enc.encode(x)); a name that is itself an attribute (`blocks.0`, an nnx.List item) is taken first."""
+    if name in names:
+        return names[name]
+    parts = name.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        head = names.get(".".join(parts[:i]))
+        if isinstance(head, NnxChild) and not head.stack:
+            inner = {st.name: st for st in head.module.init if isinstance(st, ATTRIBUTES)}
+            found = _attribute_of(inner, ".".join(parts[i:]))
+            if found is not None:
+                return found
+    return None
+
+
+def _needs_no_rngs(mod: NnxModule, loc: Location) -> None:
+    """A module built without an Rngs (`rngs: none`, `Block(d)`) builds only what takes none: Dropouts without
+    rngs and modules built without one (any other layer, and a draw, would fail in NNX on rngs=None)."""
+    for st in mod.init:
+        if isinstance(st, NnxLayer) and st.kind == "Dropout" and not st.opt("rngs"):
+            continue
+        if isinstance(st, NnxChild) and st.rngs == "none" and not st.stack:
+            continue
+        raise SpecError(
+            f"{mod.cls} is built without an Rngs (`rngs: none`), and its `init:` builds {st.name if hasattr(st, 'name') else 'a draw'} from one; "
+            "a module built without an Rngs holds only Dropouts built without rngs (`rngs: false`) and modules "
+            "built without one (`rngs: none`)",
+            st.loc,
+        )
+    if mod.keep_rngs:
+        raise SpecError(f"{mod.cls} is built without an Rngs (`rngs: none`): it keeps none (drop `keep_rngs`)", loc)
 
 
 def _calls(mod: NnxModule):

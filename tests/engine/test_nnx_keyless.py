@@ -314,3 +314,131 @@ def test_an_rngs_made_with_the_same_key_every_step_is_a_count_rewind():
     assert "jax.random.fold_in(key, step)" in found[0].fix
     # folded in the step: none
     assert audit_nnx(spec_of(step_rngs(["fold_in(key(7), 0)", "fold_in(key(7), 1)"], "steps: 2"))).collisions == ()
+
+
+# ---------------------------------------------------------------- modules built without an Rngs, dotted calls
+# `Block(d)` with no rngs (a positional encoding, a LayerScale, an activation module, nnx.PReLU()): `rngs: none`.
+# A layer of a submodule called from a method of that submodule (self.enc.encode(x) calling self.drop): the
+# parent's call says it by its dotted name, `enc.drop`; NNX keys do not depend on who calls.
+BUILT_WITHOUT_RNGS = """
+rngs: {params: 0, dropout: 1}
+call_rngs: {dropout: 3}
+run: [call, eval, call, train, call]
+model:
+  class: M
+  init:
+    - Linear: {name: lin}
+    - module:
+        name: pe
+        class: PE
+        rngs: none
+        init:
+          - Dropout: {name: d, rate: 0.5, rngs: false}
+          - module: {name: act, class: Act, rngs: none}
+        call: [{call: {name: d, rngs: call}}, {call: act}]
+    - module:
+        name: enc
+        class: Enc
+        init:
+          - Linear: {name: lin}
+          - Dropout: {name: drop, rate: 0.5}
+          - module: {name: inner, class: In, init: [{Dropout: {name: d, rate: 0.3}}], call: [{call: d}]}
+    - Dropout: {name: drop, rate: 0.5}
+  call:
+    - call: pe
+    - call: enc.drop
+    - call: {name: enc.inner.d, repeat: 2}
+    - call: enc.inner
+    - call: drop
+"""
+
+
+def test_modules_built_without_an_rngs_and_dotted_calls_draw_what_nnx_draws():
+    got = check_against_nnx(spec_of(BUILT_WITHOUT_RNGS))
+    report = derive(spec_of(BUILT_WITHOUT_RNGS))
+    assert got["keys"] == len(report.calls)
+    drawn = [(c.derivation.step, c.derivation.site, c.derivation.count) for c in report.calls if c.derivation.step]
+    # enc.inner.d: twice by its dotted name, once by enc.inner's own call, in steps 1 and 3 (2 is eval)
+    assert [(s, n) for s, site, n in drawn if site == "enc.inner.d"] == [(1, 0), (1, 1), (1, 2), (3, 3), (3, 4), (3, 5)]
+    assert [(s, n) for s, site, n in drawn if site == "pe.d"] == [(1, 0), (3, 1)]
+
+
+@pytest.mark.parametrize(
+    "init, call, message",
+    [
+        ("[{Linear: {name: l}}]", "[]", "PE is built without an Rngs (`rngs: none`), and its `init:` builds l"),
+        ("[{Dropout: {name: d, rate: 0.5}}]", "[]", "holds only Dropouts built without rngs (`rngs: false`)"),
+        ("[{module: {name: m, class: C}}]", "[]", "and modules built without one (`rngs: none`)"),
+    ],
+)
+def test_what_a_module_built_without_an_rngs_cannot_build_is_one_error_line(tmp_path, init, call, message):
+    text = f"model: {{class: M, init: [{{module: {{name: pe, class: PE, rngs: none, init: {init}, call: {call}}}}}]}}"
+    assert_one_error_line(tmp_path, text, message)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        ("enc.nosuch", "`call: enc.nosuch`: M builds no attribute 'enc.nosuch'"),
+        ("enc.drop.x", "builds no attribute 'enc.drop.x'"),
+        ("s.d", "builds no attribute 's.d'"),  # (not into a stack's lanes)
+    ],
+)
+def test_a_dotted_call_reaches_only_into_modules_built_as_modules(tmp_path, call, message):
+    text = (
+        "model: {class: M, init: [{module: {name: enc, class: E, init: [{Dropout: {name: drop, rate: 0.5}}]}}, "
+        "{module: {name: s, class: S, stack: 2, init: [{Dropout: {name: d, rate: 0.5}}]}}], "
+        f"call: [{{call: {call}}}]}}"
+    )
+    assert_one_error_line(tmp_path, text, message)
+
+
+# ---------------------------------------------------------------- draws of a training step from the model's Rngs
+# A diffusion training step draws its timesteps and noise from the Rngs the model keeps, outside the model's call
+# (t = jax.random.randint(model.rngs.time(), ...), or in a loss method): `draw:` events of `run:`, whose rows are
+# the next call's step.
+RUN_DRAWS = """
+rngs: {params: 0, dropout: 1, noise: 2, time: 3}
+run: [{draw: time}, {draw: {stream: noise, repeat: 2}}, call, eval, {draw: noise}, {call: 2}, train, draw: time]
+model:
+  class: M
+  keep_rngs: true
+  init:
+    - Linear: {name: lin}
+    - Dropout: {name: drop, rate: 0.5}
+  call:
+    - call: drop
+    - draw: noise
+"""
+
+
+def test_draws_of_a_training_step_from_the_models_rngs_are_what_nnx_draws():
+    got = check_against_nnx(spec_of(RUN_DRAWS))
+    report = derive(spec_of(RUN_DRAWS))
+    assert got["keys"] == len(report.calls)
+    rows = [(c.derivation.step, c.derivation.stream, c.derivation.count) for c in report.calls if c.derivation.step]
+    # noise counts carry on across the step's draws and the model's own; the last draw is the last step's
+    assert [r for r in rows if r[1] == "rngs.noise"] == [(1, "rngs.noise", n) for n in range(3)] + [
+        (2, "rngs.noise", 3),
+        (2, "rngs.noise", 4),
+        (3, "rngs.noise", 5),
+    ]
+    assert [r for r in rows if r[1] == "rngs.time"] == [(1, "rngs.time", 0), (3, "rngs.time", 1)]
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("run: [{draw: noise}, call]\nmodel: {class: M}", "the model keeps its Rngs (`keep_rngs: true` on `model:`)"),
+        ("run: [{draw: 3}]\nmodel: {class: M, keep_rngs: true}", "`draw` in `run` is model.rngs.<stream>()"),
+        ("run: [{draw: {stream: noise, n: 2}}]\nmodel: {class: M, keep_rngs: true}", "unknown key 'n'"),
+        ("rngs: {params: 0}\nrun: [{draw: noise}]\nmodel: {class: M, keep_rngs: true}", "No RngStream named 'noise'"),
+    ],
+)
+def test_bad_draw_events_are_one_error_line(tmp_path, text, message):
+    if "RngStream" in message:
+        with pytest.raises(FlaxError, match=message):
+            derive(spec_of(text))
+        assert check_against_nnx(spec_of(text)) == {"error": "AttributeError"}
+        return
+    assert_one_error_line(tmp_path, text, message)

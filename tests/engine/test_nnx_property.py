@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from nnx_oracle import check_against_nnx
 
 from rngaudit import FlaxError, SpecError, derive, parse_spec
-from rngaudit.spec.nnx import NnxMode, NnxReseed, _calls
+from rngaudit.spec.nnx import NnxMode, NnxReseed, NnxRunDraw, _calls
 
 EXAMPLES = int(os.environ.get("RNGAUDIT_NNX_EXAMPLES", "40"))
 
@@ -462,6 +462,13 @@ def nnx_specs(draw) -> str:
         ]
     else:
         doc["run"] = draw(st.lists(run_event(lane_safe(model), bridged(model), recurrent), min_size=1, max_size=5))
+    if model.get("keep_rngs") and "run" in doc and maybe(draw, 0.4):
+        # a training step drawing from the Rngs the model keeps, outside its call (model.rngs.noise())
+        for _ in range(draw(st.integers(1, 3))):
+            first = 1 if doc["run"][:1] == ["lazy_init"] else 0
+            at = draw(st.integers(first, len(doc["run"])))
+            stream = draw(st.sampled_from(STREAMS))
+            doc["run"].insert(at, {"draw": stream} if maybe(draw, 0.7) else {"draw": {"stream": stream, "repeat": 2}})
     steps = doc.get("steps", 1) if "run" not in doc else doc["run"].count("call")
     if "call_rngs" in doc and steps and maybe(draw, 0.5):
         # an Rngs made for each step, model(x, rngs=nnx.Rngs(dropout=fold_in(key, step))): the same streams, a
@@ -534,6 +541,8 @@ def test_random_nnx_models_match_nnx(text):
             event(f"has {word[:-1]}")
     if spec.call_rngs_steps is not None:
         event("an Rngs made for each step")
+    if any(isinstance(e, NnxRunDraw) for e in spec.run):
+        event("a step's draw from the model's Rngs")
     given_mode = [st.deterministic for st in _calls(spec.model) if st.deterministic is not None]
     if given_mode:
         modes = any(isinstance(e, NnxMode) for e in spec.run)

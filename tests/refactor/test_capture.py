@@ -1075,7 +1075,10 @@ def test_verify_names_a_setting_that_differs_from_the_run(tmp_path):
     f = write(tmp_path, "ensemble.py", ENSEMBLE)
     spec, _ = capture(tmp_path, f"{f}:make", "--rngs", "params=0,dropout=1")
     other = tmp_path / "other.yaml"
-    other.write_text(spec.read_text().replace("threefry_partitionable: true", "threefry_partitionable: false"))
+    # (a captured spec leaves the flag to its JAX release's default: the spec pins the other value)
+    text = spec.read_text()
+    assert "threefry_partitionable" not in text
+    other.write_text(text.replace("prng_impl: threefry2x32", "prng_impl: threefry2x32, threefry_partitionable: false"))
     r = invoke("verify", other, "--against", f"{f}:make", "--rngs", "params=0,dropout=1", "-f", "json")
     assert r.exit_code == 1
     doc = json.loads(r.output)
@@ -1399,3 +1402,43 @@ def test_remat_scan_is_captured_as_one_statement(tmp_path, factory, draws, phase
         assert_replays(spec, doc)
     r = invoke("verify", spec, "--against", f"{f}:{factory}")
     assert r.exit_code == 0 and "0 differ, 0 missing, 0 extra" in r.output, r.output
+
+
+SCANNED = textwrap.dedent("""
+    import flax.linen as nn
+    import jax.numpy as jnp
+
+    class Layer(nn.Module):
+        @nn.compact
+        def __call__(self, x, _):
+            return nn.Dropout(0.1, deterministic=False)(nn.Dense(4)(x)), None
+
+    class Model(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            scan = nn.scan(Layer, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True}, length=3)
+            return scan()(x, None)[0]
+
+    def make():
+        return Model(), (jnp.ones((1, 4)),)
+""")
+
+
+def test_a_captured_spec_leaves_threefry_partitionable_to_its_jax_release(tmp_path):
+    """capture wrote `threefry_partitionable: true` into every spec, and a spec that states the flag pins it: the
+    upgrade check `diff --from-jax 0.4.38 --to-jax 0.5.0` then said the release moves no key (a false negative).
+    The flag is written only where the model set it against its release's default."""
+    f = write(tmp_path, "m.py", SCANNED)
+    spec, doc = capture(tmp_path, f"{f}:make", "--rngs", "params=0,dropout=1")
+    assert "threefry_partitionable" not in spec.read_text() and "version: " in spec.read_text()
+    assert_replays(spec, doc)
+    r = invoke("diff", spec, "--from-jax", "0.4.38", "--to-jax", "0.5.0")
+    assert r.exit_code == 1 and "0 kept, 9 changed" in r.stdout, r.stdout
+    # a spec that pins the flag: nothing moves, and a note says why
+    pinned = tmp_path / "pinned.yaml"
+    pinned.write_text(
+        spec.read_text().replace("prng_impl: threefry2x32", "prng_impl: threefry2x32, threefry_partitionable: true")
+    )
+    r = invoke("diff", pinned, "--from-jax", "0.4.38", "--to-jax", "0.5.0")
+    assert r.exit_code == 0 and "9 kept, 0 changed" in r.stdout, r.stdout
+    assert "note: OLD sets jax.threefry_partitionable: true (the model sets the flag)" in r.stdout

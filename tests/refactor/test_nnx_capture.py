@@ -1114,8 +1114,32 @@ FORKED_DRAW = HEADER + textwrap.dedent("""
             "make_model",
             "the module itself and then calls or draws more",
         ),
+        (
+            # the Flax transforms guide's ensemble returned as the model itself (it said "the model was not built
+            # by the factory's call")
+            HEADER
+            + textwrap.dedent("""
+                class MLP(nnx.Module):
+                    def __init__(self, rngs):
+                        self.lin = nnx.Linear(3, 3, rngs=rngs)
+                        self.drop = nnx.Dropout(0.5, rngs=rngs)
+
+                    def __call__(self, x):
+                        return self.drop(self.lin(x))
+
+                @nnx.split_rngs(splits=4)
+                @nnx.vmap(in_axes=(0,), out_axes=0)
+                def create_model(rngs):
+                    return MLP(rngs)
+
+                def make_model(rngs):
+                    return create_model(rngs), (jnp.ones((2, 3)),)
+            """),
+            "make_model",
+            "is a stack an nnx.vmap built (an ensemble made by nnx.split_rngs(splits=N) and nnx.vmap",
+        ),
     ],
-    ids=["the-root", "more-after-the-scan"],
+    ids=["the-root", "more-after-the-scan", "the-guides-ensemble-as-the-model"],
 )
 def test_a_module_that_stacks_itself_where_a_spec_cannot_say_it(tmp_path, source, factory, message):
     f = write(tmp_path, "m.py", source)
@@ -1985,3 +2009,129 @@ def test_a_layer_inserted_before_a_renamed_rnn_is_followed_by_its_names(tmp_path
     new = {".".join(c["path"]): c["key"] for c in json.loads((tmp_path / "after.json").read_text())["calls"]}
     assert old["rnn.cell.ig.kernel"] == new["encoder.cell.ii.kernel"]  # (the coincidence the diff must not explain)
     assert "count shift: head.kernel drew 'params' count 13 before and 15 now" in r.stdout
+
+
+# modules built without an Rngs (they draw nothing: a positional encoding, a LayerScale, nnx.PReLU()), and a
+# submodule's method that calls its layers (self.enc.encode(x), as VAE and CLIP-style code does): both refused
+WITHOUT_RNGS = HEADER + textwrap.dedent("""
+    class SinusoidalPE(nnx.Module):
+        def __init__(self, d):
+            self.table = nnx.Variable(jnp.sin(jnp.arange(8.0 * d).reshape(8, d)))
+
+        def __call__(self, x):
+            return x + self.table.value[: x.shape[0]]
+
+    class LayerScale(nnx.Module):
+        def __init__(self, d):
+            self.gamma = nnx.Param(jnp.full((d,), 1e-4))
+
+        def __call__(self, x):
+            return x * self.gamma.value
+
+    class Enc(nnx.Module):
+        def __init__(self, rngs):
+            self.lin = nnx.Linear(4, 4, rngs=rngs)
+            self.drop = nnx.Dropout(0.1, rngs=rngs)
+            self.scale = LayerScale(4)
+
+        def encode(self, x):
+            return self.scale(self.drop(self.lin(x)))
+
+        def __call__(self, x):
+            return self.drop(x)
+
+    class Model(nnx.Module):
+        def __init__(self, rngs):
+            self.pe = SinusoidalPE(4)
+            self.act = nnx.PReLU()
+            self.enc = Enc(rngs)
+            self.drop = nnx.Dropout(0.2, rngs=rngs)
+
+        def __call__(self, x):
+            h = self.enc.encode(self.act(self.pe(x)))
+            return self.drop(self.enc(h) + self.enc.encode(h))
+
+    def make_model(rngs):
+        return Model(rngs), (jnp.ones((2, 4)),)
+""")
+
+
+def test_modules_built_without_an_rngs_and_a_submodules_method_capture_the_keys_real_nnx_draws(tmp_path):
+    f = write(tmp_path, "model.py", WITHOUT_RNGS)
+    spec, doc = capture(tmp_path, f"{f}:make_model", "--rngs", "params=0,dropout=1", "--steps", "2")
+    text = spec.read_text()
+    assert "name: pe\n      rngs: none\n" in text and "class: PReLU" in text and "call: enc.drop" in text, text
+    assert _keys_file_keys(doc) == _real_model_keys(f, {"params": 0, "dropout": 1}, 2)
+    assert_real_nnx_agrees(spec, doc)
+    # enc.drop: twice through enc.encode, once through enc's __call__, a step
+    assert [c["step"] for c in doc["calls"] if c["path_str"] == "enc/drop" and c["step"]] == [1, 1, 1, 2, 2, 2]
+    r = invoke("verify", spec, "--against", f"{f}:make_model")
+    assert r.exit_code == 0 and "0 differ, 0 missing, 0 extra" in r.stdout, r.stdout + r.stderr
+
+
+# a diffusion model's training step drawing its timesteps and noise from the Rngs the model keeps: in the step
+# itself, or in a loss method of the model (under nnx.value_and_grad); both were refused ("draws 2 key(s)
+# outside the model's calls")
+DIFFUSION = HEADER + textwrap.dedent("""
+    import optax
+
+    class Denoiser(nnx.Module):
+        def __init__(self, d, *, rngs):
+            self.inp = nnx.Linear(d, 8, rngs=rngs)
+            self.drop = nnx.Dropout(0.1, rngs=rngs)
+            self.out = nnx.Linear(8, d, rngs=rngs)
+            self.rngs = rngs
+            self.alphas = jnp.linspace(0.99, 0.01, 10)
+
+        def __call__(self, x, t):
+            return self.out(self.drop(nnx.silu(self.inp(x)))) * t[:, None]
+
+        def loss(self, x0):
+            t = jax.random.randint(self.rngs.time(), (x0.shape[0],), 0, 10)
+            noise = jax.random.normal(self.rngs.noise(), x0.shape)
+            a = self.alphas[t][:, None]
+            return jnp.mean((self(jnp.sqrt(a) * x0 + jnp.sqrt(1 - a) * noise, t) - noise) ** 2)
+
+    @nnx.jit
+    def train_step(model, optimizer, x0):
+        loss, grads = nnx.value_and_grad(lambda m: m.loss(x0))(model)
+        optimizer.update(model, grads)
+        return loss
+
+    @nnx.jit
+    def step_draws(model, optimizer, x0):
+        t = jax.random.randint(model.rngs.time(), (x0.shape[0],), 0, 10)
+        noise = jax.random.normal(model.rngs.noise(), x0.shape)
+        grads = nnx.grad(lambda m: jnp.mean((m(x0 + noise, t) - noise) ** 2))(model)
+        optimizer.update(model, grads)
+        model.rngs.noise()  # (one more after the call: the step's own, e.g. for logging a sample)
+
+    def make_model(rngs):
+        model = Denoiser(4, rngs=rngs)
+        return model, (nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param), jnp.ones((2, 4)))
+""")
+
+
+@pytest.mark.parametrize(
+    "step, run",
+    [
+        ("train_step", [{"draw": "time"}, {"draw": "noise"}, "call"] * 3),
+        ("step_draws", [{"draw": "time"}, {"draw": "noise"}, "call", {"draw": "noise"}] * 3),
+    ],
+    ids=["in-a-loss-method", "in-the-step"],
+)
+def test_a_training_step_drawing_from_the_models_rngs_captures_the_keys_real_nnx_draws(tmp_path, step, run):
+    f = write(tmp_path, "diffusion.py", DIFFUSION)
+    seeds = {"params": 0, "dropout": 1, "noise": 2, "time": 3}
+    rngs = "params=0,dropout=1,noise=2,time=3"
+    spec, doc = capture(tmp_path, f"{f}:make_model", "--step", f"{f}:{step}", "--rngs", rngs, "--steps", "3")
+    # (a draw after a step's call belongs to the next call's step; the last step's, to the last)
+    assert yaml.safe_load(spec.read_text())["run"] == run
+    # the step compiled as written (nnx.jit, nnx.value_and_grad) hands out the same keys
+    assert _keys_file_keys(doc) == _real_model_keys(f, seeds, 3, step)
+    assert_real_nnx_agrees(spec, doc)
+    assert [c["step"] for c in doc["calls"] if c["stream"] == "time"] == [1, 2, 3]
+    r = invoke("verify", spec, "--against", f"{f}:make_model", "--step", f"{f}:{step}", "--rngs", rngs)
+    assert r.exit_code == 0 and "0 differ, 0 missing, 0 extra" in r.stdout, r.stdout + r.stderr
+    r = invoke("verify", spec, "--against", f"{f}:make_model", "--rngs", rngs)
+    assert r.exit_code == 2 and "draws from the model's Rngs outside its calls" in r.stderr
