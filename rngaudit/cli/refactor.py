@@ -124,13 +124,21 @@ def fallback_warnings(cap) -> list[str]:
     """One warning per stream a model asked for but was not given, whose keys came from 'params' instead (Flax's
     fallback): a captured `--phase apply` without a dropout seed draws its masks from the params stream."""
     fell: dict = {}
+    given_at_calls: dict = {}  # NNX: (asked, used) -> whether every such draw was from the Rngs given to the calls
     for s in cap.sites:
         if s.requested != s.stream:
             fell.setdefault((s.requested, s.stream), []).append(s.path_str)
+            at_call = s.stream_path.startswith("call_rngs.")
+            given_at_calls[(s.requested, s.stream)] = given_at_calls.get((s.requested, s.stream), True) and at_call
     if cap.flavour == "nnx":
         return [
             f"warning: stream {asked!r} is served by 'default' at {len(paths)} draw(s) (first: {'.'.join(p for p in paths[0].split('/'))}), "
-            f"sharing its counter: no {asked!r} in the nnx.Rngs the model is built from (--rngs, or the factory's)"
+            f"sharing its counter: no {asked!r} in the nnx.Rngs "
+            + (
+                "given to the model's calls (the factory's, or the step's)"
+                if given_at_calls[(asked, used)]
+                else "the model is built from (--rngs, or the factory's)"
+            )
             for (asked, used), paths in fell.items()
         ]
     given = set(cap.rngs)

@@ -2135,3 +2135,16 @@ def test_a_training_step_drawing_from_the_models_rngs_captures_the_keys_real_nnx
     assert r.exit_code == 0 and "0 differ, 0 missing, 0 extra" in r.stdout, r.stdout + r.stderr
     r = invoke("verify", spec, "--against", f"{f}:make_model", "--rngs", rngs)
     assert r.exit_code == 2 and "draws from the model's Rngs outside its calls" in r.stderr
+
+
+def test_a_stream_the_calls_rngs_lacks_is_a_warning_about_that_rngs(tmp_path):
+    """The fallback warning named the Rngs the model is built from for draws from the Rngs given to its calls."""
+    f = write(
+        tmp_path,
+        "m.py",
+        CALL_RNGS + "\ndef default_only(rngs):\n    return Model(rngs), (jnp.ones((2, 4)), nnx.Rngs(3))\n",
+    )
+    r = invoke("capture", f"{f}:default_only", "--rngs", "params=0,dropout=1", "-o", tmp_path / "o.yaml")
+    assert r.exit_code == 0, r.stderr
+    assert r.stderr.startswith("warning: stream 'dropout' is served by 'default' at 2 draw(s) (first: drop)")
+    assert "no 'dropout' in the nnx.Rngs given to the model's calls" in r.stderr, r.stderr
