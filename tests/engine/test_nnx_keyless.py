@@ -110,6 +110,14 @@ def test_bad_given_keys_are_one_error_line(tmp_path, text, message):
 # The Flax "Randomness" guide's pattern: model(x, rngs) with `rngs = nnx.Rngs(dropout=1)` made once, the model
 # handing it to its Dropouts (spec `call_rngs:` and `call: {name: drop, rngs: call}`); Dropout draws
 # rngs[rng_collection]() from it, its own stream (if any) drawing nothing.
+def agreed(text: str):
+    """derive's report of an NNX spec, once real NNX is seen to hand out the same keys."""
+    got = check_against_nnx(spec_of(text))
+    report = derive(spec_of(text))
+    assert got["keys"] == len(report.calls)
+    return report
+
+
 def given_rngs(call_rngs: str = "{dropout: 7}", own: str = "rngs: false", run: str = "steps: 3") -> str:
     return f"""
     rngs: {{params: 0, dropout: 1}}
@@ -354,9 +362,7 @@ model:
 
 
 def test_modules_built_without_an_rngs_and_dotted_calls_draw_what_nnx_draws():
-    got = check_against_nnx(spec_of(BUILT_WITHOUT_RNGS))
-    report = derive(spec_of(BUILT_WITHOUT_RNGS))
-    assert got["keys"] == len(report.calls)
+    report = agreed(BUILT_WITHOUT_RNGS)
     drawn = [(c.derivation.step, c.derivation.site, c.derivation.count) for c in report.calls if c.derivation.step]
     # enc.inner.d: twice by its dotted name, once by enc.inner's own call, in steps 1 and 3 (2 is eval)
     assert [(s, n) for s, site, n in drawn if site == "enc.inner.d"] == [(1, 0), (1, 1), (1, 2), (3, 3), (3, 4), (3, 5)]
@@ -413,9 +419,7 @@ model:
 
 
 def test_draws_of_a_training_step_from_the_models_rngs_are_what_nnx_draws():
-    got = check_against_nnx(spec_of(RUN_DRAWS))
-    report = derive(spec_of(RUN_DRAWS))
-    assert got["keys"] == len(report.calls)
+    report = agreed(RUN_DRAWS)
     rows = [(c.derivation.step, c.derivation.stream, c.derivation.count) for c in report.calls if c.derivation.step]
     # noise counts carry on across the step's draws and the model's own; the last draw is the last step's
     assert [r for r in rows if r[1] == "rngs.noise"] == [(1, "rngs.noise", n) for n in range(3)] + [
