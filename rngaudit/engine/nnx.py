@@ -1114,6 +1114,9 @@ class NnxReplayer:
         is not deterministic)."""
         attention = layer.st.kind == "MultiHeadAttention"
         if attention:
+            # (MultiHeadAttention.__call__ reads rngs.dropout first, whatever its rate or mode: a missing stream is
+            # AttributeError even where it would draw nothing)
+            stream = self.rngs_given(st).get("dropout", "AttributeError", st.loc)
             if not layer.st.opt("dropout_rate") > 0 or self.deterministic(layer.st):
                 return
         else:
@@ -1128,8 +1131,7 @@ class NnxReplayer:
                 st.loc,
             )
         if attention:
-            s = self.rngs_given(st).get("dropout", "AttributeError", st.loc)
-            self.draw(s, layer.path, "attention_dropout", "dropout", st.loc, n=st.repeat)
+            self.draw(stream, layer.path, "attention_dropout", "dropout", st.loc, n=st.repeat)
             return
         col = str(layer.st.opt("rng_collection"))
         s = self.rngs_given(st).get(col, "KeyError", st.loc)

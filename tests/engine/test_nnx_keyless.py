@@ -311,6 +311,23 @@ def test_attention_given_an_rngs_at_its_call_draws_rngs_dropout_as_nnx_does(keep
     ]
 
 
+@pytest.mark.parametrize("rate, deterministic", [(0.0, "false"), (0.5, "true")])
+def test_attention_given_an_rngs_without_dropout_is_nnx_s_attribute_error_even_drawing_nothing(rate, deterministic):
+    """MultiHeadAttention.__call__ reads rngs.dropout before it looks at its rate or mode (found by the random
+    generator: derive gave keys where NNX raises)."""
+    text = f"""
+    rngs: {{params: 0}}
+    call_rngs: {{noise: 1}}
+    model:
+      class: M
+      init: [{{MultiHeadAttention: {{name: att, dropout_rate: {rate}, keep_rngs: false}}}}]
+      call: [{{call: {{name: att, rngs: call, deterministic: {deterministic}}}}}]
+    """
+    assert check_against_nnx(spec_of(text)) == {"error": "AttributeError"}
+    with pytest.raises(FlaxError, match="No RngStream named 'dropout'"):
+        derive(spec_of(text))
+
+
 def test_an_rngs_made_with_the_same_key_every_step_is_a_count_rewind():
     same = spec_of(step_rngs(["7", "7"], "steps: 2"))
     found = audit_nnx(same).collisions
