@@ -260,7 +260,10 @@ def collisions(
         if report.failing and not o.exit_zero and not any(a.failing for a in report.audits):
             # (the summary counts by each class's default: say what fails the run)
             gate = "--strict" if o.strict else "--fail-on"
-            sys.stderr.write(f"exit 1: {gate} fails the run on findings the summary counts as information or latent\n")
+            sys.stderr.write(
+                f"exit 1: {gate} (the option, or its [tool.rngaudit] setting) fails the run on findings the summary "
+                "counts as information or latent\n"
+            )
         finish(report.failing, o.exit_zero)
 
     from .boundary import run

@@ -84,6 +84,7 @@ class Called:
     sealed: int | None = None  # a call under a transform over the module itself: its events when that ended
     rnn: tuple | None = None  # an nnx.RNN's call: (sequence length, given initial_carry, the Rngs given or None)
     quiet: bool = False  # a Dropout's or attention's call that draws nothing because it is deterministic
+    key: bool = False  # a Dropout's call given a key (drop(x, rngs=key)): it draws from no stream
 
 
 @dataclass
@@ -139,6 +140,8 @@ class NnxRecorder:
         self.seeds: dict[int, dict] = {}  # id(an nnx.Rngs made while capture watched) -> its integer seeds
         self.call_rngs: dict[int, object] = {}  # id -> every Rngs a layer's call was given (drop(x, rngs=rngs))
         self.call_rngs_at: dict[int, dict[int, object]] = {}  # step -> the Rngs given at its calls (id -> it)
+        # id(Dropout) -> the key data its calls were given (drop(x, rngs=key)); None in it: one capture cannot write
+        self.given_keys: dict[int, set] = {}
         self.rnn_draws: dict[int, int] = {}  # id(an nnx.RNN) -> the keys its cell's initialize_carry draws a call
 
     def reset(self) -> None:
@@ -232,11 +235,14 @@ def _seed(value) -> int | list[int] | None:
 
     try:
         if isinstance(value, jax.Array) and jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
+            if str(jax.random.key_impl(value)) != str(jax.random.key_impl(jax.random.key(0))):
+                return None  # (a key of another PRNG impl than the run's: a spec has one impl)
             value = jax.random.key_data(value)
         data = np.asarray(value)
     except Exception:  # noqa: BLE001  (a tracer, or not an array)
         return None
-    if data.dtype != np.uint32 or data.shape not in ((2,), (4,)):
+    width = np.asarray(jax.random.key_data(jax.random.key(0))).size
+    if data.dtype != np.uint32 or data.shape != (width,):
         return None
     return [int(w) for w in data]
 
@@ -733,6 +739,11 @@ def _call_hook(rec: NnxRecorder, original):
         given = kwargs.get("rngs")
         if isinstance(given, rngs_class) and _is_layer(outside):
             frame.given = rec.given(given)
+        elif given is not None and type(outside).__name__ == "Dropout" and _is_layer(outside):
+            # drop(x, rngs=key): used as it is; a spec can say it (`key:`) where every call gives the same key
+            frame.key = True
+            data = _seed(given)
+            rec.given_keys.setdefault(id(outside), set()).add(None if data is None else tuple(data))
         if _is_rnn(outside) or _is_bidi(outside):
             frame.rnn = _rnn_call(rec, outside, args, kwargs, bool(rec.calling) and _is_bidi(rec.calling[-1].obj))
         if not rec.calling:
@@ -798,6 +809,8 @@ def _remember(rec: NnxRecorder, frame: Called) -> None:
             elif what.given is not None:
                 # drop(x, rngs=rngs): a draw from the Rngs the call was given (under a transform: not said)
                 out.append(("call", id(what.obj), "call_rngs" if how[0] is None else "call_rngs_transformed"))
+            elif what.key and how[0] is None:
+                out.append(("call", id(what.obj), "key"))  # (drop(x, rngs=key): its key, if one, in the spec)
             elif what.drew or what.quiet or not _is_layer(what.obj):
                 out.append(("call", id(what.obj), how[0]))
         return out
@@ -1408,6 +1421,12 @@ class _SpecBuilder:
                 if how == "call_rngs":
                     call.append({"call": {"name": name, "rngs": self.given_rngs, **mode}})
                     continue
+                if how == "key":
+                    keys = self.rec.given_keys.get(what, set())
+                    if len(keys) == 1 and None not in keys:
+                        # the same key at every call (the same mask each time: collisions' keyless_dropout)
+                        call.append({"call": {"name": name, "key": _KeyData(next(iter(keys))), **mode}})
+                    continue  # (keys that differ from call to call: the spec cannot say them; none is drawn)
                 if how == "rnn_transformed":
                     raise self.unsupported(f"{cls}.{name} (nnx.RNN) is called under nnx.vmap/nnx.scan")
                 if isinstance(how, tuple) and how[0] == "rnn":
@@ -1685,8 +1704,10 @@ def _check_step(step: CodeRef, model, rec: NnxRecorder) -> None:
         )
     if rec.stray:
         raise UnsupportedError(
-            f"--step {step.text}: step {rec.invocation} draws {rec.stray} key(s) outside the model's calls (from an "
-            "Rngs of its own, or a stream of the model read directly); an NNX spec's steps are calls of the model"
+            f"--step {step.text}: step {rec.invocation} draws {rec.stray} key(s) outside the model's calls from an "
+            "Rngs other than the one the model keeps (an Rngs of the step's own, a submodule's kept Rngs), or under "
+            "nnx.vmap/nnx.scan; an NNX spec says a step's draws from the model's own kept Rngs (model.rngs.noise(), "
+            "`draw:` in `run:`), outside any transform"
         )
 
 
@@ -1796,8 +1817,9 @@ def _run_nnx_capture(
             seeds = rec.seeds.get(id(rngs))  # (the nnx.Rngs(stream=SEED, ...) the factory made)
             if seeds is None:
                 raise UnsupportedError(
-                    f"capture of {target.text}: the factory builds the model from an nnx.Rngs not made with integer "
-                    "seeds or keys there (nnx.Rngs(0), nnx.Rngs(params=0, dropout=1), nnx.Rngs(jax.random.key(0))); "
+                    f"capture of {target.text}: the factory builds the model from an nnx.Rngs not made there with "
+                    "integer seeds or concrete keys of the run's PRNG implementation (nnx.Rngs(0), nnx.Rngs(params=0, "
+                    "dropout=1), nnx.Rngs(jax.random.key(0))); "
                     "make it so, or write a factory that takes the Rngs (def make_model(rngs): return "
                     "Model(rngs=rngs)) and give --rngs"
                 )
@@ -2002,7 +2024,8 @@ def check_replay(spec_text: str, records: list[dict], target: str, lanes: bool =
             f"capture of {target}: the generated NNX spec does not replay ({e}); please report this model"
         ) from None
     # (a bridge.ToNNX's Linen keys are checked against Linen by the capture of its module)
-    calls = [c for c in report.calls if not c.derivation.linen]
+    # (a key given to a Dropout's call is drawn from no stream: NNX hands it out nowhere capture records)
+    calls = [c for c in report.calls if not c.derivation.linen and not c.derivation.given]
     sites = nnx_sites(report)
     if lanes:
         # under transforms NNX hands out a draw's keys lane by lane, in JAX's order, and a stream nnx.vmap

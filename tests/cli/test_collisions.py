@@ -57,7 +57,10 @@ def test_strict_fails_on_latent_and_information():
     assert r.exit_code == 1
     # the summary says "0 failing" (each class's default): stderr says what fails the run
     assert "0 failing" in r.stdout
-    assert r.stderr == "exit 1: --strict fails the run on findings the summary counts as information or latent\n"
+    assert r.stderr == (
+        "exit 1: --strict (the option, or its [tool.rngaudit] setting) fails the run on findings the summary counts "
+        "as information or latent\n"
+    )
     assert invoke(fx("latent.yaml"), "--strict", "--exit-zero").stderr == ""
     assert invoke(fx("latent.yaml"), "--latent-max-count", "0", "--strict").exit_code == 0
     assert invoke(fx("clean.yaml"), "--strict").exit_code == 0

@@ -2148,3 +2148,54 @@ def test_a_stream_the_calls_rngs_lacks_is_a_warning_about_that_rngs(tmp_path):
     assert r.exit_code == 0, r.stderr
     assert r.stderr.startswith("warning: stream 'dropout' is served by 'default' at 2 draw(s) (first: drop)")
     assert "no 'dropout' in the nnx.Rngs given to the model's calls" in r.stderr, r.stderr
+
+
+GIVEN_KEYS = HEADER + textwrap.dedent("""
+    class PE(nnx.Module):
+        def __init__(self):
+            self.drop = nnx.Dropout(0.1)
+
+        def __call__(self, x, key=None):
+            return self.drop(x, rngs=key)
+
+    class Model(nnx.Module):
+        def __init__(self, rngs):
+            self.lin = nnx.Linear(4, 4, rngs=rngs)
+            self.kd = nnx.Dropout(0.1)
+            self.pe = PE()
+            self.calls = 0
+
+        def __call__(self, x):
+            x = self.kd(self.lin(x), rngs=jax.random.key(11))  # the same key at every call: the same mask
+            return self.pe(x, key=jax.random.key(12))
+
+    class PerStep(Model):
+        def __call__(self, x):
+            self.calls += 1  # (a key folded with the step: another mask every call)
+            return self.kd(self.lin(x), rngs=jax.random.fold_in(jax.random.key(11), self.calls))
+
+    def make_model(rngs):
+        return Model(rngs), (jnp.ones((3, 4)),)
+
+    def per_step(rngs):
+        return PerStep(rngs), (jnp.ones((3, 4)),)
+""")
+
+
+def test_a_dropout_given_the_same_key_at_every_call_is_captured_and_is_a_keyless_dropout(tmp_path):
+    """capture wrote no call for a Dropout given a key (drop(x, rngs=key)), so collisions could not see the
+    same mask drawn at every step; the key is written where every call gives the same one."""
+    f = write(tmp_path, "m.py", GIVEN_KEYS)
+    spec, _ = capture(tmp_path, f"{f}:make_model", "--steps", "2")
+    text = spec.read_text()
+    assert "name: kd\n      key: [0, 11]\n" in text and "name: drop\n          key: [0, 12]\n" in text, text
+    r = invoke("collisions", spec)
+    assert r.exit_code == 1 and r.stdout.count("FAIL  keyless_dropout: 2 draws get the key") == 2, r.stdout
+    r = invoke("verify", spec, "--against", f"{f}:make_model")
+    assert r.exit_code == 0 and "0 differ, 0 missing, 0 extra" in r.stdout, r.stdout + r.stderr
+    # a key that differs from call to call: not written (a spec's call has one key), and nothing found
+    (tmp_path / "p").mkdir()
+    spec, _ = capture(tmp_path / "p", f"{f}:per_step", "--steps", "2")
+    assert "key:" not in spec.read_text() and invoke("collisions", spec).exit_code == 0
+    r = invoke("verify", spec, "--against", f"{f}:per_step")
+    assert r.exit_code == 0 and "0 differ, 0 missing, 0 extra" in r.stdout, r.stdout + r.stderr
