@@ -163,9 +163,10 @@ class Rngs:
                 if self.old
                 else f"No RngStream named '{stream}' found in Rngs."
             )
+            top = self.name.split(" ")[0] if self.name in ("rngs", "call_rngs") else "rngs"
             raise FlaxError(
                 error,
-                f"{said} ({self.name} has {have}: add `{stream}:` (or `default:`) to rngs, or give the module an "
+                f"{said} ({self.name} has {have}: add `{stream}:` (or `default:`) to {top}, or give the module an "
                 "Rngs that has it)",
                 loc,
             )
