@@ -123,12 +123,14 @@ def capture(
 def fallback_warnings(cap) -> list[str]:
     """One warning per stream a model asked for but was not given, whose keys came from 'params' instead (Flax's
     fallback): a captured `--phase apply` without a dropout seed draws its masks from the params stream."""
+    from ..spec.nnx import CALL_RNGS
+
     fell: dict = {}
     given_at_calls: dict = {}  # NNX: (asked, used) -> whether every such draw was from the Rngs given to the calls
     for s in cap.sites:
         if s.requested != s.stream:
             fell.setdefault((s.requested, s.stream), []).append(s.path_str)
-            at_call = s.stream_path.startswith("call_rngs.")
+            at_call = s.stream_path.startswith(f"{CALL_RNGS}.")
             given_at_calls[(s.requested, s.stream)] = given_at_calls.get((s.requested, s.stream), True) and at_call
     if cap.flavour == "nnx":
         return [

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from ..engine.keys import KeyEngine
 from ..engine.nnx import RNN_OWN_KEY, NnxKey, replay_nnx, rules_of
 from ..errors import Location
-from ..spec.nnx import NnxSpec
+from ..spec.nnx import CALL_RNGS, NnxSpec
 
 NNX_FAILING = (
     "shared_stream_key",
@@ -178,7 +178,7 @@ def _cause(s: NnxSite, earlier: list[NnxSite], step_rngs: bool = False) -> str:
         return "keyless"
     if (
         step_rngs
-        and s.stream_path.startswith(_STEP_RNGS)
+        and s.stream_path.startswith(f"{CALL_RNGS}.")
         and any(e.stream_path == s.stream_path and e.step != s.step for e in earlier)
     ):
         return "step_rngs"
@@ -216,7 +216,6 @@ def _cause(s: NnxSite, earlier: list[NnxSite], step_rngs: bool = False) -> str:
     return "reseed_order" if reseeded else "shared"
 
 
-_STEP_RNGS = "call_rngs."  # (the streams of the Rngs given to the model's calls: engine/nnx.py names them so)
 _BECAUSE = {
     "stale": "a jitted step whose returned state was dropped started from the same RNG counts",
     "step_rngs": "the nnx.Rngs made for that step's call holds the key an earlier step's held (the same key every "

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import FlaxError, Location, SpecError
 from ..spec.nnx import (
+    CALL_RNGS,
     CELL_PARAMS,
     CELLS,
     NnxBidirectional,
@@ -163,7 +164,7 @@ class Rngs:
                 if self.old
                 else f"No RngStream named '{stream}' found in Rngs."
             )
-            top = self.name.split(" ")[0] if self.name in ("rngs", "call_rngs") else "rngs"
+            top = self.name if self.name == CALL_RNGS else "rngs"
             raise FlaxError(
                 error,
                 f"{said} ({self.name} has {have}: add `{stream}:` (or `default:`) to {top}, or give the module an "
@@ -222,7 +223,7 @@ class NnxReplayer:
         model = self.build(self.spec.model, "", root)
         # `call_rngs:` the nnx.Rngs given to every call (model(x, rngs=rngs)): outside the model's graph (reseed
         # and fork_rngs do not reach it), its counts carry on from call to call
-        self.call_rngs = self.rngs("call_rngs", self.spec.call_rngs) if self.spec.call_rngs else None
+        self.call_rngs = self.rngs(CALL_RNGS, self.spec.call_rngs) if self.spec.call_rngs else None
         labels = run_draw_steps(self.spec.run)
         for at, event in enumerate(self.spec.run):
             if isinstance(event, NnxRunDraw):
@@ -261,7 +262,7 @@ class NnxReplayer:
                     else:
                         if self.spec.call_rngs_steps is not None:
                             # an Rngs made for this step and given to its call: counts from 0, its own keys
-                            self.call_rngs = self.rngs("call_rngs", self.spec.call_rngs_steps[self.step - 1])
+                            self.call_rngs = self.rngs(CALL_RNGS, self.spec.call_rngs_steps[self.step - 1])
                         self.call(model)
             elif isinstance(event, NnxReseed):
                 self.reseed(event)

@@ -137,7 +137,8 @@ class NnxRecorder:
         self.root_streams: dict[int, str] = {}
         self.pending: list[tuple[int, str]] = []  # such draws since the model's last call: (record index, stream)
         self.draws_before: dict[int, list[str]] = {}  # call of the model -> the streams drawn so before it
-        self.seeds: dict[int, dict] = {}  # id(an nnx.Rngs made while capture watched) -> its integer seeds
+        # id(an nnx.Rngs made while capture watched) -> its seeds (integers, or a concrete key's data)
+        self.seeds: dict[int, dict] = {}
         self.call_rngs: dict[int, object] = {}  # id -> every Rngs a layer's call was given (drop(x, rngs=rngs))
         self.call_rngs_at: dict[int, dict[int, object]] = {}  # step -> the Rngs given at its calls (id -> it)
         # id(Dropout) -> the key data its calls were given (drop(x, rngs=key)); None in it: one capture cannot write
@@ -233,15 +234,16 @@ def _seed(value) -> int | list[int] | None:
     import jax
     import numpy as np
 
+    run_key = jax.random.key(0)  # (the run's PRNG impl and its key width)
+    width = np.asarray(jax.random.key_data(run_key)).size
     try:
         if isinstance(value, jax.Array) and jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
-            if str(jax.random.key_impl(value)) != str(jax.random.key_impl(jax.random.key(0))):
+            if str(jax.random.key_impl(value)) != str(jax.random.key_impl(run_key)):
                 return None  # (a key of another PRNG impl than the run's: a spec has one impl)
             value = jax.random.key_data(value)
         data = np.asarray(value)
     except Exception:  # noqa: BLE001  (a tracer, or not an array)
         return None
-    width = np.asarray(jax.random.key_data(jax.random.key(0))).size
     if data.dtype != np.uint32 or data.shape != (width,):
         return None
     return [int(w) for w in data]
@@ -927,12 +929,7 @@ def _run_events(rec: NnxRecorder, target: CodeRef) -> list | None:
             (value,) = values
             run.append("eval" if value else "train")
             state = dict.fromkeys(state, value)
-        if run and isinstance(run[-1], dict):
-            run[-1]["call"] += 1
-        elif run and run[-1] == "call":
-            run[-1] = {"call": 2}
-        else:
-            run.append("call")
+        _add_call(run)
     if not any(e in ("train", "eval") for e in run):
         rec.built_modes.update(fixed)  # (the spec's layer says `deterministic:` as every call gave it)
         return None
@@ -940,6 +937,16 @@ def _run_events(rec: NnxRecorder, target: CodeRef) -> list | None:
     # call's argument wins over what the events set)
     rec.pinned = fixed
     return run
+
+
+def _add_call(run: list) -> None:
+    """One more call of the model at the end of `run:` (consecutive calls are one `{call: N}`)."""
+    if run and isinstance(run[-1], dict) and "call" in run[-1]:
+        run[-1]["call"] += 1
+    elif run and run[-1] == "call":
+        run[-1] = {"call": 2}
+    else:
+        run.append("call")
 
 
 def _with_draws(run: list | None, rec: NnxRecorder) -> list | None:
@@ -965,12 +972,7 @@ def _with_draws(run: list | None, rec: NnxRecorder) -> list | None:
         if e == "call":
             n += 1
             draws(rec.draws_before.get(n, []))
-            if out and isinstance(out[-1], dict) and "call" in out[-1]:
-                out[-1]["call"] += 1
-            elif out and out[-1] == "call":
-                out[-1] = {"call": 2}
-            else:
-                out.append("call")
+            _add_call(out)
         else:
             out.append(e)
     draws(after)

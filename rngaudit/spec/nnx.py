@@ -1048,6 +1048,8 @@ def transform(f: Fields, stacked_ok: bool) -> NnxTransform | None:
     return NnxTransform(kind, lanes, streams)
 
 
+# the spec's `call_rngs:`, and the name of that Rngs in a replay: its streams are `call_rngs.<stream>`
+CALL_RNGS = "call_rngs"
 RUN_EVENTS = ("call", "stale_call", "reseed", "lazy_init", "train", "eval", "draw")
 
 
@@ -1165,7 +1167,7 @@ def nnx_spec(
             "its Rngs (`keep_rngs: true` on `model:`)",
             drawn.loc,
         )
-    cn = top.get("call_rngs")
+    cn = top.get(CALL_RNGS)
     call_rngs = call_rngs_steps = None
     if cn is not None:
         what = (
