@@ -407,11 +407,13 @@ def _class(mod: NnxModule, rec: _Recorder, path: str, cache: dict):
                     else:
                         _run_target(target, x, st.deterministic)
             elif isinstance(st, NnxDraw):
+                # `from: enc`: self.enc.rngs.<stream>() (what a method of enc drawing from its own Rngs does)
+                keeper = _attribute(self, st.keeper) if st.keeper else self
                 for _ in range(st.repeat):
-                    rec.site = path or "(root)"
+                    rec.site = join(st.keeper) if st.keeper else path or "(root)"
                     rec.draw = st.draw
                     try:
-                        getattr(self.rngs, st.stream)()
+                        getattr(keeper.rngs, st.stream)()
                     finally:
                         rec.draw = None
 
@@ -530,9 +532,10 @@ def nnx_keys(spec: NnxSpec) -> list[dict]:
         for at, event in enumerate(spec.run):
             if isinstance(event, NnxRunDraw):
                 # model.rngs.<stream>() in the training step, outside the model's call: the next call's step
-                now, rec.step, rec.site = rec.step, labels[at], "(root)"
+                now, rec.step, rec.site = rec.step, labels[at], event.keeper or "(root)"
+                keeper = _attribute(model, event.keeper) if event.keeper else model  # (`from:` model.enc.rngs)
                 for _ in range(event.repeat):
-                    getattr(model.rngs, event.stream)()
+                    getattr(keeper.rngs, event.stream)()
                 rec.step = now
                 continue
             if getattr(event, "lazy_init", False):
@@ -556,7 +559,8 @@ def nnx_keys(spec: NnxSpec) -> list[dict]:
                 rec.step += 1
                 if spec.call_rngs_steps is not None:
                     # model(x, rngs=nnx.Rngs(dropout=jax.random.fold_in(key, step))): an Rngs made for this step
-                    rec.call_rngs = _rngs(spec.call_rngs_steps[rec.step - 1])
+                    given = spec.call_rngs_steps[rec.step - 1]
+                    rec.call_rngs = None if given is None else _rngs(given)  # (null: model(x), given none)
                 if getattr(event, "fork", None) is not None:
                     # with nnx.fork_rngs(model, split={tags: None}): model(x) (under its transform, if any)
                     rec.site = "(root)"

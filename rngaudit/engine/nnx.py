@@ -229,10 +229,11 @@ class NnxReplayer:
             if isinstance(event, NnxRunDraw):
                 # model.rngs.<stream>() outside the model's call (a training step, a loss method): its rows are the
                 # next call's step
-                assert model.rngs is not None  # (the parser asks for keep_rngs)
-                s = model.rngs.get(event.stream, "AttributeError", event.loc)
+                keeper = model.attr(event.keeper) if event.keeper else model
+                assert isinstance(keeper, Instance) and keeper.rngs is not None  # (the parser asks for keep_rngs)
+                s = keeper.rngs.get(event.stream, "AttributeError", event.loc)
                 now, self.step = self.step, labels[at]
-                self.draw(s, "(root)", "draw", event.stream, event.loc, n=event.repeat)
+                self.draw(s, keeper.path or "(root)", "draw", event.stream, event.loc, n=event.repeat)
                 self.step = now
             elif isinstance(event, NnxStep):
                 for _ in range(event.n):
@@ -262,7 +263,8 @@ class NnxReplayer:
                     else:
                         if self.spec.call_rngs_steps is not None:
                             # an Rngs made for this step and given to its call: counts from 0, its own keys
-                            self.call_rngs = self.rngs(CALL_RNGS, self.spec.call_rngs_steps[self.step - 1])
+                            given = self.spec.call_rngs_steps[self.step - 1]
+                            self.call_rngs = None if given is None else self.rngs(CALL_RNGS, given)
                         self.call(model)
             elif isinstance(event, NnxReseed):
                 self.reseed(event)
@@ -499,8 +501,9 @@ class NnxReplayer:
         """One call of an nnx.Bidirectional (mirrors Bidirectional.__call__): its stream, or the call's rngs.carry
         (not forked), given to the forward RNN's call and then the backward one's (each, given None, its own)."""
         stream = b.own
-        if st.given_rngs:
-            stream = self.rngs_given(st).get("carry", "AttributeError", st.loc)
+        given = self.rngs_given(st) if st.given_rngs else None  # (None: a step given no Rngs, its own)
+        if given is not None:
+            stream = given.get("carry", "AttributeError", st.loc)
         for r in (b.fwd, b.bwd):
             self.rnn_call(r, st, stream, bidi=True)
 
@@ -532,8 +535,9 @@ class NnxReplayer:
                 st.loc,
             )
         stream = given if given is not None else r.own
-        if st.given_rngs and not bidi:
-            g = self.rngs_given(st).get("carry", "AttributeError", st.loc)
+        call_rngs = self.rngs_given(st) if st.given_rngs and not bidi else None  # (None: a step given none)
+        if call_rngs is not None:
+            g = call_rngs.get("carry", "AttributeError", st.loc)
             stream = self.fork(
                 g,
                 r.path,
@@ -890,9 +894,10 @@ class NnxReplayer:
                     for _ in range(st.repeat):
                         self.call_target(target, st.loc)
             elif isinstance(st, NnxDraw):
-                assert inst.rngs is not None  # the parser asks for keep_rngs
-                s = inst.rngs.get(st.stream, "AttributeError", st.loc)
-                self.draw(s, inst.path or "(root)", "draw", st.stream, st.loc, st.label, st.draw, st.repeat)
+                keeper = inst.attr(st.keeper) if st.keeper else inst  # (`from: enc`: self.enc.rngs)
+                assert isinstance(keeper, Instance) and keeper.rngs is not None  # the parser asks for keep_rngs
+                s = keeper.rngs.get(st.stream, "AttributeError", st.loc)
+                self.draw(s, keeper.path or "(root)", "draw", st.stream, st.loc, st.label, st.draw, st.repeat)
 
     def fork_rngs(
         self, target: Layer | Instance | Stacked | Bridge | Rnn | Bidi, tags: tuple[str, ...], loc: Location
@@ -1102,12 +1107,10 @@ class NnxReplayer:
                 )
             )
 
-    def rngs_given(self, st: NnxCall) -> Rngs:
-        """The Rngs a call is given (`rngs: call`: the spec's call_rngs; `rngs: model`: the one the model is built
-        from)."""
-        given = self.call_rngs if st.given_rngs == "call" else self.model_rngs
-        assert given is not None  # (the parser asks for `call_rngs:`)
-        return given
+    def rngs_given(self, st: NnxCall) -> Rngs | None:
+        """The Rngs a call is given (`rngs: call`: the spec's call_rngs, None in a step given none; `rngs: model`:
+        the one the model is built from)."""
+        return self.call_rngs if st.given_rngs == "call" else self.model_rngs
 
     def given_rngs(self, layer: Layer, st: NnxCall) -> None:
         """`self.drop(x, rngs=rngs)`, `st.repeat` times, given the Rngs the model's call was given (mirrors
@@ -1115,10 +1118,15 @@ class NnxReplayer:
         which draws nothing; nnx.MultiHeadAttention.__call__: `rngs.dropout()` when it has dropout_rate > 0 and
         is not deterministic)."""
         attention = layer.st.kind == "MultiHeadAttention"
+        given = self.rngs_given(st)
+        if given is None:
+            # (a step whose call is given no Rngs, `null` in call_rngs: as called without one, rngs=None)
+            self.call_layer(layer, st.loc, st.repeat)
+            return
         if attention:
             # (MultiHeadAttention.__call__ reads rngs.dropout first, whatever its rate or mode: a missing stream is
             # AttributeError even where it would draw nothing)
-            stream = self.rngs_given(st).get("dropout", "AttributeError", st.loc)
+            stream = given.get("dropout", "AttributeError", st.loc)
             if not layer.st.opt("dropout_rate") > 0 or self.deterministic(layer.st):
                 return
         else:
@@ -1136,7 +1144,7 @@ class NnxReplayer:
             self.draw(stream, layer.path, "attention_dropout", "dropout", st.loc, n=st.repeat)
             return
         col = str(layer.st.opt("rng_collection"))
-        s = self.rngs_given(st).get(col, "KeyError", st.loc)
+        s = given.get(col, "KeyError", st.loc)
         self.draw(s, layer.path, "dropout", col, st.loc, n=st.repeat)
 
     def call_layer(self, layer: Layer, loc: Location, n: int = 1) -> None:

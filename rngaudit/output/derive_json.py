@@ -223,7 +223,12 @@ def _nnx_meta(report: NnxDeriveReport) -> dict:
             else {}
         ),
         **(
-            {"call_rngs_steps": [{s: {"expr": given[s].text} for s in sorted(given)} for given in spec.call_rngs_steps]}
+            {
+                "call_rngs_steps": [
+                    None if given is None else {s: {"expr": given[s].text} for s in sorted(given)}
+                    for given in spec.call_rngs_steps
+                ]
+            }
             if spec.call_rngs_steps
             else {}
         ),

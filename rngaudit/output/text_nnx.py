@@ -98,6 +98,9 @@ def render_nnx_rows(
     for s in sorted(spec.call_rngs or ()):
         yield f"  call_rngs[{s!r}] = {spec.call_rngs[s].text} (the Rngs given to every call)\n"  # type: ignore[index]
     for i, given in enumerate(spec.call_rngs_steps or (), 1):
+        if given is None:
+            yield f"  call_rngs = null (step {i}'s call is given no Rngs)\n"
+            continue
         for s in sorted(given):
             yield f"  call_rngs[{s!r}] = {given[s].text} (the Rngs made for step {i}'s call)\n"
     calls = report.calls

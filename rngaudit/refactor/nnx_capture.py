@@ -77,7 +77,7 @@ class Transform:
 @dataclass
 class Called:
     obj: object
-    events: list = field(default_factory=list)  # ("call", Called, how) | ("draw", tag)
+    events: list = field(default_factory=list)  # ("call", Called, how) | ("draw", tag, id(the stream))
     drew: bool = False
     transforms: int = 0  # how many transforms were running when the call started
     given: object = None  # a layer's call given an nnx.Rngs (drop(x, rngs=rngs)): that Rngs
@@ -133,10 +133,12 @@ class NnxRecorder:
         self.made: dict[int, tuple] = {}
         self.top: list = []  # the modules called from outside any module's call, this step (--step checks them)
         self.stray = 0  # keys drawn in a step outside every module's call (by a training step itself)
-        # the streams of the Rngs the model keeps (id -> name): a step may draw from them (model.rngs.noise())
-        self.root_streams: dict[int, str] = {}
-        self.pending: list[tuple[int, str]] = []  # such draws since the model's last call: (record index, stream)
-        self.draws_before: dict[int, list[str]] = {}  # call of the model -> the streams drawn so before it
+        # the streams of the Rngs the model and its modules keep (id -> (keeper: "" the model, else its attribute
+        # path; the stream's name)): a step may draw from them (model.rngs.noise(), model.enc.rngs.noise())
+        self.root_streams: dict[int, tuple[str, str]] = {}
+        # such draws since the model's last call: (record index, keeper, stream)
+        self.pending: list[tuple[int, str, str]] = []
+        self.draws_before: dict[int, list[tuple[str, str]]] = {}  # call of the model -> (keeper, stream) drawn before
         # id(an nnx.Rngs made while capture watched) -> its seeds (integers, or a concrete key's data)
         self.seeds: dict[int, dict] = {}
         self.call_rngs: dict[int, object] = {}  # id -> every Rngs a layer's call was given (drop(x, rngs=rngs))
@@ -191,7 +193,7 @@ class NnxRecorder:
         if self.calling:
             frame = self.calling[-1]
             frame.drew = True
-            frame.events.append(("draw", tag))
+            frame.events.append(("draw", tag, id(self.resolve(stream))))
             for f in self.calling:
                 f.drew = True
         elif self.building:
@@ -199,7 +201,7 @@ class NnxRecorder:
         elif self.invocation > 0 and not traced and id(self.resolve(stream)) in self.root_streams:
             # model.rngs.<stream>() by the training step (or a method of the model other than __call__): its row
             # is the next call's step (relabelled there), a `draw` event of the spec's `run:`
-            self.pending.append((len(self.records) - 1, tag))
+            self.pending.append((len(self.records) - 1, self.root_streams[id(self.resolve(stream))][0], tag))
         elif self.invocation > 0:
             self.stray += 1
 
@@ -753,9 +755,9 @@ def _call_hook(rec: NnxRecorder, original):
             if outside is rec.model and rec.invocation:
                 rec.step += 1
                 if rec.pending:
-                    for i, _ in rec.pending:
+                    for i, _, _ in rec.pending:
                         rec.records[i]["step"] = rec.step
-                    rec.draws_before[rec.step] = [tag for _, tag in rec.pending]
+                    rec.draws_before[rec.step] = [(keeper, tag) for _, keeper, tag in rec.pending]
                     rec.pending = []
                 rec.modes.append({})
         if _is_layer(outside) and _draws_unless_deterministic(self):
@@ -804,7 +806,7 @@ def _remember(rec: NnxRecorder, frame: Called) -> None:
         out: list[tuple] = []
         for kind, what, *how in f.events:
             if kind == "draw":
-                out.append(("draw", what, None))
+                out.append(("draw", what, how[0]))  # (the stream: the module's own Rngs, or a submodule's)
             elif what.rnn is not None:
                 # an nnx.RNN's call: its sequence length, initial_carry, the Rngs given (under a transform: not said)
                 out.append(("call", id(what.obj), ("rnn", *what.rnn) if how[0] is None else "rnn_transformed"))
@@ -813,13 +815,26 @@ def _remember(rec: NnxRecorder, frame: Called) -> None:
                 out.append(("call", id(what.obj), "call_rngs" if how[0] is None else "call_rngs_transformed"))
             elif what.key and how[0] is None:
                 out.append(("call", id(what.obj), "key"))  # (drop(x, rngs=key): its key, if one, in the spec)
+            elif what.quiet and how[0] is None:
+                # (deterministic: it draws nothing, so it says nothing of how its other calls draw: given an Rngs or
+                # a key, or from its own stream)
+                out.append(("call", id(what.obj), "quiet"))
             elif what.drew or what.quiet or not _is_layer(what.obj):
                 out.append(("call", id(what.obj), how[0]))
         return out
 
     def sig(x: list) -> list:
         return [
-            (k, w, h if h is None or isinstance(h, str) or h[0] == "rnn" else (h[0].kind, h[1], h[2])) for k, w, h in x
+            (
+                k,
+                w,
+                None
+                if k == "draw"
+                else h
+                if h is None or isinstance(h, str) or h[0] == "rnn"
+                else (h[0].kind, h[1], h[2]),
+            )
+            for k, w, h in x
         ]
 
     def walk(f: Called) -> None:
@@ -835,14 +850,34 @@ def _remember(rec: NnxRecorder, frame: Called) -> None:
             return
         if f.quiet:
             return  # (a layer that draws nothing while deterministic: its draws are those of its other calls)
-        seen = rec.calls.setdefault(id(f.obj), flat(f))
-        if sig(seen) != sig(flat(f)) and rec.differs is None:
+        now = flat(f)
+        seen = rec.calls.setdefault(id(f.obj), now)
+        both = _merged(seen, now, sig)
+        if both is None and rec.differs is None:
             rec.differs = type(f.obj).__name__
+        elif both is not None:
+            rec.calls[id(f.obj)] = both
         for kind, what, *_ in f.events:
             if kind == "call":
                 walk(what)
 
     walk(frame)
+
+
+def _merged(seen: list, now: list, sig) -> list | None:
+    """What two calls of a module did, as one (a deterministic call of a layer, which draws nothing, agrees with any
+    other call of it: model.eval() calls given no Rngs beside training calls given one); None where they differ."""
+    if len(seen) != len(now):
+        return None
+    out = []
+    for a, b, sa, sb in zip(seen, now, sig(seen), sig(now)):
+        if sa == sb or (a[:2] == b[:2] and b[2] == "quiet"):
+            out.append(a)
+        elif a[:2] == b[:2] and a[2] == "quiet":
+            out.append(b)
+        else:
+            return None
+    return out
 
 
 def _pair(rec: NnxRecorder, inner, outer) -> None:
@@ -939,6 +974,34 @@ def _run_events(rec: NnxRecorder, target: CodeRef) -> list | None:
     return run
 
 
+def _kept_streams(rec: NnxRecorder, root: Built) -> dict[int, tuple[str, str]]:
+    """id(stream) -> (the module keeping it: "" for the model, else its attribute path; its name) for the Rngs that
+    the model and the modules of yours in it keep as built (self.rngs = rngs), the shallowest keeper first: a training
+    step may draw from them (model.rngs.noise(), model.enc.rngs.noise()). Not through stacks, nor Flax's layers."""
+    from flax import nnx
+
+    out: dict[int, tuple[str, str]] = {}
+    level = [("", root)]
+    while level:
+        below = []
+        for path, b in level:
+            obj = rec.resolve(b.obj)
+            if b.rngs is not None and any(v is b.rngs for v in vars(obj).values()):
+                for name, s in vars(b.rngs).items():
+                    if isinstance(s, nnx.RngStream):
+                        out.setdefault(id(s), (path, name))
+            names = _attribute_names(obj)
+            for e in b.events:
+                child = rec.resolve(e[1].obj) if e[0] == "child" else None
+                if child is None or e[1].stack or type(child).__module__.startswith("flax."):
+                    continue
+                attr = names.get(id(child))
+                if attr is not None:
+                    below.append((f"{path}.{attr}" if path else attr, e[1]))
+        level = below
+    return out
+
+
 def _add_call(run: list) -> None:
     """One more call of the model at the end of `run:` (consecutive calls are one `{call: N}`)."""
     if run and isinstance(run[-1], dict) and "call" in run[-1]:
@@ -950,9 +1013,10 @@ def _add_call(run: list) -> None:
 
 
 def _with_draws(run: list | None, rec: NnxRecorder) -> list | None:
-    """`run:` with the draws a training step made from the Rngs the model keeps, outside the model's calls
-    (`draw: noise` before the call they lead into; after the last call, at the end)."""
-    after = [tag for _, tag in rec.pending]
+    """`run:` with the draws a training step made from the Rngs the model (or a module of it) keeps, outside the
+    model's calls (`draw: noise` before the call they lead into; after the last call, at the end; `from: enc` where
+    enc keeps it)."""
+    after = [(keeper, tag) for _, keeper, tag in rec.pending]
     if not rec.draws_before and not after:
         return run
     flat: list = []
@@ -960,12 +1024,13 @@ def _with_draws(run: list | None, rec: NnxRecorder) -> list | None:
         flat += ["call"] * e["call"] if isinstance(e, dict) else [e]
     out: list = []
 
-    def draws(tags: list[str]) -> None:
-        for tag in tags:
-            if out and isinstance(out[-1], dict) and out[-1].get("draw", {}).get("stream") == tag:
-                out[-1]["draw"]["repeat"] += 1
+    def draws(tags: list[tuple[str, str]]) -> None:
+        for keeper, tag in tags:
+            last = out[-1].get("draw", {}) if out and isinstance(out[-1], dict) else {}
+            if last.get("stream") == tag and last.get("from", "") == keeper:
+                last["repeat"] += 1
             else:
-                out.append({"draw": {"stream": tag, "repeat": 1}})
+                out.append({"draw": {"stream": tag, "repeat": 1, **({"from": keeper} if keeper else {})}})
 
     n = 0
     for e in flat:
@@ -977,7 +1042,11 @@ def _with_draws(run: list | None, rec: NnxRecorder) -> list | None:
             out.append(e)
     draws(after)
     return [
-        {"draw": e["draw"]["stream"]} if isinstance(e, dict) and "draw" in e and e["draw"]["repeat"] == 1 else e
+        {"draw": e["draw"]["stream"]}
+        if isinstance(e, dict) and "draw" in e and e["draw"]["repeat"] == 1 and "from" not in e["draw"]
+        else {"draw": _Inline({k: v for k, v in e["draw"].items() if k != "repeat" or v > 1})}
+        if isinstance(e, dict) and "draw" in e
+        else e
         for e in out
     ]
 
@@ -1108,6 +1177,7 @@ class _SpecBuilder:
         self.built_of: dict[int, Built] = {}  # id(module, outside any transform) -> its construction
         self.attrs_of: dict[int, dict[int, str]] = {}  # id(module written) -> id(what it built) -> attribute
         self.plain: set[int] = set()  # the submodules written as `module` (not a stack): a dotted call reaches in
+        self.kept: dict[int, set[int]] = {}  # id(module written with keep_rngs) -> ids of the streams it keeps
         todo = [root]
         while todo:
             b = todo.pop()
@@ -1135,6 +1205,19 @@ class _SpecBuilder:
             if sub is None:
                 continue
             inner = sub.get(what) or self.dotted(sub, what)
+            if inner is not None:
+                return f"{cname}.{inner}"
+        return None
+
+    def keeper(self, built: dict[int, str], stream: int) -> str | None:
+        """The dotted name (`enc`, `enc.block`) of the plain submodule, of a module whose attributes are `built`,
+        that keeps the Rngs holding `stream` (what a call's self.enc.rngs.noise() draws from), or None."""
+        for cid, cname in built.items():
+            if cid not in self.plain:
+                continue
+            if stream in self.kept.get(cid, ()):
+                return cname
+            inner = self.keeper(self.attrs_of.get(cid, {}), stream)
             if inner is not None:
                 return f"{cname}.{inner}"
         return None
@@ -1257,6 +1340,7 @@ class _SpecBuilder:
         kept = [n for n, v in vars(obj).items() if b.rngs is not None and v is b.rngs]
         if kept:
             out["keep_rngs"] = True
+            self.kept[id(obj)] = {id(s) for s in vars(b.rngs).values() if type(s).__name__ == "RngStream"}
         init: list = []
         built: dict[int, str] = {}
         forks: list = []
@@ -1349,11 +1433,11 @@ class _SpecBuilder:
                             "Rngs)"
                         )
                     sub = self.module(child)
-                    how: dict = {}
+                    made: dict = {}
                     if child.made:
                         mode, only = child.made
-                        how = {"rngs": mode, **({"only": list(only)} if only else {})}
-                    init.append({"module": {"name": name, "stack": child.stack, **how, **sub}})
+                        made = {"rngs": mode, **({"only": list(only)} if only else {})}
+                    init.append({"module": {"name": name, "stack": child.stack, **made, **sub}})
                     continue
                 if _is_layer(child.obj):
                     if child.rngs is None:
@@ -1399,10 +1483,18 @@ class _SpecBuilder:
         self.attrs_of[id(obj)] = built
         call = []
         for kind, what, how in self.inlined(self.rec.calls.get(id(obj), []), built):
+            how = None if how == "quiet" else how  # (a layer every call of which was deterministic)
             if kind == "draw":
-                if not kept:
-                    raise self.unsupported(f"{cls}.__call__ draws from an Rngs it does not keep")
-                call.append({"draw": what})
+                if how in self.kept.get(id(obj), ()):
+                    call.append({"draw": what})
+                    continue
+                from_ = self.keeper(built, how or 0)  # (self.enc.rngs.noise(), or self.enc.sample(x) drawing so)
+                if from_ is None:
+                    raise self.unsupported(
+                        f"{cls}.__call__ draws from an Rngs that neither it nor a module of yours it builds keeps as "
+                        "built (self.rngs = rngs)"
+                    )
+                call.append({"draw": _Inline(stream=what, **{"from": from_})})
             else:
                 name = built.get(what)
                 if name is None:
@@ -1707,9 +1799,10 @@ def _check_step(step: CodeRef, model, rec: NnxRecorder) -> None:
     if rec.stray:
         raise UnsupportedError(
             f"--step {step.text}: step {rec.invocation} draws {rec.stray} key(s) outside the model's calls from an "
-            "Rngs other than the one the model keeps (an Rngs of the step's own, a submodule's kept Rngs), or under "
-            "nnx.vmap/nnx.scan; an NNX spec says a step's draws from the model's own kept Rngs (model.rngs.noise(), "
-            "`draw:` in `run:`), outside any transform"
+            "Rngs the model and its modules do not keep as built (an Rngs of the step's own, a stack's, one a module "
+            "made for itself), or under nnx.vmap/nnx.scan; an NNX spec says a step's draws from the Rngs the model "
+            "or a module of yours in it keeps (model.rngs.noise(), model.enc.rngs.noise(): `draw:` in `run:`), "
+            "outside any transform"
         )
 
 
@@ -1832,9 +1925,7 @@ def _run_nnx_capture(
             )
         fn = _step_function(step) if step is not None else None
         rec.model = model
-        if root.rngs is not None and any(v is root.rngs for v in vars(model).values()):
-            # (the model keeps its Rngs: a training step may draw from it, model.rngs.noise())
-            rec.root_streams = {id(s): name for name, s in vars(root.rngs).items() if isinstance(s, nnx.RngStream)}
+        rec.root_streams = _kept_streams(rec, root)
         rec.built_modes = {
             id(node): getattr(node, "deterministic", None)
             for _, node in nnx.graph.iter_graph(model)
@@ -1920,21 +2011,23 @@ def _call_rngs(rec: NnxRecorder, rngs, target: CodeRef) -> dict:
     if len(given) > 1:
         # an Rngs made for each step (model(x, rngs=nnx.Rngs(dropout=jax.random.fold_in(key, step)))): one a step,
         # new at every step, seeded with integers or keys capture read
+        # (a step given none, an eval call model(x) between training steps: `null`)
         at = [list(rec.call_rngs_at.get(step, {}).values()) for step in range(1, rec.step + 1)]
-        if any(len(a) != 1 for a in at) or len({id(a[0]) for a in at}) != len(at) or rngs in given:
+        made_at = [a for a in at if a]
+        if any(len(a) > 1 for a in at) or len({id(a[0]) for a in made_at}) != len(made_at) or rngs in given:
             raise UnsupportedError(
                 f"capture of {target.text}: the model's layers are given {len(given)} different Rngs at their calls, "
                 "not one made for each step (model(x, rngs=nnx.Rngs(dropout=fold_in(key, step))), every call of the "
                 "step given it); an NNX spec says one Rngs for every call (call_rngs: {dropout: 1}), or one a step"
             )
-        made = [rec.seeds.get(id(a[0])) for a in at]
+        made = [rec.seeds.get(id(a[0])) if a else {} for a in at]
         if any(m is None for m in made):
             raise UnsupportedError(
                 f"capture of {target.text}: a step's call is given an Rngs not made by nnx.Rngs(stream=SEED, ...) "
                 "with integer seeds or concrete keys (one made inside a jitted function from a traced key?); make "
                 "it before the jitted step and pass it in, or give every call one Rngs made in the factory"
             )
-        return {"call_rngs": [_flow_keys(m) for m in made if m is not None]}
+        return {"call_rngs": [_flow_keys(m) if m else None for m in made if m is not None]}
     (r,) = given
     if r is rngs:
         return {}  # (the Rngs the model is built from: `rngs: model`)
@@ -1965,12 +2058,19 @@ def _flow_keys(seeds: dict) -> dict:
     return {k: _KeyData(v) if isinstance(v, list) else v for k, v in seeds.items()}
 
 
+class _Inline(dict):
+    """A short mapping written on one line (`draw: {stream: noise, from: enc}`)."""
+
+
 class _SpecDumper(yaml.SafeDumper):
-    """safe_dump, writing _KeyData on one line."""
+    """safe_dump, writing _KeyData and _Inline on one line."""
 
 
 _SpecDumper.add_representer(
     _KeyData, lambda dumper, data: dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=True)
+)
+_SpecDumper.add_representer(
+    _Inline, lambda dumper, data: dumper.represent_mapping("tag:yaml.org,2002:map", data, flow_style=True)
 )
 
 

@@ -184,12 +184,15 @@ class NnxTransform:
 
 @dataclass(frozen=True)
 class NnxDraw(NnxStatement):
-    """`rngs.<stream>()` (in `__init__`) or `self.rngs.<stream>()` (in `__call__`), `repeat` times."""
+    """`rngs.<stream>()` (in `__init__`) or `self.rngs.<stream>()` (in `__call__`), `repeat` times; in `__call__`,
+    `keeper` (`from: enc`) draws from the Rngs a submodule keeps instead (self.enc.rngs.noise(), or a method of enc
+    drawing from its own: self.enc.sample(x))."""
 
     stream: str
     repeat: int = 1
     label: str | None = None
     draw: Draw | None = None
+    keeper: str = ""
 
 
 @dataclass(frozen=True)
@@ -281,11 +284,13 @@ class NnxMode(NnxStatement):
 @dataclass(frozen=True)
 class NnxRunDraw(NnxStatement):
     """`model.rngs.<stream>()` outside the model's call, `repeat` times: a training step (or a method of the model
-    other than __call__, a diffusion loss's timesteps and noise) drawing from the Rngs the model keeps. Its rows
-    belong to the step of the next call of the model (the last one's, when no call follows)."""
+    other than __call__, a diffusion loss's timesteps and noise) drawing from the Rngs the model keeps, or (`keeper`,
+    `from: enc`) one a module of it keeps (model.enc.rngs.noise()). Its rows belong to the step of the next call of
+    the model (the last one's, when no call follows)."""
 
     stream: str
     repeat: int = 1
+    keeper: str = ""
 
 
 @dataclass(frozen=True)
@@ -313,7 +318,7 @@ class NnxSpec:
     # `call_rngs:`: the nnx.Rngs made once before the first call and given to every call, model(x, rngs=rngs)
     call_rngs: dict[str, RngSource] | None = None
     # `call_rngs:` as a list: step i's call is given an nnx.Rngs made for it (nnx.Rngs(dropout=fold_in(key, i)))
-    call_rngs_steps: tuple[dict[str, RngSource], ...] | None = None
+    call_rngs_steps: tuple[dict[str, RngSource] | None, ...] | None = None  # (None: that step's call is given none)
 
     @property
     def shared_dropout(self) -> bool:
@@ -410,6 +415,12 @@ class NnxParser:
                 raise SpecError(
                     f"{cls} keeps its Rngs as `self.rngs` (keep_rngs: true); name this attribute otherwise", st.loc
                 )
+            if isinstance(st, NnxDraw) and st.keeper:
+                raise SpecError(
+                    f"`from:` of a `draw` names the submodule whose kept Rngs a call draws from; in `init:` a draw "
+                    f"is rngs.{st.stream}() of the Rngs {cls} is given (drop `from`)",
+                    st.loc,
+                )
             if isinstance(st, ATTRIBUTES):
                 if st.name in names:
                     raise SpecError(
@@ -487,7 +498,9 @@ class NnxParser:
                         f"(`{t.kind}: 4`)",
                         st.loc,
                     )
-            if isinstance(st, NnxDraw) and not keep:
+            if isinstance(st, NnxDraw) and st.keeper:
+                _check_keeper(names, st.keeper, st.stream, f"self.{st.keeper}", st.loc)
+            elif isinstance(st, NnxDraw) and not keep:
                 raise SpecError(
                     f"`draw:` in `call:` draws from self.rngs, which {cls} does not keep; add `keep_rngs: true` "
                     "(its __init__ stores `self.rngs = rngs`)",
@@ -793,7 +806,7 @@ class NnxParser:
             raise SpecError("`draw` names a stream: `draw: params` or `draw: {stream: noise, repeat: 2}`", loc)
         if isinstance(arg.value, str):
             return NnxDraw(loc, arg.value)
-        f = Fields(arg, "`draw`", ("stream", "repeat", "label", "draw"), ("stream",))
+        f = Fields(arg, "`draw`", ("stream", "repeat", "label", "draw", "from"), ("stream",))
         dn = f.get("draw")
         return NnxDraw(
             loc,
@@ -801,6 +814,7 @@ class NnxParser:
             f.integer("repeat", 1, 1, MAX_REPEAT),
             f.text("label"),
             None if dn is None else parse_draw(dn),
+            f.text("from", ""),
         )
 
     def call(self, arg: YNode | None, loc) -> NnxCall:
@@ -1107,8 +1121,9 @@ def _run(node: YNode, key_source) -> tuple[NnxStep | NnxReseed | NnxMode | NnxRu
                     "{stream: noise, repeat: 2}`",
                     loc,
                 )
-            f = Fields(arg, "`draw`", ("stream", "repeat"), ("stream",))
-            out.append(NnxRunDraw(loc, f.name("stream"), f.integer("repeat", 1, 1, MAX_REPEAT)))
+            f = Fields(arg, "`draw`", ("stream", "repeat", "from"), ("stream",))
+            keeper = f.text("from", "")
+            out.append(NnxRunDraw(loc, f.name("stream"), f.integer("repeat", 1, 1, MAX_REPEAT), keeper))
         else:
             if arg is None or not arg.is_map or not arg.value:
                 raise SpecError("`reseed` takes the streams to reseed and their new keys: `reseed: {dropout: 5}`", loc)
@@ -1160,20 +1175,24 @@ def nnx_spec(
         if isinstance(e, NnxStep) and e.fork is not None and parser.lacks("fork_rngs"):
             raise parser.too_old("fork_rngs", e.loc)
     model = parser.module(top.need("model"))
-    drawn = next((e for e in run if isinstance(e, NnxRunDraw)), None)
-    if drawn is not None and not model.keep_rngs:
-        raise SpecError(
-            f"`draw: {drawn.stream}` in `run` is model.rngs.{drawn.stream}() outside the model's call: the model keeps "
-            "its Rngs (`keep_rngs: true` on `model:`)",
-            drawn.loc,
-        )
+    names = {st.name: st for st in model.init if isinstance(st, ATTRIBUTES)}
+    for drawn in run:
+        if isinstance(drawn, NnxRunDraw) and drawn.keeper:
+            _check_keeper(names, drawn.keeper, drawn.stream, f"model.{drawn.keeper}", drawn.loc)
+        elif isinstance(drawn, NnxRunDraw) and not model.keep_rngs:
+            raise SpecError(
+                f"`draw: {drawn.stream}` in `run` is model.rngs.{drawn.stream}() outside the model's call: the model "
+                "keeps its Rngs (`keep_rngs: true` on `model:`)",
+                drawn.loc,
+            )
     cn = top.get(CALL_RNGS)
     call_rngs = call_rngs_steps = None
     if cn is not None:
         what = (
             "`call_rngs` is the nnx.Rngs given to every call of the model (model(x, rngs=rngs)): its streams and "
             "seeds, e.g. `call_rngs: {dropout: 1}`; or a list of them, one a step, where each step's call is given "
-            "an Rngs made for it (model(x, rngs=nnx.Rngs(dropout=jax.random.fold_in(key, step))))"
+            "an Rngs made for it (model(x, rngs=nnx.Rngs(dropout=jax.random.fold_in(key, step)))), `null` for a "
+            "step whose call is given none (an eval call, model(x))"
         )
         if cn.is_seq and cn.value:
             if len(cn.value) != sum(e.n for e in run if isinstance(e, NnxStep) and not e.lazy_init):
@@ -1184,9 +1203,12 @@ def nnx_spec(
                     cn.loc,
                 )
             for item in cn.value:
-                if not item.is_map or not item.value:
+                if item.value is not None and (not item.is_map or not item.value):
                     raise SpecError(what, item.loc)
-            call_rngs_steps = tuple({stream: key_source(kn) for stream, kn in item.value.items()} for item in cn.value)
+            call_rngs_steps = tuple(
+                None if item.value is None else {stream: key_source(kn) for stream, kn in item.value.items()}
+                for item in cn.value
+            )
         elif not cn.is_map or not cn.value:
             raise SpecError(what, cn.loc)
         else:
@@ -1219,6 +1241,25 @@ def nnx_spec(
         call_rngs=call_rngs,
         call_rngs_steps=call_rngs_steps,
     )
+
+
+def _check_keeper(names: dict, keeper: str, stream: str, what: str, loc: Location) -> None:
+    """`from: KEEPER` of a `draw`: a submodule built as a module (`names`: the attributes of the module drawing, or
+    of the model) that keeps its Rngs (`what`: how the code names it, `model.enc` or `self.enc`)."""
+    found = _attribute_of(names, keeper)
+    if not (isinstance(found, NnxChild) and not found.stack):
+        raise SpecError(
+            f"`from: {keeper}` of a `draw` names the module whose kept Rngs is drawn from ({what}.rngs.{stream}()): "
+            f"there is no module {keeper!r} built in `init:` (a submodule built as a `module`, not a stack; dotted "
+            "for one inside another: enc.block)",
+            loc,
+        )
+    if not found.module.keep_rngs:
+        raise SpecError(
+            f"`draw: {stream}` from {keeper} is {what}.rngs.{stream}(): {found.module.cls} keeps its Rngs "
+            f"(`keep_rngs: true` on module {keeper!r})",
+            loc,
+        )
 
 
 def _attribute_of(names: dict, name: str):

@@ -257,8 +257,11 @@ def test_bad_call_rngs_are_one_error_line(tmp_path, text, message):
 # ---------------------------------------------------------------- an Rngs made for each step
 # Flax's lm1b_nnx example: each training step gives the model nnx.Rngs(dropout=jax.random.fold_in(rng, step)),
 # a new Rngs (counts from 0) from a new key. The spec's `call_rngs:` is then a list, one Rngs a step.
-def step_rngs(keys: list[str], run: str) -> str:
-    listed = "".join(f"\n      - {{dropout: {k if k.isdigit() or k[0] == '[' else repr(k)}}}" for k in keys)
+def step_rngs(keys: list[str | None], run: str) -> str:
+    listed = "".join(
+        "\n      - null" if k is None else f"\n      - {{dropout: {k if k.isdigit() or k[0] == '[' else repr(k)}}}"
+        for k in keys
+    )
     return given_rngs(call_rngs=listed, run=run)
 
 
@@ -268,8 +271,10 @@ def step_rngs(keys: list[str], run: str) -> str:
         (["fold_in(key(7), 0)", "fold_in(key(7), 1)", "fold_in(key(7), 2)"], "steps: 3"),
         (["split(key(3))[0]", "[0, 9]"], "run: [call, {reseed: {dropout: 4}}, eval, call]"),
         (["7", "7"], "steps: 2"),  # the same key every step: the same masks again
+        # an eval call given no Rngs (model(x)) between training steps given one: `null`
+        (["fold_in(key(7), 0)", None, "fold_in(key(7), 2)"], "run: [call, eval, call, train, call]"),
     ],
-    ids=["fold-in-step", "reseed-eval", "same-key"],
+    ids=["fold-in-step", "reseed-eval", "same-key", "eval-given-none"],
 )
 def test_an_rngs_made_for_each_step_draws_what_nnx_draws(keys, run):
     got = check_against_nnx(spec_of(step_rngs(keys, run)))
@@ -463,3 +468,109 @@ def test_bad_draw_events_are_one_error_line(tmp_path, text, message):
         assert check_against_nnx(spec_of(text)) == {"error": "AttributeError"}
         return
     assert_one_error_line(tmp_path, text, message)
+
+
+# A VAE whose encoder keeps the Rngs it is given (shared with the model) and whose decoder keeps a fork: the
+# model's call draws through a method of the encoder (self.enc.sample(x) drawing self.rngs.noise()), the training
+# step from both submodules' Rngs (model.dec.rngs.noise()): `from:` names the module whose kept Rngs is drawn.
+KEEPERS = """
+rngs: {params: 0, dropout: 1, noise: 2}
+run: [{draw: {stream: noise, from: dec}}, call, {draw: {stream: noise, from: enc, repeat: 2}}, {call: 2},
+      {draw: {stream: noise, from: enc.inner}}]
+model:
+  class: VAE
+  init:
+    - module:
+        name: enc
+        class: Encoder
+        keep_rngs: true
+        init:
+          - Linear: {name: mu}
+          - module: {name: inner, class: Inner, rngs: fork, keep_rngs: true, init: [Linear: {name: l}]}
+    - module:
+        name: dec
+        class: Decoder
+        rngs: fork
+        keep_rngs: true
+        init: [Linear: {name: out}, Dropout: {name: drop, rate: 0.5}]
+        call: [call: drop]
+  call:
+    - call: enc
+    - draw: {stream: noise, from: enc}
+    - draw: {stream: noise, from: enc.inner}
+    - call: dec
+"""
+
+
+def test_draws_from_a_submodules_kept_rngs_are_what_nnx_draws():
+    report = agreed(KEEPERS)
+    rows = [
+        (c.derivation.step, c.derivation.site.split(" ")[0], c.derivation.count)
+        for c in report.calls
+        if c.derivation.step
+    ]
+    # the encoder's Rngs is the model's: its noise counts run on across the call's and the step's draws (after the
+    # two forks, enc.inner's and dec's, took counts 0 and 1); the decoder's and enc.inner's count on their own
+    assert [r for r in rows if r[1] == "enc"] == [(1, "enc", 2), (2, "enc", 3), (2, "enc", 4), (2, "enc", 5)] + [
+        (3, "enc", 6)
+    ]
+    assert [r for r in rows if r[1] == "dec"] == [(1, "dec", 0)]
+    assert [r[2] for r in rows if r[1] == "enc.inner"] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (
+            "run: [{draw: {stream: noise, from: enc}}]\nmodel: {class: M}",
+            "names the module whose kept Rngs is drawn from (model.enc.rngs.noise()): there is no module 'enc'",
+        ),
+        (
+            "run: [call]\nmodel: {class: M, init: [module: {name: enc, class: E}], call: [draw: {stream: n, from: enc}]}",
+            "`draw: n` from enc is self.enc.rngs.n(): E keeps its Rngs (`keep_rngs: true` on module 'enc')",
+        ),
+        (
+            "model: {class: M, init: [Linear: {name: enc}], call: [draw: {stream: n, from: enc}]}",
+            "there is no module 'enc' built in `init:`",
+        ),
+        (
+            "model: {class: M, keep_rngs: true, init: [draw: {stream: params, from: enc}]}",
+            "in `init:` a draw is rngs.params() of the Rngs M is given (drop `from`)",
+        ),
+    ],
+)
+def test_bad_draws_from_a_submodule_are_one_error_line(tmp_path, text, message):
+    assert_one_error_line(tmp_path, text, message)
+
+
+# A step whose call is given no Rngs (`null` in call_rngs) while its layers are not deterministic: as NNX's
+# drop(x, rngs=None), each layer draws from its own stream, and one built without rngs is NNX's ValueError.
+NULL_STEP = """
+rngs: {params: 0, dropout: 1}
+call_rngs: [{dropout: 7}, null, {dropout: 8}]
+steps: 3
+model:
+  class: M
+  init:
+    - Linear: {name: lin}
+    - Dropout: {name: drop, rate: 0.5}
+    - MultiHeadAttention: {name: att, dropout_rate: 0.1}
+    - Dropout: {name: keyless, rate: 0.5, rngs: false}
+  call:
+    - call: {name: drop, rngs: call}
+    - call: {name: att, rngs: call}
+    - call: {name: keyless, rngs: call, deterministic: DET}
+"""
+
+
+def test_a_step_given_no_rngs_draws_from_each_layers_own_stream_as_nnx_does():
+    text = NULL_STEP.replace("DET", "true")
+    report = agreed(text)
+    rows = [(c.derivation.step, c.derivation.site, c.derivation.stream) for c in report.calls if c.derivation.step]
+    assert [r for r in rows if r[0] == 2] == [(2, "drop", "drop.rngs"), (2, "att", "att.rngs")], rows
+    assert {r[2] for r in rows if r[0] != 2} == {"call_rngs.dropout"}
+    # the keyless Dropout, not deterministic, given no Rngs at step 2: NNX's ValueError
+    bad = NULL_STEP.replace("DET", "false")
+    with pytest.raises(FlaxError, match="no `rngs` argument was provided to Dropout"):
+        derive(spec_of(bad))
+    assert check_against_nnx(spec_of(bad)) == {"error": "ValueError"}

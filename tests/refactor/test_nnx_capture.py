@@ -2026,7 +2026,7 @@ WITHOUT_RNGS = HEADER + textwrap.dedent("""
             self.gamma = nnx.Param(jnp.full((d,), 1e-4))
 
         def __call__(self, x):
-            return x * self.gamma.value
+            return x * self.gamma[...]
 
     class Enc(nnx.Module):
         def __init__(self, rngs):
@@ -2135,6 +2135,145 @@ def test_a_training_step_drawing_from_the_models_rngs_captures_the_keys_real_nnx
     assert r.exit_code == 0 and "0 differ, 0 missing, 0 extra" in r.stdout, r.stdout + r.stderr
     r = invoke("verify", spec, "--against", f"{f}:make_model", "--rngs", rngs)
     assert r.exit_code == 2 and "draws from the model's Rngs outside its calls" in r.stderr
+
+
+# a VAE whose encoder keeps the model's Rngs and draws the reparameterisation noise in a method (self.enc.sample(x)
+# from the model's call), and whose decoder keeps a fork; the training step draws from both submodules' Rngs
+# (model.dec.rngs.noise()). Both were refused ("draws from an Rngs it does not keep", "a submodule's kept Rngs").
+VAE = HEADER + textwrap.dedent("""
+    import optax
+
+    class Encoder(nnx.Module):
+        def __init__(self, rngs):
+            self.mu = nnx.Linear(4, 2, rngs=rngs)
+            self.logvar = nnx.Linear(4, 2, rngs=rngs)
+            self.rngs = rngs
+
+        def __call__(self, x):
+            return self.mu(x), self.logvar(x)
+
+        def sample(self, x):
+            mu, logvar = self(x)
+            return mu + jnp.exp(0.5 * logvar) * jax.random.normal(self.rngs.noise(), mu.shape)
+
+    class Decoder(nnx.Module):
+        def __init__(self, rngs):
+            self.out = nnx.Linear(2, 4, rngs=rngs)
+            self.drop = nnx.Dropout(0.1, rngs=rngs)
+            self.rngs = rngs
+
+        def __call__(self, z):
+            return self.drop(self.out(z))
+
+    class VAE(nnx.Module):
+        def __init__(self, rngs):
+            self.enc = Encoder(rngs)
+            self.dec = Decoder(rngs.fork())
+
+        def __call__(self, x):
+            return self.dec(self.enc.sample(x))
+
+    @nnx.jit
+    def train_step(model, opt, x):
+        def loss(m):
+            eps = jax.random.normal(m.dec.rngs.noise(), x.shape)
+            return jnp.mean((m(x + eps) - x - jax.random.normal(m.enc.rngs.noise(), x.shape)) ** 2)
+
+        grads = nnx.grad(loss)(model)
+        opt.update(model, grads)
+
+    def make_model(rngs):
+        model = VAE(rngs)
+        return model, (nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param), jnp.ones((2, 4)))
+""")
+
+
+def test_draws_from_a_submodules_kept_rngs_capture_the_keys_real_nnx_draws(tmp_path):
+    f = write(tmp_path, "vae.py", VAE)
+    rngs = "params=0,dropout=1,noise=2"
+    spec, doc = capture(tmp_path, f"{f}:make_model", "--step", f"{f}:train_step", "--rngs", rngs, "--steps", "3")
+    loaded = yaml.safe_load(spec.read_text())
+    dec, enc = ({"draw": {"stream": "noise", "from": m}} for m in ("dec", "enc"))
+    # (enc's draw after the call belongs to the next call's step; the last one to the last step)
+    assert loaded["run"] == [dec, "call", enc, dec, "call", enc, dec, "call", enc], loaded["run"]
+    assert {"draw": {"stream": "noise", "from": "enc"}} in loaded["model"]["call"], loaded["model"]
+    # the step compiled as written (nnx.jit, nnx.grad) hands out the same keys
+    assert _keys_file_keys(doc) == _real_model_keys(f, {"params": 0, "dropout": 1, "noise": 2}, 3, "train_step")
+    assert_real_nnx_agrees(spec, doc)
+    r = invoke("verify", spec, "--against", f"{f}:make_model", "--step", f"{f}:train_step", "--rngs", rngs)
+    assert r.exit_code == 0 and "0 differ, 0 missing, 0 extra" in r.stdout, r.stdout + r.stderr
+
+
+# a step that trains the model given an Rngs and then evaluates it given none (model.eval(); model(x)): refused
+# ("draws differently from one call to the next"), with one Rngs for every training call or one made a step
+EVAL_GIVEN_NONE = HEADER + textwrap.dedent("""
+    class M(nnx.Module):
+        def __init__(self, rngs):
+            self.lin = nnx.Linear(4, 4, rngs=rngs)
+            self.drop = nnx.Dropout(0.5)
+            self.att = nnx.MultiHeadAttention(2, 4, dropout_rate=0.1, decode=False, rngs=rngs)
+            self.n = 0
+
+        def __call__(self, x, rngs=None):
+            return self.att(self.drop(self.lin(x), rngs=rngs), rngs=rngs)
+
+    def make_model(rngs):
+        return M(rngs), (jnp.ones((2, 3, 4)), nnx.Rngs(dropout=7))
+
+    def one_rngs(model, x, rngs):
+        model.train()
+        model(x, rngs=rngs)
+        model.eval()
+        model(x)
+
+    def per_step(model, x, rngs):
+        model.n += 1
+        model.train()
+        model(x, rngs=nnx.Rngs(dropout=jax.random.fold_in(jax.random.key(0), model.n)))
+        model.eval()
+        model(x)
+""")
+
+
+def _fold_in_data(seed: int, n: int) -> list[int]:
+    import jax
+
+    return [int(w) for w in jax.random.key_data(jax.random.fold_in(jax.random.key(seed), n))]
+
+
+@pytest.mark.parametrize(
+    "step, call_rngs",
+    [
+        ("one_rngs", {"dropout": 7}),
+        ("per_step", [1, None, 2, None]),
+    ],
+)
+def test_eval_calls_given_no_rngs_beside_training_calls_given_one_capture_the_keys_real_nnx_draws(
+    tmp_path, step, call_rngs
+):
+    f = write(tmp_path, "m.py", EVAL_GIVEN_NONE)
+    seeds = {"params": 0, "dropout": 1}
+    spec, doc = capture(
+        tmp_path, f"{f}:make_model", "--step", f"{f}:{step}", "--rngs", "params=0,dropout=1", "--steps", "2"
+    )
+    loaded = yaml.safe_load(spec.read_text())
+    if isinstance(call_rngs, list):
+        # the Rngs made for each training step, nnx.Rngs(dropout=jax.random.fold_in(key(0), n)), as key data;
+        # the eval steps' calls are given none
+        call_rngs = [None if n is None else {"dropout": _fold_in_data(0, n)} for n in call_rngs]
+    assert loaded["call_rngs"] == call_rngs and loaded["run"] == [
+        "call",
+        "eval",
+        "call",
+        "train",
+        "call",
+        "eval",
+        "call",
+    ]
+    assert _keys_file_keys(doc) == _real_model_keys(f, seeds, 2, step)
+    assert_real_nnx_agrees(spec, doc)
+    r = invoke("verify", spec, "--against", f"{f}:make_model", "--step", f"{f}:{step}", "--rngs", "params=0,dropout=1")
+    assert r.exit_code == 0 and "0 differ, 0 missing, 0 extra" in r.stdout, r.stdout + r.stderr
 
 
 def test_a_stream_the_calls_rngs_lacks_is_a_warning_about_that_rngs(tmp_path):
