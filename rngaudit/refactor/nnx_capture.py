@@ -229,12 +229,17 @@ def observing() -> Iterator[NnxRecorder]:
 
 def _seed(value) -> int | list[int] | None:
     """What a spec's `rngs:` writes for a stream of nnx.Rngs(...): an integer seed as given, a concrete key
-    (jax.random.key(n), PRNGKey(n), a split of one) as its raw key data `[w0, w1]`; None for anything else (a key
-    traced under a transform)."""
+    (jax.random.key(n), PRNGKey(n), a split of one, or an RngStream's key: nnx.Rngs(dropout=rngs.dropout)) as its
+    raw key data `[w0, w1]`; None for anything else (a key traced under a transform)."""
     if type(value) is int:
         return value
     import jax
     import numpy as np
+
+    if type(value).__name__ == "RngStream":
+        # nnx.Rngs(dropout=self.rngs.dropout): the stream's key, its count not taken (a new stream counts from 0)
+        key = value.key
+        value = key.get_value() if hasattr(key, "get_value") else key.value
 
     run_key = jax.random.key(0)  # (the run's PRNG impl and its key width)
     width = np.asarray(jax.random.key_data(run_key)).size

@@ -355,6 +355,9 @@ def module(draw, depth: int, n: list, lanes: bool = False, no_keep: bool = False
             if target in rnns:
                 return rnn_call(draw, target, level)
             child = children.get(target)
+            if child is not None and child.get("keep_rngs") and "stack" not in child and maybe(draw, 0.35):
+                # self.<child>.rngs.<stream>() (or a method of the child drawing from its own): `from:`
+                return {"draw": {"stream": draw(st.sampled_from(ASKED)), "from": target}}
             if child is not None and (bridged(child) or uses_call_rngs(child)):
                 # (a ToNNX, or a module holding one, or giving a Dropout the call's Rngs: called plainly, outside
                 # control flow)
@@ -462,19 +465,34 @@ def nnx_specs(draw) -> str:
         ]
     else:
         doc["run"] = draw(st.lists(run_event(lane_safe(model), bridged(model), recurrent), min_size=1, max_size=5))
-    if model.get("keep_rngs") and "run" in doc and maybe(draw, 0.4):
-        # a training step drawing from the Rngs the model keeps, outside its call (model.rngs.noise())
+    keepers = [""] if model.get("keep_rngs") else []
+    keepers += [
+        s["module"]["name"]
+        for s in model.get("init", [])
+        if isinstance(s, dict) and s.get("module", {}).get("keep_rngs") and "stack" not in s["module"]
+    ]
+    if keepers and "run" in doc and maybe(draw, 0.4):
+        # a training step drawing from the Rngs the model keeps, outside its call (model.rngs.noise()), or one a
+        # module of it keeps (model.enc.rngs.noise(): `from:`)
         for _ in range(draw(st.integers(1, 3))):
             first = 1 if doc["run"][:1] == ["lazy_init"] else 0
             at = draw(st.integers(first, len(doc["run"])))
             stream = draw(st.sampled_from(STREAMS))
-            doc["run"].insert(at, {"draw": stream} if maybe(draw, 0.7) else {"draw": {"stream": stream, "repeat": 2}})
+            keeper = draw(st.sampled_from(keepers))
+            if not keeper:
+                made = {"draw": stream} if maybe(draw, 0.7) else {"draw": {"stream": stream, "repeat": 2}}
+            else:
+                made = {"draw": {"stream": stream, "from": keeper, **({"repeat": 2} if maybe(draw, 0.3) else {})}}
+            doc["run"].insert(at, made)
     steps = doc.get("steps", 1) if "run" not in doc else doc["run"].count("call")
     if "call_rngs" in doc and steps and maybe(draw, 0.5):
         # an Rngs made for each step, model(x, rngs=nnx.Rngs(dropout=fold_in(key, step))): the same streams, a
         # key a step (small seeds: steps given the same key too)
+        # (`null`: a step whose call is given none, an eval call model(x): layers called as with rngs=None)
         doc["call_rngs"] = [
-            {s: draw(st.one_of(st.integers(0, 2), st.just(f"fold_in(key(1), {i})"))) for s in doc["call_rngs"]}
+            None
+            if maybe(draw, 0.15)
+            else {s: draw(st.one_of(st.integers(0, 2), st.just(f"fold_in(key(1), {i})"))) for s in doc["call_rngs"]}
             for i in range(steps)
         ]
     return yaml.safe_dump(doc, sort_keys=False)
@@ -543,6 +561,10 @@ def test_random_nnx_models_match_nnx(text):
         event("an Rngs made for each step")
     if any(isinstance(e, NnxRunDraw) for e in spec.run):
         event("a step's draw from the model's Rngs")
+    if "from:" in text:
+        event("a draw from a submodule's kept Rngs")
+    if spec.call_rngs_steps is not None and None in spec.call_rngs_steps:
+        event("a step given no Rngs")
     given_mode = [st.deterministic for st in _calls(spec.model) if st.deterministic is not None]
     if given_mode:
         modes = any(isinstance(e, NnxMode) for e in spec.run)

@@ -2276,6 +2276,37 @@ def test_eval_calls_given_no_rngs_beside_training_calls_given_one_capture_the_ke
     assert r.exit_code == 0 and "0 differ, 0 missing, 0 extra" in r.stdout, r.stdout + r.stderr
 
 
+# an Rngs made from a stream, nnx.Rngs(dropout=rngs.dropout), takes the stream's key and counts from 0 again:
+# capture refused it ("not made ... with integer seeds or concrete keys"); now written as the key's data, and
+# collisions sees the keys the model's own stream already handed out
+FROM_STREAM = HEADER + textwrap.dedent("""
+    class M(nnx.Module):
+        def __init__(self, rngs):
+            self.lin = nnx.Linear(4, 4, rngs=rngs)
+            self.drop = nnx.Dropout(0.5, rngs=rngs)
+
+        def __call__(self, x, rngs):
+            return self.drop(self.lin(x), rngs=rngs)
+
+    def make_model(rngs):
+        return M(rngs), (jnp.ones((2, 4)), nnx.Rngs(dropout=rngs.dropout))
+""")
+
+
+def test_an_rngs_made_from_a_stream_captures_the_keys_real_nnx_draws_and_is_a_shared_key(tmp_path):
+    f = write(tmp_path, "m.py", FROM_STREAM)
+    spec, doc = capture(tmp_path, f"{f}:make_model", "--rngs", "params=0,dropout=1", "--steps", "2")
+    import jax
+
+    # (the stream's key, jax.random.key(1), as data)
+    key_1 = [int(w) for w in jax.random.key_data(jax.random.key(1))]
+    assert yaml.safe_load(spec.read_text())["call_rngs"] == {"dropout": key_1}
+    assert _keys_file_keys(doc) == _real_model_keys(f, {"params": 0, "dropout": 1}, 2)
+    assert_real_nnx_agrees(spec, doc)
+    r = invoke("collisions", spec)
+    assert r.exit_code == 1 and "FAIL  shared_stream_key" in r.stdout, r.stdout
+
+
 def test_a_stream_the_calls_rngs_lacks_is_a_warning_about_that_rngs(tmp_path):
     """The fallback warning named the Rngs the model is built from for draws from the Rngs given to its calls."""
     f = write(
