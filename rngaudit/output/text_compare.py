@@ -24,10 +24,12 @@ def render_text(cmp: Comparison) -> str:
             lane = f" lane {list(s.lane)}" if s.lane else ""
             label = f" {s.label}" if s.label else ""
             if s.step >= 0:
-                # (NNX: when it was drawn, construction or the n-th call, and its nnx.scan step)
-                when = ["init" if s.step == 0 else f"step {s.step}"] + (
-                    [f"scan {s.iteration}"] if s.iteration >= 0 else []
-                )
+                # (NNX: when it was drawn, construction or the n-th call, and its nnx.scan step; a key moved to
+                # another step: both)
+                at = "init" if s.step == 0 else f"step {s.step}"
+                if e.old is not None and e.new is not None and e.old.step != e.new.step:
+                    at = f"step {e.old.step} -> {e.new.step}"
+                when = [at] + ([f"scan {s.iteration}"] if s.iteration >= 0 else [])
                 lane = f" ({', '.join(when)})" + lane
             old = list(e.old.key) if e.old is not None and e.old.key else "-"
             new = list(e.new.key) if e.new is not None and e.new.key else "-"
@@ -49,7 +51,7 @@ def render_text(cmp: Comparison) -> str:
         lines.append(
             f"{cmp.count('kept')} kept, {cmp.count('changed')} changed, {cmp.count('new')} new, "
             f"{cmp.count('gone')} gone"
-            + (f", {cmp.count('moved')} moved (the same keys under other names)" if cmp.count("moved") else "")
+            + (f", {cmp.count('moved')} moved (the same keys, elsewhere)" if cmp.count("moved") else "")
             + (f"; {len(cmp.things)} things with another key" if cmp.things else "")
         )
     else:

@@ -425,6 +425,7 @@ def _explain_nnx(cmp: Comparison, old: Capture, new: Capture) -> None:
     index: _SameKeys | None = None
     shifts: _CountShifts | None = None
     pairs: dict[int, Entry] = {}  # id(a new or gone entry) -> the entry on the other side with its key
+    _merge_step_moves(cmp)
     renames = _renamed_modules(cmp)
     for e in cmp.entries:
         if e.status == "changed":
@@ -573,6 +574,42 @@ def _chain_change(a: Site, b: Site) -> str:
 def _shown(shape: tuple) -> list[str]:
     names = list(dict.fromkeys(".".join(tail) or "(its own)" for tail, *_ in shape))
     return names[:4] + ([f"{len(names) - 4} more"] if len(names) > 4 else [])
+
+
+def _merge_step_moves(cmp: Comparison) -> None:
+    """A gone site and a new one that are the same draw (path, stream, count, lane, scan step, kind) with the same
+    key at another step of the run: one `moved` entry, which a gate does not fail on. The calls before it changed,
+    not its key: a training step's draw moved past a call of the model (its rows belong to the next call), or calls
+    that draw nothing of that stream (in eval mode) were added or removed before it."""
+
+    def draw(s: Site) -> tuple:
+        return (s.path, s.stream, s.stream_path, s.count, s.lane, s.iteration, s.kind, s.key)
+
+    gone: dict[tuple, list[Entry]] = {}
+    for e in cmp.entries:
+        if e.status == "gone" and e.old is not None and e.old.step > 0 and e.old.key is not None:
+            gone.setdefault(draw(e.old), []).append(e)
+    if not gone:
+        return
+    used: set[int] = set()
+    merged: dict[int, Entry] = {}
+    for e in cmp.entries:
+        if e.status != "new" or e.new is None or e.new.step <= 0:
+            continue
+        left = gone.get(draw(e.new))
+        if left:
+            g = left.pop(0)
+            assert g.old is not None
+            used.add(id(g))
+            why = (
+                f"the same key from the same site and count, drawn at step {e.new.step} now and at step "
+                f"{g.old.step} before: the calls of the model before it changed, not this key (a draw of the "
+                "training step moved past a call of the model, or calls that draw nothing of this stream, in eval "
+                "mode, were added or removed before it)"
+            )
+            merged[id(e)] = Entry("moved", e.ident, g.old, e.new, [why])
+    if merged:
+        cmp.entries = [merged.get(id(e), e) for e in cmp.entries if id(e) not in used]
 
 
 def _merge_moves(cmp: Comparison, pairs: dict) -> None:

@@ -16,6 +16,7 @@ import json
 import os
 import re
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -237,3 +238,53 @@ def test_a_layer_renamed_and_built_elsewhere_is_followed_and_explained(tmp_path)
         "after it now and before it before, under another name (the rename above): decoder.kernel, decoder.bias"
         in r.stdout
     )
+
+
+STEP_DRAW = """
+rngaudit: 1
+flavour: nnx
+rngs: {params: 0, dropout: 1, noise: 2}
+run: RUN
+model:
+  class: M
+  keep_rngs: true
+  init: [Linear: {name: l}, Dropout: {name: drop, rate: 0.5}]
+  call: [call: drop]
+"""
+
+
+@pytest.mark.parametrize(
+    "before, after, moved",
+    [
+        # a training step's draw moved past the model's call: its row belongs to the next call's step now
+        ("[draw: noise, call, call]", "[call, draw: noise, call]", [("(root)", "noise", 0, 1, 2)]),
+        # an eval call (drawing nothing) inserted: the next training call's keys are the ones the old step 2 drew
+        ("[call, call]", "[call, eval, call, train, call]", [("drop", "dropout", 1, 2, 3)]),
+    ],
+)
+def test_a_key_drawn_at_another_step_is_moved_not_new_and_gone(tmp_path, before, after, moved):
+    """diff said GONE and NEW, with an untrue why ("the layer is gone, not called, or deterministic"), for a key
+    that every stream still hands out at the same site and count: the calls before it changed."""
+    from support import invoke
+
+    old, new = tmp_path / "old.yaml", tmp_path / "new.yaml"
+    old.write_text(STEP_DRAW.replace("RUN", before))
+    new.write_text(STEP_DRAW.replace("RUN", after))
+    doc = json.loads(invoke("diff", old, new, "-f", "json").stdout)
+    got = [(e["path_str"], e["stream"], e["count"], e["old_step"]) for e in doc["sites"] if e["status"] == "moved"]
+    assert got == [m[:4] for m in moved] and not [e for e in doc["sites"] if e["status"] in ("new", "gone", "changed")]
+    # the claim holds: derive draws that key at that site and count, at the old step before and the new one now
+    for path, stream, count, was, now in moved:
+        drawn = {
+            side: [
+                (c.derivation.step, tuple(c.key))
+                for c in rngaudit.derive(parse_spec(f.read_text(), str(f))).calls
+                if (c.derivation.site.split(" ")[0], c.derivation.tag, c.derivation.count) == (path, stream, count)
+            ]
+            for side, f in (("old", old), ("new", new))
+        }
+        assert [s for s, _ in drawn["old"]] == [was] and [s for s, _ in drawn["new"]] == [now]
+        assert drawn["old"][0][1] == drawn["new"][0][1]
+    r = invoke("diff", old, new)
+    assert r.exit_code == 0 and f"(step {moved[0][3]} -> {moved[0][4]})" in r.stdout, r.stdout
+    assert "the calls of the model before it changed, not this key" in r.stdout
