@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .errors import FlaxError, InputError, Location, RngauditError, UnsupportedError, UsageError
 
@@ -602,7 +602,7 @@ def diff(
         new = old
     if not any(releases.values()):
         return compare(_sites(old), _sites(new))
-    sides = []
+    sides, pinned = [], []
     for side, flax, jax, which in ((old, from_flax, from_jax, "from"), (new, to_flax, to_jax, "to")):
         if not isinstance(side, (str, os.PathLike)) or os.fspath(side).lower().endswith(".json"):
             raise UsageError(
@@ -610,16 +610,15 @@ def diff(
                 f"(YAML), not {'a keys file' if isinstance(side, (str, os.PathLike)) else type(side).__name__}"
             )
         origin = f"--{which}-flax ({'OLD' if which == 'from' else 'NEW'} side)"
-        sides.append(_release_sites(os.fspath(side), Release(flax, jax, origin)))
+        cap, spec = _release_sites(os.fspath(side), Release(flax, jax, origin))
+        sides.append(cap)
+        pinned.append(spec.threefry_partitionable if spec.partitionable_pinned else None)
     cmp = compare(*sides)
     if from_jax is not None or to_jax is not None:
-        for label, side in (("OLD", old), ("NEW", new)):
-            if not isinstance(side, (str, os.PathLike)):
-                continue  # (checked above: spec files on both sides)
-            pinned = _pinned_partitionable(os.fspath(side))
-            if pinned is not None:
+        for label, flag in zip(("OLD", "NEW"), pinned):
+            if flag is not None:
                 cmp.notes.append(
-                    f"{label} sets jax.threefry_partitionable: {str(pinned).lower()} (the model sets the flag), so "
+                    f"{label} sets jax.threefry_partitionable: {str(flag).lower()} (the model sets the flag), so "
                     "--from-jax/--to-jax do not change it there; where the flag is JAX's default, drop it from the "
                     "spec to check what the release moves"
                 )
@@ -628,26 +627,17 @@ def diff(
     return cmp
 
 
-def _pinned_partitionable(path: str) -> bool | None:
-    """A spec file's own `jax: {threefry_partitionable: ...}`, or None where it leaves it to the release."""
-    from .spec.yaml_source import load_file
-
-    top = load_file(path)
-    jax = top.value.get("jax") if top.is_map else None
-    if jax is None or not jax.is_map or "threefry_partitionable" not in jax.value:
-        return None
-    return bool(jax.value["threefry_partitionable"].value)
-
-
-def _release_sites(path: str, release) -> Capture:
-    """A spec file's sites under `release`'s rules, named with the releases whose rules they follow."""
+def _release_sites(path: str, release) -> tuple[Capture, Any]:
+    """A spec file's sites under `release`'s rules, named with the releases whose rules they follow (and the
+    spec)."""
     from .refactor.keys_file import spec_capture
     from .spec.parse import load_spec
 
-    cap = spec_capture(path, load_spec(path, release))
+    spec = load_spec(path, release)
+    cap = spec_capture(path, spec)
     jax = cap.settings["jax_version"]
     cap.target = f"{path} (flax {cap.settings['flax_version'] or 'newest'}{f', jax {jax}' if jax else ''})"
-    return cap
+    return cap, spec
 
 
 def findings(report, *, strict: bool = True) -> list:

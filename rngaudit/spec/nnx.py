@@ -319,6 +319,7 @@ class NnxSpec:
     call_rngs: dict[str, RngSource] | None = None
     # `call_rngs:` as a list: step i's call is given an nnx.Rngs made for it (nnx.Rngs(dropout=fold_in(key, i)))
     call_rngs_steps: tuple[dict[str, RngSource] | None, ...] | None = None  # (None: that step's call is given none)
+    partitionable_pinned: bool = False  # the spec states `jax: {threefry_partitionable}` (a release leaves it)
 
     @property
     def shared_dropout(self) -> bool:

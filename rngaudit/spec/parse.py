@@ -157,7 +157,7 @@ def spec_from_node(root: YNode, release: Release | None = None) -> Spec | NnxSpe
             f"rngaudit has Flax's rules from {version_text(OLDEST_FLAX)} on; flax {flax_version} is older",
             ff.need("version").loc if ff is not None and ff.has("version") else root.loc,
         )
-    impl, part = "threefry2x32", True
+    impl, part, pins = "threefry2x32", True, False
     if top.has("jax"):
         jf = Fields(top.need("jax"), "jax", JAX_KEYS)
         impl = jf.text("prng_impl", impl)
@@ -170,9 +170,10 @@ def spec_from_node(root: YNode, release: Release | None = None) -> Spec | NnxSpe
         # (a JAX release sets the flag's default: false before 0.5.0; the flag itself wins)
         default = jax_partitionable_default(None if jax_version is None else version_tuple(jax_version))
         part = jf.flag("threefry_partitionable", default)
+        pins = jf.has("threefry_partitionable")
     if release is not None and release.jax is not None:
         jax_version = None if release.jax == NEWEST else release.jax
-        if not (top.has("jax") and Fields(top.need("jax"), "jax", JAX_KEYS).has("threefry_partitionable")):
+        if not pins:
             # (a flag the spec sets stays set: the model pins it, and the upgrade does not move it)
             part = jax_partitionable_default(None if jax_version is None else version_tuple(jax_version))
     pn = top.get("phase")
@@ -218,7 +219,7 @@ def spec_from_node(root: YNode, release: Release | None = None) -> Spec | NnxSpe
             None if release is None else release.flax,
             None if release is None or release.flax is None else release.origin,
         )
-        return dataclasses.replace(spec, jax_version=jax_version) if jax_version is not None else spec
+        return dataclasses.replace(spec, jax_version=jax_version, partitionable_pinned=pins)
 
     parser = BodyParser(FlaxRules(None if flax_version is None else version_tuple(flax_version)))
     if release is not None and release.flax is not None and release.origin:
@@ -238,6 +239,7 @@ def spec_from_node(root: YNode, release: Release | None = None) -> Spec | NnxSpe
         flax_version=flax_version,
         jax_version=jax_version,
         method=_method(top),
+        partitionable_pinned=pins,
     )
 
 

@@ -156,6 +156,7 @@ class Spec:
     flax_version: str | None = None  # `flax: {version}`: the release whose rules apply; None: the newest
     jax_version: str | None = None  # `jax: {version}`: sets threefry_partitionable's default only
     method: str | None = None  # `method:` the module method the model runs (verify runs it), None: __call__
+    partitionable_pinned: bool = False  # the spec states `jax: {threefry_partitionable}` (a release leaves it)
 
     @property
     def rules(self) -> FlaxRules:
