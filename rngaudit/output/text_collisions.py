@@ -312,6 +312,10 @@ def render_nnx_audit(a: NnxAudit, console: Console) -> None:
     else:
         head.append(f"  (nnx spec, {a.call_sites} draws, {a.prng_impl}, rules {a.rules})")
     _print(console, head)
+    fallbacks: dict[tuple, list] = {}  # (stream, why) -> its default_fallback findings, one a statement
+    for c in a.collisions:
+        if c.key is None and c.category == "default_fallback":
+            fallbacks.setdefault((c.sites[0].requested, c.why), []).append(c)
     for c in a.collisions:
         line = Text()
         line.append("FAIL  " if c.failing else "INFO  ", style="bold red" if c.failing else "bold cyan")
@@ -330,9 +334,20 @@ def render_nnx_audit(a: NnxAudit, console: Console) -> None:
             _print_rows(rows, console)
             _more(len(c.sites) - MAX_SHOWN, "draws", console)
         elif c.key is None:
+            # (default_fallback, one finding a statement: said once a stream, its statements listed)
+            group = fallbacks.get((c.sites[0].requested, c.why), [])
+            if not group or group[0] is not c:
+                continue
             s = c.sites[0]
-            line.append(f"{s.site}: stream {_shown(s.requested)} is served by 'default' ({s.location})")
-            _print(console, line)
+            if len(group) == 1:
+                line.append(f"{s.site}: stream {_shown(s.requested)} is served by 'default' ({s.location})")
+                _print(console, line)
+            else:
+                line.append(f"stream {_shown(s.requested)} is served by 'default' at {len(group)} statements")
+                _print(console, line)
+                rows = [[_INDENT, g.sites[0].site, str(g.sites[0].location)] for g in group[:MAX_SHOWN]]
+                _print_rows(rows, console)
+                _more(len(group) - MAX_SHOWN, "statements", console)
         else:
             line.append(f"{len(c.sites)} draws get the key {_key(c.key)}")
             _print(console, line)

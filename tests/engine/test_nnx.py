@@ -357,6 +357,29 @@ def test_strict_finds_the_default_fallback(tmp_path):
     assert r.exit_code == 1 and "served by 'default'" in r.stdout
 
 
+def test_collisions_says_a_default_fallback_once_a_stream_with_its_statements(tmp_path):
+    """nnx.Rngs(0), Flax's own idiom, gave one INFO block per statement (20 for a 4-block model); the text report
+    says each stream once and lists the statements (JSON and annotations keep one finding a statement: a Linear's
+    kernel and bias are one)."""
+    blocks = "".join(
+        f"    - module: {{name: b{i}, class: B, init: [Linear: {{name: l}}, Dropout: {{name: d, rate: 0.5}}]}}\n"
+        for i in range(3)
+    )
+    path = write(
+        tmp_path, "d.yaml", f"rngaudit: 1\nflavour: nnx\nrngs: {{default: 0}}\nmodel:\n  class: M\n  init:\n{blocks}"
+    )
+    r = invoke("collisions", path)
+    assert r.exit_code == 0, r.stdout + r.stderr
+    heads = [ln for ln in r.stdout.splitlines() if ln.startswith("INFO")]
+    assert heads == [
+        "INFO  default_fallback: stream params is served by 'default' at 3 statements",
+        "INFO  default_fallback: stream dropout is served by 'default' at 3 statements",
+    ], r.stdout
+    assert r.stdout.count("why ") == 2 and "b2.l.kernel" in r.stdout and r.stdout.endswith("0 failing, 6 information\n")
+    doc = json.loads(invoke("collisions", path, "-f", "json").stdout)
+    assert len([c for f in doc["inputs"] for c in f["collisions"] if c["category"] == "default_fallback"]) == 6
+
+
 # ---------------------------------------------------------------- collisions of NNX specs
 def _audit(text: str):
     from rngaudit.api import audit_input
