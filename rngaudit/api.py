@@ -528,12 +528,13 @@ def _verify_nnx(spec: NnxSpec, target: str, inputs, rngs, method, step: str | No
     if any(
         not isinstance(e, (NnxStep, NnxMode, NnxRunDraw))
         or isinstance(e, NnxStep)
-        and (e.stale or e.transform or e.fork is not None)
+        and ((e.stale and step is None) or e.transform or e.fork is not None)
         for e in spec.run
     ):
         raise UsageError(
-            f"{spec.file}: verify against a live NNX model runs plain calls; this spec's `run:` has other events "
-            "(reseed, stale_call, vmap, scan or fork_rngs calls): compare it with a keys file instead"
+            f"{spec.file}: verify against a live NNX model runs plain calls (and, with --step, the step's "
+            "stale_calls); this spec's `run:` has other events (reseed, vmap, scan or fork_rngs calls, or "
+            "stale_call without --step): compare it with a keys file instead"
         )
     if step is None and any(isinstance(e, NnxRunDraw) for e in spec.run):
         raise UsageError(

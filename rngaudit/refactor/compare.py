@@ -742,6 +742,16 @@ class _CountShifts:
         if before.count == after.count:
             return None
         delta = after.count - before.count
+        stale = [side for side, t in (("before", before), ("now", after)) if "stale_call" in t.context]
+        if len(stale) == 1:
+            # (one side's step drops the state its jitted function returns: its counts roll back after each call)
+            which = "the new" if stale[0] == "now" else "the old"
+            return (
+                f"count shift: {'.'.join(s.path)} drew {s.stream!r} count {before.count} before and {after.count} "
+                f"now: {which} run's step drops the state its jitted function returns (stale_call: the RNG counts "
+                "roll back after the call, so the next call draws the same keys again)"
+                + ("; write it back (nnx.update(model, state)) for the counts to carry on" if stale[0] == "now" else "")
+            )
         # the draws of that stream that exist on one side only, before the site: what moved it
         site = after if delta > 0 else before
         only = self.only["new" if delta > 0 else "old"].get((site.stream_path, site.step), [])

@@ -146,6 +146,9 @@ class NnxRecorder:
         # id(Dropout) -> the key data its calls were given (drop(x, rngs=key)); None in it: one capture cannot write
         self.given_keys: dict[int, set] = {}
         self.rnn_draws: dict[int, int] = {}  # id(an nnx.RNN) -> the keys its cell's initialize_carry draws a call
+        self.merged: list[tuple[object, object]] = []  # this step's nnx.merge copies of the model: (copy, model)
+        self.split_of: dict[int, tuple] = {}  # id(an nnx.split graphdef) -> (it, what it was split from)
+        self.stale: set[int] = set()  # the model's calls whose RNG counts were not written back (stale_call)
 
     def reset(self) -> None:
         """Empty, as made (and active)."""
@@ -518,6 +521,32 @@ def _observed(rec: NnxRecorder) -> Iterator[None]:
 
         return hook
 
+    def split_hook_graph(original):
+        # nnx.split(node): what its graphdef was split from, so that nnx.merge(graphdef, state) is known a copy
+        def hook(*args, **kw):
+            out = original(*args, **kw)
+            if rec.active and args and isinstance(out, tuple) and out:
+                rec.split_of[id(out[0])] = (out[0], args[0])
+            return out
+
+        return hook
+
+    def merge_hook(original):
+        # nnx.merge(graphdef, state) of an nnx.split of the model (a pure jax.jit step: model = nnx.merge(graphdef,
+        # state) inside, the state returned and written back with nnx.update): a copy holding the model's RNG
+        # counts as they were split, so its calls and draws are the model's
+        def hook(*args, **kw):
+            out = original(*args, **kw)
+            made = rec.split_of.get(id(args[0])) if rec.active and args else None
+            if made is not None:
+                _pair(rec, out, made[1])
+                for o in out if isinstance(out, (tuple, list)) else (out,):
+                    if rec.model is not None and rec.resolve(o) is rec.model and o is not rec.model:
+                        rec.merged.append((o, rec.model))
+            return out
+
+        return hook
+
     def view_hook(original):
         # nnx.view(model, deterministic=...) / nnx.with_attributes: new module objects sharing the model's variables
         # (its RNG counts included), so a view's calls and draws are the model's; its `deterministic` is read at
@@ -543,6 +572,11 @@ def _observed(rec: NnxRecorder) -> Iterator[None]:
             if hasattr(nnx, n)
         ),
         (meta, "_pytree_meta_construct", construct, construct_hook),
+        *(
+            ((nnx, "merge", nnx.merge, merge_hook(nnx.merge)), (nnx, "split", nnx.split, split_hook_graph(nnx.split)))
+            if hasattr(nnx, "merge") and hasattr(nnx, "split")
+            else ()
+        ),
         (nnx.RngStream, "__call__", stream_call, stream_hook),
         (nnx.Rngs, "fork", fork, fork_hook),
         (nnx, "split_rngs", split_rngs, split_hook),
@@ -610,6 +644,27 @@ def _scans_itself(rec: NnxRecorder, frame: Called, t: Transform) -> None:
     frame.transforms += 1
 
 
+def _rebuilt(x):
+    """x rebuilt from its pytree leaves, as jax.jit hands a function its arguments (new State, Variable and module
+    objects holding the same arrays)."""
+    import jax
+
+    leaves, treedef = jax.tree.flatten(x)
+    return jax.tree.unflatten(treedef, leaves)
+
+
+def _counts(node) -> dict:
+    """The count of every RngStream in a module's graph, by path."""
+    from flax import nnx
+
+    out = {}
+    for path, v in nnx.graph.iter_graph(node):
+        if isinstance(v, nnx.RngStream):
+            c = v.count
+            out[path] = int(c.get_value() if hasattr(c, "get_value") else c.value)
+    return out
+
+
 def _graph_updates(kw: dict) -> bool:
     """Whether an NNX transform called with `kw` runs in graph mode and writes the graph's updates back (the
     RngState counts included): the default, and what makes it hand out the keys eager code does. flax 0.12.7 and
@@ -629,6 +684,10 @@ def _concrete(*xs) -> bool:
     import jax
 
     return not any(isinstance(x, jax.core.Tracer) for x in xs)
+
+
+# (the packages whose jax.jit capture leaves alone: only a function of the user's code runs as plain Python)
+_LIBRARIES = frozenset(("jax", "jaxlib", "flax", "optax", "chex", "orbax", "numpy", "equinox", "haiku", "rngaudit"))
 
 
 def _eager_transforms(nnx, rec: NnxRecorder) -> list[tuple[object, str, object, object]]:
@@ -707,7 +766,41 @@ def _eager_transforms(nnx, rec: NnxRecorder) -> list[tuple[object, str, object, 
 
         return hook
 
+    def jax_jit(original):
+        # jax.jit over a function of the user's (a pure step: nnx.merge inside, the state returned), applied at
+        # import of the model's files: plain Python while capture observes, as nnx.jit (JAX's and Flax's own
+        # jitted functions, and libraries', are left as they are)
+        def hook(*args, **kw):
+            f = args[0] if args else kw.get("fun")
+            if not callable(f):
+                return lambda g: hook(g, **{k: v for k, v in kw.items() if k != "fun"})
+            made = original(*args, **kw)
+            root = str(getattr(f, "__module__", None) or "").split(".")[0]
+            if not rec.active or root in _LIBRARIES:
+                return made
+
+            @functools.wraps(f)
+            def eager(*a, **k):
+                if not rec.active:
+                    return made(*a, **k)
+                # (jax.jit's boundary: the function sees its arguments rebuilt from their leaves, and its caller
+                # gets its results so; what it does to an nnx.split state's RNG counts stays inside unless the
+                # state it returns is written back)
+                a2, k2 = _rebuilt(a), {n: _rebuilt(v) for n, v in k.items()}
+                for inner, outer in zip((*a2, *k2.values()), (*a, *k.values())):
+                    _pair(rec, inner, outer)
+                    if rec.model is not None and outer is rec.model:
+                        rec.merged.append((inner, outer))
+                return _rebuilt(f(*a2, **k2))
+
+            return eager
+
+        return hook
+
     out: list[tuple[object, str, object, object]] = []
+    import jax
+
+    out.append((jax, "jit", jax.jit, jax_jit(jax.jit)))
     for name, make in (
         ("jit", lambda o: wrapper(o, "fun")),
         ("remat", lambda o: wrapper(o, "f")),
@@ -1801,6 +1894,17 @@ def _check_step(step: CodeRef, model, rec: NnxRecorder) -> None:
             f"--step {step.text}: step {rec.invocation} does not call the model; an NNX spec's steps are calls of "
             "the model"
         )
+    merged, rec.merged = rec.merged, []
+    if any(_counts(copy) != _counts(model) for copy, model in merged):
+        # a pure jax.jit step (nnx.merge of the model's nnx.split state inside) whose returned state is not written
+        # back into the model: its RNG counts roll back, and the next step draws the same keys (`stale_call`)
+        if len(rec.top) != 1:
+            raise UnsupportedError(
+                f"--step {step.text}: step {rec.invocation} calls the model {len(rec.top)} times in a jitted "
+                "function whose state is not written back (nnx.update(model, state)); an NNX spec's stale_call is "
+                "one call whose counts roll back: write the state back, or call the model once a step"
+            )
+        rec.stale.add(rec.step)
     if rec.stray:
         raise UnsupportedError(
             f"--step {step.text}: step {rec.invocation} draws {rec.stray} key(s) outside the model's calls from an "
@@ -1983,6 +2087,17 @@ def _run_nnx_capture(
         rec.pending = []
     run = _with_draws(_run_events(rec, target), rec)
     calls = len(rec.modes)
+    stale = {n for n in rec.stale if n <= calls}
+    if stale:
+        # a pure jax.jit step whose returned state is dropped: every call draws from the counts the model had
+        if stale != set(range(1, calls + 1)) or run is not None or whole or rec.call_rngs:
+            raise UnsupportedError(
+                f"capture of {target.text}: the step does not write the state its jitted function returns back into "
+                "the model (nnx.update(model, state)) at some steps, or does so beside model.train()/eval(), "
+                "draws of its own or an Rngs given at the calls; an NNX spec says `stale_call` (the counts roll "
+                "back) for plain calls only: write the state back (the keys then move on), or write the spec by hand"
+            )
+        run = [{"stale_call": calls} if calls > 1 else "stale_call"]
     doc = {
         "rngaudit": 1,
         "flavour": "nnx",
@@ -2175,7 +2290,7 @@ def nnx_sites(report) -> list[Site]:
             tuple(c.key),
             c.derivation.kind,
             c.derivation.label,
-            (),
+            ("stale_call",) if c.derivation.stale else (),  # (a jitted step whose returned state is dropped)
             None,
             c.derivation.step,
             c.derivation.stream,

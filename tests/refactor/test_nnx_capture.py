@@ -2019,7 +2019,7 @@ WITHOUT_RNGS = HEADER + textwrap.dedent("""
             self.table = nnx.Variable(jnp.sin(jnp.arange(8.0 * d).reshape(8, d)))
 
         def __call__(self, x):
-            return x + self.table.value[: x.shape[0]]
+            return x + self.table[...][: x.shape[0]]
 
     class LayerScale(nnx.Module):
         def __init__(self, d):
@@ -2305,6 +2305,66 @@ def test_an_rngs_made_from_a_stream_captures_the_keys_real_nnx_draws_and_is_a_sh
     assert_real_nnx_agrees(spec, doc)
     r = invoke("collisions", spec)
     assert r.exit_code == 1 and "FAIL  shared_stream_key" in r.stdout, r.stdout
+
+
+# a pure jax.jit step, as Flax's "performance" guide writes one: nnx.split outside, nnx.merge inside, the state
+# returned and written back with nnx.update (or dropped: every step draws the keys of the first). Refused ("calls M
+# outside the model's call ... a copy of it: nnx.split/merge").
+PURE_JIT = HEADER + textwrap.dedent("""
+    import optax
+
+    class M(nnx.Module):
+        def __init__(self, rngs):
+            self.lin = nnx.Linear(4, 4, rngs=rngs)
+            self.drop = nnx.Dropout(0.5, rngs=rngs)
+
+        def __call__(self, x):
+            return self.drop(self.lin(x))
+
+    @jax.jit
+    def _train(graphdef, state, x):
+        model, opt = nnx.merge(graphdef, state)
+        grads = nnx.grad(lambda m: jnp.mean(m(x) ** 2))(model)
+        opt.update(model, grads)
+        return nnx.state((model, opt))
+
+    def train_step(model, opt, x):
+        graphdef, state = nnx.split((model, opt))
+        nnx.update((model, opt), _train(graphdef, state, x))
+
+    @jax.jit
+    def _forward(graphdef, state, x):
+        model = nnx.merge(graphdef, state)
+        return model(x), nnx.state(model)
+
+    def dropped(model, opt, x):
+        graphdef, state = nnx.split(model)
+        y, _ = _forward(graphdef, state, x)  # (the state returned is dropped: the counts roll back)
+
+    def make_model(rngs):
+        model = M(rngs)
+        return model, (nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param), jnp.ones((2, 4)))
+""")
+
+
+@pytest.mark.parametrize("step, run", [("train_step", None), ("dropped", [{"stale_call": 3}])])
+def test_a_pure_jax_jit_step_captures_the_keys_real_nnx_draws(tmp_path, step, run):
+    f = write(tmp_path, "m.py", PURE_JIT)
+    rngs = "params=0,dropout=1"
+    spec, doc = capture(tmp_path, f"{f}:make_model", "--step", f"{f}:{step}", "--rngs", rngs, "--steps", "3")
+    loaded = yaml.safe_load(spec.read_text())
+    assert loaded.get("run") == run and loaded.get("steps") == (3 if run is None else None), loaded
+    # the step compiled as written (jax.jit over nnx.merge) hands out the same keys
+    assert _keys_file_keys(doc) == _real_model_keys(f, {"params": 0, "dropout": 1}, 3, step)
+    assert_real_nnx_agrees(spec, doc)
+    r = invoke("verify", spec, "--against", f"{f}:make_model", "--step", f"{f}:{step}", "--rngs", rngs)
+    assert r.exit_code == 0 and "0 differ, 0 missing, 0 extra" in r.stdout, r.stdout + r.stderr
+    counts = [c["count"] for c in doc["calls"] if c["stream"] == "dropout" and c["step"]]
+    assert counts == ([0, 1, 2] if run is None else [0, 0, 0])
+    r = invoke("collisions", spec)
+    assert r.exit_code == (0 if run is None else 1), r.stdout
+    if run is not None:
+        assert "FAIL  count_rewind" in r.stdout and "nnx.update(model, state)" in r.stdout
 
 
 def test_a_stream_the_calls_rngs_lacks_is_a_warning_about_that_rngs(tmp_path):
