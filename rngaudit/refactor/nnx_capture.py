@@ -771,12 +771,16 @@ def _eager_transforms(nnx, rec: NnxRecorder) -> list[tuple[object, str, object, 
         # import of the model's files: plain Python while capture observes, as nnx.jit (JAX's and Flax's own
         # jitted functions, and libraries', are left as they are)
         def hook(*args, **kw):
+            # (applied by the user's code, not inside a library: nnx.jit(graph_updates=False) jits a wrapper of
+            # the user's function, named after it, that a step must not see run eagerly)
+            return jit_from(str(sys._getframe(1).f_globals.get("__name__", "")).split(".")[0], args, kw)
+
+        def jit_from(caller: str, args: tuple, kw: dict):
             f = args[0] if args else kw.get("fun")
-            if not callable(f):
-                return lambda g: hook(g, **{k: v for k, v in kw.items() if k != "fun"})
+            if not callable(f):  # (the decorator form, jax.jit(static_argnums=...)(f))
+                return lambda g: jit_from(caller, (g,), {k: v for k, v in kw.items() if k != "fun"})
             made = original(*args, **kw)
-            root = str(getattr(f, "__module__", None) or "").split(".")[0]
-            if not rec.active or root in _LIBRARIES:
+            if not rec.active or caller in _LIBRARIES:
                 return made
 
             @functools.wraps(f)
