@@ -1258,6 +1258,8 @@ def test_a_step_calling_an_eager_merge_of_the_model_captures_the_keys_real_nnx_d
     spec, doc = capture(tmp_path, f"{f}:make_model", "--step", f"{f}:split_merge", "--rngs", rngs, "--steps", "2")
     assert _keys_file_keys(doc) == _real_model_keys(f, {"params": 0, "dropout": 1}, 2, "split_merge")
     assert [c["count"] for c in doc["calls"] if c["stream"] == "dropout" and c["step"]] == [0, 1]
+    r = invoke("verify", spec, "--against", f"{f}:make_model", "--step", f"{f}:split_merge", "--rngs", rngs)
+    assert r.exit_code == 0 and "0 differ, 0 missing, 0 extra" in r.stdout, r.stdout + r.stderr
 
 
 @pytest.mark.parametrize(
