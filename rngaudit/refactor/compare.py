@@ -704,10 +704,10 @@ class _SameKeys:
 
 
 def _draw(s: Site) -> tuple:
-    """What a move keeps of a site: its key, stream, count, kind, label, and what its last path part says of the
-    layer (`kernel`; a Linear replaced by a LayerNorm drawing the same counts does not keep it). A one-part path
-    is the module's own name: renamed."""
-    return (s.key, s.stream, s.count, s.kind, s.label, s.path[-1] if len(s.path) > 1 else "")
+    """What a move keeps of a site: its key, stream, count, kind, label, and what a parameter's last path part
+    says of the layer (`kernel`; a Linear replaced by a LayerNorm drawing the same counts does not keep it). Any
+    other site's path ends with the name of the layer or module that draws (a Dropout's `drop`): renamed."""
+    return (s.key, s.stream, s.count, s.kind, s.label, s.path[-1] if len(s.path) > 1 and s.kind == "param" else "")
 
 
 class _CountShifts:

@@ -288,3 +288,35 @@ def test_a_key_drawn_at_another_step_is_moved_not_new_and_gone(tmp_path, before,
     r = invoke("diff", old, new)
     assert r.exit_code == 0 and f"(step {moved[0][3]} -> {moved[0][4]})" in r.stdout, r.stdout
     assert "the calls of the model before it changed, not this key" in r.stdout
+
+
+NESTED_DROPOUT = """
+rngaudit: 1
+flavour: nnx
+rngs: {params: 0, dropout: 1}
+model:
+  class: M
+  init:
+    - module:
+        name: blocks.0
+        class: Block
+        init: [Linear: {name: lin}, Dropout: {name: NAME, rate: 0.5}]
+        call: [call: lin, call: NAME]
+  call: [call: blocks.0]
+"""
+
+
+def test_a_dropout_renamed_inside_a_submodule_is_moved_and_exits_0(tmp_path):
+    """A Dropout renamed inside a block (self.drop -> self.dropout) was GONE and NEW with "the layer is gone" and
+    exit 1; a pure rename: its fork and its mask keep their keys (at the root it was already MOVED)."""
+    from support import invoke
+
+    old, new = tmp_path / "old.yaml", tmp_path / "new.yaml"
+    old.write_text(NESTED_DROPOUT.replace("NAME", "drop"))
+    new.write_text(NESTED_DROPOUT.replace("NAME", "dropout"))
+    r = invoke("diff", old, new)
+    assert r.exit_code == 0, r.stdout
+    assert r.stdout.count("MOVED    blocks/0/drop -> blocks/0/dropout") == 2 and "GONE" not in r.stdout, r.stdout
+    # (the claim holds: derive gives both sides the same keys)
+    keys = [sorted(_keys(_spec(yaml.safe_load(f.read_text()))).values()) for f in (old, new)]
+    assert keys[0] == keys[1] and len(keys[0]) == 4
