@@ -345,7 +345,7 @@ def _observed(rec: NnxRecorder) -> Iterator[None]:
                 if not rec.active:  # (applied at import, called after capture: Flax's own)
                     return plain(*a, **k)
                 n = kw["splits"]
-                rec.splits.append(Split(n if isinstance(n, int) else -1, kw.get("only", ...), a))
+                rec.splits.append(Split(n if isinstance(n, int) else -1, kw.get("only", ...), (*a, *k.values())))
                 try:
                     return wrapped(*a, **k)
                 finally:
@@ -384,7 +384,11 @@ def _observed(rec: NnxRecorder) -> Iterator[None]:
                     return plain(*a, **k)
                 split = rec.splits[-1] if rec.splits and rec.splits[-1].body else None
                 default = 0 if kind == "vmap" else (nnx.Carry, 0)
-                t = Transform(kind, kw.get("in_axes", default), kw.get("length"), a, split, len(rec.building))
+                # (its arguments as the function sees them: nnx.vmap and nnx.scan bind keyword arguments to their
+                # positions, MLP(rngs=rngs) reaching __init__(self, rngs) as two positional ones)
+                t = Transform(
+                    kind, kw.get("in_axes", default), kw.get("length"), _bound(f, a, k), split, len(rec.building)
+                )
                 # a module that stacks itself (the 0.11 migration guide's scan over layers: @nnx.split_rngs
                 # @nnx.vmap on __init__, @nnx.scan on __call__): read as the stack a function under split_rngs and
                 # vmap builds (the same keys, checked against real NNX), scanned by its parent's call
@@ -607,6 +611,17 @@ def _observed(rec: NnxRecorder) -> Iterator[None]:
             _patch(klass, "__call__", original)
         for owner, name, original, _ in hooks:
             _patch(owner, name, original)
+
+
+def _bound(f, args: tuple, kwargs: dict) -> tuple:
+    """A call's arguments in the order of f's parameters (keyword arguments at their positions), as NNX's transforms
+    hand them to the function they wrap; as given where f's signature does not take them so."""
+    if not kwargs:
+        return args
+    try:
+        return tuple(inspect.signature(f).bind(*args, **kwargs).arguments.values())
+    except (TypeError, ValueError):
+        return (*args, *kwargs.values())
 
 
 def _stacks_itself(rec: NnxRecorder, b: Built, t: Transform, kind: str, nnx) -> None:

@@ -1016,8 +1016,17 @@ def _keys_file_keys(doc: dict) -> list:
         (SCAN_OVER_REMAT, {"params": 0, "dropout": 1}),
         (IMPORT_TIME, {"params": 0, "dropout": 1}),
         (SELF_STACKED, {"params": 0, "dropout": 1}),
+        # (given its Rngs by keyword, MLP(rngs=rngs): nnx.vmap binds it to its position; it was refused, "MLP.mlp is
+        # built inside nnx.vmap/nnx.scan other than as a stack")
+        (SELF_STACKED.replace("self.mlp = MLP(rngs)", "self.mlp = MLP(rngs=rngs)"), {"params": 0, "dropout": 1}),
     ],
-    ids=["remat-jit-control-flow", "scan-over-remat", "transforms-applied-at-import", "module-that-stacks-itself"],
+    ids=[
+        "remat-jit-control-flow",
+        "scan-over-remat",
+        "transforms-applied-at-import",
+        "module-that-stacks-itself",
+        "module-that-stacks-itself-given-rngs-by-keyword",
+    ],
 )
 def test_models_under_nnx_jit_remat_and_control_flow_capture_the_keys_real_nnx_draws(tmp_path, source, seeds):
     f = write(tmp_path, "model.py", source)
