@@ -742,16 +742,6 @@ class _CountShifts:
         if before.count == after.count:
             return None
         delta = after.count - before.count
-        stale = [side for side, t in (("before", before), ("now", after)) if "stale_call" in t.context]
-        if len(stale) == 1:
-            # (one side's step drops the state its jitted function returns: its counts roll back after each call)
-            which = "the new" if stale[0] == "now" else "the old"
-            return (
-                f"count shift: {'.'.join(s.path)} drew {s.stream!r} count {before.count} before and {after.count} "
-                f"now: {which} run's step drops the state its jitted function returns (stale_call: the RNG counts "
-                "roll back after the call, so the next call draws the same keys again)"
-                + ("; write it back (nnx.update(model, state)) for the counts to carry on" if stale[0] == "now" else "")
-            )
         # the draws of that stream that exist on one side only, before the site: what moved it
         site = after if delta > 0 else before
         only = self.only["new" if delta > 0 else "old"].get((site.stream_path, site.step), [])
@@ -767,6 +757,18 @@ class _CountShifts:
                 moved.append(t)  # (a renamed module's draw that was after the site and is before it now, or back)
                 renamed += 1
         where = ""
+        stale = [t for t in (before, after) if "stale_call" in t.context]
+        lower = before if delta > 0 else after
+        if not (moved and len(moved) == abs(delta)) and len(stale) == 1 and stale[0] is lower and s.step > 1:
+            # (one side's step drops the state its jitted function returns: its counts rolled back after the calls
+            # before this one, which added or removed no draw of the stream to explain it)
+            now = lower is after
+            return (
+                f"count shift: {'.'.join(s.path)} drew {s.stream!r} count {before.count} before and {after.count} "
+                f"now: the {'new' if now else 'old'} run's step drops the state its jitted function returns "
+                "(stale_call: the RNG counts roll back after each call, so the next call draws the same keys again)"
+                + ("; write it back (nnx.update(model, state)) for the counts to carry on" if now else "")
+            )
         if moved and len(moved) == abs(delta):
             paths = list(dict.fromkeys(".".join(t.path) for t in moved))
             shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")

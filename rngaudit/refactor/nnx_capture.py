@@ -146,7 +146,10 @@ class NnxRecorder:
         # id(Dropout) -> the key data its calls were given (drop(x, rngs=key)); None in it: one capture cannot write
         self.given_keys: dict[int, set] = {}
         self.rnn_draws: dict[int, int] = {}  # id(an nnx.RNN) -> the keys its cell's initialize_carry draws a call
-        self.merged: list[tuple[object, object]] = []  # this step's nnx.merge copies of the model: (copy, model)
+        # the copies of the model and of nnx.Rngs a jax.jit boundary (or nnx.merge) made since the last check:
+        # (copy, original); what they drew stays in them unless their state is written back
+        self.merged: list[tuple[object, object]] = []
+        self.dropped: set[str] = set()  # "model" / "rngs": a copy's counts were not written back this step
         self.split_of: dict[int, tuple] = {}  # id(an nnx.split graphdef) -> (it, what it was split from)
         self.stale: set[int] = set()  # the model's calls whose RNG counts were not written back (stale_call)
 
@@ -542,11 +545,9 @@ def _observed(rec: NnxRecorder) -> Iterator[None]:
         def hook(*args, **kw):
             out = original(*args, **kw)
             made = rec.split_of.get(id(args[0])) if rec.active and args else None
-            if made is not None:
+            if made is not None and rec.invocation > 0:
                 _pair(rec, out, made[1])
-                for o in out if isinstance(out, (tuple, list)) else (out,):
-                    if rec.model is not None and rec.resolve(o) is rec.model and o is not rec.model:
-                        rec.merged.append((o, rec.model))
+                _note_copies(rec, out)
             return out
 
         return hook
@@ -659,6 +660,58 @@ def _scans_itself(rec: NnxRecorder, frame: Called, t: Transform) -> None:
     frame.transforms += 1
 
 
+class _EagerJit:
+    """A jax.jit function of the user's run as plain Python while capture observes (the jitted function's own
+    attributes, .lower, .trace, .eval_shape, are the jitted one's)."""
+
+    def __init__(self, eager, made, f):
+        self._eager, self._made = eager, made
+        functools.update_wrapper(self, f)
+
+    def __call__(self, *a, **k):
+        return self._eager(*a, **k)
+
+    def __getattr__(self, name):
+        return getattr(self._made, name)
+
+
+def _note_copies(rec: NnxRecorder, inner) -> None:
+    """Note the copies of the model and of nnx.Rngs in `inner` (paired with their originals)."""
+    from flax import nnx
+
+    seen: set[int] = set()
+
+    def visit(x, depth: int) -> None:
+        if depth > 6 or id(x) in seen:
+            return
+        seen.add(id(x))
+        outer = rec.resolve(x)
+        if outer is not x and (outer is rec.model or isinstance(x, nnx.Rngs)):
+            # (a new copy of it: the one before has done its drawing, written back or not)
+            _check_copies(rec, outer)
+            rec.merged.append((x, outer))
+        if isinstance(x, (tuple, list)):
+            for v in x:
+                visit(v, depth + 1)
+        elif isinstance(x, dict):
+            for v in x.values():
+                visit(v, depth + 1)
+
+    visit(inner, 0)
+
+
+def _check_copies(rec: NnxRecorder, of: object = None) -> None:
+    """Whether the copies noted (of `of` only, where given) drew keys their originals do not have the counts of
+    (their state not written back): noted in rec.dropped, and the copies forgotten."""
+    kept = []
+    for copy, outer in rec.merged:
+        if of is not None and outer is not of:
+            kept.append((copy, outer))
+        elif _counts(copy) != _counts(outer):
+            rec.dropped.add("model" if outer is rec.model else "rngs")
+    rec.merged = kept
+
+
 def _rebuilt(x):
     """x rebuilt from its pytree leaves, as jax.jit hands a function its arguments (new State, Variable and module
     objects holding the same arrays)."""
@@ -673,6 +726,8 @@ def _counts(node) -> dict:
     from flax import nnx
 
     out = {}
+    if isinstance(node, nnx.Rngs):
+        node = {n: v for n, v in vars(node).items() if isinstance(v, nnx.RngStream)}
     for path, v in nnx.graph.iter_graph(node):
         if isinstance(v, nnx.RngStream):
             c = v.count
@@ -798,9 +853,9 @@ def _eager_transforms(nnx, rec: NnxRecorder) -> list[tuple[object, str, object, 
             if not rec.active or caller in _LIBRARIES:
                 return made
 
-            @functools.wraps(f)
             def eager(*a, **k):
-                if not rec.active:
+                if not rec.active or rec.calling or rec.building:
+                    # (inside the model's call or construction: jitted, its draws traced, which capture refuses)
                     return made(*a, **k)
                 # (jax.jit's boundary: the function sees its arguments rebuilt from their leaves, and its caller
                 # gets its results so; what it does to an nnx.split state's RNG counts stays inside unless the
@@ -808,11 +863,10 @@ def _eager_transforms(nnx, rec: NnxRecorder) -> list[tuple[object, str, object, 
                 a2, k2 = _rebuilt(a), {n: _rebuilt(v) for n, v in k.items()}
                 for inner, outer in zip((*a2, *k2.values()), (*a, *k.values())):
                     _pair(rec, inner, outer)
-                    if rec.model is not None and outer is rec.model:
-                        rec.merged.append((inner, outer))
+                    _note_copies(rec, inner)
                 return _rebuilt(f(*a2, **k2))
 
-            return eager
+            return _EagerJit(eager, made, f)
 
         return hook
 
@@ -1913,8 +1967,16 @@ def _check_step(step: CodeRef, model, rec: NnxRecorder) -> None:
             f"--step {step.text}: step {rec.invocation} does not call the model; an NNX spec's steps are calls of "
             "the model"
         )
-    merged, rec.merged = rec.merged, []
-    if any(_counts(copy) != _counts(model) for copy, model in merged):
+    _check_copies(rec)
+    dropped, rec.dropped = rec.dropped, set()
+    if "rngs" in dropped:
+        raise UnsupportedError(
+            f"--step {step.text}: step {rec.invocation} passes an nnx.Rngs into a jax.jit function and does not "
+            "write its state back: its counts roll back, so it hands out the same keys again; an NNX spec cannot "
+            "say this: write its state back as the model's (nnx.update), or make it for each step from a key "
+            "folded with the step (nnx.Rngs(dropout=jax.random.fold_in(key, step)))"
+        )
+    if "model" in dropped:
         # a pure jax.jit step (nnx.merge of the model's nnx.split state inside) whose returned state is not written
         # back into the model: its RNG counts roll back, and the next step draws the same keys (`stale_call`)
         if len(rec.top) != 1:
@@ -1927,8 +1989,8 @@ def _check_step(step: CodeRef, model, rec: NnxRecorder) -> None:
     if rec.stray:
         raise UnsupportedError(
             f"--step {step.text}: step {rec.invocation} draws {rec.stray} key(s) outside the model's calls from an "
-            "Rngs the model and its modules do not keep as built (an Rngs of the step's own, a stack's, one a module "
-            "made for itself), or under nnx.vmap/nnx.scan; an NNX spec says a step's draws from the Rngs the model "
+            "Rngs the model and the modules of yours in it do not keep as built (an Rngs of the step's own, a stack's, "
+            "one a module made for itself, one of Flax's layers: an nnx.RNN's, a bridge's), or under nnx.vmap/nnx.scan; an NNX spec says a step's draws from the Rngs the model "
             "or a module of yours in it keeps (model.rngs.noise(), model.enc.rngs.noise(): `draw:` in `run:`), "
             "outside any transform"
         )
@@ -2141,6 +2203,9 @@ def _run_nnx_capture(
     return cap, spec_text
 
 
+_GIVEN_NONE: dict = {}  # (a step whose call is given no Rngs: `null` in call_rngs)
+
+
 def _call_rngs(rec: NnxRecorder, rngs, target: CodeRef) -> dict:
     """`call_rngs:` when the model's Dropouts are given an Rngs at their calls (drop(x, rngs=rngs)): one Rngs,
     made by nnx.Rngs(stream=SEED, ...) with integer seeds, not the one the model is built from."""
@@ -2159,14 +2224,14 @@ def _call_rngs(rec: NnxRecorder, rngs, target: CodeRef) -> dict:
                 "not one made for each step (model(x, rngs=nnx.Rngs(dropout=fold_in(key, step))), every call of the "
                 "step given it); an NNX spec says one Rngs for every call (call_rngs: {dropout: 1}), or one a step"
             )
-        made = [rec.seeds.get(id(a[0])) if a else {} for a in at]
+        made = [rec.seeds.get(id(a[0])) if a else _GIVEN_NONE for a in at]
         if any(m is None for m in made):
             raise UnsupportedError(
                 f"capture of {target.text}: a step's call is given an Rngs not made by nnx.Rngs(stream=SEED, ...) "
                 "with integer seeds or concrete keys (one made inside a jitted function from a traced key?); make "
                 "it before the jitted step and pass it in, or give every call one Rngs made in the factory"
             )
-        return {"call_rngs": [_flow_keys(m) if m else None for m in made if m is not None]}
+        return {"call_rngs": [None if m is _GIVEN_NONE else _flow_keys(m) for m in made if m is not None]}
     (r,) = given
     if r is rngs:
         return {}  # (the Rngs the model is built from: `rngs: model`)
@@ -2287,7 +2352,7 @@ def check_replay(spec_text: str, records: list[dict], target: str, lanes: bool =
             raise UnsupportedError(
                 f"capture of {target}: the NNX spec does not reproduce key {i} ({when(r['step'])}, stream "
                 f"{r['tag']!r} count {r['count']}): {where}; the model does something capture cannot express yet "
-                "(keys drawn in the factory outside the model's construction?), so no spec was written"
+                "(it draws keys capture does not see drawn where they are), so no spec was written"
             )
     if len(calls) != len(records):
         raise UnsupportedError(

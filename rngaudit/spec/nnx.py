@@ -815,7 +815,7 @@ class NnxParser:
             f.integer("repeat", 1, 1, MAX_REPEAT),
             f.text("label"),
             None if dn is None else parse_draw(dn),
-            f.text("from", ""),
+            _keeper(f),
         )
 
     def call(self, arg: YNode | None, loc) -> NnxCall:
@@ -1123,7 +1123,7 @@ def _run(node: YNode, key_source) -> tuple[NnxStep | NnxReseed | NnxMode | NnxRu
                     loc,
                 )
             f = Fields(arg, "`draw`", ("stream", "repeat", "from"), ("stream",))
-            keeper = f.text("from", "")
+            keeper = _keeper(f)
             out.append(NnxRunDraw(loc, f.name("stream"), f.integer("repeat", 1, 1, MAX_REPEAT), keeper))
         else:
             if arg is None or not arg.is_map or not arg.value:
@@ -1244,10 +1244,29 @@ def nnx_spec(
     )
 
 
+def _keeper(f: Fields) -> str:
+    """`from:` of a `draw`: the submodule whose kept Rngs it draws from ("": none said)."""
+    keeper = f.text("from", "")
+    if f.has("from") and not keeper.strip():
+        raise SpecError(
+            "`from:` names the submodule whose kept Rngs the draw is from (`from: enc`); leave it out for the "
+            "module's own (self.rngs)",
+            f.need("from").loc,
+        )
+    return keeper
+
+
 def _check_keeper(names: dict, keeper: str, stream: str, what: str, loc: Location) -> None:
     """`from: KEEPER` of a `draw`: a submodule built as a module (`names`: the attributes of the module drawing, or
     of the model) that keeps its Rngs (`what`: how the code names it, `model.enc` or `self.enc`)."""
     found = _attribute_of(names, keeper)
+    if isinstance(found, NnxChild) and found.stack:
+        raise SpecError(
+            f"`from: {keeper}` of a `draw`: {keeper} is a stack (`stack: {found.stack}`), whose members hold split "
+            "Rngs; `from:` names a submodule built as a `module` that keeps its Rngs (draw inside the stack's own "
+            "`call:` instead)",
+            loc,
+        )
     if not (isinstance(found, NnxChild) and not found.stack):
         raise SpecError(
             f"`from: {keeper}` of a `draw` names the module whose kept Rngs is drawn from ({what}.rngs.{stream}()): "

@@ -537,6 +537,14 @@ def test_draws_from_a_submodules_kept_rngs_are_what_nnx_draws():
             "model: {class: M, keep_rngs: true, init: [draw: {stream: params, from: enc}]}",
             "in `init:` a draw is rngs.params() of the Rngs M is given (drop `from`)",
         ),
+        (
+            "model: {class: M, init: [module: {name: st, class: S, stack: 2}], call: [draw: {stream: n, from: st}]}",
+            "`from: st` of a `draw`: st is a stack (`stack: 2`), whose members hold split Rngs",
+        ),
+        (
+            "run: [{draw: {stream: noise, from: ''}}]\nmodel: {class: M, keep_rngs: true}",
+            "`from:` names the submodule whose kept Rngs the draw is from",
+        ),
     ],
 )
 def test_bad_draws_from_a_submodule_are_one_error_line(tmp_path, text, message):

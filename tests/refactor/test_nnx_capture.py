@@ -2338,8 +2338,8 @@ PURE_JIT = HEADER + textwrap.dedent("""
             self.lin = nnx.Linear(4, 4, rngs=rngs)
             self.drop = nnx.Dropout(0.5, rngs=rngs)
 
-        def __call__(self, x):
-            return self.drop(self.lin(x))
+        def __call__(self, x, rngs=None):
+            return self.drop(self.lin(x), rngs=rngs)
 
     @jax.jit
     def _train(graphdef, state, x):
@@ -2361,13 +2361,46 @@ PURE_JIT = HEADER + textwrap.dedent("""
         graphdef, state = nnx.split(model)
         y, _ = _forward(graphdef, state, x)  # (the state returned is dropped: the counts roll back)
 
+    @jax.jit
+    def _whole(pair, x):
+        model, _ = pair
+        return model(x)
+
+    def whole_dropped(model, opt, x):
+        _whole((model, opt), x)  # (the model passed whole, in a tuple: jax.jit's copy draws, the model does not)
+
+    def forward_then_train(model, opt, x):
+        graphdef, state = nnx.split(model)
+        _forward(graphdef, state, x)  # (dropped: the training pass draws the same masks)
+        train_step(model, opt, x)
+
+    @jax.jit
+    def _given(graphdef, state, x, rngs):
+        model = nnx.merge(graphdef, state)
+        return model(x, rngs=rngs), nnx.state(model)
+
+    def rngs_dropped(model, opt, x):
+        graphdef, state = nnx.split(model)
+        _, state = _given(graphdef, state, x, RNGS)
+        nnx.update(model, state)
+
+    RNGS = nnx.Rngs(dropout=7)  # (made once, passed into the jitted function at every step)
+
+    def lowered(model, opt, x):
+        graphdef, state = nnx.split(model)
+        assert callable(_forward.lower) and callable(_forward.eval_shape)  # (the jitted function's own methods)
+        nnx.update(model, _forward(graphdef, state, x)[1])
+
     def make_model(rngs):
         model = M(rngs)
         return model, (nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param), jnp.ones((2, 4)))
 """)
 
 
-@pytest.mark.parametrize("step, run", [("train_step", None), ("dropped", [{"stale_call": 3}])])
+@pytest.mark.parametrize(
+    "step, run",
+    [("train_step", None), ("dropped", [{"stale_call": 3}]), ("whole_dropped", [{"stale_call": 3}]), ("lowered", None)],
+)
 def test_a_pure_jax_jit_step_captures_the_keys_real_nnx_draws(tmp_path, step, run):
     f = write(tmp_path, "m.py", PURE_JIT)
     rngs = "params=0,dropout=1"
@@ -2385,6 +2418,22 @@ def test_a_pure_jax_jit_step_captures_the_keys_real_nnx_draws(tmp_path, step, ru
     assert r.exit_code == (0 if run is None else 1), r.stdout
     if run is not None:
         assert "FAIL  count_rewind" in r.stdout and "nnx.update(model, state)" in r.stdout
+
+
+@pytest.mark.parametrize(
+    "step, message",
+    [
+        ("forward_then_train", "step 1 calls the model 2 times in a jitted function whose state is not written back"),
+        ("rngs_dropped", "step 1 passes an nnx.Rngs into a jax.jit function and does not write its state back"),
+    ],
+)
+def test_a_pure_jax_jit_step_a_spec_cannot_say_is_refused_with_the_reason(tmp_path, step, message):
+    """(both were refused with an untrue guess: "keys drawn in the factory outside the model's construction?")"""
+    f = write(tmp_path, "m.py", PURE_JIT)
+    out = tmp_path / "o.yaml"
+    r = invoke("capture", f"{f}:make_model", "--step", f"{f}:{step}", "--rngs", "params=0,dropout=1", "-o", out)
+    assert r.exit_code == 2 and message in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+    assert not out.exists()
 
 
 def test_a_stream_the_calls_rngs_lacks_is_a_warning_about_that_rngs(tmp_path):
