@@ -719,6 +719,8 @@ class _CountShifts:
         self.renamed = {"old": {p: q for p, (q, _) in (renames or {}).items()}}
         self.renamed["new"] = {q: p for p, q in self.renamed["old"].items()}
         self.first: dict[str, dict[tuple, Site]] = {}  # side -> (path, stream, step, lane, kind) -> first site
+        # side -> (path, stream, step, lane, kind) -> its sites by count (a layer called twice a step: its calls)
+        self.calls: dict[str, dict[tuple, list[Site]]] = {}
         self.only: dict[str, dict[tuple, list[Site]]] = {}  # side -> (stream_path, step) -> sites the other lacks
         known = {
             name: {(t.path, t.stream_path, t.step, t.lane) for t in cap.sites}
@@ -732,12 +734,23 @@ class _CountShifts:
                 if (t.path, t.stream_path, t.step, t.lane) not in known[other]:
                     only.setdefault((t.stream_path, t.step), []).append(t)
             self.first[name], self.only[name] = first, only
+            calls: dict[tuple, list[Site]] = {}
+            for t in cap.sites:
+                calls.setdefault((t.path, t.stream, t.step, t.lane, t.kind), []).append(t)
+            for v in calls.values():
+                v.sort(key=lambda t: t.count)
+            self.calls[name] = calls
 
     def explain(self, e: Entry) -> str | None:
         s = e.site
-        match = self.first["old" if e.status == "new" else "new"].get((s.path, s.stream, s.step, s.lane, s.kind))
-        if match is None:
+        key = (s.path, s.stream, s.step, s.lane, s.kind)
+        theirs = self.calls["old" if e.status == "new" else "new"].get(key)
+        if not theirs:
             return None
+        # (the same call of the layer on the other side: a Dropout called twice a step is two sites, the n-th
+        # call's count compared with the n-th's)
+        ours = self.calls["new" if e.status == "new" else "old"].get(key, [s])
+        match = theirs[min(next((i for i, t in enumerate(ours) if t is s), 0), len(theirs) - 1)]
         before, after = (match, s) if e.status == "new" else (s, match)
         if before.count == after.count:
             return None

@@ -320,3 +320,34 @@ def test_a_dropout_renamed_inside_a_submodule_is_moved_and_exits_0(tmp_path):
     # (the claim holds: derive gives both sides the same keys)
     keys = [sorted(_keys(_spec(yaml.safe_load(f.read_text()))).values()) for f in (old, new)]
     assert keys[0] == keys[1] and len(keys[0]) == 4
+
+
+TWICE = """
+rngaudit: 1
+flavour: nnx
+rngs: {params: 0, dropout: 1}
+call_rngs: {dropout: 3}
+model:
+  class: M
+  init: [Dropout: {name: emb, rate: 0.1, rngs: false}, Dropout: {name: drop, rate: 0.1, rngs: false}]
+  call: [CALLS]
+"""
+
+
+def test_a_count_shift_of_a_layer_called_twice_compares_the_same_call(tmp_path):
+    """The second call of a Dropout called twice a step was compared with its first call ("count 1 before and 3
+    now, 2 more keys"): one Dropout was added before it."""
+    from support import invoke
+
+    old, new = tmp_path / "old.yaml", tmp_path / "new.yaml"
+    old.write_text(TWICE.replace("CALLS", "{call: {name: drop, rngs: call, repeat: 2}}"))
+    new.write_text(
+        TWICE.replace("CALLS", "{call: {name: emb, rngs: call}}, {call: {name: drop, rngs: call, repeat: 2}}")
+    )
+    r = invoke("diff", old, new)
+    assert r.exit_code == 1, r.stdout
+    assert (
+        "why: count shift: drop drew 'dropout' count 1 before and 2 now, 1 more keys of call_rngs.dropout handed out "
+        "before it: added before it: emb" in r.stdout
+    ), r.stdout
+    assert "2 more keys" not in r.stdout
