@@ -1277,6 +1277,13 @@ def _check(
                 " [not checked: NEW is a keys file, and no spec that replays it was found (the one `capture -o` "
                 "wrote, as its `spec` field names it or beside it); diff that spec to check the fix]"
             ), None
+        if new.renamed is not None:
+            # (NEW's spec makes those modules with a statement shared by other paths, or makes none there)
+            where = ", ".join(_p(p) for p in names)
+            return (
+                f" [not checked: in NEW's spec {where} is made by a statement that makes other modules too (a "
+                "`repeat:`, or a module definition used at several paths), which a name would rename alike]"
+            ), None
         return "", None
     what = what or ", ".join(f"name={n!r} at {_p(p)}" for p, n in names.items())
     if isinstance(fixed, str):

@@ -891,3 +891,14 @@ def test_a_scan_or_vmap_unrolled_into_modules_is_explained_both_ways(tmp_path, t
     r = invoke("diff", flat, lanes)
     assert r.exit_code == 1 and "no longer exists" not in r.stdout and "did not exist" not in r.stdout, r.stdout
     assert f"the modules Block_0, Block_1, Block_2 were rolled into {where} ({tool} over Block, 3 {unit})" in r.stdout
+
+
+def test_a_fix_on_a_module_a_repeated_statement_makes_says_it_is_not_checked(tmp_path):
+    """A fix for a module made by a `repeat:` statement (a captured spec's blocks alike) was printed without
+    `[checked: ...]` and without saying why, though README says every fix of a spec is checked."""
+    old = _check_spec(tmp_path, "old", f"module: {{class: Block, repeat: 2, {BLOCK_BODY}}}")
+    new = _check_spec(tmp_path, "new", f"remat: {{module: {{class: Block, {BLOCK_BODY}}}, repeat: 2}}")
+    _, doc = run_diff(tmp_path, old, new)
+    fixes = [f for f in doc["fixes"] if "Block_1" in f]
+    assert fixes and all("[not checked: in NEW's spec CheckpointBlock_1 is made by a statement" in f for f in fixes)
+    assert all("[checked" in f or "[not checked" in f for f in doc["fixes"]), doc["fixes"]
