@@ -999,7 +999,9 @@ def _remember(rec: NnxRecorder, frame: Called) -> None:
             (
                 k,
                 w,
-                None
+                # (a draw: which kept Rngs it is from, the module's or a submodule's; not the stream itself, which
+                # an Rngs made for each step renews)
+                rec.root_streams.get(h, (None,))[0]
                 if k == "draw"
                 else h
                 if h is None or isinstance(h, str) or h[0] == "rnn"
