@@ -1282,7 +1282,12 @@ def test_a_step_calling_an_eager_merge_of_the_model_captures_the_keys_real_nnx_d
     ],
 )
 def test_a_step_an_nnx_spec_cannot_say_is_refused_and_nothing_written(tmp_path, step, message):
-    f = write(tmp_path, "train.py", TRAIN_STEP)
+    _assert_step_refused(tmp_path, TRAIN_STEP, step, message)
+
+
+def _assert_step_refused(tmp_path, source: str, step: str, message: str) -> None:
+    """capture --step of `step` in `source` exits 2 with one `error:` line saying `message`, and writes nothing."""
+    f = write(tmp_path, "train.py", source)
     out = tmp_path / "o.yaml"
     r = invoke("capture", f"{f}:make_model", "--step", f"{f}:{step}", "--rngs", "params=0,dropout=1", "-o", out)
     assert r.exit_code == 2 and message in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
@@ -2429,11 +2434,7 @@ def test_a_pure_jax_jit_step_captures_the_keys_real_nnx_draws(tmp_path, step, ru
 )
 def test_a_pure_jax_jit_step_a_spec_cannot_say_is_refused_with_the_reason(tmp_path, step, message):
     """(both were refused with an untrue guess: "keys drawn in the factory outside the model's construction?")"""
-    f = write(tmp_path, "m.py", PURE_JIT)
-    out = tmp_path / "o.yaml"
-    r = invoke("capture", f"{f}:make_model", "--step", f"{f}:{step}", "--rngs", "params=0,dropout=1", "-o", out)
-    assert r.exit_code == 2 and message in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
-    assert not out.exists()
+    _assert_step_refused(tmp_path, PURE_JIT, step, message)
 
 
 def test_a_stream_the_calls_rngs_lacks_is_a_warning_about_that_rngs(tmp_path):
