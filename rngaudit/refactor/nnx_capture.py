@@ -135,7 +135,7 @@ class NnxRecorder:
         self.stray = 0  # keys drawn in a step outside every module's call (by a training step itself)
         # the streams of the Rngs the model and its modules keep (id -> (keeper: "" the model, else its attribute
         # path; the stream's name)): a step may draw from them (model.rngs.noise(), model.enc.rngs.noise())
-        self.root_streams: dict[int, tuple[str, str]] = {}
+        self.kept_streams: dict[int, tuple[str, str]] = {}
         # such draws since the model's last call: (record index, keeper, stream)
         self.pending: list[tuple[int, str, str]] = []
         self.draws_before: dict[int, list[tuple[str, str]]] = {}  # call of the model -> (keeper, stream) drawn before
@@ -204,10 +204,10 @@ class NnxRecorder:
                 f.drew = True
         elif self.building:
             self.building[-1].events.append(("draw", tag))
-        elif self.invocation > 0 and not traced and id(self.resolve(stream)) in self.root_streams:
+        elif self.invocation > 0 and not traced and id(self.resolve(stream)) in self.kept_streams:
             # model.rngs.<stream>() by the training step (or a method of the model other than __call__): its row
             # is the next call's step (relabelled there), a `draw` event of the spec's `run:`
-            self.pending.append((len(self.records) - 1, self.root_streams[id(self.resolve(stream))][0], tag))
+            self.pending.append((len(self.records) - 1, self.kept_streams[id(self.resolve(stream))][0], tag))
         elif self.invocation > 0:
             self.stray += 1
 
@@ -528,7 +528,7 @@ def _observed(rec: NnxRecorder) -> Iterator[None]:
 
         return hook
 
-    def split_hook_graph(original):
+    def graph_split_hook(original):
         # nnx.split(node): what its graphdef was split from, so that nnx.merge(graphdef, state) is known a copy
         def hook(*args, **kw):
             out = original(*args, **kw)
@@ -578,7 +578,7 @@ def _observed(rec: NnxRecorder) -> Iterator[None]:
         ),
         (meta, "_pytree_meta_construct", construct, construct_hook),
         *(
-            ((nnx, "merge", nnx.merge, merge_hook(nnx.merge)), (nnx, "split", nnx.split, split_hook_graph(nnx.split)))
+            ((nnx, "merge", nnx.merge, merge_hook(nnx.merge)), (nnx, "split", nnx.split, graph_split_hook(nnx.split)))
             if hasattr(nnx, "merge") and hasattr(nnx, "split")
             else ()
         ),
@@ -1001,7 +1001,7 @@ def _remember(rec: NnxRecorder, frame: Called) -> None:
                 w,
                 # (a draw: which kept Rngs it is from, the module's or a submodule's; not the stream itself, which
                 # an Rngs made for each step renews)
-                rec.root_streams.get(h, (None,))[0]
+                rec.kept_streams.get(h, (None,))[0]
                 if k == "draw"
                 else h
                 if h is None or isinstance(h, str) or h[0] == "rnn"
@@ -2117,7 +2117,7 @@ def _run_nnx_capture(
             )
         fn = _step_function(step) if step is not None else None
         rec.model = model
-        rec.root_streams = _kept_streams(rec, root)
+        rec.kept_streams = _kept_streams(rec, root)
         rec.built_modes = {
             id(node): getattr(node, "deterministic", None)
             for _, node in nnx.graph.iter_graph(model)
