@@ -229,9 +229,7 @@ class NnxReplayer:
             if isinstance(event, NnxRunDraw):
                 # model.rngs.<stream>() outside the model's call (a training step, a loss method): its rows are the
                 # next call's step
-                keeper = model.attr(event.keeper) if event.keeper else model
-                assert isinstance(keeper, Instance) and keeper.rngs is not None  # (the parser asks for keep_rngs)
-                s = keeper.rngs.get(event.stream, "AttributeError", event.loc)
+                keeper, s = model.kept_stream(event.keeper, event.stream, event.loc)
                 now, self.step = self.step, labels[at]
                 self.draw(s, keeper.path or "(root)", "draw", event.stream, event.loc, n=event.repeat)
                 self.step = now
@@ -894,9 +892,7 @@ class NnxReplayer:
                     for _ in range(st.repeat):
                         self.call_target(target, st.loc)
             elif isinstance(st, NnxDraw):
-                keeper = inst.attr(st.keeper) if st.keeper else inst  # (`from: enc`: self.enc.rngs)
-                assert isinstance(keeper, Instance) and keeper.rngs is not None  # the parser asks for keep_rngs
-                s = keeper.rngs.get(st.stream, "AttributeError", st.loc)
+                keeper, s = inst.kept_stream(st.keeper, st.stream, st.loc)
                 self.draw(s, keeper.path or "(root)", "draw", st.stream, st.loc, st.label, st.draw, st.repeat)
 
     def fork_rngs(
@@ -1269,6 +1265,13 @@ class Instance:
         self.path = path
         self.rngs = rngs
         self.attrs: dict[str, Layer | Instance | Stacked | Bridge | Rnn | Bidi] = {}
+
+    def kept_stream(self, keeper: str, stream: str, loc: Location) -> tuple[Instance, Stream]:
+        """Stream `stream` of the Rngs this module keeps (self.rngs), or (`keeper`, `from: enc`) the one the
+        submodule `keeper` keeps (self.enc.rngs): that module and the stream (a missing one: NNX's AttributeError)."""
+        owner = self.attr(keeper) if keeper else self
+        assert isinstance(owner, Instance) and owner.rngs is not None  # (the parser asks for keep_rngs)
+        return owner, owner.rngs.get(stream, "AttributeError", loc)
 
     def attr(self, name: str) -> Layer | Instance | Stacked | Bridge | Rnn | Bidi:
         """Attribute `name`, or (dotted, `enc.drop`) one of a submodule's (the parser checked it exists)."""

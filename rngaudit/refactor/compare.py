@@ -729,14 +729,13 @@ class _CountShifts:
         for name, cap, other in (("old", old, "new"), ("new", new, "old")):
             first: dict[tuple, Site] = {}
             only: dict[tuple, list[Site]] = {}
+            calls: dict[tuple, list[Site]] = {}
             for t in cap.sites:
                 first.setdefault((t.path, t.stream, t.step, t.lane, t.kind), t)
+                calls.setdefault((t.path, t.stream, t.step, t.lane, t.kind), []).append(t)
                 if (t.path, t.stream_path, t.step, t.lane) not in known[other]:
                     only.setdefault((t.stream_path, t.step), []).append(t)
             self.first[name], self.only[name] = first, only
-            calls: dict[tuple, list[Site]] = {}
-            for t in cap.sites:
-                calls.setdefault((t.path, t.stream, t.step, t.lane, t.kind), []).append(t)
             for v in calls.values():
                 v.sort(key=lambda t: t.count)
             self.calls[name] = calls

@@ -1214,14 +1214,15 @@ def _with_draws(run: list | None, rec: NnxRecorder) -> list | None:
         else:
             out.append(e)
     draws(after)
-    return [
-        {"draw": e["draw"]["stream"]}
-        if isinstance(e, dict) and "draw" in e and e["draw"]["repeat"] == 1 and "from" not in e["draw"]
-        else {"draw": _Inline({k: v for k, v in e["draw"].items() if k != "repeat" or v > 1})}
-        if isinstance(e, dict) and "draw" in e
-        else e
-        for e in out
-    ]
+    return [_draw_event(e["draw"]) if isinstance(e, dict) and "draw" in e else e for e in out]
+
+
+def _draw_event(d: dict) -> dict:
+    """A `draw` event of `run:` as written: `draw: noise` where it says only its stream, else on one line
+    (`draw: {stream: noise, repeat: 2, from: enc}`, repeat left out when 1)."""
+    if d["repeat"] == 1 and "from" not in d:
+        return {"draw": d["stream"]}
+    return {"draw": _Inline({k: v for k, v in d.items() if k != "repeat" or v > 1})}
 
 
 def _is_layer(obj) -> bool:
@@ -1667,7 +1668,7 @@ class _SpecBuilder:
                         f"{cls}.__call__ draws from an Rngs that neither it nor a module of yours it builds keeps as "
                         "built (self.rngs = rngs)"
                     )
-                call.append({"draw": _Inline(stream=what, **{"from": from_})})
+                call.append({"draw": _Inline({"stream": what, "from": from_})})
             else:
                 name = built.get(what)
                 if name is None:
@@ -1991,10 +1992,10 @@ def _check_step(step: CodeRef, model, rec: NnxRecorder) -> None:
     if rec.stray:
         raise UnsupportedError(
             f"--step {step.text}: step {rec.invocation} draws {rec.stray} key(s) outside the model's calls from an "
-            "Rngs the model and the modules of yours in it do not keep as built (an Rngs of the step's own, a stack's, "
-            "one a module made for itself, one of Flax's layers: an nnx.RNN's, a bridge's), or under nnx.vmap/nnx.scan; an NNX spec says a step's draws from the Rngs the model "
-            "or a module of yours in it keeps (model.rngs.noise(), model.enc.rngs.noise(): `draw:` in `run:`), "
-            "outside any transform"
+            "Rngs the model and the modules of yours in it do not keep as built (an Rngs of the step's own, a "
+            "stack's, one a module made for itself, one of Flax's layers: an nnx.RNN's, a bridge's), or under "
+            "nnx.vmap/nnx.scan; an NNX spec says a step's draws from the Rngs the model or a module of yours in it "
+            "keeps (model.rngs.noise(), model.enc.rngs.noise(): `draw:` in `run:`), outside any transform"
         )
 
 
