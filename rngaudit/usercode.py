@@ -4,12 +4,16 @@ UserCodeError that names the option, the reference and the first line of the exc
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import importlib.abc
 import importlib.util
 import inspect
 import os
 import re
 import sys
+import types
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .errors import UsageError, UserCodeError
@@ -72,7 +76,10 @@ def _import_file(ref: CodeRef, option: str, reuse: bool = False):
     name = "_rngaudit_user_" + re.sub(r"\W", "_", path)  # the whole path: two model.py files stay apart
     stat = os.stat(path)
     loaded = sys.modules.get(name)
-    if reuse and loaded is not None and getattr(loaded, "_rngaudit_stat", None) == (stat.st_mtime_ns, stat.st_size):
+    if reuse and _FILES is not None:
+        if path in _FILES:
+            return _FILES[path]  # (capture's --step in the TARGET's file: the module the factory came from)
+    elif reuse and loaded is not None and getattr(loaded, "_rngaudit_stat", None) == (stat.st_mtime_ns, stat.st_size):
         return loaded  # the same file named twice (shard-check's --fn and --args) is one module, imported once
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
@@ -87,7 +94,67 @@ def _import_file(ref: CodeRef, option: str, reuse: bool = False):
         if sys.path and sys.path[0] == directory:
             sys.path.pop(0)
     module._rngaudit_stat = (stat.st_mtime_ns, stat.st_size)  # type: ignore[attr-defined]
+    if _FILES is not None:
+        _FILES[path] = module
     return module
+
+
+_FILES: dict[str, types.ModuleType] | None = None  # while one_module_per_file runs: each file's latest module
+
+
+class _SameFile(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """An import (`from model import MLP`) of a file imported as the user's code (`model.py:make`) gives that
+    module, not a second copy of it with classes of its own (`isinstance(model, MLP)` false in a --step file)."""
+
+    def __init__(self) -> None:
+        self.aliases: dict[str, types.ModuleType] = {}
+
+    def find_spec(self, fullname, path, target=None):
+        if not _FILES:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        module = _FILES.get(os.path.abspath(spec.origin)) if isinstance(spec.origin, str) else None
+        if module is None or spec.submodule_search_locations is not None:
+            return spec  # (found as the import system would: nothing of the user's code named on the command line)
+        self.aliases[fullname] = module
+        return importlib.util.spec_from_loader(fullname, self, origin=spec.origin)
+
+    def create_module(self, spec):
+        module = self.aliases[spec.name]
+        self.saved = module.__spec__  # (the import system sets __spec__ on the module it is given)
+        return module
+
+    def exec_module(self, module) -> None:
+        module.__spec__ = self.saved  # (the module ran once, as the user's code: nothing to run again)
+
+
+@contextlib.contextmanager
+def one_module_per_file() -> Iterator[None]:
+    """While it runs, a file imported as the user's code is one module: loading it again with `reuse` gives the
+    module imported last (capture's --step in the TARGET's file), and an import of it by its own name from another
+    file (`from model import MLP` in train.py) gives that module too."""
+    global _FILES
+    if _FILES is not None:
+        yield
+        return
+    _FILES = {}
+    finder = _SameFile()
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+        for name, module in finder.aliases.items():
+            if sys.modules.get(name) is module:
+                del sys.modules[name]
+        _FILES = None
 
 
 _PROTECTED = frozenset(

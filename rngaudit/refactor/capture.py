@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..engine.keys import jax_setting
 from ..errors import FlaxUnavailableError, InternalError, RngauditError, UnsupportedError, UsageError, UserCodeError
-from ..usercode import CodeRef, forget_neighbours, quiet_stdout
+from ..usercode import CodeRef, forget_neighbours, one_module_per_file, quiet_stdout
 from .keys_file import Capture, Site, spec_sites
 from .specgen import build_spec
 from .target import (
@@ -76,7 +76,7 @@ def session(*refs: CodeRef) -> Iterator[None]:
     forget_neighbours(*refs)
     _SESSIONS[0] = 1
     try:
-        with flax_hooks.installed(), _whole_tracebacks(), _nnx_observation():
+        with flax_hooks.installed(), _whole_tracebacks(), _nnx_observation(), one_module_per_file():
             yield
     finally:
         _SESSIONS[0] = 0

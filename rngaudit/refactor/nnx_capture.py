@@ -2006,7 +2006,7 @@ def _step_function(step: CodeRef):
     traced, and capture says it cannot follow them."""
     from flax import nnx
 
-    fn = load(step, "--step")
+    fn = load(step, "--step", reuse=True)  # (a step in the TARGET's file: the module the factory came from)
     jitted = getattr(getattr(nnx, "transforms", None), "compilation", None)
     wrapped = getattr(jitted, "JitWrapped", None)
     if wrapped is not None and type(fn) is wrapped and callable(getattr(fn, "fun", None)):

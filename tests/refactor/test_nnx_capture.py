@@ -1259,6 +1259,56 @@ def test_a_jitted_training_step_captures_the_keys_real_nnx_draws(tmp_path):
     assert r.exit_code == 2 and "--step applies to an NNX spec checked against an NNX model" in r.stderr
 
 
+# the model in model.py, the step in train.py importing its class, and a step in the model's own file using what
+# the factory set up there: one module each (a second import gave classes of their own and globals unset)
+MODEL_FILE = (
+    TRAIN_STEP.replace("@nnx.jit\n", "")
+    .replace(
+        "def make_model(rngs):",
+        textwrap.dedent("""
+        optimizer = None
+
+        def global_step(model, _, x, y):
+            assert isinstance(model, MLP), type(model)
+            grads = nnx.grad(lambda m: m(x).mean())(model)
+            optimizer.update(model, grads)
+
+        def make_model(rngs):
+            global optimizer"""),
+    )
+    .replace("    return model, (optimizer,", "    return model, (None,")
+)
+STEP_FILE = textwrap.dedent("""
+    import jax.numpy as jnp
+    from flax import nnx
+    from model import MLP
+
+    @nnx.jit
+    def train_step(model: MLP, _, x, y):
+        assert isinstance(model, MLP), (type(model), MLP)
+        return nnx.grad(lambda m: m(x).mean())(model)
+""")
+
+
+@pytest.mark.parametrize("step", ["train.py:train_step", "model.py:global_step"])
+def test_a_step_sees_the_factorys_module_its_classes_and_globals(tmp_path, step):
+    f = write(tmp_path, "model.py", MODEL_FILE)
+    write(tmp_path, "train.py", STEP_FILE)
+    assert "global optimizer" in MODEL_FILE and "return model, (None," in MODEL_FILE
+    file, name = step.split(":")
+    spec, doc = capture(
+        tmp_path, f"{f}:make_model", "--step", f"{tmp_path / file}:{name}", "--rngs", "params=0,dropout=1"
+    )
+    seeds = {"params": 0, "dropout": 1}
+    if file == "model.py":
+        assert _keys_file_keys(doc) == _real_model_keys(f, seeds, 1, name)
+    assert [c["step"] for c in doc["calls"] if c["stream"] == "dropout"] == [0, 1]
+    assert_real_nnx_agrees(spec, doc)
+    r = invoke("verify", spec, "--against", f"{f}:make_model", "--step", f"{tmp_path / file}:{name}")
+    assert r.exit_code == 0 and "0 differ, 0 missing, 0 extra" in r.stdout, r.stdout + r.stderr
+    assert "model" not in sys.modules or not sys.modules["model"].__name__.startswith("_rngaudit_user_")
+
+
 def test_a_step_calling_an_eager_merge_of_the_model_captures_the_keys_real_nnx_draws(tmp_path):
     """nnx.merge(*nnx.split(model)) outside jax.jit shares the model's variables: its draws are the model's (it
     was refused: "calls MLP outside the model's call")."""
