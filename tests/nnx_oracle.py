@@ -184,6 +184,11 @@ def _layer(st: NnxLayer, rngs):
             rngs=rngs,
             **keep,
         )
+    if k == "LoRALinear":
+        return nnx.LoRALinear(2, 3, lora_rank=1, use_bias=o["use_bias"], rngs=rngs)
+    if k == "LoRA":
+        base = None if st.base is None else _layer(st.base, rngs)  # (an argument: built first)
+        return nnx.LoRA(2, 1, 3, base_module=base, rngs=rngs)
     if k in ("LSTMCell", "OptimizedLSTMCell", "GRUCell", "SimpleCell"):
         import warnings
 

@@ -801,6 +801,14 @@ class NnxReplayer:
             params = ["scale"] if st.opt("use_scale") else []
         elif kind in CELLS:
             params = list(CELL_PARAMS[kind])
+        elif kind == "LoRALinear":
+            # mirrors LoRALinear.__init__: Linear's params, then its nnx.LoRA `lora` (lora_a, lora_b)
+            params = ["kernel"] + (["bias"] if st.opt("use_bias") else []) + ["lora.lora_a", "lora.lora_b"]
+        elif kind == "LoRA":
+            # mirrors nnx.LoRA.__init__ (its base_module, an argument, is built first)
+            if st.base is not None:
+                self.layer(st.base, f"{path}.base_module", rngs)
+            params = ["lora_a", "lora_b"]
         elif kind == "MultiHeadAttention":
             lin = ["kernel", "bias"] if st.opt("use_bias") else ["kernel"]
             params = [f"{p}.{q}" for p in ("query", "key", "value") for q in lin]

@@ -1229,6 +1229,10 @@ def _is_layer(obj) -> bool:
     return type(obj).__module__.startswith("flax.nnx") and type(obj).__name__ in LAYER_OPTIONS
 
 
+def _is_lora(obj) -> bool:
+    return type(obj).__module__.startswith("flax.nnx") and type(obj).__name__ == "LoRA"
+
+
 def _is_rnn(obj) -> bool:
     return type(obj).__module__.startswith("flax.nnx") and type(obj).__name__ == "RNN"
 
@@ -1487,6 +1491,31 @@ class _SpecBuilder:
             out["carry_init"] = "random"  # (a user cell's initialize_carry is taken to use the keys it draws)
         return out
 
+    def lora_base(self, parent: Built, lora: Built, at: int, bases: dict, where: str):
+        """nnx.LoRA's base_module, as a spec's `base_module:`: a standard layer that draws nothing when called,
+        built from the parent's Rngs just before the LoRA (its argument: `nnx.LoRA(..., base_module=nnx.Linear(...,
+        rngs=rngs), rngs=rngs)`)."""
+        from ..spec.nnx import LORA_BASES
+
+        base = self.rec.resolve(getattr(lora.obj, "base_module", None))
+        kind = type(base).__name__
+        if not (_is_layer(base) and kind in LORA_BASES):
+            raise self.unsupported(
+                f"{where} (nnx.LoRA) wraps a {kind}; an NNX spec's base_module is a standard layer that draws nothing "
+                f"when called ({', '.join(LORA_BASES)})"
+            )
+        i = bases.get(id(base))
+        if i is None or i != at - 1:
+            raise self.unsupported(
+                f"{where} (nnx.LoRA) is given a base_module built elsewhere, or not just before it (capture reads "
+                "nnx.LoRA(..., base_module=Layer(..., rngs=rngs), rngs=rngs), the layer built for it)"
+            )
+        base_b = parent.events[i][1]
+        if base_b.rngs is not parent.rngs or lora.rngs is not parent.rngs:
+            raise self.unsupported(f"{where} (nnx.LoRA) or its base_module is given another Rngs than its parent's")
+        options = _layer_options(base, self.rec.built_modes)
+        return {kind: options} if options else kind
+
     def own_rngs(self, b: Built, obj, parent: Built, where: str) -> dict:
         """What an nnx.RNN or nnx.Bidirectional keeps for the carry, as a spec's `rngs:` (nothing for `own`)."""
         if obj.rngs is None:
@@ -1529,7 +1558,13 @@ class _SpecBuilder:
             if e[0] == "child" and _is_bidi(e[1].obj)
             for side in ("forward_rnn", "backward_rnn")
         }
-        for kind, what, *rest in b.events:
+        # the layers given to the nnx.LoRAs built here as base_module (built first too): written inside their LoRA
+        bases: dict[int, int] = {
+            id(self.rec.resolve(e[1].obj.base_module)): i
+            for i, e in enumerate(b.events)
+            if e[0] == "child" and _is_lora(e[1].obj) and e[1].obj.base_module is not None
+        }
+        for at, (kind, what, *rest) in enumerate(b.events):
             if kind == "draw":
                 init.append({"draw": what})
             elif kind == "fork":
@@ -1544,6 +1579,10 @@ class _SpecBuilder:
                     continue
                 if cid in rnns:
                     rnns[cid] = child
+                    continue
+                if cid in bases:
+                    # (its LoRA follows, and says it: checked there)
+                    bases[cid] = at
                     continue
                 if _is_bidi(child.obj):
                     name = names.get(cid)
@@ -1628,9 +1667,10 @@ class _SpecBuilder:
                         raise self.unsupported(
                             f"{cls}.{name} ({type(child.obj).__name__}) is given another Rngs than {cls}'s"
                         )
-                    init.append(
-                        {type(child.obj).__name__: {"name": name, **_layer_options(child.obj, self.rec.built_modes)}}
-                    )
+                    options = _layer_options(child.obj, self.rec.built_modes)
+                    if _is_lora(child.obj) and getattr(child.obj, "base_module", None) is not None:
+                        options["base_module"] = self.lora_base(b, child, at, bases, f"{cls}.{name}")
+                    init.append({type(child.obj).__name__: {"name": name, **options}})
                     continue
                 mode = "shared"
                 if child.rngs is None:

@@ -52,7 +52,13 @@ LAYER_OPTIONS: dict[str, dict[str, object]] = {
     "OptimizedLSTMCell": {"keep_rngs": False},
     "GRUCell": {"keep_rngs": False},
     "SimpleCell": {"keep_rngs": False},
+    # flax/nnx/nn/lora.py: LoRALinear is a Linear (kernel, bias) holding `lora`, an nnx.LoRA (lora_a, lora_b)
+    "LoRALinear": {"use_bias": True},
+    "LoRA": {},
 }
+# what nnx.LoRA's base_module may be in a spec: a standard layer that draws nothing when called (its call adds the
+# base's output; a user module there is not modelled)
+LORA_BASES = ("Linear", "LinearGeneral", "Conv", "ConvTranspose", "Embed")
 # each cell's params draws in __init__ order, and how many keys its initialize_carry draws
 CELL_PARAMS: dict[str, tuple[str, ...]] = {
     "LSTMCell": (
@@ -96,6 +102,7 @@ class NnxLayer(NnxStatement):
     kind: str
     name: str
     options: tuple[tuple[str, object], ...]
+    base: NnxLayer | None = None  # nnx.LoRA(..., base_module=Linear(...)): the layer it wraps, built first
 
     def opt(self, key: str):
         return dict(self.options)[key]
@@ -372,7 +379,13 @@ SINCE = {
 # what rngaudit models with the rules of one release on (checked against that release; older ones not)
 # what a module builds and keeps as an attribute (`name:`)
 ATTRIBUTES = (NnxLayer, NnxChild, NnxBridge, NnxRnn, NnxBidirectional)
-MODELLED_SINCE = {"nnx.RNN": (0, 12), "nnx.Bidirectional": (0, 12), **{f"nnx.{c}": (0, 12) for c in CELLS}}
+MODELLED_SINCE = {
+    "nnx.RNN": (0, 12),
+    "nnx.Bidirectional": (0, 12),
+    "nnx.LoRA": (0, 12),
+    "nnx.LoRALinear": (0, 12),
+    **{f"nnx.{c}": (0, 12) for c in CELLS},
+}
 
 
 class NnxParser:
@@ -742,12 +755,16 @@ class NnxParser:
 
     def layer(self, kind: str, arg: YNode | None, loc, n: int) -> NnxLayer:
         defaults = LAYER_OPTIONS[kind]
+        base: NnxLayer | None = None
         if arg is None or arg.value is None:
             values: dict = {}
             f = None
         else:
-            f = Fields(arg, f"`{kind}`", ("name",) + tuple(defaults))
-            values = {k: v for k, v in arg.value.items()}
+            f = Fields(arg, f"`{kind}`", ("name",) + tuple(defaults) + (("base_module",) if kind == "LoRA" else ()))
+            values = {k: v for k, v in arg.value.items() if k != "base_module"}
+            bn = f.get("base_module")
+            if bn is not None:
+                base = self.lora_base(bn)
         opts: list[tuple[str, object]] = []
         for k, default in defaults.items():
             node = values.get(k)
@@ -772,9 +789,29 @@ class NnxParser:
             raise self.too_old("keep_rngs", values["keep_rngs"].loc)
         if kind in SINCE and self.lacks(kind):
             raise self.too_old(kind, loc)
-        if kind in CELLS:
+        if kind in CELLS or kind in ("LoRA", "LoRALinear"):
             self.modelled(f"nnx.{kind}", loc)
-        return NnxLayer(loc, kind, name, tuple(opts))
+        return NnxLayer(loc, kind, name, tuple(opts), base)
+
+    def lora_base(self, node: YNode) -> NnxLayer:
+        """`base_module:` of nnx.LoRA: one standard layer, built before the LoRA from the same Rngs (its keys are
+        named <lora>.base_module....)."""
+        shape = (
+            f"`base_module` of a LoRA is one standard layer that draws nothing when called ({', '.join(LORA_BASES)}),"
+            " as `{Linear: {}}`"
+        )
+        why = "; rngaudit does not model a user module or a layer drawing at its call there yet"
+        if isinstance(node.value, str):
+            node = YNode({node.value: YNode(None, node.loc, {})}, node.loc, {node.value: node.loc})
+        if not node.is_map or len(node.value) != 1:
+            raise SpecError(shape + why, node.loc)
+        ((bk, bv),) = node.value.items()
+        if bk not in LORA_BASES:
+            hint = suggest(bk, LORA_BASES) or why
+            raise SpecError(f"{shape}, not {bk!r}{hint}", node.key_locs[bk])
+        if bv is not None and bv.is_map and "name" in bv.value:
+            raise SpecError("nnx.LoRA keeps its base as the attribute `base_module`: drop `name:`", bv.key_locs["name"])
+        return dataclasses.replace(self.layer(bk, bv, node.key_locs[bk], 0), name="base_module")
 
     def bridge(self, arg: YNode | None, loc, n: int) -> NnxBridge:
         if arg is None or not arg.is_map:

@@ -212,6 +212,11 @@ model:{MODEL}"""
         ("GroupNorm", 2),
         ("{MultiHeadAttention: {dropout_rate: 0.1}}", 8),
         ("{MultiHeadAttention: {normalize_qk: true}}", 10),
+        ("LoRALinear", 4),  # Linear's kernel and bias, then its nnx.LoRA's lora_a and lora_b
+        ("{LoRALinear: {use_bias: false}}", 3),
+        ("LoRA", 2),
+        ("{LoRA: {base_module: Linear}}", 4),  # the base layer (an argument) first
+        ("{LoRA: {base_module: {Conv: {use_bias: false}}}}", 3),
     ],
 )
 def test_layer_key_orders(layer, params):
@@ -302,6 +307,12 @@ def test_the_oracle_sees_keys_as_nnx_hands_them_out():
         ("run: [evaluate]\nmodel: {class: M}", "did you mean 'eval'"),
         ("steps: 2\nrun: [call]\nmodel: {class: M}", "not both"),
         ("model: {class: M, init: [Linear, {Linear: {name: linear_0}}]}", "assigned twice"),
+        ("model: {class: M, init: [{LoRA: {base_module: Dropout}}]}", "not 'Dropout'; rngaudit does not model"),
+        ("model: {class: M, init: [{LoRA: {base_module: {module: {class: B}}}}]}", "not 'module'; rngaudit"),
+        ("model: {class: M, init: [{LoRA: {base_module: Lineer}}]}", "did you mean 'Linear'"),
+        ("model: {class: M, init: [{LoRA: {base_module: [Linear]}}]}", "is one standard layer"),
+        ("model: {class: M, init: [{LoRA: {base_module: {Linear: {name: b}}}}]}", "drop `name:`"),
+        ('flax: {version: "0.11.0"}\nmodel: {class: M, init: [LoRALinear]}', "models nnx.LoRALinear with the rules"),
     ],
 )
 def test_bad_nnx_specs(tmp_path, text, message):

@@ -76,6 +76,7 @@ def layer(draw, keeps_ok: bool = True):
                 "GroupNorm",
                 *(("InstanceNorm",) if has("InstanceNorm") else ()),
                 "RMSNorm",
+                *(("LoRALinear", "LoRA") if has("nnx.LoRA") else ()),
                 *(("Dropout", "Dropout") if keeps_ok else ()),
                 "MultiHeadAttention",
             )
@@ -83,9 +84,13 @@ def layer(draw, keeps_ok: bool = True):
     )
     o: dict = {}
     flag = lambda: draw(st.booleans())
-    if kind in ("Linear", "LinearGeneral", "Conv", "ConvTranspose"):
+    if kind in ("Linear", "LinearGeneral", "Conv", "ConvTranspose", "LoRALinear"):
         if maybe(draw, 0.4):
             o["use_bias"] = flag()
+    elif kind == "LoRA" and maybe(draw, 0.6):
+        # nnx.LoRA(..., base_module=<a layer built just before, from the same Rngs>)
+        base = draw(st.sampled_from(("Linear", "LinearGeneral", "Conv", "ConvTranspose", "Embed")))
+        o["base_module"] = {base: {"use_bias": flag()}} if base != "Embed" and maybe(draw, 0.4) else base
     elif kind in ("LayerNorm", "BatchNorm", "GroupNorm", "InstanceNorm"):
         if maybe(draw, 0.4):
             o["use_scale"] = flag()

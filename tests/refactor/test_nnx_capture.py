@@ -355,6 +355,38 @@ LSTM = HEADER + textwrap.dedent("""
         return Tagger(rngs), (jnp.ones((2, 6), jnp.int32),)
 """)
 
+# LoRA fine-tuning as NNX code writes it: nnx.LoRALinear projections, nnx.LoRA wrapping a layer built for it
+# (base_module), a plain adapter, and dropout
+LORA = HEADER + textwrap.dedent("""
+    class Attention(nnx.Module):
+        def __init__(self, d, rank, *, rngs):
+            self.q = nnx.LoRALinear(d, d, lora_rank=rank, use_bias=False, rngs=rngs)
+            self.k = nnx.LoRALinear(d, d, lora_rank=rank, use_bias=False, rngs=rngs)
+            self.v = nnx.LoRALinear(d, d, lora_rank=rank, rngs=rngs)
+            self.out = nnx.LoRA(d, rank, d, base_module=nnx.LinearGeneral(d, d, rngs=rngs), rngs=rngs)
+            self.drop = nnx.Dropout(0.1, rngs=rngs)
+
+        def __call__(self, x):
+            w = jax.nn.softmax(self.q(x) @ self.k(x).T)
+            return self.out(self.drop(w) @ self.v(x))
+
+    class Model(nnx.Module):
+        def __init__(self, rngs):
+            self.embed = nnx.Embed(10, 8, rngs=rngs)
+            self.blocks = nnx.List([Attention(8, 2, rngs=rngs) for _ in range(2)])
+            self.adapter = nnx.LoRA(8, 2, 8, rngs=rngs)
+            self.norm = nnx.RMSNorm(8, rngs=rngs)
+
+        def __call__(self, tokens):
+            x = self.embed(tokens)
+            for block in self.blocks:
+                x = x + block(x)
+            return self.norm(x + self.adapter(x))
+
+    def make_model(rngs):
+        return Model(rngs), (jnp.arange(4),)
+""")
+
 
 def capture(tmp_path, target: str, *args: str):
     spec, keys = tmp_path / "captured.yaml", tmp_path / "keys.json"
@@ -391,6 +423,9 @@ def assert_real_nnx_agrees(spec_path, doc) -> None:
         (BRIDGE, "params=0,dropout=1", 2, 2 + 2 + 2 + 3 + 1 + 2 * (2 + 1 + 1)),
         (BRIDGE_STACK, "params=0,dropout=1", 2, None),
         (BRIDGE_GUIDE, "default=0", 3, None),
+        # embed 1, per block q 3, k 3, v 4, out 4 (its LinearGeneral first) and the dropout fork; adapter 2,
+        # norm 1; a mask per block and call
+        (LORA, "params=0,dropout=1", 2, 1 + 2 * (3 + 3 + 4 + 4 + 1) + 2 + 1 + 2 * 2),
     ],
 )
 def test_nnx_models_capture_and_replay(tmp_path, source, rngs, steps, draws):
@@ -2054,6 +2089,57 @@ def test_rnns_capture_cannot_read_are_refused_and_nothing_written(tmp_path, body
     f = write(tmp_path, "m.py", source)
     out = tmp_path / "o.yaml"
     r = invoke("capture", f"{f}:make", "--rngs", "params=0", "-o", out)
+    assert r.exit_code == 2 and message in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+    assert not out.exists()
+
+
+class_B = textwrap.dedent("""
+    class B(nnx.Module):
+        def __init__(self, rngs):
+            self.l = nnx.Linear(2, 3, rngs=rngs)
+
+        def __call__(self, x):
+            return self.l(x)
+""")
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (
+            (
+                "base = nnx.Linear(2, 3, rngs=rngs)\n        self.n = nnx.LayerNorm(3, rngs=rngs)\n        "
+                "self.lora = nnx.LoRA(2, 1, 3, base_module=base, rngs=rngs)"
+            ),
+            "is given a base_module built elsewhere, or not just before it",
+        ),
+        ("self.lora = nnx.LoRA(2, 1, 3, base_module=B(rngs), rngs=rngs)", "(nnx.LoRA) wraps a B;"),
+        ("self.lora = nnx.LoRA(2, 1, 2, base_module=nnx.Dropout(0.5, rngs=rngs), rngs=rngs)", "wraps a Dropout"),
+        (
+            "self.lora = nnx.LoRA(2, 1, 3, base_module=nnx.Linear(2, 3, rngs=rngs.fork()), rngs=rngs)",
+            "or its base_module is given another Rngs",
+        ),
+    ],
+)
+def test_loras_capture_cannot_read_are_refused_and_nothing_written(tmp_path, body, message):
+    source = (
+        HEADER
+        + class_B
+        + textwrap.dedent("""
+        class M(nnx.Module):
+            def __init__(self, rngs):
+                BODY
+
+            def __call__(self, x):
+                return self.lora(x)
+
+        def make(rngs):
+            return M(rngs), (jnp.ones((1, 2)),)
+    """).replace("BODY", body)
+    )
+    f = write(tmp_path, "m.py", source)
+    out = tmp_path / "o.yaml"
+    r = invoke("capture", f"{f}:make", "--rngs", "params=0,dropout=1", "-o", out)
     assert r.exit_code == 2 and message in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
     assert not out.exists()
 
