@@ -472,7 +472,10 @@ def _renamed_modules(cmp: Comparison) -> dict[tuple, tuple[tuple, tuple]]:
     """Modules gone and new that draw alike (the same parameter names, streams and kinds below them, step by step),
     each the only one of its shape on its side: one module renamed (old path -> (new path, shape)), at the highest
     level whose name differs (rnn -> encoder, not rnn.cell.ii -> encoder.cell.ii). Its keys may have changed too
-    (built at another point of `__init__`: its counts moved)."""
+    (built at another point of `__init__`: its counts moved). Then, of those left, a module gone and one new beside
+    it (the same parent) that draw mostly alike, each the other's only best match: renamed with layers added or
+    removed inside (blocks -> layers with a gate added), or one of several alike renamed alike (layers.0.mlp ->
+    layers.0.ffw, layers.1.mlp -> layers.1.ffw); `shape` is then what both draw."""
     assert cmp.old is not None and cmp.new is not None
     paths = {
         side: {t.path[:i] for t in cap.sites for i in range(1, len(t.path) + 1)}
@@ -487,15 +490,36 @@ def _renamed_modules(cmp: Comparison) -> dict[tuple, tuple[tuple, tuple]]:
             if root is not None:
                 groups[e.status].setdefault(root, []).append(e.site)
     by_shape: dict[tuple, dict[str, list[tuple]]] = {}
+    shapes: dict[str, dict[tuple, Counter]] = {"gone": {}, "new": {}}
     for status, modules in groups.items():
         for module, sites in modules.items():
             shape = tuple(sorted((t.path[len(module) :], t.stream, t.kind, t.step, t.lane) for t in sites))
             by_shape.setdefault(shape, {"gone": [], "new": []})[status].append(module)
-    return {
+            shapes[status][module] = Counter(shape)
+    found = {
         sides["gone"][0]: (sides["new"][0], shape)
         for shape, sides in by_shape.items()
         if len(sides["gone"]) == 1 and len(sides["new"]) == 1  # (more of one shape: which is which is not known)
     }
+    paired = set(found.values())
+    gone = {m: c for m, c in shapes["gone"].items() if m not in found}
+    new = {m: c for m, c in shapes["new"].items() if m not in {q for q, _ in paired}}
+
+    def best(m: tuple, c: Counter, others: dict[tuple, Counter]) -> tuple | None:
+        """The module beside m on the other side that draws most of what m draws (at least half of the smaller
+        one's draws), if only one does."""
+        scores = {o: sum((c & oc).values()) for o, oc in others.items() if o[:-1] == m[:-1] and len(o) == len(m)}
+        top = max(scores.values(), default=0)
+        winners = [o for o, v in scores.items() if v == top]
+        if len(winners) != 1 or 2 * top < min(sum(c.values()), sum(others[winners[0]].values())):
+            return None
+        return winners[0]
+
+    for m, c in gone.items():
+        q = best(m, c, new)
+        if q is not None and best(q, new[q], gone) == m:
+            found[m] = (q, tuple(sorted((c & new[q]).elements())))
+    return found
 
 
 def _renamed_prefix(path: tuple, names: dict) -> tuple[int, tuple] | None:
@@ -531,12 +555,17 @@ def _merge_renames(cmp: Comparison, renames: dict[tuple, tuple[tuple, tuple]]) -
         order = lambda e, m: (e.site.step, e.site.lane, e.site.path[len(m) :], e.site.stream, e.site.kind, e.site.count)
         olds = sorted(sides.get(("gone", p), []), key=lambda e: order(e, p))
         news = sorted(sides.get(("new", q), []), key=lambda e: order(e, q))
-        if len(olds) != len(news):
-            continue
-        for o, n in zip(olds, news):
-            a, b = o.site, n.site
-            if (a.path[len(p) :], a.stream, a.kind) != (b.path[len(q) :], b.stream, b.kind):
+        # (a draw added or removed inside the renamed module has no counterpart: it stays new or gone)
+        same = lambda e, m: (e.site.step, e.site.lane, e.site.path[len(m) :], e.site.stream, e.site.kind)
+        counterparts: dict[tuple, list[Entry]] = {}
+        for n in news:
+            counterparts.setdefault(same(n, q), []).append(n)
+        for o in olds:
+            left = counterparts.get(same(o, p))
+            if not left:
                 continue
+            n = left.pop(0)
+            a, b = o.site, n.site
             was, now = ".".join(p), ".".join(q)
             why = [
                 (
@@ -603,9 +632,9 @@ def _merge_step_moves(cmp: Comparison) -> None:
             used.add(id(g))
             why = (
                 f"the same key from the same site and count, drawn at step {e.new.step} now and at step "
-                f"{g.old.step} before: the calls of the model before it changed, not this key (a draw of the "
-                "training step moved past a call of the model, or calls that draw nothing of this stream, in eval "
-                "mode, were added or removed before it)"
+                f"{g.old.step} before: what the steps before it draw changed, not this key (a draw of the "
+                "training step moved past a call of the model, draws of this stream added to or removed from a step "
+                "before it, or calls that draw nothing of this stream, in eval mode, added or removed before it)"
             )
             merged[id(e)] = Entry("moved", e.ident, g.old, e.new, [why])
     if merged:

@@ -25,7 +25,7 @@ import rngaudit
 from rngaudit import parse_spec
 
 EXAMPLES = int(os.environ.get("RNGAUDIT_NNX_DIFF_FUZZ_EXAMPLES", "40"))
-KINDS = ("rename", "reorder", "rename+reorder", "insert", "delete")
+KINDS = ("rename", "reorder", "rename+reorder", "insert", "delete", "rename+insert")
 LAYERS = ("Linear", "Linear", "LayerNorm", "Embed", "RMSNorm", "Dropout", "module")
 
 
@@ -90,6 +90,24 @@ def refactors(draw):
         if kind == "rename+reorder":
             j = draw(st.integers(0, len(ni) - 1).filter(lambda j: j != i))
             ni.insert(j, ni.pop(i))
+    elif kind == "rename+insert":
+        # a submodule renamed with a layer added inside it (blocks -> layers, a gate added to each block)
+        mods = [i for i, st_ in enumerate(ni) if "module" in st_]
+        if not mods:
+            ni.append(_layer(draw, "module", "blk", 0))
+            doc["model"]["init"].append(copy.deepcopy(ni[-1]))
+            doc["model"].pop("call", None)
+            if _calls(doc["model"]["init"]):
+                doc["model"]["call"] = _calls(doc["model"]["init"])
+            mods = [len(ni) - 1]
+        i = draw(st.sampled_from(mods))
+        opts = ni[i]["module"]
+        old_name = opts["name"]
+        opts["name"] = new_name = old_name + "_v2"
+        at = draw(st.integers(0, len(opts["init"])))
+        opts["init"].insert(at, {draw(st.sampled_from(("Linear", "LayerNorm"))): {"name": "inserted"}})
+        truth["renamed"] = (old_name, new_name)
+        truth["inserted"] = f"{new_name}.inserted"
     elif kind == "reorder":
         i, j = draw(st.lists(st.integers(0, len(ni) - 1), min_size=2, max_size=2, unique=True))
         ni[i], ni[j] = ni[j], ni[i]
@@ -150,7 +168,11 @@ def test_diff_of_random_nnx_refactors(case):
     if "renamed" in truth:
         # the renamed module's draws are followed from the old name to the new: none is left gone or new
         new_name = truth["renamed"][1]
-        left = [e for e in report.entries if e.status in ("new", "gone") and e.site.path[0] in truth["renamed"]]
+        left = [
+            e
+            for e in report.entries
+            if e.status in ("new", "gone") and e.site.path[0] in truth["renamed"] and "inserted" not in e.site.path
+        ]
         assert not left, (truth, [(e.status, e.site.path) for e in left])
         if any(e.status == "changed" and e.new.path[0] == new_name for e in report.entries):
             event("a renamed module's keys changed: explained as renamed")
@@ -160,18 +182,18 @@ def _check_claim(why: str, truth: dict, e) -> None:
     kind = truth["kind"]
     m = re.search(r"and (\S+) is gone: (\S+) renamed (\S+) ", why)
     if m:
-        assert kind in ("rename", "rename+reorder"), (kind, why)
+        assert kind in ("rename", "rename+reorder", "rename+insert"), (kind, why)
         assert (m.group(2), m.group(3)) == truth["renamed"], (truth, why)
     if "a rename or a move" in why:
-        assert kind in ("rename", "rename+reorder"), (kind, why)
+        assert kind in ("rename", "rename+reorder", "rename+insert"), (kind, why)
         old_name, new_name = truth["renamed"]
         assert e.old.path[0] == old_name and e.new.path[0] == new_name, (truth, why)
     if "under another name (the rename above)" in why:
         assert kind == "rename+reorder", (kind, why)
     m = re.search(r"added before it: ([^.]+(?:\.[^ .,]+)*(?:, [^ ,.]+(?:\.[^ ,.]+)*)*)", why)
     if "added before it" in why:
-        assert kind == "insert", (kind, why)
-        assert m and all(p.startswith("inserted") for p in m.group(1).split(", ")), (truth, why)
+        assert kind in ("insert", "rename+insert"), (kind, why)
+        assert m and all(p.startswith(truth["inserted"]) for p in m.group(1).split(", ")), (truth, why)
     if "removed before it" in why:
         assert kind == "delete", (kind, why)
         shown = why.split("removed before it: ")[1].split(". An NNX key")[0]
@@ -287,7 +309,7 @@ def test_a_key_drawn_at_another_step_is_moved_not_new_and_gone(tmp_path, before,
         assert drawn["old"][0][1] == drawn["new"][0][1]
     r = invoke("diff", old, new)
     assert r.exit_code == 0 and f"(step {moved[0][3]} -> {moved[0][4]})" in r.stdout, r.stdout
-    assert "the calls of the model before it changed, not this key" in r.stdout
+    assert "what the steps before it draw changed, not this key" in r.stdout
 
 
 NESTED_DROPOUT = """
@@ -351,3 +373,60 @@ def test_a_count_shift_of_a_layer_called_twice_compares_the_same_call(tmp_path):
         "before it: added before it: emb" in r.stdout
     ), r.stdout
     assert "2 more keys" not in r.stdout
+
+
+ALIKE_BLOCKS = """
+rngaudit: 1
+flavour: nnx
+rngs: {params: 0, dropout: 1}
+model:
+  class: M
+  init:
+    - module:
+        name: b0
+        class: Block
+        init:
+          - Linear: {name: attn}
+          - module: {name: mlp, class: MLP, init: [{Linear: {name: gate}}, {Linear: {name: up}}]}
+          - Dropout: {name: drop, rate: 0.1}
+        call: [{call: drop}]
+  call: [{call: b0}, {call: b1}]
+"""
+ALIKE_BLOCKS = ALIKE_BLOCKS.replace(
+    "  call: [{call: b0}",
+    ALIKE_BLOCKS.split("  init:\n", 1)[1].split("  call: [{call: b0}")[0].replace("b0", "b1") + "  call: [{call: b0}",
+)
+
+
+def test_alike_modules_renamed_alike_with_a_layer_inserted_are_followed(tmp_path):
+    """Every block's mlp renamed ffw and a layer inserted before it (layers.i.mlp -> layers.i.ffw): the blocks'
+    mlps are alike, so no one shape says which is which; each is paired with the one beside it. The count shift
+    gives ffw.gate the key mlp.up had: that is not a rename of up to gate (it was MOVED, "a rename or a move")."""
+    from support import invoke
+
+    old = tmp_path / "old.yaml"
+    old.write_text(ALIKE_BLOCKS)
+    new = tmp_path / "new.yaml"
+    new.write_text(
+        ALIKE_BLOCKS.replace("name: mlp", "name: ffw").replace(
+            "- Linear: {name: attn}\n", "- Linear: {name: attn}\n          - Linear: {name: q}\n"
+        )
+    )
+    assert yaml.safe_load(new.read_text()) != yaml.safe_load(old.read_text())
+    doc = json.loads(invoke("diff", old, new, "-f", "json").stdout)
+    by_status: dict = {}
+    for c in doc["sites"]:
+        by_status.setdefault(c["status"], []).append(c)
+    assert "moved" not in by_status, by_status.get("moved")
+    # each mlp's draws followed to the ffw beside it, by name, its counts shifted by the q inserted before it
+    pairs = [(c["old_path"], c["path"]) for c in by_status["changed"]]
+    for b in ("b0", "b1"):
+        for layer in ("gate", "up"):
+            for p in ("kernel", "bias"):
+                assert ([b, "mlp", layer, p], [b, "ffw", layer, p]) in pairs, pairs
+    # the q layers are new; b1.attn, after b0's q, draws other counts (its own sites: NNX sites carry their count)
+    assert {tuple(c["path"][:2]) for c in by_status["new"]} == {("b0", "q"), ("b1", "q"), ("b1", "attn")}
+    assert all("count shift" in c["why"][0] for c in by_status["new"] if c["path"][1] == "attn")
+    whys = " ".join(w for c in doc["sites"] for w in c["why"])
+    assert "b0.ffw draws what b0.mlp drew (gate.bias, gate.kernel, up.bias, up.kernel)" in whys
+    assert "a rename or a move" not in whys
