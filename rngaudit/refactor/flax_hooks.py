@@ -279,7 +279,17 @@ def _forked(kind: str):
             with rec.frame(frame):
                 return fn(scope, hash_key, *xs, **kw)
 
-        inner = _ORIG[kind](_traced(functools.wraps(fn)(body)), *args, **kwargs)
+        traced = _traced(functools.wraps(fn)(body))
+        cached = _ORIG[kind](traced, *args, **kwargs)
+
+        def inner(*xs, **kw):
+            if _rec() is None:
+                return cached(*xs, **kw)
+            # (recording: a lifted function of its own each call, traced afresh; jax.jit's cache would reuse the
+            # trace of another instance of the same jitted class, `JBlock = nn.jit(Block)` called in a loop, and
+            # capture would see none of its draws. The keys are the same: they derive from the fork keys passed in)
+            return _ORIG[kind](traced, *args, **kwargs)(*xs, **kw)
+
         return _lifted(kind, a, inner, {"rngs": a["rngs"]})
 
     transform.__name__ = transform.__qualname__ = kind

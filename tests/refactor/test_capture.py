@@ -213,6 +213,81 @@ def test_a_jit_method_decorator_on_the_root_is_captured_in_apply_too(tmp_path, p
     assert_replays(spec, doc)
 
 
+# one jitted class made once and instantiated in a loop: jax.jit's cache reuses the first instance's trace
+JIT_CLASS_REUSED = textwrap.dedent("""
+    import flax.linen as nn
+    import jax.numpy as jnp
+
+    class FFN(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        h = nn.Dropout(0.1, deterministic=False)(nn.gelu(nn.Dense(8)(x)))
+        return nn.Dense(x.shape[-1])(h)
+
+    class Block(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        return x + nn.checkpoint(FFN)(name='ffn')(nn.LayerNorm()(x))
+
+    class Net(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        x = nn.Dense(4, name='inp')(x)
+        JBlock = nn.jit(Block)
+        for _ in range(3):
+          x = JBlock()(x)
+        return nn.Dense(2, name='out')(x)
+
+    def make():
+      return Net(), (jnp.ones((2, 5)),)
+""")
+
+
+def _real_linen_keys(path, rngs: dict) -> list:
+    """Every key Scope.make_rng returns while the model of `path` (its `make`) runs init in real Flax, jitted
+    bodies included (read back by a callback), sorted."""
+    import importlib.util
+
+    import jax
+    import numpy as np
+    from flax.core import scope as flax_scope
+
+    seen: list = []
+    original = flax_scope.Scope.make_rng
+
+    def record(data):
+        seen.extend(tuple(int(v) for v in row) for row in np.asarray(data).reshape(-1, 2))
+
+    def make_rng(self, name="params"):
+        key = original(self, name)
+        jax.debug.callback(record, jax.random.key_data(key))
+        return key
+
+    loaded = importlib.util.spec_from_file_location(f"real_{id(path)}", path)
+    module = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(module)
+    model, args = module.make()
+    flax_scope.Scope.make_rng = make_rng
+    try:
+        model.init({k: jax.random.key(v) for k, v in rngs.items()}, *args)
+        jax.effects_barrier()
+    finally:
+        flax_scope.Scope.make_rng = original
+    return sorted(seen)
+
+
+def test_a_jitted_class_instantiated_in_a_loop_is_captured(tmp_path):
+    """`JBlock = nn.jit(Block)` once, `JBlock()(x)` in a loop: JAX reuses the first instance's trace, so the
+    others' draws never ran in Python (capture refused: "ran without tracing its body"). Recording, each call is
+    traced afresh; the keys are those real Flax hands out with its cache."""
+    f = write(tmp_path, "jit_loop.py", JIT_CLASS_REUSED)
+    spec, doc = capture(tmp_path, f"{f}:make", "--rngs", "params=0,dropout=1")
+    assert spec.read_text().count("jit:") >= 1
+    assert {tuple(c["path"][:1]) for c in doc["calls"]} >= {("JitBlock_0",), ("JitBlock_1",), ("JitBlock_2",)}
+    assert_replays(spec, doc)
+    assert sorted(tuple(c["key"]) for c in doc["calls"]) == _real_linen_keys(f, {"params": 0, "dropout": 1})
+
+
 # the jit-decorated Block of JIT_ROOT, now the members of an ensemble
 DECORATED_IN_VMAP = JIT_ROOT.split("def make():")[0] + textwrap.dedent("""
     class Model(nn.Module):
