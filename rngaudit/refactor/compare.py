@@ -455,6 +455,7 @@ def _explain_nnx(cmp: Comparison, old: Capture, new: Capture) -> None:
                 pairs.setdefault(id(e), found[1])
     _merge_moves(cmp, pairs)
     _merge_renames(cmp, renames)
+    _explain_bridged(cmp, old, new)
     for e in cmp.entries:
         if e.status in ("new", "gone") and not e.why:
             # (an NNX site is a layer's draw at a step: a layer that is there still draws nothing where it is
@@ -466,6 +467,60 @@ def _explain_nnx(cmp: Comparison, old: Capture, new: Capture) -> None:
                 else "nothing draws this key here now (the layer is gone, not called, or deterministic at this call: "
                 "in eval mode, or given deterministic=True)"
             )
+
+
+def _bridged(cap: Capture) -> dict[tuple, list[tuple[Site, Site]]]:
+    """The Linen draws inside each bridge.ToNNX of an NNX capture, by (bridge path, step): each NNX site beside
+    the Linen site it is (its path below the bridge, a parameter's name as its label, Linen's identity). A second
+    call of a bridge in one step (`enc#2`) is left out."""
+    import dataclasses
+
+    roots = {t.path[:-1] for t in cap.sites if t.kind == "bridge" and len(t.path) > 1}
+    out: dict[tuple, list[tuple[Site, Site]]] = {}
+    for t in cap.sites:
+        if not roots or t.kind in ("fork", "bridge") or not t.stream_path:
+            continue
+        root = next((r for r in roots if t.stream_path.startswith(".".join(r) + ".to_nnx__rngs.")), None)
+        if root is None or t.path[: len(root)] != root or len(t.path) == len(root):
+            continue
+        inner = t.path[len(root) :]
+        if t.kind == "param" and t.label and len(inner) > 1 and inner[-1] == t.label:
+            inner = inner[:-1]
+        linen = dataclasses.replace(t, path=inner, step=-1, stream_path="", chain=(), iteration=-1)
+        out.setdefault((root, t.step), []).append((t, linen))
+    return out
+
+
+def _explain_bridged(cmp: Comparison, old: Capture, new: Capture) -> None:
+    """A draw of a Linen module inside a bridge.ToNNX is a Linen key: its path is hashed, so an unnamed layer
+    inserted takes the auto-name (and the keys) of the one after it, which NNX's count reasoning does not see. Each
+    bridge's Linen draws, step by step, are compared as a Linen diff compares them, and a draw of theirs that is not
+    kept gets that diff's why."""
+    a, b = _bridged(old), _bridged(new)
+    if not a and not b:
+        return
+    whys: dict[int, list[str]] = {}  # id(an NNX site) -> the Linen diff's why of its draw
+    for where in dict.fromkeys(list(a) + list(b)):
+        sides = []
+        for cap, pairs in ((old, a.get(where, [])), (new, b.get(where, []))):
+            linen = [t for _, t in pairs]
+            if len({t.ident for t in linen}) != len(linen):
+                break  # (one path drawn twice at one count: not one Linen run)
+            sides.append(Capture(cap.target, "init" if where[1] == 0 else "apply", {}, cap.settings, linen))
+        else:
+            inner = diff(*sides)
+            back = {id(t): s for pairs in (a.get(where, []), b.get(where, [])) for s, t in pairs}
+            for e in inner.entries:
+                if e.status != "kept" and e.why:
+                    for t in (e.old, e.new):
+                        if t is not None and id(t) in back:
+                            whys[id(back[id(t)])] = e.why
+    for e in cmp.entries:
+        if e.status == "kept":
+            continue
+        found = next((whys[id(t)] for t in (e.old, e.new) if t is not None and id(t) in whys), None)
+        if found:
+            e.why = [f"a Linen key inside bridge.ToNNX (its module path is hashed): {w}" for w in found]
 
 
 def _renamed_modules(cmp: Comparison) -> dict[tuple, tuple[tuple, tuple]]:

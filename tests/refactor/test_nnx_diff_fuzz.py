@@ -430,3 +430,55 @@ def test_alike_modules_renamed_alike_with_a_layer_inserted_are_followed(tmp_path
     whys = " ".join(w for c in doc["sites"] for w in c["why"])
     assert "b0.ffw draws what b0.mlp drew (gate.bias, gate.kernel, up.bias, up.kernel)" in whys
     assert "a rename or a move" not in whys
+
+
+BRIDGED = """
+rngaudit: 1
+flavour: nnx
+rngs: {params: 0, dropout: 1}
+model:
+  class: M
+  init:
+    - ToNNX:
+        name: enc
+        module:
+          class: Enc
+          body:
+            - Dense: {features: 4}
+            - Dropout: {rate: 0.1, deterministic: false}
+            - Dense: {features: 4, name: proj}
+    - Linear: {name: head}
+  call: [{call: enc}]
+"""
+
+
+@pytest.mark.parametrize(
+    "edit, status, why",
+    [
+        # an unnamed Dense inserted first takes Dense_0's name (so its keys): the old Dense_0 is Dense_1 now
+        (
+            ("            - Dense: {features: 4}\n", "            - Dense: {features: 8}\n" * 2),
+            "new",
+            "a Dense was added: appended as Dense_1, or inserted at Dense_0",
+        ),
+        (("name: proj", "name: out"), "changed", "renamed path (proj -> out)"),
+    ],
+)
+def test_a_linen_module_inside_to_nnx_is_explained_as_linen(tmp_path, edit, status, why):
+    """Keys of a bridge.ToNNX's Linen module hash their paths: an unnamed Dense inserted first was "new, nothing
+    drew this key here before (the layer is new ...)" beside 'kept' Dense_0, whose layer is another now. The
+    bridge's Linen draws are compared as Linen's diff compares them."""
+    from support import invoke
+
+    old = tmp_path / "old.yaml"
+    old.write_text(BRIDGED)
+    new = tmp_path / "new.yaml"
+    new.write_text(BRIDGED.replace(*edit))
+    assert new.read_text() != BRIDGED
+    doc = json.loads(invoke("diff", old, new, "-f", "json").stdout)
+    moved = [c for c in doc["sites"] if c["status"] != "kept"]
+    assert moved and {c["status"] for c in moved} == {status}, moved
+    for c in moved:
+        assert len(c["why"]) == 1 and c["why"][0].startswith("a Linen key inside bridge.ToNNX"), c["why"]
+        assert why in c["why"][0], c["why"]
+        assert c["path"][0] == "enc"
