@@ -494,13 +494,13 @@ def _bridged(cap: Capture) -> dict[tuple, list[tuple[Site, Site]]]:
 def _explain_bridged(cmp: Comparison, old: Capture, new: Capture) -> None:
     """A draw of a Linen module inside a bridge.ToNNX is a Linen key: its path is hashed, so an unnamed layer
     inserted takes the auto-name (and the keys) of the one after it, which NNX's count reasoning does not see. Each
-    bridge's Linen draws, step by step, are compared as a Linen diff compares them, and a draw of theirs that is not
-    kept gets that diff's why."""
+    bridge's Linen draws, step by step, are compared as a Linen diff compares them (a bridge at the same path on
+    both sides), and a draw of theirs new, gone or changed gets that diff's why."""
     a, b = _bridged(old), _bridged(new)
     if not a and not b:
         return
     whys: dict[int, list[str]] = {}  # id(an NNX site) -> the Linen diff's why of its draw
-    for where in dict.fromkeys(list(a) + list(b)):
+    for where in [w for w in a if w in b]:  # (a bridge renamed, added or removed: NNX's reasoning says so)
         sides = []
         for cap, pairs in ((old, a.get(where, [])), (new, b.get(where, []))):
             linen = [t for _, t in pairs]
@@ -516,7 +516,7 @@ def _explain_bridged(cmp: Comparison, old: Capture, new: Capture) -> None:
                         if t is not None and id(t) in back:
                             whys[id(back[id(t)])] = e.why
     for e in cmp.entries:
-        if e.status == "kept":
+        if e.status not in ("new", "gone", "changed"):
             continue
         found = next((whys[id(t)] for t in (e.old, e.new) if t is not None and id(t) in whys), None)
         if found:
