@@ -1491,6 +1491,23 @@ class _SpecBuilder:
             out["carry_init"] = "random"  # (a user cell's initialize_carry is taken to use the keys it draws)
         return out
 
+    def replaced(self, b: Built, obj) -> str:
+        """Why a module built in __init__ is no attribute now, where it reads so: an attribute holding a module
+        that __init__ did not build (the factory wrapped a layer after building the model, `model.q =
+        nnx.LoRA(..., base_module=model.q, rngs=rngs)`), or "" where none does."""
+        from flax import nnx
+
+        made = {id(self.rec.resolve(e[1].obj)) for e in b.events if e[0] == "child"}
+        for attr, value in vars(obj).items():
+            if isinstance(value, nnx.Module) and id(self.rec.resolve(value)) not in made:
+                cls = type(obj).__name__
+                return (
+                    f": {cls}.{attr} holds a {type(value).__name__} that {cls}.__init__ did not build (made outside "
+                    "it: the factory replaced or wrapped a layer, or passed a module in); an NNX spec builds the "
+                    "model in __init__: build it there, or capture the model as __init__ builds it"
+                )
+        return ""
+
     def lora_base(self, parent: Built, lora: Built, at: int, bases: dict, where: str):
         """nnx.LoRA's base_module, as a spec's `base_module:`: a standard layer that draws nothing when called,
         built from the parent's Rngs just before the LoRA (its argument: `nnx.LoRA(..., base_module=nnx.Linear(...,
@@ -1635,7 +1652,7 @@ class _SpecBuilder:
                 if name is None:
                     raise self.unsupported(
                         f"{cls}.__init__ builds a {type(child.obj).__name__} it does not keep as an attribute "
-                        "(or keeps it inside another module)"
+                        f"(or keeps it inside another module){self.replaced(b, obj)}"
                     )
                 built[id(self.rec.resolve(child.obj))] = name
                 if child.stack:

@@ -2144,6 +2144,30 @@ def test_loras_capture_cannot_read_are_refused_and_nothing_written(tmp_path, bod
     assert not out.exists()
 
 
+def test_a_layer_the_factory_wraps_after_construction_is_refused_with_the_reason(tmp_path):
+    """LoRA fine-tuning often wraps a built model's layer: `model.q = nnx.LoRA(..., base_module=model.q, ...)`. The
+    spec cannot say draws made after __init__; the refusal said only that the Linear was kept nowhere."""
+    source = HEADER + textwrap.dedent("""
+        class M(nnx.Module):
+            def __init__(self, rngs):
+                self.q = nnx.Linear(2, 2, rngs=rngs)
+
+            def __call__(self, x):
+                return self.q(x)
+
+        def make(rngs):
+            model = M(rngs)
+            model.q = nnx.LoRA(2, 1, 2, base_module=model.q, rngs=rngs)
+            return model, (jnp.ones((1, 2)),)
+    """)
+    f = write(tmp_path, "m.py", source)
+    out = tmp_path / "o.yaml"
+    r = invoke("capture", f"{f}:make", "--rngs", "params=0", "-o", out)
+    assert r.exit_code == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert "M.q holds a LoRA that M.__init__ did not build (made outside it: the factory replaced" in r.stderr
+    assert not out.exists()
+
+
 def test_a_layer_inserted_before_a_renamed_rnn_is_followed_by_its_names(tmp_path):
     """rnn -> encoder with a LayerNorm inserted before it: the count shift hands rnn.cell.ig's key to
     encoder.cell.ii (both one-kernel Linears); that is not a move of ig to ii, but rnn renamed encoder whole."""
