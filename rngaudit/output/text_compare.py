@@ -35,7 +35,10 @@ def render_text(cmp: Comparison) -> str:
             new = list(e.new.key) if e.new is not None and e.new.key else "-"
             was = e.old if e.old_path is not None else None  # (moved, or renamed)
             path = f"{was.path_str} -> {s.path_str}" if was is not None else s.path_str
-            lines.append(f"{status.upper():8} {path}  {s.stream} count {s.count}{lane}{label}  {old} -> {new}")
+            count = str(s.count)
+            if e.old is not None and e.new is not None and e.old.count != e.new.count:
+                count = f"{e.old.count} -> {e.new.count}"  # (an NNX count shift)
+            lines.append(f"{status.upper():8} {path}  {s.stream} count {count}{lane}{label}  {old} -> {new}")
             for w in e.why:
                 lines.append(f"         why: {w}")
             if e.fix:

@@ -456,6 +456,7 @@ def _explain_nnx(cmp: Comparison, old: Capture, new: Capture) -> None:
     _merge_moves(cmp, pairs)
     _merge_renames(cmp, renames)
     _explain_bridged(cmp, old, new)
+    _merge_count_shifts(cmp)
     for e in cmp.entries:
         if e.status in ("new", "gone") and not e.why:
             # (an NNX site is a layer's draw at a step: a layer that is there still draws nothing where it is
@@ -646,6 +647,33 @@ def _merge_renames(cmp: Comparison, renames: dict[tuple, tuple[tuple, tuple]]) -
             dropped.add(id(o))
     if merged:
         cmp.entries = [merged.get(id(e), e) for e in cmp.entries if id(e) not in dropped]
+
+
+def _merge_count_shifts(cmp: Comparison) -> None:
+    """A draw whose count shifted (the same layer's draw, gone at one count and new at another, each explained by
+    the count shift): one `changed` entry, count before -> now, instead of a GONE and a NEW saying the same. The
+    n-th call of a layer in a step is paired with the n-th."""
+
+    def draw(s: Site) -> tuple:
+        return (s.path, s.stream, s.stream_path, s.kind, s.label, s.step, s.lane, s.iteration)
+
+    sides: dict[str, dict[tuple, list[Entry]]] = {"gone": {}, "new": {}}
+    for e in cmp.entries:
+        if e.status in sides and e.why and e.why[0].startswith("count shift:"):
+            sides[e.status].setdefault(draw(e.site), []).append(e)
+    merged: dict[int, Entry] = {}
+    used: set[int] = set()
+    for k, news in sides["new"].items():
+        gones = sides["gone"].get(k, [])
+        if len(gones) != len(news):
+            continue  # (which call is which is not known)
+        for g, n in zip(sorted(gones, key=lambda e: e.site.count), sorted(news, key=lambda e: e.site.count)):
+            assert g.old is not None and n.new is not None
+            status = "moved" if g.old.key == n.new.key else "changed"
+            merged[id(n)] = Entry(status, n.ident, g.old, n.new, list(n.why))
+            used.add(id(g))
+    if merged:
+        cmp.entries = [merged.get(id(e), e) for e in cmp.entries if id(e) not in used]
 
 
 def _chain_change(a: Site, b: Site) -> str:

@@ -370,7 +370,7 @@ def test_diff_compares_the_nnx_keys_inside_each_call(tmp_path):
     new = write(tmp_path, "new.yaml", spec.replace("{Linear: {name: l}}", "{Linear: {name: z}}, {Linear: {name: l}}"))
     r = invoke("diff", old, new)
     assert r.exit_code == 1, r.stdout
-    assert "GONE     /t (bridge.ToLinen call 2)/l/kernel  params count 0" in r.stdout
+    assert "CHANGED  /t (bridge.ToLinen call 2)/l/kernel  params count 0 -> 2" in r.stdout
     assert "count shift: l.kernel drew 'params' count 0 before and 2 now" in r.stdout
     report = diff(old, new)
     moved = {e.ident[0] for e in report.entries if e.status != "kept"}

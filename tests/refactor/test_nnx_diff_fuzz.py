@@ -235,12 +235,17 @@ def test_a_layer_renamed_and_built_elsewhere_is_followed_and_explained(tmp_path)
     assert [ln.split()[1:4] for ln in lines if ln.startswith("CHANGED")] == [
         ["dec/kernel", "->", "decoder/kernel"],
         ["dec/bias", "->", "decoder/bias"],
+        ["enc/kernel", "params", "count"],  # (enc's counts shifted: one entry each, count 0 -> 2)
+        ["enc/bias", "params", "count"],
     ]
+    assert "CHANGED  enc/kernel  params count 0 -> 2 (init)" in r.stdout
     doc = json.loads(invoke("diff", old, new, "-f", "json").stdout)
     changed = [c for c in doc["sites"] if c["status"] == "changed"]
-    assert [(c["old_path"], c["path"]) for c in changed] == [
-        (["dec", "kernel"], ["decoder", "kernel"]),
-        (["dec", "bias"], ["decoder", "bias"]),
+    assert [(c.get("old_path"), c["path"], c["old_count"], c["count"]) for c in changed] == [
+        (["dec", "kernel"], ["decoder", "kernel"], 2, 0),
+        (["dec", "bias"], ["decoder", "bias"], 3, 1),
+        (None, ["enc", "kernel"], 0, 2),
+        (None, ["enc", "bias"], 1, 3),
     ]
     assert "why: decoder draws what dec drew (bias, kernel) and dec is gone: dec renamed decoder" in r.stdout
     assert "it drew 'params' count 2 before and 0 now, 2 fewer keys of rngs.params handed out before it" in r.stdout
@@ -252,7 +257,7 @@ def test_a_layer_renamed_and_built_elsewhere_is_followed_and_explained(tmp_path)
     assert "added before it" not in r.stdout and not any(
         ln.startswith(("GONE     dec/", "NEW      decoder/")) for ln in lines
     )
-    assert r.stdout.endswith("2 kept, 2 changed, 2 new, 2 gone\n")
+    assert r.stdout.endswith("2 kept, 4 changed, 0 new, 0 gone\n")
     # the other way round: decoder renamed dec, built after enc
     r = invoke("diff", new, old)
     assert "dec draws what decoder drew (bias, kernel) and decoder is gone: decoder renamed dec" in r.stdout
@@ -419,14 +424,16 @@ def test_alike_modules_renamed_alike_with_a_layer_inserted_are_followed(tmp_path
         by_status.setdefault(c["status"], []).append(c)
     assert "moved" not in by_status, by_status.get("moved")
     # each mlp's draws followed to the ffw beside it, by name, its counts shifted by the q inserted before it
-    pairs = [(c["old_path"], c["path"]) for c in by_status["changed"]]
+    pairs = [(c.get("old_path"), c["path"]) for c in by_status["changed"]]
     for b in ("b0", "b1"):
         for layer in ("gate", "up"):
             for p in ("kernel", "bias"):
                 assert ([b, "mlp", layer, p], [b, "ffw", layer, p]) in pairs, pairs
-    # the q layers are new; b1.attn, after b0's q, draws other counts (its own sites: NNX sites carry their count)
-    assert {tuple(c["path"][:2]) for c in by_status["new"]} == {("b0", "q"), ("b1", "q"), ("b1", "attn")}
-    assert all("count shift" in c["why"][0] for c in by_status["new"] if c["path"][1] == "attn")
+    # the q layers are new; b1.attn, after b0's q, draws other counts: changed, count 6 -> 8
+    assert {tuple(c["path"][:2]) for c in by_status["new"]} == {("b0", "q"), ("b1", "q")}
+    attn = [c for c in by_status["changed"] if c["path"][:2] == ["b1", "attn"]]
+    assert [(c["old_count"], c["count"]) for c in attn] == [(6, 8), (7, 9)]
+    assert all(c["why"][0].startswith("count shift: b1.attn.") for c in attn)
     whys = " ".join(w for c in doc["sites"] for w in c["why"])
     assert "b0.ffw draws what b0.mlp drew (gate.bias, gate.kernel, up.bias, up.kernel)" in whys
     assert "a rename or a move" not in whys
