@@ -2061,6 +2061,15 @@ def test_a_jitted_training_step_of_an_lstm_captures_the_keys_real_nnx_draws(tmp_
     assert_real_nnx_agrees(spec, doc)
 
 
+def _assert_refused(tmp_path, source: str, rngs: str, message: str) -> None:
+    """capture of `make` in `source` exits 2 with one `error:` line saying `message`, and writes nothing."""
+    f = write(tmp_path, "m.py", source)
+    out = tmp_path / "o.yaml"
+    r = invoke("capture", f"{f}:make", "--rngs", rngs, "-o", out)
+    assert r.exit_code == 2 and message in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+    assert not out.exists()
+
+
 @pytest.mark.parametrize(
     "body, message",
     [
@@ -2086,11 +2095,7 @@ def test_rnns_capture_cannot_read_are_refused_and_nothing_written(tmp_path, body
         def make(rngs):
             return M(rngs), (jnp.ones((1, 3, 2)),)
     """).replace("BODY", body)
-    f = write(tmp_path, "m.py", source)
-    out = tmp_path / "o.yaml"
-    r = invoke("capture", f"{f}:make", "--rngs", "params=0", "-o", out)
-    assert r.exit_code == 2 and message in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
-    assert not out.exists()
+    _assert_refused(tmp_path, source, "params=0", message)
 
 
 class_B = textwrap.dedent("""
@@ -2137,11 +2142,7 @@ def test_loras_capture_cannot_read_are_refused_and_nothing_written(tmp_path, bod
             return M(rngs), (jnp.ones((1, 2)),)
     """).replace("BODY", body)
     )
-    f = write(tmp_path, "m.py", source)
-    out = tmp_path / "o.yaml"
-    r = invoke("capture", f"{f}:make", "--rngs", "params=0,dropout=1", "-o", out)
-    assert r.exit_code == 2 and message in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
-    assert not out.exists()
+    _assert_refused(tmp_path, source, "params=0,dropout=1", message)
 
 
 def test_a_layer_the_factory_wraps_after_construction_is_refused_with_the_reason(tmp_path):
@@ -2160,12 +2161,8 @@ def test_a_layer_the_factory_wraps_after_construction_is_refused_with_the_reason
             model.q = nnx.LoRA(2, 1, 2, base_module=model.q, rngs=rngs)
             return model, (jnp.ones((1, 2)),)
     """)
-    f = write(tmp_path, "m.py", source)
-    out = tmp_path / "o.yaml"
-    r = invoke("capture", f"{f}:make", "--rngs", "params=0", "-o", out)
-    assert r.exit_code == 2 and len(r.stderr.splitlines()) == 1, r.stderr
-    assert "M.q holds a LoRA that M.__init__ did not build (made outside it: the factory replaced" in r.stderr
-    assert not out.exists()
+    message = "M.q holds a LoRA that M.__init__ did not build (made outside it: the factory replaced"
+    _assert_refused(tmp_path, source, "params=0", message)
 
 
 def test_a_layer_inserted_before_a_renamed_rnn_is_followed_by_its_names(tmp_path):
