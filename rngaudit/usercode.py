@@ -76,10 +76,10 @@ def _import_file(ref: CodeRef, option: str, reuse: bool = False):
     name = "_rngaudit_user_" + re.sub(r"\W", "_", path)  # the whole path: two model.py files stay apart
     stat = os.stat(path)
     loaded = sys.modules.get(name)
-    if reuse and _FILES is not None:
-        if path in _FILES:
-            return _FILES[path]  # (capture's --step in the TARGET's file: the module the factory came from)
-    elif reuse and loaded is not None and getattr(loaded, "_rngaudit_stat", None) == (stat.st_mtime_ns, stat.st_size):
+    if reuse and _FILES is not None and path in _FILES:
+        return _FILES[path]  # (capture's --step in the TARGET's file: the module the factory came from)
+    unchanged = loaded is not None and getattr(loaded, "_rngaudit_stat", None) == (stat.st_mtime_ns, stat.st_size)
+    if reuse and _FILES is None and unchanged:
         return loaded  # the same file named twice (shard-check's --fn and --args) is one module, imported once
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:

@@ -28,11 +28,7 @@ def to_json(cmp: Comparison) -> dict:
             # (a moved key, or a renamed module's changed one: the old site under its old name)
             **({"old_path": list(e.old_path)} if e.old_path is not None else {}),
             # (an NNX draw whose count shifted: its count before)
-            **(
-                {"old_count": e.old.count}
-                if e.old is not None and e.new is not None and e.old.count != e.new.count
-                else {}
-            ),
+            **({"old_count": e.old_count} if e.old_count is not None else {}),
             # (an NNX key drawn at another step of the run: the step it was drawn at before)
             **(
                 {"old_step": e.old.step} if e.old is not None and e.new is not None and e.old.step != e.new.step else {}

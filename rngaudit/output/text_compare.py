@@ -35,9 +35,7 @@ def render_text(cmp: Comparison) -> str:
             new = list(e.new.key) if e.new is not None and e.new.key else "-"
             was = e.old if e.old_path is not None else None  # (moved, or renamed)
             path = f"{was.path_str} -> {s.path_str}" if was is not None else s.path_str
-            count = str(s.count)
-            if e.old is not None and e.new is not None and e.old.count != e.new.count:
-                count = f"{e.old.count} -> {e.new.count}"  # (an NNX count shift)
+            count = str(s.count) if e.old_count is None else f"{e.old_count} -> {s.count}"  # (an NNX count shift)
             lines.append(f"{status.upper():8} {path}  {s.stream} count {count}{lane}{label}  {old} -> {new}")
             for w in e.why:
                 lines.append(f"         why: {w}")

@@ -44,6 +44,13 @@ class Entry:
             return None
         return self.old.path
 
+    @property
+    def old_count(self) -> int | None:
+        """The old site's count where it differs from the new one's (an NNX draw whose count shifted)."""
+        if self.old is None or self.new is None or self.old.count == self.new.count:
+            return None
+        return self.old.count
+
 
 @dataclass(frozen=True)
 class Thing:
@@ -503,14 +510,14 @@ def _explain_bridged(cmp: Comparison, old: Capture, new: Capture) -> None:
     whys: dict[int, list[str]] = {}  # id(an NNX site) -> the Linen diff's why of its draw
     for where in [w for w in a if w in b]:  # (a bridge renamed, added or removed: NNX's reasoning says so)
         sides = []
-        for cap, pairs in ((old, a.get(where, [])), (new, b.get(where, []))):
+        for cap, pairs in ((old, a[where]), (new, b[where])):
             linen = [t for _, t in pairs]
             if len({t.ident for t in linen}) != len(linen):
                 break  # (one path drawn twice at one count: not one Linen run)
             sides.append(Capture(cap.target, "init" if where[1] == 0 else "apply", {}, cap.settings, linen))
         else:
             inner = diff(*sides)
-            back = {id(t): s for pairs in (a.get(where, []), b.get(where, [])) for s, t in pairs}
+            back = {id(t): s for pairs in (a[where], b[where]) for s, t in pairs}
             for e in inner.entries:
                 if e.status != "kept" and e.why:
                     for t in (e.old, e.new):
@@ -557,9 +564,9 @@ def _renamed_modules(cmp: Comparison) -> dict[tuple, tuple[tuple, tuple]]:
         for shape, sides in by_shape.items()
         if len(sides["gone"]) == 1 and len(sides["new"]) == 1  # (more of one shape: which is which is not known)
     }
-    paired = set(found.values())
+    taken = {q for q, _ in found.values()}
     gone = {m: c for m, c in shapes["gone"].items() if m not in found}
-    new = {m: c for m, c in shapes["new"].items() if m not in {q for q, _ in paired}}
+    new = {m: c for m, c in shapes["new"].items() if m not in taken}
 
     def best(m: tuple, c: Counter, others: dict[tuple, Counter]) -> tuple | None:
         """The module beside m on the other side that draws most of what m draws (at least half of the smaller

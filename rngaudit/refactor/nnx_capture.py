@@ -1575,10 +1575,11 @@ class _SpecBuilder:
             if e[0] == "child" and _is_bidi(e[1].obj)
             for side in ("forward_rnn", "backward_rnn")
         }
-        # the layers given to the nnx.LoRAs built here as base_module (built first too): written inside their LoRA
-        bases: dict[int, int] = {
-            id(self.rec.resolve(e[1].obj.base_module)): i
-            for i, e in enumerate(b.events)
+        # the layers given to the nnx.LoRAs built here as base_module (built first too): written inside their LoRA;
+        # each one's event index once met
+        bases: dict[int, int | None] = {
+            id(self.rec.resolve(e[1].obj.base_module)): None
+            for e in b.events
             if e[0] == "child" and _is_lora(e[1].obj) and e[1].obj.base_module is not None
         }
         for at, (kind, what, *rest) in enumerate(b.events):

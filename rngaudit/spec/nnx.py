@@ -789,7 +789,7 @@ class NnxParser:
             raise self.too_old("keep_rngs", values["keep_rngs"].loc)
         if kind in SINCE and self.lacks(kind):
             raise self.too_old(kind, loc)
-        if kind in CELLS or kind in ("LoRA", "LoRALinear"):
+        if f"nnx.{kind}" in MODELLED_SINCE:
             self.modelled(f"nnx.{kind}", loc)
         return NnxLayer(loc, kind, name, tuple(opts), base)
 
