@@ -329,6 +329,8 @@ def _class(mod: NnxModule, rec: _Recorder, path: str, cache: dict):
                         rec.draw = None
         if mod.keep_rngs:
             self.rngs = rngs
+        if _has_when(mod.call):
+            self.deterministic = False  # (model.train()/eval() set it: `when:` draws follow it)
 
     def __call__(self, x):
         run(self, mod.call, x)
@@ -337,6 +339,8 @@ def _class(mod: NnxModule, rec: _Recorder, path: str, cache: dict):
     def run(self, statements, x):
         """The statements on `self` (the module, or the copy nnx.cond / a loop hands its function)."""
         for st in statements:
+            if isinstance(st, (NnxDraw, NnxCall)) and st.when and bool(self.deterministic) != (st.when == "eval"):
+                continue  # (if not self.deterministic: ..., or `if self.deterministic:` for `when: eval`)
             if isinstance(st, NnxCond):
                 # nnx.cond(pred, true_fun, false_fun, self, x) / nnx.switch(index, branches, self, x), the
                 # module and the input passed as operands (what NNX carries through the branch)
@@ -423,6 +427,18 @@ def _class(mod: NnxModule, rec: _Recorder, path: str, cache: dict):
                         rec.draw = None
 
     return type(mod.cls, (nnx.Module,), {"__init__": __init__, "__call__": __call__, "oracle_run": run})
+
+
+def _has_when(statements) -> bool:
+    """Whether a module's call statements (branch and loop bodies included) draw in one mode only (`when:`)."""
+    for st in statements:
+        if isinstance(st, (NnxDraw, NnxCall)) and st.when is not None:
+            return True
+        if isinstance(st, NnxCond) and any(_has_when(b) for b in st.branches):
+            return True
+        if isinstance(st, NnxLoop) and _has_when(st.body):
+            return True
+    return False
 
 
 def _stacked(cls, n: int):

@@ -860,6 +860,14 @@ class NnxReplayer:
     def statements(self, inst: Instance, statements: Sequence) -> None:
         """`inst`'s __call__ statements (or those of a branch or loop body), in order."""
         for st in statements:
+            if (
+                isinstance(st, (NnxDraw, NnxCall))
+                and st.when is not None
+                and (self.mode is True) != (st.when == "eval")
+            ):
+                # (run in the other mode only: mirrors `if not self.deterministic:` in a module whose
+                # `deterministic` model.train()/eval() set, built False, or a `train` argument following the mode)
+                continue
             if isinstance(st, NnxCond):
                 self.branch(inst, st)
             elif isinstance(st, NnxLoop):

@@ -85,6 +85,9 @@ class Called:
     rnn: tuple | None = None  # an nnx.RNN's call: (sequence length, given initial_carry, the Rngs given or None)
     quiet: bool = False  # a Dropout's or attention's call that draws nothing because it is deterministic
     key: bool = False  # a Dropout's call given a key (drop(x, rngs=key)): it draws from no stream
+    # a module of yours: whether it was deterministic at this call (its `deterministic` argument or attribute, or not
+    # its `train`/`training` argument; model.train()/eval() set the attribute), None where it has none
+    mode: bool | None = None
 
 
 @dataclass
@@ -121,6 +124,10 @@ class NnxRecorder:
         self.records: list[dict] = []
         self.traced = False
         self.calls: dict[int, list] = {}  # id(module) -> what its first call did
+        # id(a module of yours whose mode is known at its calls) -> its mode -> what its calls in that mode did
+        self.mode_calls: dict[int, dict[bool, list]] = {}
+        self.user_modes: dict[int, dict[int, set]] = {}  # step -> id(such a module) -> its modes at that step
+        self.mode_names: dict[int, str] = {}  # id(such a module) -> its class's name
         self.differs: str | None = None
         self.transforms: list[Transform] = []
         self.splits: list[Split] = []
@@ -943,6 +950,11 @@ def _call_hook(rec: NnxRecorder, original):
                 rec.modes[-1][id(outside)] = (mode, False)
             elif before != seen and rec.differs is None:
                 rec.differs = type(outside).__name__  # (called in both modes in one call of the model)
+        elif not _is_layer(outside) and frame.rnn is None:
+            frame.mode = _user_mode(self, original, args, kwargs)
+            inside = rec.invocation and rec.modes and (rec.calling[0].obj if rec.calling else outside) is rec.model
+            if frame.mode is not None and inside:
+                rec.user_modes.setdefault(rec.step, {}).setdefault(id(outside), set()).add(frame.mode)
         if rec.calling:
             parent = rec.calling[-1]
             how = None
@@ -995,20 +1007,7 @@ def _remember(rec: NnxRecorder, frame: Called) -> None:
         return out
 
     def sig(x: list) -> list:
-        return [
-            (
-                k,
-                w,
-                # (a draw: which kept Rngs it is from, the module's or a submodule's; not the stream itself, which
-                # an Rngs made for each step renews)
-                rec.kept_streams.get(h, (None,))[0]
-                if k == "draw"
-                else h
-                if h is None or isinstance(h, str) or h[0] == "rnn"
-                else (h[0].kind, h[1], h[2]),
-            )
-            for k, w, h in x
-        ]
+        return _signature(rec, x)
 
     def walk(f: Called) -> None:
         if f.rnn is not None:
@@ -1024,17 +1023,121 @@ def _remember(rec: NnxRecorder, frame: Called) -> None:
         if f.quiet:
             return  # (a layer that draws nothing while deterministic: its draws are those of its other calls)
         now = flat(f)
-        seen = rec.calls.setdefault(id(f.obj), now)
+        # (a module of yours whose mode is known: its calls in each mode apart, _by_mode puts them together)
+        calls: dict[Any, list] = rec.calls if f.mode is None else rec.mode_calls.setdefault(id(f.obj), {})
+        if f.mode is not None:
+            rec.mode_names[id(f.obj)] = type(f.obj).__name__
+        at = id(f.obj) if f.mode is None else f.mode
+        seen = calls.setdefault(at, now)
         both = _merged(seen, now, sig)
         if both is None and rec.differs is None:
             rec.differs = type(f.obj).__name__
         elif both is not None:
-            rec.calls[id(f.obj)] = both
+            calls[at] = both
         for kind, what, *_ in f.events:
             if kind == "call":
                 walk(what)
 
     walk(frame)
+
+
+def _signature(rec: NnxRecorder, x: list) -> list:
+    """What of a call's statements (_remember's flat) must agree from call to call."""
+    return [
+        (
+            k,
+            w,
+            # (a draw: which kept Rngs it is from, the module's or a submodule's; not the stream itself, which
+            # an Rngs made for each step renews)
+            rec.kept_streams.get(h, (None,))[0]
+            if k == "draw"
+            else h
+            if h is None or isinstance(h, str) or h[0] == "rnn"
+            else (h[0].kind, h[1], h[2]),
+        )
+        for k, w, h in x
+    ]
+
+
+def _user_mode(obj, original, args: tuple, kwargs: dict) -> bool | None:
+    """Whether a module of yours is deterministic at this call: its `deterministic` argument (or not its `train` /
+    `training` / `is_training` one), as given or by default, else its `deterministic` attribute (which
+    model.train()/eval() set); None where none is a concrete bool."""
+    try:
+        bound = inspect.signature(original).bind(obj, *args, **kwargs)
+        bound.apply_defaults()
+        given = bound.arguments
+    except (TypeError, ValueError):
+        given = {}
+    for name, flip in (("deterministic", False), ("train", True), ("training", True), ("is_training", True)):
+        v = _as_mode(given.get(name))
+        if isinstance(v, bool):
+            return not v if flip else v
+    v = _as_mode(getattr(obj, "deterministic", None))
+    return v if isinstance(v, bool) else None
+
+
+def _aligned(rec: NnxRecorder, train: list, eval_: list) -> list | None:
+    """A module's calls in train mode and in eval mode as one (the longest run of statements both did, in order; a
+    draw or call only one mode made is `draw:train` / `call:eval`...); None where they differ otherwise (a
+    submodule called under a transform in one mode only)."""
+
+    def one(a, b):
+        return _merged([a], [b], lambda x: _signature(rec, x))
+
+    n, m = len(train), len(eval_)
+    best = [[0] * (m + 1) for _ in range(n + 1)]
+    for i in range(n - 1, -1, -1):
+        for j in range(m - 1, -1, -1):
+            best[i][j] = best[i + 1][j + 1] + 1 if one(train[i], eval_[j]) else max(best[i + 1][j], best[i][j + 1])
+    out: list = []
+    i = j = 0
+    while i < n or j < m:
+        both = one(train[i], eval_[j]) if i < n and j < m else None
+        if both is not None and best[i][j] == best[i + 1][j + 1] + 1:
+            out += both
+            i, j = i + 1, j + 1
+        elif i < n and (j == m or best[i + 1][j] >= best[i][j + 1]):
+            if train[i][0] != "draw" and train[i][2] not in (None, "quiet"):
+                return None
+            out.append((f"{train[i][0]}:train", *train[i][1:]))
+            i += 1
+        else:
+            if eval_[j][0] != "draw" and eval_[j][2] not in (None, "quiet"):
+                return None
+            out.append((f"{eval_[j][0]}:eval", *eval_[j][1:]))
+            j += 1
+    return out
+
+
+def _by_mode(rec: NnxRecorder) -> None:
+    """Put together the calls of each module of yours whose mode is known at its calls: one list where every call did
+    the same; where calls in train mode draw what calls in eval mode do not (or the other way), the draws one mode
+    makes are said so (`when:`), and the module's mode at each call of the model joins the Dropouts' (`run:`'s
+    train/eval events; drawing in train mode as built)."""
+
+    def sig(x: list) -> list:
+        return _signature(rec, x)
+
+    for i, by in rec.mode_calls.items():
+        lists = list(by.values()) + ([rec.calls[i]] if i in rec.calls else [])
+        merged: list | None = lists[0]
+        for other in lists[1:]:
+            merged = _merged(merged, other, sig) if merged is not None else None
+        if merged is not None:
+            rec.calls[i] = merged
+            continue
+        tagged = _aligned(rec, by[False], by[True]) if i not in rec.calls and len(by) == 2 else None
+        steps = [rec.user_modes.get(n, {}).get(i, set()) for n in range(1, len(rec.modes) + 1)]
+        if tagged is None or any(len(modes) > 1 for modes in steps):
+            # (more than draws differ, or one call of the model called it in both modes)
+            rec.differs = rec.differs or rec.mode_names[i]
+            continue
+        rec.calls[i] = tagged
+        rec.built_modes[i] = False
+        for now, modes in zip(rec.modes, steps):
+            if modes:
+                now[i] = (next(iter(modes)), False)
 
 
 def _merged(seen: list, now: list, sig) -> list | None:
@@ -1713,12 +1816,20 @@ class _SpecBuilder:
         if init:
             out["init"] = _runs(init)
         self.attrs_of[id(obj)] = built
-        call = []
+        call: list[dict] = []
         for kind, what, how in self.inlined(self.rec.calls.get(id(obj), []), built):
             how = None if how == "quiet" else how  # (a layer every call of which was deterministic)
+            # (`draw:train`, `call:train`: drawn or called in train mode only, `if not self.deterministic:`)
+            kind, _, mode_only = kind.partition(":")
+            when = {"when": mode_only} if mode_only else {}
+            if when and kind == "call":
+                at = len(call)
+                self.call_statement(call, what, how, built, cls)
+                call[at:] = [_with_when(st, mode_only) for st in call[at:]]
+                continue
             if kind == "draw":
                 if how in self.kept.get(id(obj), ()):
-                    call.append({"draw": what})
+                    call.append({"draw": _Inline({"stream": what, **when}) if when else what})
                     continue
                 from_ = self.keeper(built, how or 0)  # (self.enc.rngs.noise(), or self.enc.sample(x) drawing so)
                 if from_ is None:
@@ -1726,53 +1837,63 @@ class _SpecBuilder:
                         f"{cls}.__call__ draws from an Rngs that neither it nor a module of yours it builds keeps as "
                         "built (self.rngs = rngs)"
                     )
-                call.append({"draw": _Inline({"stream": what, "from": from_})})
+                call.append({"draw": _Inline({"stream": what, "from": from_, **when})})
             else:
-                name = built.get(what)
-                if name is None:
-                    # a submodule's layer, called from a method of the submodule (self.enc.encode(x) calling
-                    # self.drop): the spec calls it by its dotted name, `enc.drop`
-                    name = self.dotted(built, what)
-                if name is None:
-                    raise self.unsupported(
-                        f"{cls}.__call__ calls a module that {cls}.__init__ did not build (nor a submodule of it)"
-                    )
-                if how == "call_rngs_transformed" or (how == "call_rngs" and not self.takes_rngs(what)):
-                    raise self.unsupported(
-                        f"{cls}.{name} is given an Rngs at its call under nnx.vmap/nnx.scan, or is not a Dropout or "
-                        "an attention layer"
-                    )
-                # drop(x, deterministic=True) at every call, beside model.train()/eval()
-                mode = {"deterministic": self.rec.pinned[what]} if what in self.rec.pinned else {}
-                if how == "call_rngs":
-                    call.append({"call": {"name": name, "rngs": self.given_rngs, **mode}})
-                    continue
-                if how == "key":
-                    keys = self.rec.given_keys.get(what, set())
-                    if len(keys) == 1 and None not in keys:
-                        # the same key at every call (the same mask each time: collisions' keyless_dropout)
-                        call.append({"call": {"name": name, "key": _KeyData(next(iter(keys))), **mode}})
-                    continue  # (keys that differ from call to call: the spec cannot say them; none is drawn)
-                if how == "rnn_transformed":
-                    raise self.unsupported(f"{cls}.{name} (nnx.RNN) is called under nnx.vmap/nnx.scan")
-                if isinstance(how, tuple) and how[0] == "rnn":
-                    _, length, initial, given = how
-                    rnn_call: dict = {"name": name, "length": length}
-                    if initial:
-                        rnn_call["initial_carry"] = True
-                    if given is not None:
-                        rnn_call["rngs"] = "model" if given is self.root_rngs else "call"
-                    call.append({"call": rnn_call})
-                    continue
-                if how or mode:
-                    call.append(
-                        {"call": {"name": name, **(self.transform(how, what, f"{cls}.{name}") if how else {}), **mode}}
-                    )
-                else:
-                    call.append({"call": name})
+                self.call_statement(call, what, how, built, cls)
         if call:
             out["call"] = _runs(call)
         return out
+
+    def call_statement(self, call: list, what: int, how, built: dict[int, str], cls: str) -> None:
+        """The statement of a call of module `what` (its attribute in `built`) that a call of `cls` made, added to
+        `call` (none for a Dropout given keys that differ from call to call)."""
+        name = built.get(what)
+        if name is None:
+            # a submodule's layer, called from a method of the submodule (self.enc.encode(x) calling
+            # self.drop): the spec calls it by its dotted name, `enc.drop`
+            name = self.dotted(built, what)
+        if name is None:
+            raise self.unsupported(
+                f"{cls}.__call__ calls a module that {cls}.__init__ did not build (nor a submodule of it)"
+            )
+        if how == "call_rngs_transformed" or (how == "call_rngs" and not self.takes_rngs(what)):
+            raise self.unsupported(
+                f"{cls}.{name} is given an Rngs at its call under nnx.vmap/nnx.scan, or is not a Dropout or "
+                "an attention layer"
+            )
+        # drop(x, deterministic=True) at every call, beside model.train()/eval()
+        mode = {"deterministic": self.rec.pinned[what]} if what in self.rec.pinned else {}
+        if how == "call_rngs":
+            call.append({"call": {"name": name, "rngs": self.given_rngs, **mode}})
+            return
+        if how == "key":
+            keys = self.rec.given_keys.get(what, set())
+            if len(keys) == 1 and None not in keys:
+                # the same key at every call (the same mask each time: collisions' keyless_dropout)
+                call.append({"call": {"name": name, "key": _KeyData(next(iter(keys))), **mode}})
+            return  # (keys that differ from call to call: the spec cannot say them; none is drawn)
+        if how == "rnn_transformed":
+            raise self.unsupported(f"{cls}.{name} (nnx.RNN) is called under nnx.vmap/nnx.scan")
+        if isinstance(how, tuple) and how[0] == "rnn":
+            _, length, initial, given = how
+            rnn_call: dict = {"name": name, "length": length}
+            if initial:
+                rnn_call["initial_carry"] = True
+            if given is not None:
+                rnn_call["rngs"] = "model" if given is self.root_rngs else "call"
+            call.append({"call": rnn_call})
+            return
+        if how or mode:
+            call.append({"call": {"name": name, **(self.transform(how, what, f"{cls}.{name}") if how else {}), **mode}})
+        else:
+            call.append({"call": name})
+
+
+def _with_when(st: dict, when: str) -> dict:
+    """A `call:` statement run in that mode of the model only."""
+    ((k, v),) = st.items()
+    v = v if isinstance(v, dict) else {"stream" if k == "draw" else "name": v}
+    return {k: _Inline({**v, "when": when})}
 
 
 def _static(call: BridgeCall) -> tuple:
@@ -2119,7 +2240,9 @@ def _run_nnx_capture(
         model, args, kwargs = _unpack(made, target)
         if inputs:
             args, kwargs = example_inputs(inputs)
-        whole = id(model) in rec.calls  # called in the factory: bridge.lazy_init(model, x)
+        whole = (
+            id(model) in rec.calls or id(model) in rec.mode_calls
+        )  # called in the factory: bridge.lazy_init(model, x)
         tonnx = _tonnx()
         if tonnx is not None and isinstance(model, tonnx):
             raise UnsupportedError(
@@ -2215,11 +2338,14 @@ def _run_nnx_capture(
             "other than nnx.jit, nnx.remat, nnx.cond, nnx.switch, nnx.fori_loop, nnx.while_loop, nnx.vmap and "
             "nnx.scan; write that part of the spec by hand (README, Flax NNX specs)"
         )
+    _by_mode(rec)
     if rec.differs is not None:
         raise UnsupportedError(
             f"capture of {target.text}: {rec.differs}.__call__ draws differently from one call to the next (a "
-            "branch on the model's state or on an argument, or a layer called both deterministic and not in one call "
-            "of the model?); an NNX spec has one call per module"
+            "branch on the model's state or on an argument, or a module called both deterministic and not in one "
+            "call of the model?); an NNX spec has one call per module, where what a module draws or calls in train "
+            "or eval mode only (as its `deterministic` attribute, which model.train()/eval() set, or its "
+            "`deterministic`/`train` argument says) is `when: train`"
         )
     assert seeds is not None  # (the factory's, where it was not given them)
     if calls is not None and rec.step > calls:

@@ -84,6 +84,7 @@ CARRY_DRAWS = {"LSTMCell": 2, "OptimizedLSTMCell": 2, "GRUCell": 1, "SimpleCell"
 RNN_RNGS = ("own", "fork", "none")
 LAYERS = tuple(LAYER_OPTIONS)
 RNGS_MODES = ("shared", "fork", "none")
+MODES = ("train", "eval")  # a `call:` draw's `when`: the model's mode it is drawn in
 # how a stacked module's members get their streams besides nnx.split_rngs (`shared`): nnx.vmap(in_axes=0) over
 # rngs.split(N), or over rngs.broadcast(N) (every member the same keys); with `only:`, rngs.split({only: N, ...:
 # None}) and StateAxes({only: 0, ...: None}): the other streams are copies, count reset to 0, every member's
@@ -200,6 +201,9 @@ class NnxDraw(NnxStatement):
     label: str | None = None
     draw: Draw | None = None
     keeper: str = ""
+    # in `__call__`: drawn in that mode of the model only (`train`: `if not self.deterministic:` in a module that
+    # model.train()/eval() switch, or a `train=` argument following the model's mode; `eval` the other way)
+    when: str | None = None
 
 
 @dataclass(frozen=True)
@@ -219,6 +223,7 @@ class NnxCall(NnxStatement):
     # a Dropout's or attention layer's call given `deterministic=` (it wins over the layer's attribute, whatever
     # model.train()/eval() set); None: not given
     deterministic: bool | None = None
+    when: str | None = None  # called in that mode of the model only (as NnxDraw's)
 
 
 @dataclass(frozen=True)
@@ -669,7 +674,7 @@ class NnxParser:
                 loc,
             )
         if key == "draw":
-            return self.draw(arg, loc)
+            return self.draw(arg, loc, where)
         if key == "call":
             return self.call(arg, loc)
         if key in ("cond", "switch"):
@@ -839,12 +844,17 @@ class NnxParser:
         check_budget(module)
         return NnxBridge(loc, _attribute(f, f"tonnx_{n}"), module, mode, f.flag("lazy_init", True))
 
-    def draw(self, arg: YNode | None, loc) -> NnxDraw:
+    def draw(self, arg: YNode | None, loc, where: str = "call") -> NnxDraw:
         if arg is None:
             raise SpecError("`draw` names a stream: `draw: params` or `draw: {stream: noise, repeat: 2}`", loc)
         if isinstance(arg.value, str):
             return NnxDraw(loc, arg.value)
-        f = Fields(arg, "`draw`", ("stream", "repeat", "label", "draw", "from"), ("stream",))
+        if where == "init" and "when" in arg.value:
+            raise SpecError(
+                "`when` is for a draw in `call:` (drawn in train or eval mode only); __init__ draws once, as built",
+                arg.key_locs["when"],
+            )
+        f = Fields(arg, "`draw`", ("stream", "repeat", "label", "draw", "from", "when"), ("stream",))
         dn = f.get("draw")
         return NnxDraw(
             loc,
@@ -853,6 +863,7 @@ class NnxParser:
             f.text("label"),
             None if dn is None else parse_draw(dn),
             _keeper(f),
+            _when(f),
         )
 
     def call(self, arg: YNode | None, loc) -> NnxCall:
@@ -863,7 +874,8 @@ class NnxParser:
         f = Fields(
             arg,
             "`call`",
-            ("name", "repeat", "key", "rngs", "fork_rngs", "length", "initial_carry", "deterministic") + TRANSFORM_KEYS,
+            ("name", "repeat", "key", "rngs", "fork_rngs", "length", "initial_carry", "deterministic", "when")
+            + TRANSFORM_KEYS,
             ("name",),
         )
         length = f.integer("length", 0, 1, MAX_STEPS)
@@ -891,6 +903,7 @@ class NnxParser:
                 length=length,
                 initial_carry=initial,
                 deterministic=det,
+                when=_when(f),
             )
         fork = _fork(f.get("fork_rngs"))
         if fork is not None and self.lacks("fork_rngs"):
@@ -918,6 +931,7 @@ class NnxParser:
             length=length,
             initial_carry=initial,
             deterministic=det,
+            when=_when(f),
         )
 
     def body(self, node: YNode | None, cls: str, what: str) -> tuple[NnxStatement, ...]:
@@ -993,6 +1007,18 @@ class NnxParser:
         f = Fields(arg, f"`{kind}`", ("iterations", "body"), ("iterations", "body"))
         n = as_int(f.need("iterations"), f"`iterations` of {kind}", 0, MAX_STEPS)
         return NnxLoop(loc, kind, n, self.body(f.need("body"), cls, f"`body` of {kind}"))
+
+
+def _when(f: Fields) -> str | None:
+    """A `call:` statement's `when`: the model's mode it runs in (`if not self.deterministic:` / `if train:`)."""
+    when = f.text("when")
+    if when is not None and when not in MODES:
+        raise SpecError(
+            f"`when` is {' or '.join(MODES)} (run only while the model is in that mode: model.train() / "
+            f"model.eval(), or a `train` argument that follows it), not {when!r}{suggest(when, MODES)}",
+            f.need("when").loc,
+        )
+    return when
 
 
 def _rnn_rngs(f: Fields, what: str) -> str:

@@ -4,8 +4,8 @@ Each example draws a tree of user modules whose __init__ builds standard layers 
 what they draw), Dropout and attention (which fork their stream), submodules given the caller's Rngs or
 `rngs.fork()`, and `rngs.<stream>()` draws (streams that exist, fall back to `default`, or do not exist); whose
 __call__ calls those layers and submodules (some more than once, some under nnx.scan with streams carried or
-broadcast, or nnx.vmap with streams split or broadcast, some in nnx.fork_rngs) and draws from a kept Rngs,
-some of it inside nnx.cond, nnx.switch, nnx.fori_loop or nnx.while_loop (nested, a branch or body of any of
+broadcast, or nnx.vmap with streams split or broadcast, some in nnx.fork_rngs) and draws from a kept Rngs
+(draws and calls in train or eval mode only, `when:`), some of it inside nnx.cond, nnx.switch, nnx.fori_loop or nnx.while_loop (nested, a branch or body of any of
 these statements); nnx.RNNs (standard cells, keeping their Rngs or not, or user cells holding Dropouts, layers
 and submodules, with broadcast streams and initialize_carry draws; the RNN with its own stream, rngs.carry.fork()
 or none) called over sequences of 1 to 4 steps, with an initial carry, the model's Rngs or nnx.fork_rngs (never in
@@ -392,9 +392,18 @@ def module(draw, depth: int, n: list, lanes: bool = False, no_keep: bool = False
             if has("fork_rngs") and maybe(draw, 0.15) and (child is None or "stack" not in child or maybe(draw, 0.2)):
                 call_ = made["call"] if isinstance(made["call"], dict) else {"name": made["call"]}
                 made = {"call": {**call_, "fork_rngs": fork_rngs(draw)}}
+            if maybe(draw, 0.1):
+                # called in one mode only (`if train:`, a `train` argument following model.train()/eval())
+                call_ = made["call"] if isinstance(made["call"], dict) else {"name": made["call"]}
+                made = {"call": {**call_, "when": draw(st.sampled_from(("train", "eval")))}}
             return made
         if keep:
-            return rng_draw(draw)
+            made = rng_draw(draw)
+            if maybe(draw, 0.2):
+                # drawn in one mode only (`if not self.deterministic:`, which model.train()/eval() switch)
+                d = made["draw"] if isinstance(made["draw"], dict) else {"stream": made["draw"]}
+                made = {"draw": {**d, "when": draw(st.sampled_from(("train", "train", "eval")))}}
+            return made
         return None
 
     def body(level: int) -> list:

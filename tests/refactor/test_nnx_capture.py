@@ -2656,3 +2656,99 @@ def test_a_dropout_given_the_same_key_at_every_call_is_captured_and_is_a_keyless
     assert "key:" not in spec.read_text() and invoke("collisions", spec).exit_code == 0
     r = invoke("verify", spec, "--against", f"{f}:per_step")
     assert r.exit_code == 0 and "0 differ, 0 missing, 0 extra" in r.stdout, r.stdout + r.stderr
+
+
+# modules of yours that draw (or call) in train mode only, as real projects write stochastic depth and a noisy MoE
+# router: a DropPath with a `deterministic` attribute that model.train()/eval() set, a router given `train=` by
+# its caller, a noise layer called `if train:` and a draw made in eval mode only (`when: eval`)
+TRAIN_ONLY = HEADER + textwrap.dedent("""
+    class DropPath(nnx.Module):
+        def __init__(self, rate, rngs):
+            self.rate, self.deterministic, self.rngs = rate, False, rngs
+
+        def __call__(self, x):
+            if self.deterministic:
+                return x
+            keep = jax.random.bernoulli(self.rngs.dropout(), 1 - self.rate, (x.shape[0], 1))
+            return jnp.where(keep, x / (1 - self.rate), 0)
+
+    class Noise(nnx.Module):
+        def __init__(self, rngs):
+            self.rngs = rngs
+
+        def __call__(self, x):
+            return x + jax.random.normal(self.rngs.noise(), x.shape)
+
+    class Router(nnx.Module):
+        def __init__(self, d, rngs):
+            self.gate = nnx.Linear(d, 4, rngs=rngs)
+            self.noise = Noise(rngs)
+            self.rngs = rngs
+
+        def __call__(self, x, train: bool = True):
+            logits = self.gate(x)
+            if train:
+                logits = self.noise(logits)
+            else:
+                logits = logits + 0 * jax.random.normal(self.rngs.noise(), logits.shape)
+            return logits
+
+    class Block(nnx.Module):
+        def __init__(self, d, rngs):
+            self.fc = nnx.Linear(d, d, rngs=rngs)
+            self.drop = nnx.Dropout(0.1, rngs=rngs)
+            self.router = Router(d, rngs)
+            self.dp = DropPath(0.2, rngs)
+
+        def __call__(self, x, train=True):
+            h = self.drop(self.fc(x), deterministic=not train)
+            return x + self.dp(h) + self.router(h, train=train).sum()
+
+    class Model(nnx.Module):
+        def __init__(self, rngs):
+            self.blocks = nnx.List([Block(8, rngs) for _ in range(2)])
+
+        def __call__(self, x, train=True):
+            for b in self.blocks:
+                x = b(x, train)
+            return x
+
+    def make_model(rngs):
+        return Model(rngs), (jnp.ones((2, 8)),)
+
+    def train_and_eval(model, x):
+        model.train()
+        model(x, train=True)
+        model.eval()
+        model(x, train=False)
+""")
+
+
+def test_draws_and_calls_made_in_train_mode_only(tmp_path):
+    f = write(tmp_path, "m.py", TRAIN_ONLY)
+    rngs = "params=0,dropout=1,noise=2"
+    spec, doc = capture(tmp_path, f"{f}:make_model", "--rngs", rngs, "--step", f"{f}:train_and_eval", "--steps", "2")
+    loaded = yaml.safe_load(spec.read_text())
+    assert loaded["run"] == ["call", "eval", "call", "train", "call", "eval", "call"], loaded["run"]
+    block = loaded["model"]["init"][0]["module"]
+    calls = {m["module"]["name"]: m["module"].get("call") for m in block["init"] if "module" in m}
+    assert calls["dp"] == [{"draw": {"stream": "dropout", "when": "train"}}], calls
+    assert calls["router"] == [
+        {"call": {"name": "noise", "when": "train"}},
+        {"draw": {"stream": "noise", "when": "eval"}},
+    ]
+    assert _keys_file_keys(doc) == _real_model_keys(f, {"params": 0, "dropout": 1, "noise": 2}, 2, "train_and_eval")
+    assert_real_nnx_agrees(spec, doc)
+    r = invoke("verify", spec, "--against", f"{f}:make_model", "--step", f"{f}:train_and_eval", "--rngs", rngs)
+    assert r.exit_code == 0 and "0 differ, 0 missing, 0 extra" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_module_called_in_both_modes_in_one_call_is_refused(tmp_path):
+    source = TRAIN_ONLY.replace(
+        "return x + self.dp(h) + self.router(h, train=train).sum()",
+        "return x + self.router(h, train=train).sum() + self.router(h, train=not train).sum()",
+    )
+    f = write(tmp_path, "m.py", source)
+    r = invoke("capture", f"{f}:make_model", "--rngs", "params=0,dropout=1,noise=2", "--step", f"{f}:train_and_eval")
+    assert r.exit_code == 2 and "Router.__call__ draws differently" in r.stderr and "when: train" in r.stderr
+    assert len(r.stderr.splitlines()) == 1 and not (tmp_path / "captured.yaml").exists()
