@@ -109,6 +109,9 @@ def _live(sites: list[Site]) -> dict:
 def verify(spec_sites: Capture, observed: Capture) -> Comparison:
     """The spec's replay (old side) against what Flax handed out (new side)."""
     ours, theirs = _live(spec_sites.sites), _live(observed.sites)
+    handed = {
+        tuple(t.key): t for t in theirs.values() if t.key
+    }  # (a key the spec replays elsewhere: where Flax has it)
     entries = []
     for ident in _ordered(ours, theirs):
         o, t = ours.get(ident), theirs.get(ident)
@@ -117,7 +120,13 @@ def verify(spec_sites: Capture, observed: Capture) -> Comparison:
                 Entry("missing", ident, None, t, ["Flax hands out this key; the spec has no such call site"])
             )
         elif t is None:
-            entries.append(Entry("extra", ident, o, None, ["the spec replays this key; Flax never hands it out"]))
+            other = handed.get(tuple(o.key)) if o.key else None
+            why = (
+                "the spec replays this key; Flax never hands it out"
+                if other is None
+                else f"the spec replays this key here; Flax hands it out at {other.path_str} (a rename or a move?)"
+            )
+            entries.append(Entry("extra", ident, o, None, [why]))
         elif o.key != t.key:
             entries.append(Entry("differs", ident, o, t, ["the spec's key differs from the key Flax hands out"]))
         else:

@@ -950,8 +950,8 @@ def _call_hook(rec: NnxRecorder, original):
                 rec.modes[-1][id(outside)] = (mode, False)
             elif before != seen and rec.differs is None:
                 rec.differs = type(outside).__name__  # (called in both modes in one call of the model)
-        elif not _is_layer(outside) and frame.rnn is None:
-            frame.mode = _user_mode(self, original, args, kwargs)
+        elif not type(outside).__module__.startswith("flax.") and frame.rnn is None:
+            frame.mode = _user_mode(self, original, args, kwargs)  # (a module of yours)
             inside = rec.invocation and rec.modes and (rec.calling[0].obj if rec.calling else outside) is rec.model
             if frame.mode is not None and inside:
                 rec.user_modes.setdefault(rec.step, {}).setdefault(id(outside), set()).add(frame.mode)
@@ -1140,11 +1140,31 @@ def _by_mode(rec: NnxRecorder) -> None:
                 now[i] = (next(iter(modes)), False)
 
 
+def _draw_runs(signature: list) -> list:
+    """A call's statements with each run of consecutive draws as a sorted run (the order of draws between two calls
+    does not change their keys)."""
+    out: list = []
+    run: list = []
+    for x in [*signature, None]:
+        if x is not None and x[0] == "draw":
+            run.append(repr(x))
+            continue
+        out += sorted(run)
+        run = []
+        if x is not None:
+            out.append(repr(x))
+    return out
+
+
 def _merged(seen: list, now: list, sig) -> list | None:
     """What two calls of a module did, as one (a deterministic call of a layer, which draws nothing, agrees with any
     other call of it: model.eval() calls given no Rngs beside training calls given one); None where they differ."""
     if len(seen) != len(now):
         return None
+    if _draw_runs(sig(seen)) == _draw_runs(sig(now)) and sig(seen) != sig(now):
+        # (the same draws in another order between the same calls: each stream counts on its own, so the keys are
+        # the same; a bridge.ToNNX under nnx.grad draws its streams from a copy of its Rngs, in sorted order)
+        return seen
     out = []
     for a, b, sa, sb in zip(seen, now, sig(seen), sig(now)):
         if sa == sb or (a[:2] == b[:2] and b[2] == "quiet"):
@@ -1229,13 +1249,17 @@ def _run_events(rec: NnxRecorder, target: CodeRef) -> list | None:
             values = set(modes.values())
             if len(values) != 1 or not isinstance(next(iter(values)), bool):
                 names = _attribute_names(rec.model)
-                mixed = sorted(names.get(i, "?") for i, v in modes.items() if v is not True)
+                mixed = sorted(
+                    names.get(i) or (f"a {rec.mode_names[i]}" if i in rec.mode_names else "a layer the model holds")
+                    for i, v in modes.items()
+                    if v is not True
+                )
                 raise UnsupportedError(
-                    f"capture of {target.text}: at call {n} of the model some of its Dropout/attention layers are "
-                    f"deterministic and others ({', '.join(mixed[:3])}) are not, and not as they were at the call "
-                    "before; an NNX spec says model.eval() and model.train() (every layer): use them, "
-                    "nnx.view(model, deterministic=...), or the same `deterministic=` for every layer a call of the "
-                    "model calls"
+                    f"capture of {target.text}: at call {n} of the model some of its Dropout/attention layers (or "
+                    f"modules of yours drawing in one mode: `when:`) are deterministic and others "
+                    f"({', '.join(mixed[:3])}) are not, and not as they were at the call before; an NNX spec says "
+                    "model.eval() and model.train() (every layer and every module with a `deterministic` "
+                    "attribute): use them, or the same `deterministic=` for every layer a call of the model calls"
                 )
             (value,) = values
             run.append("eval" if value else "train")
@@ -1835,7 +1859,8 @@ class _SpecBuilder:
                 if from_ is None:
                     raise self.unsupported(
                         f"{cls}.__call__ draws from an Rngs that neither it nor a module of yours it builds keeps as "
-                        "built (self.rngs = rngs)"
+                        "built (self.rngs = rngs), outside a stack (a stacked module keeping its Rngs, or a fork of "
+                        "one stream kept as self.rng = rngs.dropout.fork(), is not modelled yet)"
                     )
                 call.append({"draw": _Inline({"stream": what, "from": from_, **when})})
             else:
@@ -1929,7 +1954,8 @@ def _linen_module_observed(module, init: BridgeCall, apply: BridgeCall | None, t
     from .specgen import model_doc
 
     assert init.keys is not None
-    cap, rec = observe_module(module, init.args, init.kwargs, linen_rngs(init.keys), "init", target)
+    args, kwargs = _untraced((init.args, init.kwargs))
+    cap, rec = observe_module(module, args, kwargs, linen_rngs(init.keys), "init", target)
     if cap.settings["fix_rng_separator"]:
         raise UnsupportedError(
             f"capture of {target}: flax_fix_rng_separator is on, and an NNX spec's Linen modules replay Flax's "
@@ -1938,7 +1964,8 @@ def _linen_module_observed(module, init: BridgeCall, apply: BridgeCall | None, t
     model = model_doc(rec, "init", target)
     _check_linen(model, cap)
     if apply is not None and apply.keys is not None:
-        applied = observe_module(module, apply.args, apply.kwargs, linen_rngs(apply.keys), "apply", target)[0]
+        args, kwargs = _untraced((apply.args, apply.kwargs))
+        applied = observe_module(module, args, kwargs, linen_rngs(apply.keys), "apply", target)[0]
         # the module read from its init must draw in apply as Flax does (a make_rng under
         # self.is_initializing(), or an argument init and apply differ in, makes them differ)
         try:
@@ -1950,6 +1977,18 @@ def _linen_module_observed(module, init: BridgeCall, apply: BridgeCall | None, t
                 "one Linen module for both, so no spec was written"
             ) from None
     return model
+
+
+def _untraced(tree):
+    """A call's arguments with each traced array (the call ran under nnx.value_and_grad or nnx.jit) as zeros of its
+    shape and dtype: what Linen draws depends on shapes, and a tracer must not leave its transform."""
+    import jax
+    import jax.numpy as jnp
+
+    def one(x):
+        return jnp.zeros(x.shape, x.dtype) if isinstance(x, jax.core.Tracer) else x
+
+    return jax.tree_util.tree_map(one, tree)
 
 
 def _check_linen(model: dict, c) -> None:
@@ -2240,9 +2279,8 @@ def _run_nnx_capture(
         model, args, kwargs = _unpack(made, target)
         if inputs:
             args, kwargs = example_inputs(inputs)
-        whole = (
-            id(model) in rec.calls or id(model) in rec.mode_calls
-        )  # called in the factory: bridge.lazy_init(model, x)
+        # called in the factory: bridge.lazy_init(model, x)
+        whole = id(model) in rec.calls or id(model) in rec.mode_calls
         tonnx = _tonnx()
         if tonnx is not None and isinstance(model, tonnx):
             raise UnsupportedError(
