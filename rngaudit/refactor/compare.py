@@ -109,9 +109,8 @@ def _live(sites: list[Site]) -> dict:
 def verify(spec_sites: Capture, observed: Capture) -> Comparison:
     """The spec's replay (old side) against what Flax handed out (new side)."""
     ours, theirs = _live(spec_sites.sites), _live(observed.sites)
-    handed = {
-        tuple(t.key): t for t in theirs.values() if t.key
-    }  # (a key the spec replays elsewhere: where Flax has it)
+    # (a key the spec replays at a site Flax does not draw at: where Flax hands it out, if anywhere)
+    handed = {tuple(t.key): t for t in theirs.values() if t.key}
     entries = []
     for ident in _ordered(ours, theirs):
         o, t = ours.get(ident), theirs.get(ident)

@@ -1006,8 +1006,7 @@ def _remember(rec: NnxRecorder, frame: Called) -> None:
                 out.append(("call", id(what.obj), how[0]))
         return out
 
-    def sig(x: list) -> list:
-        return _signature(rec, x)
+    sig = functools.partial(_signature, rec)
 
     def walk(f: Called) -> None:
         if f.rnn is not None:
@@ -1059,12 +1058,16 @@ def _signature(rec: NnxRecorder, x: list) -> list:
     ]
 
 
+# a __call__'s signature, read once per function (_user_mode runs at every call of every module of yours)
+_parameters = functools.lru_cache(maxsize=None)(inspect.signature)
+
+
 def _user_mode(obj, original, args: tuple, kwargs: dict) -> bool | None:
     """Whether a module of yours is deterministic at this call: its `deterministic` argument (or not its `train` /
     `training` / `is_training` one), as given or by default, else its `deterministic` attribute (which
     model.train()/eval() set); None where none is a concrete bool."""
     try:
-        bound = inspect.signature(original).bind(obj, *args, **kwargs)
+        bound = _parameters(original).bind(obj, *args, **kwargs)
         bound.apply_defaults()
         given = bound.arguments
     except (TypeError, ValueError):
@@ -1082,8 +1085,10 @@ def _aligned(rec: NnxRecorder, train: list, eval_: list) -> list | None:
     draw or call only one mode made is `draw:train` / `call:eval`...); None where they differ otherwise (a
     submodule called under a transform in one mode only)."""
 
+    sig = functools.partial(_signature, rec)
+
     def one(a, b):
-        return _merged([a], [b], lambda x: _signature(rec, x))
+        return _merged([a], [b], sig)
 
     n, m = len(train), len(eval_)
     best = [[0] * (m + 1) for _ in range(n + 1)]
@@ -1116,9 +1121,7 @@ def _by_mode(rec: NnxRecorder) -> None:
     makes are said so (`when:`), and the module's mode at each call of the model joins the Dropouts' (`run:`'s
     train/eval events; drawing in train mode as built)."""
 
-    def sig(x: list) -> list:
-        return _signature(rec, x)
-
+    sig = functools.partial(_signature, rec)
     for i, by in rec.mode_calls.items():
         lists = list(by.values()) + ([rec.calls[i]] if i in rec.calls else [])
         merged: list | None = lists[0]
@@ -1161,12 +1164,13 @@ def _merged(seen: list, now: list, sig) -> list | None:
     other call of it: model.eval() calls given no Rngs beside training calls given one); None where they differ."""
     if len(seen) != len(now):
         return None
-    if _draw_runs(sig(seen)) == _draw_runs(sig(now)) and sig(seen) != sig(now):
+    before, after = sig(seen), sig(now)
+    if before != after and _draw_runs(before) == _draw_runs(after):
         # (the same draws in another order between the same calls: each stream counts on its own, so the keys are
         # the same; a bridge.ToNNX under nnx.grad draws its streams from a copy of its Rngs, in sorted order)
         return seen
     out = []
-    for a, b, sa, sb in zip(seen, now, sig(seen), sig(now)):
+    for a, b, sa, sb in zip(seen, now, before, after):
         if sa == sb or (a[:2] == b[:2] and b[2] == "quiet"):
             out.append(a)
         elif a[:2] == b[:2] and a[2] == "quiet":
@@ -1844,17 +1848,11 @@ class _SpecBuilder:
         for kind, what, how in self.inlined(self.rec.calls.get(id(obj), []), built):
             how = None if how == "quiet" else how  # (a layer every call of which was deterministic)
             # (`draw:train`, `call:train`: drawn or called in train mode only, `if not self.deterministic:`)
-            kind, _, mode_only = kind.partition(":")
-            when = {"when": mode_only} if mode_only else {}
-            if when and kind == "call":
-                at = len(call)
-                self.call_statement(call, what, how, built, cls)
-                call[at:] = [_with_when(st, mode_only) for st in call[at:]]
-                continue
-            if kind == "draw":
-                if how in self.kept.get(id(obj), ()):
-                    call.append({"draw": _Inline({"stream": what, **when}) if when else what})
-                    continue
+            kind, _, when = kind.partition(":")
+            at = len(call)
+            if kind == "draw" and how in self.kept.get(id(obj), ()):
+                call.append({"draw": what})
+            elif kind == "draw":
                 from_ = self.keeper(built, how or 0)  # (self.enc.rngs.noise(), or self.enc.sample(x) drawing so)
                 if from_ is None:
                     raise self.unsupported(
@@ -1862,9 +1860,11 @@ class _SpecBuilder:
                         "built (self.rngs = rngs), outside a stack (a stacked module keeping its Rngs, or a fork of "
                         "one stream kept as self.rng = rngs.dropout.fork(), is not modelled yet)"
                     )
-                call.append({"draw": _Inline({"stream": what, "from": from_, **when})})
+                call.append({"draw": _Inline({"stream": what, "from": from_})})
             else:
                 self.call_statement(call, what, how, built, cls)
+            if when:
+                call[at:] = [_with_when(st, when) for st in call[at:]]
         if call:
             out["call"] = _runs(call)
         return out
