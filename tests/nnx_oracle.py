@@ -34,6 +34,7 @@ from rngaudit.spec.nnx import (
     NnxRnn,
     NnxRunDraw,
     NnxSpec,
+    NnxStreamFork,
     NnxTransform,
     nested,
 )
@@ -327,6 +328,9 @@ def _class(mod: NnxModule, rec: _Recorder, path: str, cache: dict):
                         getattr(rngs, st.stream)()
                     finally:
                         rec.draw = None
+            elif isinstance(st, NnxStreamFork):
+                rec.site = path or "(root)"
+                setattr(self, st.name, getattr(rngs, st.stream).fork())
         if mod.keep_rngs:
             self.rngs = rngs
         if _has_when(mod.call):
@@ -416,13 +420,16 @@ def _class(mod: NnxModule, rec: _Recorder, path: str, cache: dict):
                     else:
                         _run_target(target, x, st.deterministic)
             elif isinstance(st, NnxDraw):
-                # `from: enc`: self.enc.rngs.<stream>() (what a method of enc drawing from its own Rngs does)
+                # `from: enc`: self.enc.rngs.<stream>() (what a method of enc drawing from its own Rngs does);
+                # `from: rng`: the stream kept by `fork:`, self.rng() (drawn at the module that keeps it)
                 keeper = _attribute(self, st.keeper) if st.keeper else self
+                kept = isinstance(keeper, nnx.RngStream)
+                holder = st.keeper.rpartition(".")[0] if kept else st.keeper
                 for _ in range(st.repeat):
-                    rec.site = join(st.keeper) if st.keeper else path or "(root)"
+                    rec.site = join(holder) if holder else path or "(root)"
                     rec.draw = st.draw
                     try:
-                        getattr(keeper.rngs, st.stream)()
+                        (keeper if kept else getattr(keeper.rngs, st.stream))()
                     finally:
                         rec.draw = None
 
@@ -553,10 +560,12 @@ def nnx_keys(spec: NnxSpec) -> list[dict]:
         for at, event in enumerate(spec.run):
             if isinstance(event, NnxRunDraw):
                 # model.rngs.<stream>() in the training step, outside the model's call: the next call's step
-                now, rec.step, rec.site = rec.step, labels[at], event.keeper or "(root)"
                 keeper = _attribute(model, event.keeper) if event.keeper else model  # (`from:` model.enc.rngs)
+                kept = isinstance(keeper, nnx.RngStream)  # (`from:` a stream kept by `fork:`, model.enc.rng)
+                holder = event.keeper.rpartition(".")[0] if kept else event.keeper
+                now, rec.step, rec.site = rec.step, labels[at], holder or "(root)"
                 for _ in range(event.repeat):
-                    getattr(keeper.rngs, event.stream)()
+                    (keeper if kept else getattr(keeper.rngs, event.stream))()
                 rec.step = now
                 continue
             if getattr(event, "lazy_init", False):

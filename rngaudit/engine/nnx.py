@@ -47,6 +47,7 @@ from ..spec.nnx import (
     NnxRunDraw,
     NnxSpec,
     NnxStep,
+    NnxStreamFork,
     NnxTransform,
 )
 from ..spec.tree import Draw
@@ -450,6 +451,13 @@ class NnxReplayer:
             elif isinstance(st, NnxDraw):
                 s = rngs.get(st.stream, "AttributeError", st.loc)
                 self.draw(s, path or "(root)", "draw", st.stream, st.loc, st.label, st.draw, st.repeat)
+            elif isinstance(st, NnxStreamFork):
+                # self.<name> = rngs.<stream>.fork(): kept at that attribute, in the model's graph
+                s = rngs.get(st.stream, "AttributeError", st.loc)
+                where_ = _join(path, st.name)
+                own = self.fork(s, path or "(root)", st.stream, where_, f"rngs.{st.stream}.fork() at {where_}", st.loc)
+                inst.forks[st.name] = own
+                self.graph.append((where + (st.name,), own))
         return inst
 
     def child(self, st: NnxChild, child_path: str, rngs: Rngs) -> Instance:
@@ -1281,10 +1289,16 @@ class Instance:
         self.path = path
         self.rngs = rngs
         self.attrs: dict[str, Layer | Instance | Stacked | Bridge | Rnn | Bidi] = {}
+        self.forks: dict[str, Stream] = {}  # the streams it keeps by `fork:` (self.rng = rngs.dropout.fork())
 
     def kept_stream(self, keeper: str, stream: str, loc: Location) -> tuple[Instance, Stream]:
         """Stream `stream` of the Rngs this module keeps (self.rngs), or (`keeper`, `from: enc`) the one the
-        submodule `keeper` keeps (self.enc.rngs): that module and the stream (a missing one: NNX's AttributeError)."""
+        submodule `keeper` keeps (self.enc.rngs), or the stream a module keeps by `fork:` (`from: rng`, `from:
+        enc.rng`): that module and the stream (a missing one: NNX's AttributeError)."""
+        head, _, last = keeper.rpartition(".")
+        holder = self.attr(head) if head else self
+        if isinstance(holder, Instance) and last in holder.forks:
+            return holder, holder.forks[last]
         owner = self.attr(keeper) if keeper else self
         assert isinstance(owner, Instance) and owner.rngs is not None  # (the parser asks for keep_rngs)
         return owner, owner.rngs.get(stream, "AttributeError", loc)
@@ -1305,9 +1319,13 @@ class Instance:
 
     @property
     def stateful(self) -> bool:
-        return self.rngs is not None or any(
-            isinstance(a, Stacked) or a.stateful
-            for a in self.attrs.values()  # (a stack holds its members')
+        return (
+            self.rngs is not None
+            or bool(self.forks)
+            or any(
+                isinstance(a, Stacked) or a.stateful
+                for a in self.attrs.values()  # (a stack holds its members')
+            )
         )
 
 

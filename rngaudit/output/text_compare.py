@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..refactor.compare import Comparison, path_text, rules_of
+from ..refactor.compare import Comparison, path_text, rules_of, step_mode
 
 
 def render_text(cmp: Comparison) -> str:
@@ -28,7 +28,11 @@ def render_text(cmp: Comparison) -> str:
                 # another step: both)
                 at = "init" if s.step == 0 else f"step {s.step}"
                 if e.old is not None and e.new is not None and e.old.step != e.new.step:
-                    at = f"step {e.old.step} -> {e.new.step}"
+                    mode = step_mode(cmp.old, e.old.step), step_mode(cmp.new, e.new.step)
+                    if None not in mode and mode[0] != mode[1]:  # (drawn in the other mode now)
+                        at = f"step {e.old.step} {mode[0]} -> {e.new.step} {mode[1]}"
+                    else:
+                        at = f"step {e.old.step} -> {e.new.step}"
                 when = [at] + ([f"scan {s.iteration}"] if s.iteration >= 0 else [])
                 lane = f" ({', '.join(when)})" + lane
             old = list(e.old.key) if e.old is not None and e.old.key else "-"

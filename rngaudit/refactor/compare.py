@@ -472,17 +472,37 @@ def _explain_nnx(cmp: Comparison, old: Capture, new: Capture) -> None:
     _merge_renames(cmp, renames)
     _explain_bridged(cmp, old, new)
     _merge_count_shifts(cmp)
+    # (a key the other version draws at another site: where, which "nothing drew this key here" would hide)
+    elsewhere: dict[str, dict[tuple, list[Site]]] = {"new": {}, "gone": {}}
+    for e in cmp.entries:
+        if e.status in ("new", "gone"):
+            s = e.new if e.status == "new" else e.old
+            if s is not None and s.key is not None:
+                elsewhere[e.status].setdefault(s.key, []).append(s)
     for e in cmp.entries:
         if e.status in ("new", "gone") and not e.why:
             # (an NNX site is a layer's draw at a step: a layer that is there still draws nothing where it is
             # deterministic, as in eval mode)
             e.why.append(
                 "nothing drew this key here before (the layer is new, was not called, or was deterministic at this "
-                "call: in eval mode, or given deterministic=True)"
+                "call: in eval mode, given deterministic=True, or a Dropout of rate 0)"
                 if e.status == "new"
                 else "nothing draws this key here now (the layer is gone, not called, or deterministic at this call: "
-                "in eval mode, or given deterministic=True)"
+                "in eval mode, given deterministic=True, or a Dropout of rate 0)"
             )
+            s = e.new if e.status == "new" else e.old
+            other = "gone" if e.status == "new" else "new"
+            there = elsewhere[other].get(s.key, []) if s is not None and s.key is not None else []
+            if there:
+                t = there[0]
+                cap = old if e.status == "new" else new
+                mode = step_mode(cap, t.step)
+                when = ("construction" if t.step == 0 else f"step {t.step}") + (f", {mode} mode" if mode else "")
+                e.why.append(
+                    f"the old version drew this key at {t.path_str} ({when})"
+                    if e.status == "new"
+                    else f"this key is drawn at {t.path_str} now ({when})"
+                )
 
 
 def _bridged(cap: Capture) -> dict[tuple, list[tuple[Site, Site]]]:
@@ -712,6 +732,7 @@ def _merge_step_moves(cmp: Comparison) -> None:
     def draw(s: Site) -> tuple:
         return (s.path, s.stream, s.stream_path, s.count, s.lane, s.iteration, s.kind, s.key)
 
+    crossed = cmp.old is not None and cmp.new is not None and cmp.old.eval_steps == cmp.new.eval_steps
     gone: dict[tuple, list[Entry]] = {}
     for e in cmp.entries:
         if e.status == "gone" and e.old is not None and e.old.step > 0 and e.old.key is not None:
@@ -728,6 +749,22 @@ def _merge_step_moves(cmp: Comparison) -> None:
             g = left.pop(0)
             assert g.old is not None
             used.add(id(g))
+            was, now = step_mode(cmp.old, g.old.step), step_mode(cmp.new, e.new.step)
+            if was is not None and now is not None and was != now:
+                # (the key is handed to the other mode's calls: what training draws changed, which a gate fails on)
+                cause = (
+                    "the test that decides whether it is drawn changed (an `if not deterministic:` that became "
+                    f"`if deterministic:`, a `when: {was}` that became `when: {now}`)"
+                    if crossed
+                    else "the run's model.train()/model.eval() calls changed, or the test that decides whether it "
+                    "is drawn did"
+                )
+                why = (
+                    f"the same key from the same site and count, drawn in {now} mode now (step {e.new.step}) and in "
+                    f"{was} mode before (step {g.old.step}): {cause}, so the {was} calls no longer get it"
+                )
+                merged[id(e)] = Entry("changed", e.ident, g.old, e.new, [why])
+                continue
             why = (
                 f"the same key from the same site and count, drawn at step {e.new.step} now and at step "
                 f"{g.old.step} before: what the steps before it draw changed, not this key (a draw of the "
@@ -737,6 +774,14 @@ def _merge_step_moves(cmp: Comparison) -> None:
             merged[id(e)] = Entry("moved", e.ident, g.old, e.new, [why])
     if merged:
         cmp.entries = [merged.get(id(e), e) for e in cmp.entries if id(e) not in used]
+
+
+def step_mode(cap: Capture | None, step: int) -> str | None:
+    """The mode (train or eval) a step of an NNX capture ran in, as its run's model.train()/eval() set it; None
+    for construction, a run that sets no mode (its layers draw as built) or a keys file that does not say."""
+    if cap is None or cap.eval_steps is None or step <= 0:
+        return None
+    return "eval" if step in cap.eval_steps else "train"
 
 
 def _merge_moves(cmp: Comparison, pairs: dict) -> None:
@@ -853,6 +898,11 @@ class _CountShifts:
             name: {(t.path, t.stream_path, t.step, t.lane) for t in cap.sites}
             for name, cap in (("old", old), ("new", new))
         }
+        # each side's module paths (every prefix of a site's path)
+        self.paths = {
+            name: {t.path[:i] for t in cap.sites for i in range(1, len(t.path) + 1)}
+            for name, cap in (("old", old), ("new", new))
+        }
         for name, cap, other in (("old", old, "new"), ("new", new, "old")):
             first: dict[tuple, Site] = {}
             only: dict[tuple, list[Site]] = {}
@@ -883,8 +933,9 @@ class _CountShifts:
         delta = after.count - before.count
         # the draws of that stream that exist on one side only, before the site: what moved it
         site = after if delta > 0 else before
-        only = self.only["new" if delta > 0 else "old"].get((site.stream_path, site.step), [])
         side = "new" if delta > 0 else "old"
+        # (the stream's counts carry on from call to call: the draws of the calls before this one count too)
+        only = [t for n in range(site.step + 1) for t in self.only[side].get((site.stream_path, n), [])]
         moved, renamed = [], 0
         for t in only:
             if t.count >= site.count:
@@ -909,7 +960,7 @@ class _CountShifts:
                 + ("; write it back (nnx.update(model, state)) for the counts to carry on" if now else "")
             )
         if moved and len(moved) == abs(delta):
-            paths = list(dict.fromkeys(".".join(t.path) for t in moved))
+            paths = list(dict.fromkeys(self.what(t, side) for t in moved))
             shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
             verb = (
                 ("added before it", "before it now and after it before, under another name (the rename above)")
@@ -919,8 +970,9 @@ class _CountShifts:
             how = verb[0] if not renamed else verb[1] if renamed == len(moved) else f"{verb[0]}, or {verb[1]}"
             where = f": {how}: {shown}"
         advice = (
-            "An NNX key depends on how many keys its stream handed out before it, not on names: build each submodule "
-            "from rngs.fork(), so that layers added inside one submodule leave the other submodules' keys as they were"
+            "An NNX key depends on how many keys its stream handed out before it, not on names: build each module of "
+            "yours from rngs.fork() (Block(rngs=rngs.fork()), each model of several), so that layers added inside one "
+            "leave the others' keys as they were"
             if s.step <= 0
             else "A stream's count carries on from call to call: a call that draws more or fewer keys (a layer added or "
             "removed, or deterministic in eval mode) moves every later key of the stream"
@@ -930,6 +982,21 @@ class _CountShifts:
             f"{abs(delta)} {'more' if delta > 0 else 'fewer'} keys of {site.stream_path} handed out before it"
             f"{where}. {advice}"
         )
+
+    def what(self, t: Site, side: str) -> str:
+        """A draw added (side new) or removed (side old) before a site, as the count shift names it: a fork by the
+        layer that made it, and whether that layer is there on the other side (an attention whose dropout_rate
+        became 0 is there still, and forks `dropout` no more)."""
+        name = ".".join(t.path)
+        if t.kind != "fork":
+            return name
+        there = t.path in self.paths["old" if side == "new" else "new"]
+        state = (
+            "(it was there before, and did not fork it)"
+            if side == "new"
+            else "(it is there still, and forks it no more)"
+        )
+        return f"the {t.stream!r} fork of {name}" + (f" {state}" if there else "")
 
     def counterpart(self, t: Site, side: str) -> Site | None:
         """A draw of a renamed module on `side`: the same draw under its name on the other side."""

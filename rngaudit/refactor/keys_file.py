@@ -102,6 +102,9 @@ class Capture:
     # (NNX sites; its make_rng keys are among `sites`)
     to_linen: dict = field(default_factory=dict)
     method: str | None = None  # the module method the model ran (capture --method), None for __call__
+    # NNX: the steps (calls of the model) made in eval mode, as model.train()/eval() set it; None when the run
+    # sets no mode (its layers draw as built) or the keys file does not say
+    eval_steps: tuple[int, ...] | None = None
 
     def locate(self) -> None:
         """Give each site of a keys file the line:col of its record (one pass over the file)."""
@@ -206,6 +209,7 @@ def capture_to_json(cap: Capture, spec_file: str | None = None) -> dict:
         "modules": [
             {"path": list(p), "path_str": "/".join(p) if p else "(root)", **m} for p, m in cap.modules.items()
         ],  # creation order: diff pairs modules by it
+        **({"eval_steps": list(cap.eval_steps)} if cap.eval_steps is not None else {}),
         "calls": [dict(s.as_json(), index=i) for i, s in enumerate(cap.sites)],
         "summary": {"calls": len(cap.sites), "modules": len(cap.modules)},
     }
@@ -284,12 +288,21 @@ def capture_from_json(doc: dict, file: str, source=None) -> Capture:
             source,
             flavour,
             method=_method(doc.get("method")),
+            eval_steps=_eval_steps(doc.get("eval_steps"), file),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise InputError(
             f"{file}: not a valid {CAPTURE_FORMAT} file ({type(e).__name__}: {e}); write it with "
             "`rngaudit capture TARGET --keys FILE`"
         ) from None
+
+
+def _eval_steps(value, file: str) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
+        raise InputError(f"{file}: `eval_steps` must be a list of step numbers (1, 2, ...), not {value!r}")
+    return tuple(value)
 
 
 def _check_call(c: dict, file: str, i: int) -> None:
@@ -430,7 +443,8 @@ def _spec_capture(name: str, spec) -> Capture:
             "jax_version": spec.jax_version,
         }
         rngs = {s: src.text for s, src in spec.rngs.items()}
-        return Capture(name, "call", rngs, settings, nnx_sites(derive_nnx(spec, values=False)), {}, flavour="nnx")
+        sites = nnx_sites(derive_nnx(spec, values=False))
+        return Capture(name, "call", rngs, settings, sites, {}, flavour="nnx", eval_steps=spec.eval_steps)
     settings = {
         "fix_rng_separator": spec.fix_rng_separator,
         "prng_impl": spec.prng_impl,

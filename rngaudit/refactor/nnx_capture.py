@@ -110,6 +110,9 @@ class NnxRecorder:
         self.building: list[Built] = []
         self.calling: list[Called] = []
         self.roots: list[Built] = []
+        # rngs.fork() outside every module's construction and call (the factory's Actor(rngs=rngs.fork())): (how many
+        # roots were built before it, the fork, the Rngs forked)
+        self.loose_forks: list[tuple[int, object, object]] = []
         self.forks = 0  # inside Rngs.fork
         self.step = 0  # the model's calls so far (a spec's step is one call of the model)
         self.invocation = 0  # the step being run (capture's call of the model or of --step), from 1
@@ -166,6 +169,16 @@ class NnxRecorder:
 
     def resolve(self, obj):
         return self.alias.get(id(obj), obj)
+
+    def next_step(self) -> None:
+        """A call of the model starts (a step of the spec): the draws the training step made before it are its."""
+        self.step += 1
+        if self.pending:
+            for i, _, _ in self.pending:
+                self.records[i]["step"] = self.step
+            self.draws_before[self.step] = [(keeper, tag) for _, keeper, tag in self.pending]
+            self.pending = []
+        self.modes.append({})
 
     def given(self, rngs) -> object:
         """An nnx.Rngs a layer's call is given (drop(x, rngs=rngs)), noted with the step it is given at."""
@@ -279,6 +292,7 @@ def _observed(rec: NnxRecorder) -> Iterator[None]:
     construct = meta._pytree_meta_construct
     stream_call = nnx.RngStream.__call__
     fork = nnx.Rngs.fork
+    stream_fork = nnx.RngStream.fork
     patched: dict[type, object] = {}
 
     def construct_hook(cls, self, *args, **kwargs):
@@ -489,6 +503,20 @@ def _observed(rec: NnxRecorder) -> Iterator[None]:
 
         return hook
 
+    def stream_fork_hook(self, *args, **kwargs):
+        # self.rng = rngs.dropout.fork() in the __init__ of a module of yours (Flax's layers' own forks are their
+        # layer statements' business): one event, not the draw it makes
+        building = rec.building[-1] if rec.building and not rec.calling and not rec.forks else None
+        if building is None or args or kwargs or type(building.this).__module__.startswith("flax."):
+            return stream_fork(self, *args, **kwargs)
+        rec.forks += 1
+        try:
+            out = stream_fork(self)
+        finally:
+            rec.forks -= 1
+        building.events.append(("stream_fork", out, self))
+        return out
+
     def fork_hook(self, *args, **kwargs):
         rec.forks += 1
         try:
@@ -497,6 +525,8 @@ def _observed(rec: NnxRecorder) -> Iterator[None]:
             rec.forks -= 1
         if rec.building and not rec.calling:
             rec.building[-1].events.append(("fork", out, self))
+        elif not rec.building and not rec.calling and not rec.invocation:
+            rec.loose_forks.append((len(rec.roots), out, self))
         return out
 
     def paired_hook(original):
@@ -591,6 +621,7 @@ def _observed(rec: NnxRecorder) -> Iterator[None]:
         ),
         (nnx.RngStream, "__call__", stream_call, stream_hook),
         (nnx.Rngs, "fork", fork, fork_hook),
+        (nnx.RngStream, "fork", stream_fork, stream_fork_hook),
         (nnx, "split_rngs", split_rngs, split_hook),
         (nnx, "vmap", vmap, transform_hook("vmap", vmap)),
         (nnx, "scan", scan, transform_hook("scan", scan)),
@@ -931,13 +962,7 @@ def _call_hook(rec: NnxRecorder, original):
         if not rec.calling:
             rec.top.append(outside)
             if outside is rec.model and rec.invocation:
-                rec.step += 1
-                if rec.pending:
-                    for i, _, _ in rec.pending:
-                        rec.records[i]["step"] = rec.step
-                    rec.draws_before[rec.step] = [(keeper, tag) for _, keeper, tag in rec.pending]
-                    rec.pending = []
-                rec.modes.append({})
+                rec.next_step()
         if _is_layer(outside) and _draws_unless_deterministic(self):
             given_mode = _as_mode(kwargs.get("deterministic"))
             mode = _as_mode(getattr(self, "deterministic", None)) if given_mode is None else given_mode
@@ -1238,11 +1263,22 @@ def _run_events(rec: NnxRecorder, target: CodeRef) -> list | None:
     for now in rec.modes:
         for i, mode in now.items():
             seen.setdefault(i, set()).add(mode)
-    fixed = {
-        i: next(iter(modes))[0]
-        for i, modes in seen.items()
-        if len(modes) == 1 and next(iter(modes))[1] and isinstance(next(iter(modes))[0], bool)
-    }
+    constant = {i: next(iter(modes)) for i, modes in seen.items() if len(modes) == 1}
+    fixed = {i: v for i, (v, given) in constant.items() if given and isinstance(v, bool)}
+    # (failing that, a layer in one mode at every call, however it was set: a teacher model set to eval mode in a
+    # step that trains its student, a layer built deterministic whose model.train() was never called)
+    broader = {i: v for i, (v, _) in constant.items() if isinstance(v, bool)}
+    try:
+        return _events(rec, target, fixed)
+    except UnsupportedError:
+        if broader == fixed:
+            raise
+        return _events(rec, target, broader)
+
+
+def _events(rec: NnxRecorder, target: CodeRef, fixed: dict[int, bool]) -> list | None:
+    """`run:` with the layers `fixed` says are in one mode at every call left out of the train/eval events (they
+    say their mode themselves)."""
     state = {i: bool(v) for i, v in rec.built_modes.items()}  # (what the spec's layers say, then its events)
     run: list = []
     for n, now in enumerate(rec.modes, 1):
@@ -1290,10 +1326,18 @@ def _kept_streams(rec: NnxRecorder, root: Built) -> dict[int, tuple[str, str]]:
         below = []
         for path, b in level:
             obj = rec.resolve(b.obj)
-            if b.rngs is not None and any(v is b.rngs for v in vars(obj).values()):
-                for name, s in vars(b.rngs).items():
+            kept = b.rngs if b.rngs is not None and any(v is b.rngs for v in vars(obj).values()) else None
+            if kept is None and b.events and b.events[0][0] == "fork":
+                # (self.rngs = rngs.fork(), first thing: what `rngs: fork` + `keep_rngs` say)
+                kept = next((v for v in vars(obj).values() if v is b.events[0][1]), None)
+            if kept is not None:
+                for name, s in vars(kept).items():
                     if isinstance(s, nnx.RngStream):
                         out.setdefault(id(s), (path, name))
+            for e in b.events:  # (a stream it keeps by `fork:`, self.rng = rngs.dropout.fork(): `from: enc.rng`)
+                attr = next((k for k, v in vars(obj).items() if e[0] == "stream_fork" and v is e[1]), None)
+                if attr is not None:
+                    out.setdefault(id(e[1]), (f"{path}.{attr}" if path else attr, e[1].tag))
             names = _attribute_names(obj)
             for e in b.events:
                 child = rec.resolve(e[1].obj) if e[0] == "child" else None
@@ -1483,10 +1527,13 @@ class _SpecBuilder:
         # what a Dropout's call given an Rngs is given (_call_rngs allows one Rngs): the model's own, or call_rngs
         self.given_rngs = "model" if any(r is root.rngs for r in rec.call_rngs.values()) else "call"
         self.root_rngs = root.rngs
+        self.root = root
         self.built_of: dict[int, Built] = {}  # id(module, outside any transform) -> its construction
         self.attrs_of: dict[int, dict[int, str]] = {}  # id(module written) -> id(what it built) -> attribute
         self.plain: set[int] = set()  # the submodules written as `module` (not a stack): a dotted call reaches in
         self.kept: dict[int, set[int]] = {}  # id(module written with keep_rngs) -> ids of the streams it keeps
+        # id(module written) -> id(a stream it keeps by `fork:`) -> its attribute
+        self.stream_forks: dict[int, dict[int, str]] = {}
         todo = [root]
         while todo:
             b = todo.pop()
@@ -1526,6 +1573,8 @@ class _SpecBuilder:
                 continue
             if stream in self.kept.get(cid, ()):
                 return cname
+            if stream in self.stream_forks.get(cid, {}):
+                return f"{cname}.{self.stream_forks[cid][stream]}"
             inner = self.keeper(self.attrs_of.get(cid, {}), stream)
             if inner is not None:
                 return f"{cname}.{inner}"
@@ -1688,6 +1737,11 @@ class _SpecBuilder:
         cls = type(obj).__name__
         names = _attribute_names(obj)
         out: dict = {"class": cls}
+        own = self.own_fork(b, obj)
+        if own is not None:
+            # (self.rngs = rngs.fork() first thing in __init__: what `rngs: fork` says, the fork made by its caller)
+            out["rngs"] = "fork"
+            b = Built(b.cls, own, b.events[1:], b.obj, this=b.this)
         kept = [n for n, v in vars(obj).items() if b.rngs is not None and v is b.rngs]
         if kept:
             out["keep_rngs"] = True
@@ -1716,6 +1770,8 @@ class _SpecBuilder:
         for at, (kind, what, *rest) in enumerate(b.events):
             if kind == "draw":
                 init.append({"draw": what})
+            elif kind == "stream_fork":
+                init.append({"fork": self.stream_fork(b, obj, what, rest[0], cls)})
             elif kind == "fork":
                 if rest[0] is not b.rngs:
                     raise self.unsupported(f"{cls}.__init__ forks an Rngs it was not given")
@@ -1837,6 +1893,8 @@ class _SpecBuilder:
                     mode = "fork"
                     forks = [f for f in forks if f is not child.rngs]
                 sub = self.module(child)
+                if mode == "fork" and sub.get("rngs") == "fork":
+                    raise self.unsupported(f"{cls}.{name} forks the rngs.fork() it is given again")
                 self.plain.add(id(self.rec.resolve(child.obj)))
                 init.append({"module": {"name": name, **({"rngs": "fork"} if mode == "fork" else {}), **sub}})
         if forks:
@@ -1852,13 +1910,15 @@ class _SpecBuilder:
             at = len(call)
             if kind == "draw" and how in self.kept.get(id(obj), ()):
                 call.append({"draw": what})
+            elif kind == "draw" and how in self.stream_forks.get(id(obj), {}):
+                call.append({"draw": _Inline({"stream": what, "from": self.stream_forks[id(obj)][how]})})
             elif kind == "draw":
                 from_ = self.keeper(built, how or 0)  # (self.enc.rngs.noise(), or self.enc.sample(x) drawing so)
                 if from_ is None:
                     raise self.unsupported(
                         f"{cls}.__call__ draws from an Rngs that neither it nor a module of yours it builds keeps as "
-                        "built (self.rngs = rngs), outside a stack (a stacked module keeping its Rngs, or a fork of "
-                        "one stream kept as self.rng = rngs.dropout.fork(), is not modelled yet)"
+                        "built (self.rngs = rngs) or by a fork (self.rng = rngs.dropout.fork()), outside a stack (a "
+                        "stacked module keeping its Rngs is not modelled yet)"
                     )
                 call.append({"draw": _Inline({"stream": what, "from": from_})})
             else:
@@ -1868,6 +1928,43 @@ class _SpecBuilder:
         if call:
             out["call"] = _runs(call)
         return out
+
+    def stream_fork(self, b: Built, obj, out, parent, cls: str):
+        """`fork:` of self.<name> = rngs.<stream>.fork(): the attribute it is kept as, and its stream."""
+        if b.rngs is None or not any(v is parent for v in vars(b.rngs).values()):
+            raise self.unsupported(f"{cls}.__init__ forks a stream of an Rngs it was not given")
+        name = next((k for k, v in vars(obj).items() if v is out), None)
+        if name is None:
+            raise self.unsupported(
+                f"{cls}.__init__ forks rngs.{out.tag} and does not keep the fork as an attribute of its own "
+                "(self.rng = rngs.dropout.fork())"
+            )
+        self.stream_forks.setdefault(id(obj), {})[id(out)] = name
+        return out.tag if name == "rngs" else _Inline({"stream": out.tag, "name": name})
+
+    def own_fork(self, b: Built, obj) -> object | None:
+        """The Rngs a module of yours forks from the one it is given as the first thing its __init__ does and keeps
+        (self.rngs = rngs.fork(), as timm-style DropPath ports write it), where it uses no other: None if not so (a
+        stack, the model itself, a fork given to a child, a fork of some streams only or split)."""
+        if b is self.root or b.stack or b.made or not b.events or b.events[0][0] != "fork":
+            return None
+        own = b.events[0][1]
+        if b.events[0][2] is not b.rngs or not any(v is own for v in vars(obj).values()):
+            return None
+        if any(e[0] == "fork" for e in b.events[1:]) or any(
+            e[0] == "child" and e[1].rngs is b.rngs for e in b.events[1:]
+        ):
+            return None  # (it gives its callers' Rngs to a child, or forks again: not one `rngs: fork`)
+        streams = [v for v in vars(b.rngs).values() if type(v).__name__ == "RngStream"]
+        forked = [v for v in vars(own).values() if type(v).__name__ == "RngStream"]
+        if sorted(v.tag for v in streams) != sorted(v.tag for v in forked):
+            return None  # (rngs.fork() of some streams only)
+        try:
+            if any(getattr(v.key[...], "shape", ()) != () for v in forked):
+                return None  # (rngs.fork(split=N): lanes)
+        except Exception:  # noqa: BLE001 (a key capture cannot read: not said)
+            return None
+        return own
 
     def call_statement(self, call: list, what: int, how, built: dict[int, str], cls: str) -> None:
         """The statement of a call of module `what` (its attribute in `built`) that a call of `cls` made, added to
@@ -2175,7 +2272,18 @@ def run_nnx_capture(
 def _check_step(step: CodeRef, model, rec: NnxRecorder) -> None:
     """A training step an NNX spec can say: it calls the model (once or more, each call a step of the spec), and
     draws no key outside those calls."""
+    from flax import nnx
+
     calls = [m for m in rec.top if m is not model]
+    graph = {id(node) for _, node in nnx.graph.iter_graph(model)} if calls else set()
+    others = sorted({type(m).__name__ for m in calls if id(m) not in graph})
+    if others:
+        raise UnsupportedError(
+            f"--step {step.text}: step {rec.invocation} calls a {' and a '.join(others)} that is neither the model "
+            "nor a module of it (another model, held in a global?); capture records one model, or the models the "
+            "step is given as its arguments (train_step(generator, discriminator, ...)) where the factory builds "
+            "them from one Rngs (return the model and those arguments: return generator, (discriminator, ...))"
+        )
     if calls:
         names = sorted({type(m).__name__ for m in calls})
         raise UnsupportedError(
@@ -2215,6 +2323,127 @@ def _check_step(step: CodeRef, model, rec: NnxRecorder) -> None:
             "nnx.vmap/nnx.scan; an NNX spec says a step's draws from the Rngs the model or a module of yours in it "
             "keeps (model.rngs.noise(), model.enc.rngs.noise(): `draw:` in `run:`), outside any transform"
         )
+
+
+def _forked_from(rec: NnxRecorder, rngs, base) -> bool:
+    """Whether `rngs` is base.fork(), made by the factory outside every module (Actor(rngs=rngs.fork()))."""
+    return any(out is rngs and parent is base for _, out, parent in rec.loose_forks)
+
+
+def _other_models(rec: NnxRecorder, root: Built, base, model, args: tuple, kwargs: dict, fn, target) -> dict:
+    """The models a training step is given besides the model (a GAN's discriminator, a critic), built by the
+    factory from the model's Rngs: name -> construction, the model's first, in the order they were built; {} when
+    the step is given no other model. Named by the step's parameters (train_step(generator, discriminator, ...))."""
+    from flax import nnx
+
+    given = [(i, a) for i, a in enumerate(args) if isinstance(a, nnx.Module)]
+    given += [(k, a) for k, a in kwargs.items() if isinstance(a, nnx.Module)]
+    if fn is None or not given:
+        return {}
+    graph = {id(node) for _, node in nnx.graph.iter_graph(model)}
+    built = {id(b.obj): b for b in rec.roots}
+    found: dict = {}
+    for where, obj in given:
+        if id(obj) in graph or id(obj) in found:
+            continue  # (a module of the model given to the step as well)
+        b = built.get(id(obj))
+        if b is None and _copied_streams(obj, model):
+            raise UnsupportedError(
+                f"capture of {target.text}: the step is given a {type(obj).__name__} besides the model whose RNG "
+                "streams are copies of the model's, at the same keys and counts (nnx.clone(model), or a copy made "
+                "with nnx.split/merge): its draws hand out the keys the model's draws hand out (a DQN target "
+                "network's dropout masks repeat the online network's); an NNX spec cannot say a copy: build it "
+                f"from the model's Rngs ({type(obj).__name__}(..., rngs=rngs)) and copy its parameters over"
+            )
+        if b is None or b.stack or not (b.rngs is base or _forked_from(rec, b.rngs, base)):
+            raise UnsupportedError(
+                f"capture of {target.text}: the step is given a {type(obj).__name__} besides the model, not built by "
+                "the factory from the Rngs it is given, or from rngs.fork() of it (an NNX spec has one Rngs for its "
+                f"models: build each from it, {type(obj).__name__}(..., rngs=rngs) or rngs=rngs.fork())"
+            )
+        found[id(obj)] = (where, b)
+    if not found:
+        return {}
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+    def name(where) -> str | None:
+        if isinstance(where, str):
+            return where
+        return positional[where + 1] if where + 1 < len(positional) else None  # (the model is the step's first)
+
+    named = {"model": (positional[0] if positional else None, root)}
+    named |= {f"arg {w}": (name(w), b) for w, b in found.values()}
+    out: dict = {}
+    for i, (label, (n, b)) in enumerate(named.items()):
+        out[n if n and n.isidentifier() and n not in out and not n.startswith("_") else f"model_{i}"] = b
+    order = {id(b): i for i, b in enumerate(rec.roots)}
+    return dict(sorted(out.items(), key=lambda kv: order[id(kv[1])]))
+
+
+def _copied_streams(obj, model) -> bool:
+    """Whether a module holds an RNG stream at the key and count of one of the model's (a copy of the model's
+    streams: nnx.clone)."""
+    from flax import nnx
+
+    def streams(m) -> set:
+        out = set()
+        for _, node in nnx.graph.iter_graph(m):
+            if isinstance(node, nnx.RngStream):
+                with contextlib.suppress(Exception):  # (traced, or not readable: not compared)
+                    out.add((node.tag, _key_words(node.key[...]), int(node.count[...])))
+        return out
+
+    return bool(streams(obj) & streams(model))
+
+
+def _key_words(key) -> tuple:
+    import jax
+    import numpy as np
+
+    return tuple(int(w) for w in np.asarray(jax.random.key_data(key)).ravel())
+
+
+def _models_root(rec: NnxRecorder, base, models: dict):
+    """A module standing for the models a step trains together: each one an attribute of it (the name the step
+    gives it), built from their Rngs in the order the factory built them; capture records the step's calls of them
+    as calls of it."""
+    from flax import nnx
+
+    class Models(nnx.Module):
+        pass
+
+    held = len(rec.roots)
+    obj = Models()
+    del rec.roots[held:]  # (not a module the factory built)
+    for name, b in models.items():
+        setattr(obj, name, b.obj)
+    # each model built in turn, a model built from rngs.fork() after its fork (made just before it)
+    at = {id(b): i for i, b in enumerate(rec.roots)}
+    events: list[tuple[tuple[int, int], tuple]] = [((at[id(b)], 1), ("child", b)) for b in models.values()]
+    forks = {id(b.rngs) for b in models.values()}
+    events += [((n, 0), ("fork", out, parent)) for n, out, parent in rec.loose_forks if id(out) in forks]
+    built = Built(Models, base, [e for _, e in sorted(events, key=lambda x: x[0])], obj=obj)
+    rec.roots.append(built)
+    return obj, built
+
+
+@contextlib.contextmanager
+def _root_call(rec: NnxRecorder, root):
+    """One step of the models a step trains together: a call of the module standing for them (what the call hook
+    does for a model's call from outside every module)."""
+    rec.top.append(root)
+    rec.next_step()
+    frame = Called(root, transforms=len(rec.transforms))
+    rec.calling.append(frame)
+    try:
+        yield
+    finally:
+        rec.calling.pop()
+        _remember(rec, frame)
 
 
 def _step_function(step: CodeRef):
@@ -2330,12 +2559,23 @@ def _run_nnx_capture(
                     "make it so, or write a factory that takes the Rngs (def make_model(rngs): return "
                     "Model(rngs=rngs)) and give --rngs"
                 )
-        elif root.rngs is not rngs:
+        elif root.rngs is not rngs and not (step is not None and _forked_from(rec, root.rngs, rngs)):
             raise UnsupportedError(
                 f"capture of {target.text}: the model is built from another Rngs than the one the factory is given; "
                 "build it from that one (Model(rngs=rngs)), so --rngs seeds it"
             )
         fn = _step_function(step) if step is not None else None
+        models = _other_models(rec, root, rngs, model, args, kwargs, fn, target)
+        if root.rngs is not rngs and not models:
+            raise UnsupportedError(
+                f"capture of {target.text}: the model is built from another Rngs than the one the factory is given; "
+                "build it from that one (Model(rngs=rngs)), so --rngs seeds it"
+            )
+        called = model  # (what capture calls, or gives the step: the model the factory returns)
+        if models:
+            # a GAN's generator and discriminator, an actor and a critic: models built from one Rngs and trained
+            # together by the step, written as the submodules of one root whose call is the step
+            model, root = _models_root(rec, rngs, models)
         rec.model = model
         rec.kept_streams = _kept_streams(rec, root)
         rec.built_modes = {
@@ -2350,6 +2590,9 @@ def _run_nnx_capture(
             try:
                 if fn is None:
                     model(*args, **kwargs)
+                elif models:
+                    with _root_call(rec, model):
+                        fn(called, *args, **kwargs)
                 else:
                     fn(model, *args, **kwargs)
                 jax.effects_barrier()
@@ -2357,8 +2600,16 @@ def _run_nnx_capture(
                 raise
             except (Exception, SystemExit) as e:  # noqa: BLE001
                 what = "calling the model" if step is None else f"--step {step.text}"
+                built = {id(b.obj) for b in rec.roots}
+                given = sorted({type(a).__name__ for a in (*args, *kwargs.values()) if id(a) in built})
+                hint = (
+                    f" (the factory returns other models beside it, a {' and a '.join(given)}: give the step that "
+                    "trains them together, --step FILE.py:NAME)"
+                    if step is None and given
+                    else ""
+                )
                 raise UserCodeError(
-                    f"TARGET {target.text}: {what} (step {n}) raises {type(e).__name__}: {first_line(e)}"
+                    f"TARGET {target.text}: {what} (step {n}) raises {type(e).__name__}: {first_line(e)}{hint}"
                 ) from None
             if step is not None:
                 _check_step(step, model, rec)
@@ -2421,10 +2672,15 @@ def _run_nnx_capture(
         "model": _SpecBuilder(rec, target.text, root).module(root),
     }
     header = f"# captured from {target.text} by rngaudit (flax {flax.__version__}, jax {jax.__version__})\n"
+    if models:
+        header += (
+            f"# the model: the {len(models)} models the step is given ({', '.join(models)}), built from one Rngs, as "
+            "the submodules of one module whose call is the step\n"
+        )
     spec_text = header + yaml.dump(doc, Dumper=_SpecDumper, sort_keys=False)
-    sites = check_replay(spec_text, rec.records, target.text, rec.lanes or bool(rec.bridges))
+    sites, eval_steps = check_replay(spec_text, rec.records, target.text, rec.lanes or bool(rec.bridges))
     versions = {"flax": flax.__version__, "jax": jax.__version__}
-    cap = Capture(target.text, "call", dict(seeds), settings, sites, {}, versions, flavour="nnx")
+    cap = Capture(target.text, "call", dict(seeds), settings, sites, {}, versions, flavour="nnx", eval_steps=eval_steps)
     return cap, spec_text
 
 
@@ -2540,9 +2796,12 @@ def _unpack(made, target: CodeRef):
     return unpack_made(made, nnx.Module, target, "(rngs)", "an nnx.Module")
 
 
-def check_replay(spec_text: str, records: list[dict], target: str, lanes: bool = False) -> list[Site]:
+def check_replay(
+    spec_text: str, records: list[dict], target: str, lanes: bool = False
+) -> tuple[list[Site], tuple[int, ...] | None]:
     """derive of the spec against what NNX handed out, key by key in order; the sites (from the replay, which
-    names each key's site) if every one agrees, else an error and nothing written."""
+    names each key's site) and the steps made in eval mode if every one agrees, else an error and nothing
+    written."""
     from ..engine.nnx import derive_nnx
     from ..errors import InternalError
     from ..spec.parse import parse_spec
@@ -2584,7 +2843,7 @@ def check_replay(spec_text: str, records: list[dict], target: str, lanes: bool =
             f"capture of {target}: NNX handed out {len(records)} keys and the captured spec replays {len(calls)}; "
             "no spec was written"
         )
-    return sites
+    return sites, report.spec.eval_steps
 
 
 def nnx_sites(report) -> list[Site]:

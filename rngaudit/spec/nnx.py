@@ -207,6 +207,16 @@ class NnxDraw(NnxStatement):
 
 
 @dataclass(frozen=True)
+class NnxStreamFork(NnxStatement):
+    """`self.<name> = rngs.<stream>.fork()` in `__init__` (as nnx.Dropout keeps its stream, and DropPath or
+    attention ports of yours write it): the stream hands out one key, which becomes the key of a stream of that
+    tag the module keeps as attribute `name`, count 0; a call draws from it with `draw: {stream, from: name}`."""
+
+    stream: str
+    name: str
+
+
+@dataclass(frozen=True)
 class NnxCall(NnxStatement):
     """`self.<name>(x)` in `__call__`, `repeat` times: a Dropout or attention draws, a submodule runs its call."""
 
@@ -380,10 +390,11 @@ SINCE = {
     "rngs: split": (0, 12, 6),
     "rngs: broadcast": (0, 12, 7),
     "fork_rngs": (0, 11),
+    "fork": (0, 11),
 }
 # what rngaudit models with the rules of one release on (checked against that release; older ones not)
 # what a module builds and keeps as an attribute (`name:`)
-ATTRIBUTES = (NnxLayer, NnxChild, NnxBridge, NnxRnn, NnxBidirectional)
+ATTRIBUTES = (NnxLayer, NnxChild, NnxBridge, NnxRnn, NnxBidirectional, NnxStreamFork)
 MODELLED_SINCE = {
     "nnx.RNN": (0, 12),
     "nnx.Bidirectional": (0, 12),
@@ -453,6 +464,13 @@ class NnxParser:
                 known = ", ".join(names) or "none"
                 raise SpecError(
                     f"`call: {st.name}`: {cls} builds no attribute {st.name!r} in `init:` (attributes: {known})",
+                    st.loc,
+                )
+            if isinstance(st, NnxCall) and isinstance(_attribute_of(names, st.name), NnxStreamFork):
+                fork = _attribute_of(names, st.name)
+                raise SpecError(
+                    f"`call: {st.name}`: {st.name} is the stream {cls} keeps by `fork:` (rngs.{fork.stream}.fork()); "
+                    f"draw from it with `draw: {{stream: {fork.stream}, from: {st.name}}}`",
                     st.loc,
                 )
             bridged = isinstance(st, NnxCall) and isinstance(_attribute_of(names, st.name), NnxBridge)
@@ -644,7 +662,7 @@ class NnxParser:
         allowed = (
             ("draw", "call") + CONTROL
             if where == "call"
-            else ("draw", "module", "ToNNX", "RNN", "Bidirectional") + LAYERS
+            else ("draw", "fork", "module", "ToNNX", "RNN", "Bidirectional") + LAYERS
         )
         if isinstance(item.value, str):
             key, arg = item.value, None
@@ -675,6 +693,8 @@ class NnxParser:
             )
         if key == "draw":
             return self.draw(arg, loc, where)
+        if key == "fork":
+            return self.stream_fork(arg, loc)
         if key == "call":
             return self.call(arg, loc)
         if key in ("cond", "switch"):
@@ -865,6 +885,20 @@ class NnxParser:
             _keeper(f),
             _when(f),
         )
+
+    def stream_fork(self, arg: YNode | None, loc) -> NnxStreamFork:
+        if self.lacks("fork"):
+            raise self.too_old("fork", loc)
+        if arg is None or not (isinstance(arg.value, str) or arg.is_map):
+            raise SpecError(
+                "`fork` names the stream a module forks and keeps: `fork: dropout` (self.rngs = "
+                "rngs.dropout.fork()) or `fork: {stream: dropout, name: rng}` (self.rng = rngs.dropout.fork())",
+                loc,
+            )
+        if isinstance(arg.value, str):
+            return NnxStreamFork(loc, arg.value, "rngs")
+        f = Fields(arg, "`fork`", ("stream", "name"), ("stream",))
+        return NnxStreamFork(loc, f.name("stream"), _attribute(f, "rngs"))
 
     def call(self, arg: YNode | None, loc) -> NnxCall:
         if arg is None:
@@ -1323,6 +1357,14 @@ def _check_keeper(names: dict, keeper: str, stream: str, what: str, loc: Locatio
     """`from: KEEPER` of a `draw`: a submodule built as a module (`names`: the attributes of the module drawing, or
     of the model) that keeps its Rngs (`what`: how the code names it, `model.enc` or `self.enc`)."""
     found = _attribute_of(names, keeper)
+    if isinstance(found, NnxStreamFork):
+        if found.stream != stream:
+            raise SpecError(
+                f"`from: {keeper}` draws from the fork of {found.stream!r} kept as {keeper} ({what} = "
+                f"rngs.{found.stream}.fork()), a stream of tag {found.stream!r}: write `stream: {found.stream}`",
+                loc,
+            )
+        return
     if isinstance(found, NnxChild) and found.stack:
         raise SpecError(
             f"`from: {keeper}` of a `draw`: {keeper} is a stack (`stack: {found.stack}`), whose members hold split "
@@ -1334,7 +1376,7 @@ def _check_keeper(names: dict, keeper: str, stream: str, what: str, loc: Locatio
         raise SpecError(
             f"`from: {keeper}` of a `draw` names the module whose kept Rngs is drawn from ({what}.rngs.{stream}()): "
             f"there is no module {keeper!r} built in `init:` (a submodule built as a `module`, not a stack; dotted "
-            "for one inside another: enc.block)",
+            f"for one inside another: enc.block), nor a stream kept by `fork:` of that name ({what}())",
             loc,
         )
     if not found.module.keep_rngs:
@@ -1407,7 +1449,7 @@ def drawn_streams(mod: NnxModule) -> set[str]:
         elif dataclasses.is_dataclass(x) and not isinstance(x, type):
             if isinstance(x, NnxLayer) and x.kind in ("Dropout", "MultiHeadAttention"):
                 out.add(str(dict(x.options).get("rng_collection", "dropout")))
-            elif isinstance(x, NnxDraw):
+            elif isinstance(x, (NnxDraw, NnxStreamFork)):
                 out.add(x.stream)
             walk([getattr(x, f.name) for f in dataclasses.fields(x) if f.name != "loc"])
 

@@ -299,8 +299,10 @@ def module(draw, depth: int, n: list, lanes: bool = False, no_keep: bool = False
     dropouts: set[str] = set()
     moded: set[str] = set()  # Dropout and attention layers: their calls may be given `deterministic=`
     rnns: set[str] = set()
+    forks: dict[str, str] = {}  # self.<name> = rngs.<stream>.fork(): name -> stream
     for i in range(draw(st.integers(1 if depth == 2 else 0, 5))):
         kinds = ("layer", "layer", "layer", "draw") + (("module",) if depth > 0 else ())
+        kinds += ("fork",) if has("fork") else ()
         kinds += ("rnn", "rnn") if not lanes and has("nnx.RNN") else ()
         what = draw(st.sampled_from(kinds + (("stack",) if depth > 0 and not lanes else ())))
         if not lanes and has("ToNNX") and maybe(draw, 0.08):
@@ -339,6 +341,14 @@ def module(draw, depth: int, n: list, lanes: bool = False, no_keep: bool = False
             init.append({"module": child})
             names.append(name)
             children[name] = child
+        elif what == "fork":
+            stream = draw(st.sampled_from(ASKED))
+            if not keep and maybe(draw, 0.3):
+                name = "rngs"  # (as nnx.Dropout keeps its fork: self.rngs = rngs.dropout.fork())
+            if name in forks:
+                continue
+            forks[name] = stream
+            init.append({"fork": stream} if name == "rngs" else {"fork": {"stream": stream, "name": name}})
         else:
             init.append(rng_draw(draw))
 
@@ -355,6 +365,13 @@ def module(draw, depth: int, n: list, lanes: bool = False, no_keep: bool = False
     def statement(level: int):
         if level < 2 and maybe(draw, 0.12):
             return control(level)
+        if forks and maybe(draw, 0.3):
+            # self.rng() of a stream kept by `fork:` (a DropPath, an attention port keeping rngs.dropout.fork())
+            name = draw(st.sampled_from(sorted(forks)))
+            made = {"draw": {"stream": forks[name], "from": name}}
+            if maybe(draw, 0.2):
+                made["draw"]["when"] = draw(st.sampled_from(("train", "eval")))
+            return made
         if names and (not keep or maybe(draw, 0.7)):
             target = draw(st.sampled_from(names))
             if target in rnns:

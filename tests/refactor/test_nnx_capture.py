@@ -1040,6 +1040,16 @@ def _real_model_keys(path: str, seeds: dict, steps: int, step: str | None = None
     return sorted((r["tag"], r["count"], r["key"]) for r in rec.records)
 
 
+def _assert_runs_as_captured(f, spec, doc, seeds: dict, steps: int, step: str, factory: str = "make_model") -> None:
+    """The keys file is what the model hands out run as written in real NNX, the spec built in real NNX hands out
+    the same, and verify of the spec against the model finds nothing."""
+    assert _keys_file_keys(doc) == _real_model_keys(f, seeds, steps, step, factory)
+    assert_real_nnx_agrees(spec, doc)
+    rngs = ",".join(f"{k}={v}" for k, v in seeds.items())
+    r = invoke("verify", spec, "--against", f"{f}:{factory}", "--step", f"{f}:{step}", "--rngs", rngs)
+    assert r.exit_code == 0 and "0 differ, 0 missing, 0 extra" in r.stdout, r.stdout + r.stderr
+
+
 def _keys_file_keys(doc: dict) -> list:
     return sorted((c["stream"], c["count"], tuple(c["key"])) for c in doc["calls"])
 
@@ -1435,6 +1445,13 @@ TRAIN_EVAL = HEADER + textwrap.dedent("""
         model.set_attributes(nnx.Dropout, deterministic=True)
         model(x)
 
+    def opposite(model, optimizer, x, y):
+        # the Dropout and the attention in opposite modes, each switched at every step
+        now = not model.drop.deterministic
+        model.set_attributes(nnx.Dropout, deterministic=now)
+        model.set_attributes(nnx.MultiHeadAttention, deterministic=not now)
+        model(x)
+
     def make_model(rngs):
         model = Net(4, 16, 3, rngs=rngs)
         optimizer = nnx.Optimizer(model, optax.adamw(1e-3), wrt=nnx.Param)
@@ -1649,10 +1666,29 @@ def test_a_layers_own_deterministic_argument_beside_train_and_eval_is_said_at_it
     assert r.exit_code == 0 and "0 differ, 0 missing, 0 extra" in r.stdout, r.stdout + r.stderr
 
 
-def test_a_step_that_makes_only_some_layers_deterministic_is_refused(tmp_path):
+def test_layers_in_one_mode_at_every_step_and_others_not(tmp_path):
+    """A step that makes the Dropouts deterministic and not the attention (set_attributes at every step) was
+    refused; each layer in one mode at every call says it itself (the Dropout `deterministic: true`). Layers
+    switched at every step, in opposite modes, are still refused."""
     f = write(tmp_path, "train.py", TRAIN_EVAL)
+    spec, doc = capture(tmp_path, f"{f}:make_model", "--step", f"{f}:only_dropout", "--rngs", "params=0,dropout=1")
+    init = yaml.safe_load(spec.read_text())["model"]["init"]
+    assert {"Dropout": {"name": "drop", "rate": 0.2, "deterministic": True}} in init, init
+    assert not [c for c in doc["calls"] if c["step"] and c["path"][0] == "drop"]
+    _assert_runs_as_captured(f, spec, doc, {"params": 0, "dropout": 1}, 1, "only_dropout")
     out = tmp_path / "o.yaml"
-    r = invoke("capture", f"{f}:make_model", "--step", f"{f}:only_dropout", "--rngs", "params=0,dropout=1", "-o", out)
+    r = invoke(
+        "capture",
+        f"{f}:make_model",
+        "--step",
+        f"{f}:opposite",
+        "--rngs",
+        "params=0,dropout=1",
+        "--steps",
+        "2",
+        "-o",
+        out,
+    )
     assert r.exit_code == 2 and len(r.stderr.splitlines()) == 1, r.stderr
     assert "are deterministic and others (att) are not" in r.stderr
     assert not out.exists()
@@ -2741,6 +2777,289 @@ def test_draws_and_calls_made_in_train_mode_only(tmp_path):
     assert_real_nnx_agrees(spec, doc)
     r = invoke("verify", spec, "--against", f"{f}:make_model", "--step", f"{f}:train_and_eval", "--rngs", rngs)
     assert r.exit_code == 0 and "0 differ, 0 missing, 0 extra" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_module_keeping_a_fork_of_its_rngs_is_built_from_a_fork(tmp_path):
+    """A DropPath that keeps `rngs.fork()` (made first thing in its __init__, as ports of timm write it) was
+    refused ("forks its Rngs without giving the fork to a submodule"): it is what `rngs: fork` says."""
+    source = TRAIN_ONLY.replace(
+        "self.rate, self.deterministic, self.rngs = rate, False, rngs",
+        "self.rngs = rngs.fork()\n        self.rate, self.deterministic = rate, False",
+    )
+    assert source != TRAIN_ONLY
+    f = write(tmp_path, "m.py", source)
+    rngs = "params=0,dropout=1,noise=2"
+    spec, doc = capture(tmp_path, f"{f}:make_model", "--rngs", rngs, "--step", f"{f}:train_and_eval", "--steps", "2")
+    block = yaml.safe_load(spec.read_text())["model"]["init"][0]["module"]
+    dp = next(m["module"] for m in block["init"] if m.get("module", {}).get("name") == "dp")
+    assert dp["rngs"] == "fork" and dp["keep_rngs"] is True, dp
+    _assert_runs_as_captured(f, spec, doc, {"params": 0, "dropout": 1, "noise": 2}, 2, "train_and_eval")
+
+
+# modules of yours keeping a fork of one stream, as public ports of timm's DropPath, of attention and of Dropout itself
+# write them (they were refused: "draws from an Rngs that neither it nor a module of yours it builds keeps")
+KEPT_FORKS = HEADER + textwrap.dedent("""
+    class DropPath(nnx.Module):
+        def __init__(self, rate, *, rngs):
+            self.rate, self.deterministic = rate, False
+            self.rng = rngs["dropout"].fork()
+
+        def __call__(self, x):
+            if self.deterministic or self.rate == 0.0:
+                return x
+            keep = jax.random.bernoulli(self.rng(), 1 - self.rate, (x.shape[0], 1))
+            return jnp.where(keep, x / (1 - self.rate), 0)
+
+    class MyDropout(nnx.Module):
+        def __init__(self, rate, rng_collection="dropout", *, rngs):
+            self.rate, self.rng_collection = rate, rng_collection
+            self.rngs = rngs[self.rng_collection].fork()
+
+        def __call__(self, x):
+            keep = jax.random.bernoulli(self.rngs(), 1 - self.rate, x.shape)
+            return jnp.where(keep, x / (1 - self.rate), 0)
+
+    class Attention(nnx.Module):
+        def __init__(self, d, rate, *, rngs):
+            self.qkv = nnx.Linear(d, 3 * d, rngs=rngs)
+            self.dropout_rng = rngs.dropout.fork() if rate > 0 else None
+            self.noise = MyDropout(0.1, "noise", rngs=rngs)
+
+        def __call__(self, x):
+            q, k, v = jnp.split(self.qkv(x), 3, -1)
+            w = jax.nn.softmax(q @ k.T)
+            if self.dropout_rng is not None:
+                w = w * jax.random.bernoulli(self.dropout_rng(), 0.9, w.shape)
+            return self.noise(w @ v)
+
+    class Block(nnx.Module):
+        def __init__(self, d, rate, *, rngs):
+            self.attn = Attention(d, 0.1, rngs=rngs)
+            self.path = DropPath(rate, rngs=rngs)
+            self.drop = MyDropout(0.2, rngs=rngs)
+
+        def __call__(self, x):
+            return x + self.drop(self.path(self.attn(x)))
+
+    class Model(nnx.Module):
+        def __init__(self, rngs):
+            self.blocks = nnx.List([Block(8, r, rngs=rngs) for r in (0.0, 0.1, 0.2)])
+
+        def __call__(self, x):
+            for b in self.blocks:
+                x = b(x)
+            return x
+
+    def make_model(rngs):
+        return Model(rngs), (jnp.ones((4, 8)),)
+
+    @nnx.jit
+    def train_step(model, x):
+        model.train()
+        model(x)
+        model.eval()
+        model(x)
+
+    def step_drawing_outside(model, x):
+        model(x)
+        model.blocks[1].path.rng()
+""")
+
+
+@pytest.mark.parametrize("step", ["train_step", "step_drawing_outside"])
+def test_modules_keeping_a_fork_of_one_stream(tmp_path, step):
+    f = write(tmp_path, "m.py", KEPT_FORKS)
+    seeds = {"params": 0, "dropout": 1, "noise": 2}
+    spec, doc = capture(
+        tmp_path, f"{f}:make_model", "--rngs", "params=0,dropout=1,noise=2", "--step", f"{f}:{step}", "--steps", "2"
+    )
+    text = spec.read_text()
+    assert "- fork: {stream: dropout, name: rng}" in text and "- fork: dropout" in text, text
+    assert "- fork: {stream: dropout, name: dropout_rng}" in text and "- fork: noise" in text, text
+    assert "- draw: {stream: dropout, from: dropout_rng}" in text, text
+    if step == "step_drawing_outside":
+        assert "draw: {stream: dropout, from: blocks.1.path.rng}" in text, text
+    _assert_runs_as_captured(f, spec, doc, seeds, 2, step)
+
+
+def test_diff_of_a_refactor_that_inverts_a_mode_test(tmp_path):
+    """A DropPath whose `if self.deterministic:` became `if not self.deterministic:` draws the same keys at the
+    eval calls: diff said MOVED, exit 0, "what the steps before it draw changed". The keys file records the steps
+    made in eval mode, so diff of keys files says it too; a router whose noise call moved to the other branch is
+    GONE and NEW, each saying where the other version draws the key."""
+    rngs = "params=0,dropout=1,noise=2"
+    versions = {
+        "old": TRAIN_ONLY,
+        "droppath": TRAIN_ONLY.replace("if self.deterministic:\n", "if not self.deterministic:\n"),
+        "router": TRAIN_ONLY.replace("if train:\n", "if not train:\n"),
+    }
+    files = {}
+    for name, source in versions.items():
+        assert name == "old" or source != TRAIN_ONLY
+        (tmp_path / name).mkdir()
+        f = write(tmp_path / name, "m.py", source)
+        spec, doc = capture(tmp_path / name, f"{f}:make_model", "--rngs", rngs, "--step", f"{f}:train_and_eval")
+        assert doc["eval_steps"] == [2], doc.get("eval_steps")
+        files[name] = (spec, tmp_path / name / "keys.json")
+    for i in (0, 1):  # the specs, then the keys files
+        r = invoke("diff", files["old"][i], files["droppath"][i])
+        assert r.exit_code == 1 and "MOVED" not in r.stdout, r.stdout
+        assert r.stdout.count("CHANGED  blocks/") == 2 and "dropout count 2 (step 1 train -> 2 eval)" in r.stdout
+        assert "so the train calls no longer get it" in r.stdout, r.stdout
+        r = invoke("diff", files["old"][i], files["router"][i])
+        assert r.exit_code == 1, r.stdout
+        assert "GONE     blocks/0/router/noise  noise count 0 (step 1)" in r.stdout, r.stdout
+        assert "this key is drawn at blocks/0/router now (step 1, train mode)" in r.stdout, r.stdout
+        assert "NEW      blocks/0/router  noise count 0 (step 1)" in r.stdout, r.stdout
+        assert "the old version drew this key at blocks/0/router/noise (step 1, train mode)" in r.stdout, r.stdout
+        assert "the old version drew this key at blocks/0/router (step 2, eval mode)" in r.stdout, r.stdout
+    # a keys file whose eval_steps is not a list of steps is refused, with what it must be
+    doc = json.loads(files["old"][1].read_text())
+    doc["eval_steps"] = ["2"]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    r = invoke("diff", bad, files["old"][1])
+    assert r.exit_code == 2 and "`eval_steps` must be a list of step numbers" in r.stderr, r.stderr
+
+
+# a GAN as public NNX code writes it: the generator and the discriminator are two models built from one Rngs, each
+# with its optimizer, trained by one jitted step that is given both (it was refused: "calls Discriminator outside the
+# model's call (a module of the model called directly ...)", which it is not)
+GAN = HEADER + textwrap.dedent("""
+    import optax
+
+    class Generator(nnx.Module):
+        def __init__(self, latent, dout, *, rngs: nnx.Rngs):
+            self.latent = latent
+            self.fc1 = nnx.Linear(latent, 16, rngs=rngs)
+            self.bn = nnx.BatchNorm(16, rngs=rngs)
+            self.drop = nnx.Dropout(0.1, rngs=rngs)
+            self.fc2 = nnx.Linear(16, dout, rngs=rngs)
+            self.rngs = rngs
+
+        def __call__(self, n):
+            z = jax.random.normal(self.rngs.noise(), (n, self.latent))
+            return jnp.tanh(self.fc2(self.drop(nnx.relu(self.bn(self.fc1(z))))))
+
+    class Discriminator(nnx.Module):
+        def __init__(self, din, *, rngs: nnx.Rngs):
+            self.fc1 = nnx.Linear(din, 16, rngs=rngs)
+            self.drop = nnx.Dropout(0.3, rngs=rngs)
+            self.fc2 = nnx.Linear(16, 1, rngs=rngs)
+
+        def __call__(self, x):
+            return self.fc2(self.drop(nnx.leaky_relu(self.fc1(x), 0.2)))
+
+    def bce(logits, labels):
+        return optax.sigmoid_binary_cross_entropy(logits, labels).mean()
+
+    def d_loss(disc, real, fake):
+        a, b = disc(real), disc(fake)
+        return bce(a, jnp.ones_like(a)) + bce(b, jnp.zeros_like(b))
+
+    def g_loss(gen, disc, n):
+        logits = disc(gen(n))
+        return bce(logits, jnp.ones_like(logits))
+
+    @nnx.jit
+    def train_step(generator, discriminator, g_opt, d_opt, real):
+        fake = jax.lax.stop_gradient(generator(real.shape[0]))
+        _, grads = nnx.value_and_grad(d_loss)(discriminator, real, fake)
+        d_opt.update(discriminator, grads)
+        _, grads = nnx.value_and_grad(g_loss)(generator, discriminator, real.shape[0])
+        g_opt.update(generator, grads)
+
+    def make_model(rngs):
+        generator = Generator(4, 8, rngs=rngs)
+        discriminator = Discriminator(8, rngs=rngs)
+        g_opt = nnx.Optimizer(generator, optax.adam(2e-4), wrt=nnx.Param)
+        d_opt = nnx.Optimizer(discriminator, optax.adam(2e-4), wrt=nnx.Param)
+        return generator, (discriminator, g_opt, d_opt, jnp.ones((4, 8)))
+
+    def other_rngs(rngs):
+        generator = Generator(4, 8, rngs=rngs)
+        discriminator = Discriminator(8, rngs=nnx.Rngs(params=5, dropout=6))
+        return generator, (discriminator, None, None, jnp.ones((4, 8)))
+
+    def step_without_optimizers(generator, discriminator, g_opt, d_opt, real):
+        discriminator(generator(4))
+
+    def not_given(rngs):
+        global OTHER
+        generator = Generator(4, 8, rngs=rngs)
+        OTHER = Discriminator(8, rngs=nnx.Rngs(params=5, dropout=6))
+        return generator, (None, None, None, jnp.ones((4, 8)))
+
+    def calls_another(generator, discriminator, g_opt, d_opt, real):
+        OTHER(generator(4))
+
+    def forked(rngs):
+        # each model from its own rngs.fork() (what diff advises: an edit of one leaves the other's keys)
+        generator = Generator(4, 8, rngs=rngs.fork())
+        discriminator = Discriminator(8, rngs=rngs.fork())
+        return generator, (discriminator, None, None, jnp.ones((4, 8)))
+
+    def cloned(rngs):
+        generator = Generator(4, 8, rngs=rngs)
+        return generator, (nnx.clone(generator), None, None, jnp.ones((4, 8)))
+
+    def distill_step(student, teacher, g_opt, d_opt, real):
+        # a teacher in eval mode, its student in train mode, set by the step itself
+        teacher.eval()
+        student.train()
+        teacher(student(4))
+""")
+
+
+def test_two_models_trained_by_one_step_are_captured_as_one_root(tmp_path):
+    f = write(tmp_path, "gan.py", GAN)
+    rngs = "params=0,dropout=1,noise=2"
+    spec, doc = capture(tmp_path, f"{f}:make_model", "--rngs", rngs, "--step", f"{f}:train_step", "--steps", "2")
+    text = spec.read_text()
+    assert "# the model: the 2 models the step is given (generator, discriminator)" in text, text
+    model = yaml.safe_load(text)["model"]
+    assert [m["module"]["name"] for m in model["init"]] == ["generator", "discriminator"], model
+    assert model["call"] == [
+        {"call": "generator"},
+        {"call": {"name": "discriminator", "repeat": 2}},
+        {"call": "generator"},
+        {"call": "discriminator"},
+    ], model["call"]
+    _assert_runs_as_captured(f, spec, doc, {"params": 0, "dropout": 1, "noise": 2}, 2, "train_step")
+    # what a spec cannot say is refused, saying what it is
+    for factory, step, message in [
+        ("other_rngs", "step_without_optimizers", "the step is given a Discriminator besides the model, not built"),
+        ("not_given", "calls_another", "calls a Discriminator that is neither the model nor a module of it"),
+        ("cloned", "step_without_optimizers", "whose RNG streams are copies of the model's, at the same keys and"),
+    ]:
+        out = tmp_path / f"{factory}.yaml"
+        r = invoke("capture", f"{f}:{factory}", "--rngs", rngs, "--step", f"{f}:{step}", "-o", out)
+        assert r.exit_code == 2 and message in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+        assert not out.exists()
+    # without the step, the factory's models cannot be called as one: the error says to give it
+    r = invoke("verify", spec, "--against", f"{f}:make_model", "--rngs", rngs)
+    assert r.exit_code == 2 and "the factory returns other models beside it, a Discriminator: give the step" in r.stderr
+
+
+@pytest.mark.parametrize("factory, step", [("forked", "step_without_optimizers"), ("make_model", "distill_step")])
+def test_models_forked_from_the_rngs_or_in_their_own_modes(tmp_path, factory, step):
+    """Models built from rngs.fork() each (Actor(rngs=rngs.fork())), and a step that sets its teacher to eval mode
+    and its student to train mode, were refused ("built from another Rngs", "some layers are deterministic and
+    others are not")."""
+    f = write(tmp_path, "gan.py", GAN)
+    seeds = {"params": 0, "dropout": 1, "noise": 2}
+    spec, doc = capture(
+        tmp_path, f"{f}:{factory}", "--rngs", "params=0,dropout=1,noise=2", "--step", f"{f}:{step}", "--steps", "2"
+    )
+    model = yaml.safe_load(spec.read_text())["model"]
+    if factory == "forked":
+        assert [m["module"].get("rngs") for m in model["init"]] == ["fork", "fork"], model["init"]
+    else:
+        # (named as the step names them; the teacher's Dropout, in eval mode at every call, says so itself)
+        assert model["call"] == [{"call": "student"}, {"call": "teacher"}], model
+        teacher = next(m["module"] for m in model["init"] if m["module"]["name"] == "teacher")
+        assert {"Dropout": {"name": "drop", "rate": 0.3, "deterministic": True}} in teacher["init"], teacher
+    _assert_runs_as_captured(f, spec, doc, seeds, 2, step, factory)
 
 
 def test_a_module_called_in_both_modes_in_one_call_is_refused(tmp_path):

@@ -180,6 +180,9 @@ def test_diff_of_random_nnx_refactors(case):
 
 def _check_claim(why: str, truth: dict, e) -> None:
     kind = truth["kind"]
+    # (a fork added or removed is named by the layer that makes it; the refactors here add or remove whole layers)
+    assert "there still" not in why and "was there before" not in why, why
+    why = re.sub(r"the '[^']+' fork of ", "", why)
     m = re.search(r"and (\S+) is gone: (\S+) renamed (\S+) ", why)
     if m:
         assert kind in ("rename", "rename+reorder", "rename+insert"), (kind, why)
@@ -315,6 +318,132 @@ def test_a_key_drawn_at_another_step_is_moved_not_new_and_gone(tmp_path, before,
     r = invoke("diff", old, new)
     assert r.exit_code == 0 and f"(step {moved[0][3]} -> {moved[0][4]})" in r.stdout, r.stdout
     assert "what the steps before it draw changed, not this key" in r.stdout
+
+
+MODE_GATE = """
+rngaudit: 1
+flavour: nnx
+rngs: {params: 0, noise: 2}
+run: [call, eval, call, train, call]
+model:
+  class: M
+  init:
+    - module:
+        name: inject
+        class: Noise
+        keep_rngs: true
+        call: [draw: noise]
+  call: [call: {name: inject, when: WHEN}]
+"""
+
+
+def test_a_key_drawn_in_the_other_mode_now_is_changed_and_says_so(tmp_path):
+    """A refactor that inverts the test around a draw (`if not deterministic:` -> `if deterministic:`) hands the
+    same keys to the eval calls instead of the training ones: diff called them MOVED (exit 0) with a why that
+    does not hold ("what the steps before it draw changed")."""
+    from support import invoke
+
+    old, new = tmp_path / "old.yaml", tmp_path / "new.yaml"
+    old.write_text(MODE_GATE.replace("WHEN", "train"))
+    new.write_text(MODE_GATE.replace("WHEN", "eval"))
+    doc = json.loads(invoke("diff", old, new, "-f", "json").stdout)
+    got = [(e["status"], e["count"], e.get("old_step"), e.get("old_mode"), e.get("mode")) for e in doc["sites"]]
+    assert got == [("changed", 0, 1, "train", "eval"), ("gone", 1, None, None, None)], got
+    assert doc["summary"]["failing"]
+    # the claim holds: derive draws that key at step 1 (train) before and step 2 (after the eval event) now
+    drawn = {
+        side: [
+            (c.derivation.step, c.derivation.count, tuple(c.key))
+            for c in rngaudit.derive(parse_spec(f.read_text(), str(f))).calls
+            if c.derivation.tag == "noise"
+        ]
+        for side, f in (("old", old), ("new", new))
+    }
+    assert [d[:2] for d in drawn["old"]] == [(1, 0), (3, 1)] and [d[:2] for d in drawn["new"]] == [(2, 0)]
+    assert drawn["old"][0][2] == drawn["new"][0][2]
+    r = invoke("diff", old, new)
+    assert r.exit_code == 1 and "CHANGED  inject  noise count 0 (step 1 train -> 2 eval)" in r.stdout, r.stdout
+    assert "drawn in eval mode now (step 2) and in train mode before (step 1)" in r.stdout
+    assert "so the train calls no longer get it" in r.stdout and "MOVED" not in r.stdout
+    # the other training call's key is drawn nowhere now
+    assert "GONE     inject  noise count 1 (step 3)" in r.stdout, r.stdout
+    # the same model, its modes unchanged: nothing to report
+    assert invoke("diff", old, old).exit_code == 0
+
+
+def test_draws_added_at_earlier_calls_are_named_and_a_key_drawn_elsewhere_says_where(tmp_path):
+    """A module drawing `noise` in train mode added before another: the later one's count at the third call moved
+    by the draws added at the first and the third (it said "2 more keys" without which), and the key the new module
+    draws first is the one the other drew there before (it said only "nothing drew this key here before")."""
+    from support import invoke
+
+    old, new = tmp_path / "old.yaml", tmp_path / "new.yaml"
+    text = (
+        MODE_GATE.replace("WHEN", "train")
+        .replace("  init:\n", "  init:\n    - module: {name: pre, class: Pre, keep_rngs: true}\n")
+        .replace("call: [call: {name: inject", "call: [call: pre, call: {name: inject")
+    )
+    old.write_text(text)
+    new.write_text(text.replace("keep_rngs: true}", "keep_rngs: true, call: [draw: {stream: noise, when: train}]}"))
+    assert old.read_text() != new.read_text()
+    drawn = {
+        side: [
+            (c.derivation.step, c.derivation.site, c.derivation.count)
+            for c in rngaudit.derive(parse_spec(f.read_text(), str(f))).calls
+            if c.derivation.tag == "noise"
+        ]
+        for side, f in (("old", old), ("new", new))
+    }
+    assert drawn == {
+        "old": [(1, "inject", 0), (3, "inject", 1)],
+        "new": [(1, "pre", 0), (1, "inject", 1), (3, "pre", 2), (3, "inject", 3)],
+    }, drawn
+    r = invoke("diff", old, new)
+    assert r.exit_code == 1, r.stdout
+    assert (
+        "inject drew 'noise' count 1 before and 3 now, 2 more keys of rngs.noise handed out before it: added "
+        "before it: pre." in r.stdout
+    ), r.stdout
+    assert "NEW      pre  noise count 0 (step 1)" in r.stdout
+    assert "the old version drew this key at inject (step 1, train mode)" in r.stdout, r.stdout
+
+
+ATTENTION_DROPOUT = """
+rngaudit: 1
+flavour: nnx
+rngs: {params: 0, dropout: 1}
+model:
+  class: M
+  init:
+    - MultiHeadAttention: {name: attnRATE}
+    - Dropout: {name: drop, rate: 0.1}
+  call: [call: drop]
+"""
+
+
+def test_a_fork_no_longer_made_is_named_by_its_layer_which_is_there_still(tmp_path):
+    """An attention whose dropout_rate became 0 forks `dropout` no more, which moves a later Dropout's fork: the
+    count shift said "removed before it: attn", and attn is there still."""
+    from support import invoke
+
+    old, new = tmp_path / "old.yaml", tmp_path / "new.yaml"
+    old.write_text(ATTENTION_DROPOUT.replace("RATE", ", dropout_rate: 0.1"))
+    new.write_text(ATTENTION_DROPOUT.replace("RATE", ""))
+    # the claim holds: derive has attn's fork of `dropout` in the old version only, and drop's at count 1 -> 0
+    forks = {
+        side: [
+            (c.derivation.site, c.derivation.count)
+            for c in rngaudit.derive(parse_spec(f.read_text(), str(f))).calls
+            if c.derivation.kind == "fork" and c.derivation.tag == "dropout"
+        ]
+        for side, f in (("old", old), ("new", new))
+    }
+    assert forks == {"old": [("attn", 0), ("drop", 1)], "new": [("drop", 0)]}, forks
+    r = invoke("diff", old, new)
+    assert r.exit_code == 1 and "CHANGED  drop  dropout count 1 -> 0 (init)" in r.stdout, r.stdout
+    assert "removed before it: the 'dropout' fork of attn (it is there still, and forks it no more)" in r.stdout
+    r = invoke("diff", new, old)
+    assert "added before it: the 'dropout' fork of attn (it was there before, and did not fork it)" in r.stdout
 
 
 NESTED_DROPOUT = """
