@@ -521,20 +521,25 @@ def _verify_nnx(spec: NnxSpec, target: str, inputs, rngs, method, step: str | No
     from .refactor.keys_file import spec_capture
     from .refactor.nnx_capture import is_nnx_target, run_nnx_capture
     from .refactor.target import parse_input, parse_rngs, parse_step, parse_target
-    from .spec.nnx import NnxMode, NnxRunDraw, NnxStep
+    from .spec.nnx import NnxMode, NnxReseed, NnxRunDraw, NnxStep
 
     if method is not None:
         raise UsageError("--method is Linen's: an NNX model is built and called")
     if any(
-        not isinstance(e, (NnxStep, NnxMode, NnxRunDraw))
+        not isinstance(e, (NnxStep, NnxMode, NnxRunDraw, NnxReseed))
         or isinstance(e, NnxStep)
         and ((e.stale and step is None) or e.transform or e.fork is not None)
         for e in spec.run
     ):
         raise UsageError(
             f"{spec.file}: verify against a live NNX model runs plain calls (and, with --step, the step's "
-            "stale_calls); this spec's `run:` has other events (reseed, vmap, scan or fork_rngs calls, or "
-            "stale_call without --step): compare it with a keys file instead"
+            "stale_calls and nnx.reseed calls); this spec's `run:` has other events (vmap, scan or fork_rngs "
+            "calls, or stale_call without --step): compare it with a keys file instead"
+        )
+    if step is None and any(isinstance(e, NnxReseed) for e in spec.run):
+        raise UsageError(
+            f"{spec.file}: its `run:` reseeds the model between calls (`reseed:`); give --step STEP, the training "
+            "step that calls nnx.reseed, or compare the spec with a keys file"
         )
     if step is None and any(isinstance(e, NnxRunDraw) for e in spec.run):
         raise UsageError(

@@ -479,17 +479,31 @@ def _explain_nnx(cmp: Comparison, old: Capture, new: Capture) -> None:
             s = e.new if e.status == "new" else e.old
             if s is not None and s.key is not None:
                 elsewhere[e.status].setdefault(s.key, []).append(s)
+    paths = {"old": {t.path for t in old.sites}, "new": {t.path for t in new.sites}}
     for e in cmp.entries:
         if e.status in ("new", "gone") and not e.why:
             # (an NNX site is a layer's draw at a step: a layer that is there still draws nothing where it is
             # deterministic, as in eval mode)
-            e.why.append(
-                "nothing drew this key here before (the layer is new, was not called, or was deterministic at this "
-                "call: in eval mode, given deterministic=True, or a Dropout of rate 0)"
-                if e.status == "new"
-                else "nothing draws this key here now (the layer is gone, not called, or deterministic at this call: "
-                "in eval mode, given deterministic=True, or a Dropout of rate 0)"
-            )
+            if e.site.path in paths["old" if e.status == "new" else "new"]:
+                # (the layer is there in both: what it draws, or from what, changed)
+                e.why.append(
+                    f"{e.site.path_str} is there in both versions and "
+                    + (
+                        "did not draw this key before (it draws more now, or from another stream or fork, or was "
+                        "deterministic or a Dropout of rate 0 at this call)"
+                        if e.status == "new"
+                        else "does not draw this key now (it draws less, or from another stream or fork, or is "
+                        "deterministic or a Dropout of rate 0 at this call)"
+                    )
+                )
+            else:
+                e.why.append(
+                    "nothing drew this key here before (the layer is new, was not called, or was deterministic at "
+                    "this call: in eval mode, given deterministic=True, or a Dropout of rate 0)"
+                    if e.status == "new"
+                    else "nothing draws this key here now (the layer is gone, not called, or deterministic at this "
+                    "call: in eval mode, given deterministic=True, or a Dropout of rate 0)"
+                )
             s = e.new if e.status == "new" else e.old
             other = "gone" if e.status == "new" else "new"
             there = elsewhere[other].get(s.key, []) if s is not None and s.key is not None else []
@@ -928,6 +942,12 @@ class _CountShifts:
         ours = self.calls["new" if e.status == "new" else "old"].get(key, [s])
         match = theirs[min(next((i for i, t in enumerate(ours) if t is s), 0), len(theirs) - 1)]
         before, after = (match, s) if e.status == "new" else (s, match)
+        if before.stream_path != after.stream_path:
+            # (not one stream's count: the site draws from another stream now, a fork of its own or its caller's)
+            return (
+                f"{'.'.join(s.path)} draws {s.stream!r} from another stream now: {after.stream_path} (count "
+                f"{after.count}) now, {before.stream_path} (count {before.count}) before"
+            )
         if before.count == after.count:
             return None
         delta = after.count - before.count

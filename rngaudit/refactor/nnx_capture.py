@@ -143,12 +143,16 @@ class NnxRecorder:
         self.made: dict[int, tuple] = {}
         self.top: list = []  # the modules called from outside any module's call, this step (--step checks them)
         self.stray = 0  # keys drawn in a step outside every module's call (by a training step itself)
+        self.reseeds: list[str] = []  # nnx.reseed calls a spec cannot say (of what, why)
         # the streams of the Rngs the model and its modules keep (id -> (keeper: "" the model, else its attribute
         # path; the stream's name)): a step may draw from them (model.rngs.noise(), model.enc.rngs.noise())
         self.kept_streams: dict[int, tuple[str, str]] = {}
         # such draws since the model's last call: (record index, keeper, stream)
-        self.pending: list[tuple[int, str, str]] = []
-        self.draws_before: dict[int, list[tuple[str, str]]] = {}  # call of the model -> (keeper, stream) drawn before
+        # a training step's draws from the kept Rngs since the last call of the model, and its nnx.reseed calls:
+        # (record index, keeper, stream), or (None, None, {stream: seed}) for a reseed
+        self.pending: list[tuple[int | None, str | None, Any]] = []
+        # call of the model -> what the step did before it: (keeper, stream) drawn, (None, {stream: seed}) reseeded
+        self.draws_before: dict[int, list[tuple[str | None, Any]]] = {}
         # id(an nnx.Rngs made while capture watched) -> its seeds (integers, or a concrete key's data)
         self.seeds: dict[int, dict] = {}
         self.call_rngs: dict[int, object] = {}  # id -> every Rngs a layer's call was given (drop(x, rngs=rngs))
@@ -175,7 +179,8 @@ class NnxRecorder:
         self.step += 1
         if self.pending:
             for i, _, _ in self.pending:
-                self.records[i]["step"] = self.step
+                if i is not None:
+                    self.records[i]["step"] = self.step
             self.draws_before[self.step] = [(keeper, tag) for _, keeper, tag in self.pending]
             self.pending = []
         self.modes.append({})
@@ -293,6 +298,7 @@ def _observed(rec: NnxRecorder) -> Iterator[None]:
     stream_call = nnx.RngStream.__call__
     fork = nnx.Rngs.fork
     stream_fork = nnx.RngStream.fork
+    reseed = getattr(nnx, "reseed", None)
     patched: dict[type, object] = {}
 
     def construct_hook(cls, self, *args, **kwargs):
@@ -503,6 +509,27 @@ def _observed(rec: NnxRecorder) -> Iterator[None]:
 
         return hook
 
+    def reseed_hook(node, /, **kwargs):
+        # nnx.reseed(model, dropout=SEED) by a training step: a `reseed:` event of `run:` before the next call (the
+        # keys of the fresh Rngs it draws its new keys from are not the model's)
+        if not rec.active or rec.invocation <= 0 or rec.calling or rec.building:
+            return reseed(node, **kwargs)
+        held = len(rec.records)
+        rec.forks += 1
+        try:
+            out = reseed(node, **kwargs)
+        finally:
+            rec.forks -= 1
+        del rec.records[held:]
+        seeds = {k: _seed(v) for k, v in kwargs.items() if k not in ("graph", "policy")}
+        if rec.resolve(node) is not rec.model:
+            rec.reseeds.append(f"nnx.reseed of a {type(node).__name__}, not of the model")
+        elif len(seeds) != len(kwargs) or not seeds or any(v is None for v in seeds.values()):
+            rec.reseeds.append("nnx.reseed given a policy, or keys that are not integer seeds or concrete keys")
+        else:
+            rec.pending.append((None, None, seeds))
+        return out
+
     def stream_fork_hook(self, *args, **kwargs):
         # self.rng = rngs.dropout.fork() in the __init__ of a module of yours (Flax's layers' own forks are their
         # layer statements' business): one event, not the draw it makes
@@ -622,6 +649,7 @@ def _observed(rec: NnxRecorder) -> Iterator[None]:
         (nnx.RngStream, "__call__", stream_call, stream_hook),
         (nnx.Rngs, "fork", fork, fork_hook),
         (nnx.RngStream, "fork", stream_fork, stream_fork_hook),
+        *(((nnx, "reseed", reseed, reseed_hook),) if reseed is not None else ()),
         (nnx, "split_rngs", split_rngs, split_hook),
         (nnx, "vmap", vmap, transform_hook("vmap", vmap)),
         (nnx, "scan", scan, transform_hook("scan", scan)),
@@ -1372,8 +1400,11 @@ def _with_draws(run: list | None, rec: NnxRecorder) -> list | None:
         flat += ["call"] * e["call"] if isinstance(e, dict) else [e]
     out: list = []
 
-    def draws(tags: list[tuple[str, str]]) -> None:
+    def draws(tags: list[tuple[str | None, Any]]) -> None:
         for keeper, tag in tags:
+            if keeper is None:  # (nnx.reseed(model, **seeds))
+                out.append({"reseed": _Inline(tag)})
+                continue
             last = out[-1].get("draw", {}) if out and isinstance(out[-1], dict) else {}
             if last.get("stream") == tag and last.get("from", "") == keeper:
                 last["repeat"] += 1
@@ -1935,11 +1966,20 @@ class _SpecBuilder:
             raise self.unsupported(f"{cls}.__init__ forks a stream of an Rngs it was not given")
         name = next((k for k, v in vars(obj).items() if v is out), None)
         if name is None:
+            # (a module nnx.vmap built, a stack's member: its attributes are the stacked streams, not the forks its
+            # __init__ made; the n-th fork is the n-th stream it holds, of the same tag)
+            forks = [e[1] for e in b.events if e[0] == "stream_fork"]
+            held = [(k, v) for k, v in vars(obj).items() if type(v).__name__ == "RngStream"]
+            n = next(i for i, f in enumerate(forks) if f is out)
+            if len(held) == len(forks) and held[n][1].tag == out.tag:
+                name = held[n][0]
+        if name is None:
             raise self.unsupported(
                 f"{cls}.__init__ forks rngs.{out.tag} and does not keep the fork as an attribute of its own "
                 "(self.rng = rngs.dropout.fork())"
             )
         self.stream_forks.setdefault(id(obj), {})[id(out)] = name
+        self.stream_forks[id(obj)][id(vars(obj)[name])] = name
         return out.tag if name == "rngs" else _Inline({"stream": out.tag, "name": name})
 
     def own_fork(self, b: Built, obj) -> object | None:
@@ -2295,6 +2335,11 @@ def _check_step(step: CodeRef, model, rec: NnxRecorder) -> None:
         raise UnsupportedError(
             f"--step {step.text}: step {rec.invocation} does not call the model; an NNX spec's steps are calls of "
             "the model"
+        )
+    if rec.reseeds:
+        raise UnsupportedError(
+            f"--step {step.text}: step {rec.invocation} calls {rec.reseeds[0]}; an NNX spec's `reseed:` event is "
+            "nnx.reseed(model, stream=SEED, ...) of the whole model with integer seeds or concrete keys"
         )
     _check_copies(rec)
     dropped, rec.dropped = rec.dropped, set()

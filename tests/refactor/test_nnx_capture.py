@@ -1027,7 +1027,17 @@ def _real_model_keys(path: str, seeds: dict, steps: int, step: str | None = None
     loaded = importlib.util.spec_from_file_location(f"real_{pathlib.Path(path).stem}_{id(path)}", path)
     module = importlib.util.module_from_spec(loaded)
     rec = _Recorder()
-    with rec.installed():
+    reseed = nnx.reseed
+
+    def quiet_reseed(*a, **k):  # (the keys of the fresh Rngs nnx.reseed draws from are not the model's)
+        rec.off = True
+        try:
+            return reseed(*a, **k)
+        finally:
+            rec.off = False
+
+    with rec.installed(), pytest.MonkeyPatch.context() as patched:
+        patched.setattr(nnx, "reseed", quiet_reseed)
         loaded.loader.exec_module(module)
         model, args = getattr(module, factory)(nnx.Rngs(**seeds))
         for n in range(1, steps + 1):
@@ -2863,15 +2873,42 @@ KEPT_FORKS = HEADER + textwrap.dedent("""
     def step_drawing_outside(model, x):
         model(x)
         model.blocks[1].path.rng()
+
+    class Ensemble(nnx.Module):
+        def __init__(self, n, *, rngs):
+            @nnx.split_rngs(splits=n)
+            @nnx.vmap(in_axes=0, out_axes=0)
+            def create(rngs):
+                return Block(8, 0.1, rngs=rngs)
+
+            self.members = create(rngs)
+
+        def __call__(self, x):
+            @nnx.vmap(in_axes=(0, None), out_axes=0)
+            def fwd(m, x):
+                return m(x)
+
+            return fwd(self.members, x)
+
+    def make_ensemble(rngs):
+        return Ensemble(2, rngs=rngs), (jnp.ones((4, 8)),)
+
+    def plain_step(model, x):
+        model(x)
 """)
 
 
-@pytest.mark.parametrize("step", ["train_step", "step_drawing_outside"])
-def test_modules_keeping_a_fork_of_one_stream(tmp_path, step):
+@pytest.mark.parametrize(
+    "factory, step",
+    [("make_model", "train_step"), ("make_model", "step_drawing_outside"), ("make_ensemble", "plain_step")],
+)
+def test_modules_keeping_a_fork_of_one_stream(tmp_path, factory, step):
+    """(make_ensemble: the members of an nnx.vmap stack, whose attributes are the stacked streams, not the forks
+    their __init__ made: it was refused, "does not keep the fork as an attribute of its own")"""
     f = write(tmp_path, "m.py", KEPT_FORKS)
     seeds = {"params": 0, "dropout": 1, "noise": 2}
     spec, doc = capture(
-        tmp_path, f"{f}:make_model", "--rngs", "params=0,dropout=1,noise=2", "--step", f"{f}:{step}", "--steps", "2"
+        tmp_path, f"{f}:{factory}", "--rngs", "params=0,dropout=1,noise=2", "--step", f"{f}:{step}", "--steps", "2"
     )
     text = spec.read_text()
     assert "- fork: {stream: dropout, name: rng}" in text and "- fork: dropout" in text, text
@@ -2879,7 +2916,53 @@ def test_modules_keeping_a_fork_of_one_stream(tmp_path, step):
     assert "- draw: {stream: dropout, from: dropout_rng}" in text, text
     if step == "step_drawing_outside":
         assert "draw: {stream: dropout, from: blocks.1.path.rng}" in text, text
-    _assert_runs_as_captured(f, spec, doc, seeds, 2, step)
+    _assert_runs_as_captured(f, spec, doc, seeds, 2, step, factory)
+
+
+# a training step that reseeds the model's dropout stream before its calls (nnx.reseed, as per-epoch reseeding
+# writes it): it was refused ("draws 3 key(s) outside the model's calls"), the keys of reseed's own Rngs
+RESEED = HEADER + textwrap.dedent("""
+    class Noisy(nnx.Module):
+        def __init__(self, rngs):
+            self.fc = nnx.Linear(4, 4, rngs=rngs)
+            self.drop = nnx.Dropout(0.2, rngs=rngs)
+            self.rng = rngs.dropout.fork()
+
+        def __call__(self, x):
+            return self.drop(self.fc(x)) * jax.random.uniform(self.rng(), x.shape)
+
+    def make_model(rngs):
+        return Noisy(rngs), (jnp.ones((2, 4)),)
+
+    def train_step(model, x):
+        nnx.reseed(model, dropout=7)
+        model(x)
+        model(x)
+
+    def reseed_a_part(model, x):
+        nnx.reseed(model.drop, dropout=7)
+        model(x)
+""")
+
+
+def test_a_step_reseeding_the_model(tmp_path):
+    f = write(tmp_path, "m.py", RESEED)
+    spec, doc = capture(
+        tmp_path, f"{f}:make_model", "--rngs", "params=0,dropout=1", "--step", f"{f}:train_step", "--steps", "2"
+    )
+    run = yaml.safe_load(spec.read_text())["run"]
+    assert run == [{"reseed": {"dropout": 7}}, {"call": 2}, {"reseed": {"dropout": 7}}, {"call": 2}], run
+    _assert_runs_as_captured(f, spec, doc, {"params": 0, "dropout": 1}, 2, "train_step")
+    # the same seed at every step: the second step's keys are the first's (collisions says so, as information)
+    r = invoke("collisions", spec)
+    assert r.exit_code == 0 and "reseed_repeat" in r.stdout, r.stdout
+    # without the step, verify says to give it
+    r = invoke("verify", spec, "--against", f"{f}:make_model", "--rngs", "params=0,dropout=1")
+    assert r.exit_code == 2 and "reseeds the model between calls (`reseed:`); give --step STEP" in r.stderr, r.stderr
+    out = tmp_path / "part.yaml"
+    r = invoke("capture", f"{f}:make_model", "--rngs", "params=0,dropout=1", "--step", f"{f}:reseed_a_part", "-o", out)
+    assert r.exit_code == 2 and "calls nnx.reseed of a Dropout, not of the model" in r.stderr, r.stderr
+    assert len(r.stderr.splitlines()) == 1 and not out.exists()
 
 
 def test_diff_of_a_refactor_that_inverts_a_mode_test(tmp_path):

@@ -408,6 +408,57 @@ def test_draws_added_at_earlier_calls_are_named_and_a_key_drawn_elsewhere_says_w
     assert "the old version drew this key at inject (step 1, train mode)" in r.stdout, r.stdout
 
 
+KEPT_FORK = """
+rngaudit: 1
+flavour: nnx
+rngs: {params: 0, noise: 2}
+steps: 2
+model:
+  class: M
+  keep_rngs: true
+  init:
+    - module: {name: sampler, class: S, init: [fork: {stream: noise, name: rng}], call: [draw: {stream: noise, from: rng}]}
+  call: [draw: noise, call: sampler]
+"""
+
+
+def test_a_layer_that_draws_from_another_stream_now_is_said_so(tmp_path):
+    """A sampler that kept a fork of `noise` and draws from the model's stream now: its draws were called count
+    shifts of one stream ("drew 'noise' count 0 before and 1 now"), and its fork "gone ... the layer is gone"."""
+    from support import invoke
+
+    old, new = tmp_path / "old.yaml", tmp_path / "new.yaml"
+    old.write_text(KEPT_FORK)
+    new.write_text(
+        KEPT_FORK.replace(
+            "init: [fork: {stream: noise, name: rng}], call: [draw: {stream: noise, from: rng}]",
+            "keep_rngs: true, call: [draw: noise]",
+        )
+    )
+    assert old.read_text() != new.read_text()
+    drawn = {
+        side: [
+            (c.derivation.step, c.derivation.site, c.derivation.stream, c.derivation.count)
+            for c in rngaudit.derive(parse_spec(f.read_text(), str(f))).calls
+        ]
+        for side, f in (("old", old), ("new", new))
+    }
+    assert drawn["old"][:3] == [
+        (0, "sampler", "rngs.noise", 0),
+        (1, "(root)", "rngs.noise", 1),
+        (1, "sampler", "sampler.rng", 0),
+    ]
+    assert drawn["new"][:2] == [(1, "(root)", "rngs.noise", 0), (1, "sampler", "rngs.noise", 1)], drawn
+    r = invoke("diff", old, new)
+    assert r.exit_code == 1, r.stdout
+    assert "GONE     sampler  noise count 0 (init)" in r.stdout, r.stdout
+    assert "sampler is there in both versions and does not draw this key now" in r.stdout, r.stdout
+    assert (
+        "sampler draws 'noise' from another stream now: rngs.noise (count 1) now, sampler.rng (count 0) before"
+        in r.stdout
+    )
+
+
 ATTENTION_DROPOUT = """
 rngaudit: 1
 flavour: nnx
