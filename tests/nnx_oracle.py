@@ -329,7 +329,7 @@ def _class(mod: NnxModule, rec: _Recorder, path: str, cache: dict):
                     finally:
                         rec.draw = None
             elif isinstance(st, NnxStreamFork):
-                rec.site = path or "(root)"
+                rec.site = join(st.name)  # (the fork's draws, as a Dropout's, are at its attribute)
                 setattr(self, st.name, getattr(rngs, st.stream).fork())
         if mod.keep_rngs:
             self.rngs = rngs
@@ -421,12 +421,11 @@ def _class(mod: NnxModule, rec: _Recorder, path: str, cache: dict):
                         _run_target(target, x, st.deterministic)
             elif isinstance(st, NnxDraw):
                 # `from: enc`: self.enc.rngs.<stream>() (what a method of enc drawing from its own Rngs does);
-                # `from: rng`: the stream kept by `fork:`, self.rng() (drawn at the module that keeps it)
+                # `from: rng`: the stream kept by `fork:`, self.rng() (drawn at that attribute)
                 keeper = _attribute(self, st.keeper) if st.keeper else self
                 kept = isinstance(keeper, nnx.RngStream)
-                holder = st.keeper.rpartition(".")[0] if kept else st.keeper
                 for _ in range(st.repeat):
-                    rec.site = join(holder) if holder else path or "(root)"
+                    rec.site = join(st.keeper) if st.keeper else path or "(root)"
                     rec.draw = st.draw
                     try:
                         (keeper if kept else getattr(keeper.rngs, st.stream))()
@@ -562,8 +561,7 @@ def nnx_keys(spec: NnxSpec) -> list[dict]:
                 # model.rngs.<stream>() in the training step, outside the model's call: the next call's step
                 keeper = _attribute(model, event.keeper) if event.keeper else model  # (`from:` model.enc.rngs)
                 kept = isinstance(keeper, nnx.RngStream)  # (`from:` a stream kept by `fork:`, model.enc.rng)
-                holder = event.keeper.rpartition(".")[0] if kept else event.keeper
-                now, rec.step, rec.site = rec.step, labels[at], holder or "(root)"
+                now, rec.step, rec.site = rec.step, labels[at], event.keeper or "(root)"
                 for _ in range(event.repeat):
                     (keeper if kept else getattr(keeper.rngs, event.stream))()
                 rec.step = now

@@ -230,9 +230,9 @@ class NnxReplayer:
             if isinstance(event, NnxRunDraw):
                 # model.rngs.<stream>() outside the model's call (a training step, a loss method): its rows are the
                 # next call's step
-                keeper, s = model.kept_stream(event.keeper, event.stream, event.loc)
+                site, s = model.kept_stream(event.keeper, event.stream, event.loc)
                 now, self.step = self.step, labels[at]
-                self.draw(s, keeper.path or "(root)", "draw", event.stream, event.loc, n=event.repeat)
+                self.draw(s, site, "draw", event.stream, event.loc, n=event.repeat)
                 self.step = now
             elif isinstance(event, NnxStep):
                 for _ in range(event.n):
@@ -455,7 +455,7 @@ class NnxReplayer:
                 # self.<name> = rngs.<stream>.fork(): kept at that attribute, in the model's graph
                 s = rngs.get(st.stream, "AttributeError", st.loc)
                 where_ = _join(path, st.name)
-                own = self.fork(s, path or "(root)", st.stream, where_, f"rngs.{st.stream}.fork() at {where_}", st.loc)
+                own = self.fork(s, where_, st.stream, where_, f"rngs.{st.stream}.fork() at {where_}", st.loc)
                 inst.forks[st.name] = own
                 self.graph.append((where + (st.name,), own))
         return inst
@@ -916,8 +916,8 @@ class NnxReplayer:
                     for _ in range(st.repeat):
                         self.call_target(target, st.loc)
             elif isinstance(st, NnxDraw):
-                keeper, s = inst.kept_stream(st.keeper, st.stream, st.loc)
-                self.draw(s, keeper.path or "(root)", "draw", st.stream, st.loc, st.label, st.draw, st.repeat)
+                site, s = inst.kept_stream(st.keeper, st.stream, st.loc)
+                self.draw(s, site, "draw", st.stream, st.loc, st.label, st.draw, st.repeat)
 
     def fork_rngs(
         self, target: Layer | Instance | Stacked | Bridge | Rnn | Bidi, tags: tuple[str, ...], loc: Location
@@ -1291,17 +1291,18 @@ class Instance:
         self.attrs: dict[str, Layer | Instance | Stacked | Bridge | Rnn | Bidi] = {}
         self.forks: dict[str, Stream] = {}  # the streams it keeps by `fork:` (self.rng = rngs.dropout.fork())
 
-    def kept_stream(self, keeper: str, stream: str, loc: Location) -> tuple[Instance, Stream]:
+    def kept_stream(self, keeper: str, stream: str, loc: Location) -> tuple[str, Stream]:
         """Stream `stream` of the Rngs this module keeps (self.rngs), or (`keeper`, `from: enc`) the one the
         submodule `keeper` keeps (self.enc.rngs), or the stream a module keeps by `fork:` (`from: rng`, `from:
-        enc.rng`): that module and the stream (a missing one: NNX's AttributeError)."""
+        enc.rng`): the site its draws are at (the module, or the fork's attribute, as a Dropout's draws are at the
+        Dropout) and the stream (a missing one: NNX's AttributeError)."""
         head, _, last = keeper.rpartition(".")
         holder = self.attr(head) if head else self
         if isinstance(holder, Instance) and last in holder.forks:
-            return holder, holder.forks[last]
+            return _join(holder.path, last), holder.forks[last]
         owner = self.attr(keeper) if keeper else self
         assert isinstance(owner, Instance) and owner.rngs is not None  # (the parser asks for keep_rngs)
-        return owner, owner.rngs.get(stream, "AttributeError", loc)
+        return owner.path or "(root)", owner.rngs.get(stream, "AttributeError", loc)
 
     def attr(self, name: str) -> Layer | Instance | Stacked | Bridge | Rnn | Bidi:
         """Attribute `name`, or (dotted, `enc.drop`) one of a submodule's (the parser checked it exists)."""

@@ -479,7 +479,7 @@ def _explain_nnx(cmp: Comparison, old: Capture, new: Capture) -> None:
             s = e.new if e.status == "new" else e.old
             if s is not None and s.key is not None:
                 elsewhere[e.status].setdefault(s.key, []).append(s)
-    paths = {"old": {t.path for t in old.sites}, "new": {t.path for t in new.sites}}
+    paths = {side: _module_paths(cap) for side, cap in (("old", old), ("new", new))}
     for e in cmp.entries:
         if e.status in ("new", "gone") and not e.why:
             # (an NNX site is a layer's draw at a step: a layer that is there still draws nothing where it is
@@ -517,6 +517,13 @@ def _explain_nnx(cmp: Comparison, old: Capture, new: Capture) -> None:
                     if e.status == "new"
                     else f"this key is drawn at {t.path_str} now ({when})"
                 )
+
+
+def _module_paths(cap: Capture) -> set[tuple]:
+    """A capture's paths: every prefix of a site's path (its modules, layers and their draws), worked out once."""
+    if "paths" not in cap.memo:
+        cap.memo["paths"] = {t.path[:i] for t in cap.sites for i in range(1, len(t.path) + 1)}
+    return cap.memo["paths"]
 
 
 def _bridged(cap: Capture) -> dict[tuple, list[tuple[Site, Site]]]:
@@ -741,12 +748,15 @@ def _merge_step_moves(cmp: Comparison) -> None:
     """A gone site and a new one that are the same draw (path, stream, count, lane, scan step, kind) with the same
     key at another step of the run: one `moved` entry, which a gate does not fail on. The calls before it changed,
     not its key: a training step's draw moved past a call of the model (its rows belong to the next call), or calls
-    that draw nothing of that stream (in eval mode) were added or removed before it."""
+    that draw nothing of that stream (in eval mode) were added or removed before it. Drawn in the other mode now
+    (a train step's key drawn at an eval step): one `changed` entry, which fails, saying so."""
 
     def draw(s: Site) -> tuple:
         return (s.path, s.stream, s.stream_path, s.count, s.lane, s.iteration, s.kind, s.key)
 
-    crossed = cmp.old is not None and cmp.new is not None and cmp.old.eval_steps == cmp.new.eval_steps
+    same_modes = (  # (the two runs set the same modes at the same steps: a draw in the other mode moved itself)
+        cmp.old is not None and cmp.new is not None and cmp.old.eval_steps == cmp.new.eval_steps
+    )
     gone: dict[tuple, list[Entry]] = {}
     for e in cmp.entries:
         if e.status == "gone" and e.old is not None and e.old.step > 0 and e.old.key is not None:
@@ -769,7 +779,7 @@ def _merge_step_moves(cmp: Comparison) -> None:
                 cause = (
                     "the test that decides whether it is drawn changed (an `if not deterministic:` that became "
                     f"`if deterministic:`, a `when: {was}` that became `when: {now}`)"
-                    if crossed
+                    if same_modes
                     else "the run's model.train()/model.eval() calls changed, or the test that decides whether it "
                     "is drawn did"
                 )
@@ -795,7 +805,7 @@ def step_mode(cap: Capture | None, step: int) -> str | None:
     for construction, a run that sets no mode (its layers draw as built) or a keys file that does not say."""
     if cap is None or cap.eval_steps is None or step <= 0:
         return None
-    return "eval" if step in cap.eval_steps else "train"
+    return "eval" if step in cap.eval_steps else "train"  # (before the first event: train, as `when:` draws are)
 
 
 def _merge_moves(cmp: Comparison, pairs: dict) -> None:
@@ -912,11 +922,7 @@ class _CountShifts:
             name: {(t.path, t.stream_path, t.step, t.lane) for t in cap.sites}
             for name, cap in (("old", old), ("new", new))
         }
-        # each side's module paths (every prefix of a site's path)
-        self.paths = {
-            name: {t.path[:i] for t in cap.sites for i in range(1, len(t.path) + 1)}
-            for name, cap in (("old", old), ("new", new))
-        }
+        self.paths = {name: _module_paths(cap) for name, cap in (("old", old), ("new", new))}
         for name, cap, other in (("old", old, "new"), ("new", new, "old")):
             first: dict[tuple, Site] = {}
             only: dict[tuple, list[Site]] = {}
@@ -940,6 +946,10 @@ class _CountShifts:
         # (the same call of the layer on the other side: a Dropout called twice a step is two sites, the n-th
         # call's count compared with the n-th's)
         ours = self.calls["new" if e.status == "new" else "old"].get(key, [s])
+        if any(t.stream_path == s.stream_path for t in theirs):
+            # (a site drawing the tag from two streams, its own fork and its caller's: the same stream's draws)
+            theirs = [t for t in theirs if t.stream_path == s.stream_path]
+            ours = [t for t in ours if t.stream_path == s.stream_path]
         match = theirs[min(next((i for i, t in enumerate(ours) if t is s), 0), len(theirs) - 1)]
         before, after = (match, s) if e.status == "new" else (s, match)
         if before.stream_path != after.stream_path:

@@ -102,8 +102,8 @@ class Capture:
     # (NNX sites; its make_rng keys are among `sites`)
     to_linen: dict = field(default_factory=dict)
     method: str | None = None  # the module method the model ran (capture --method), None for __call__
-    # NNX: the steps (calls of the model) made in eval mode, as model.train()/eval() set it; None when the run
-    # sets no mode (its layers draw as built) or the keys file does not say
+    # NNX: the steps (calls of the model) made in eval mode, as model.train()/eval() set it (the others in train
+    # mode); None when the run sets no mode (its layers draw as built) or the keys file does not say
     eval_steps: tuple[int, ...] | None = None
 
     def locate(self) -> None:

@@ -18,6 +18,7 @@ import contextlib
 import functools
 import importlib.util
 import inspect
+import itertools
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -88,6 +89,7 @@ class Called:
     # a module of yours: whether it was deterministic at this call (its `deterministic` argument or attribute, or not
     # its `train`/`training` argument; model.train()/eval() set the attribute), None where it has none
     mode: bool | None = None
+    synthetic: bool = False  # the call of the root standing for several models: the step itself
 
 
 @dataclass
@@ -144,6 +146,7 @@ class NnxRecorder:
         self.top: list = []  # the modules called from outside any module's call, this step (--step checks them)
         self.stray = 0  # keys drawn in a step outside every module's call (by a training step itself)
         self.reseeds: list[str] = []  # nnx.reseed calls a spec cannot say (of what, why)
+        self.excluded: dict[int, str] = {}  # id(a module the step is given that a spec cannot say) -> why, if called
         # the streams of the Rngs the model and its modules keep (id -> (keeper: "" the model, else its attribute
         # path; the stream's name)): a step may draw from them (model.rngs.noise(), model.enc.rngs.noise())
         self.kept_streams: dict[int, tuple[str, str]] = {}
@@ -173,6 +176,10 @@ class NnxRecorder:
 
     def resolve(self, obj):
         return self.alias.get(id(obj), obj)
+
+    def inside(self) -> bool:
+        """Whether a module's call is running (not the step of several models, which stands for their root's)."""
+        return bool(self.calling) and not self.calling[-1].synthetic
 
     def next_step(self) -> None:
         """A call of the model starts (a step of the spec): the draws the training step made before it are its."""
@@ -221,7 +228,7 @@ class NnxRecorder:
         if self.splits and not self.splits[-1].body:
             return  # nnx.split_rngs drawing the keys it splits
         tag = self.asked.get(id(stream), tag)
-        if self.calling:
+        if self.inside():
             frame = self.calling[-1]
             frame.drew = True
             frame.events.append(("draw", tag, id(self.resolve(stream))))
@@ -512,7 +519,7 @@ def _observed(rec: NnxRecorder) -> Iterator[None]:
     def reseed_hook(node, /, **kwargs):
         # nnx.reseed(model, dropout=SEED) by a training step: a `reseed:` event of `run:` before the next call (the
         # keys of the fresh Rngs it draws its new keys from are not the model's)
-        if not rec.active or rec.invocation <= 0 or rec.calling or rec.building:
+        if not rec.active or rec.invocation <= 0 or rec.inside() or rec.building:
             return reseed(node, **kwargs)
         held = len(rec.records)
         rec.forks += 1
@@ -524,8 +531,10 @@ def _observed(rec: NnxRecorder) -> Iterator[None]:
         seeds = {k: _seed(v) for k, v in kwargs.items() if k not in ("graph", "policy")}
         if rec.resolve(node) is not rec.model:
             rec.reseeds.append(f"nnx.reseed of a {type(node).__name__}, not of the model")
-        elif len(seeds) != len(kwargs) or not seeds or any(v is None for v in seeds.values()):
-            rec.reseeds.append("nnx.reseed given a policy, or keys that are not integer seeds or concrete keys")
+        elif kwargs.get("policy", "scalars_only") != "scalars_only":
+            rec.reseeds.append(f"nnx.reseed with policy={kwargs['policy']!r}")
+        elif not seeds or any(v is None for v in seeds.values()):
+            rec.reseeds.append("nnx.reseed with keys that are not integer seeds or concrete keys")
         else:
             rec.pending.append((None, None, seeds))
         return out
@@ -1286,7 +1295,9 @@ def _run_events(rec: NnxRecorder, target: CodeRef) -> list | None:
     """The calls of the model and the model.train()/model.eval() between them (`run:`), from whether its Dropout
     and attention layers were deterministic at each call (as built, then as model.train()/eval() or a view set
     them, or as the call's `deterministic=` said: the keys are the same); None when that never changes (`steps:`
-    says the calls). A layer every call gives the same `deterministic=` keeps it (its spec option says it)."""
+    says the calls). A layer every call gives the same `deterministic=` keeps it (its spec option says it, or its
+    calls beside train/eval events); failing that, so does a layer in one mode at every call however it was set
+    (a teacher model in eval mode while its student trains)."""
     seen: dict[int, set] = {}
     for now in rec.modes:
         for i, mode in now.items():
@@ -2310,12 +2321,15 @@ def run_nnx_capture(
 
 
 def _check_step(step: CodeRef, model, rec: NnxRecorder) -> None:
-    """A training step an NNX spec can say: it calls the model (once or more, each call a step of the spec), and
-    draws no key outside those calls."""
+    """A training step an NNX spec can say: it calls the model (once or more, each call a step of the spec), draws
+    no key outside those calls but from the Rngs the model keeps, and reseeds the whole model if any of it."""
     from flax import nnx
 
     calls = [m for m in rec.top if m is not model]
     graph = {id(node) for _, node in nnx.graph.iter_graph(model)} if calls else set()
+    reason = next((rec.excluded[id(m)] for m in calls if id(m) in rec.excluded), None)
+    if reason is not None:
+        raise UnsupportedError(reason)
     others = sorted({type(m).__name__ for m in calls if id(m) not in graph})
     if others:
         raise UnsupportedError(
@@ -2392,21 +2406,24 @@ def _other_models(rec: NnxRecorder, root: Built, base, model, args: tuple, kwarg
         if id(obj) in graph or id(obj) in found:
             continue  # (a module of the model given to the step as well)
         b = built.get(id(obj))
+        # (one a spec cannot say is left out: refused if the step calls it, with this reason; an EMA copy the step
+        # only updates, a frozen network that draws nothing, are no business of the keys)
         if b is None and _copied_streams(obj, model):
-            raise UnsupportedError(
-                f"capture of {target.text}: the step is given a {type(obj).__name__} besides the model whose RNG "
-                "streams are copies of the model's, at the same keys and counts (nnx.clone(model), or a copy made "
-                "with nnx.split/merge): its draws hand out the keys the model's draws hand out (a DQN target "
+            rec.excluded[id(obj)] = (
+                f"capture of {target.text}: the step calls a {type(obj).__name__} it is given besides the model whose "
+                "RNG streams are copies of the model's, at the same keys and counts (nnx.clone(model), or a copy "
+                "made with nnx.split/merge): its draws hand out the keys the model's draws hand out (a DQN target "
                 "network's dropout masks repeat the online network's); an NNX spec cannot say a copy: build it "
                 f"from the model's Rngs ({type(obj).__name__}(..., rngs=rngs)) and copy its parameters over"
             )
-        if b is None or b.stack or not (b.rngs is base or _forked_from(rec, b.rngs, base)):
-            raise UnsupportedError(
-                f"capture of {target.text}: the step is given a {type(obj).__name__} besides the model, not built by "
-                "the factory from the Rngs it is given, or from rngs.fork() of it (an NNX spec has one Rngs for its "
-                f"models: build each from it, {type(obj).__name__}(..., rngs=rngs) or rngs=rngs.fork())"
+        elif b is None or b.stack or not (b.rngs is base or _forked_from(rec, b.rngs, base)):
+            rec.excluded[id(obj)] = (
+                f"capture of {target.text}: the step calls a {type(obj).__name__} it is given besides the model, not "
+                "built by the factory from the Rngs it is given, or from rngs.fork() of it (an NNX spec has one "
+                f"Rngs for its models: build each from it, {type(obj).__name__}(..., rngs=rngs) or rngs=rngs.fork())"
             )
-        found[id(obj)] = (where, b)
+        else:
+            found[id(obj)] = (where, b)
     if not found:
         return {}
     try:
@@ -2423,8 +2440,10 @@ def _other_models(rec: NnxRecorder, root: Built, base, model, args: tuple, kwarg
     named = {"model": (positional[0] if positional else None, root)}
     named |= {f"arg {w}": (name(w), b) for w, b in found.values()}
     out: dict = {}
-    for i, (label, (n, b)) in enumerate(named.items()):
-        out[n if n and n.isidentifier() and n not in out and not n.startswith("_") else f"model_{i}"] = b
+    for i, (n, b) in enumerate(named.values()):
+        # (an attribute of the root: not one of nnx.Module's own, train, eval, sow ...)
+        free = lambda a: a.isidentifier() and a not in out and not a.startswith("_") and not hasattr(nnx.Module, a)
+        out[n if n and free(n) else next(f"model_{j}" for j in itertools.count(i) if free(f"model_{j}"))] = b
     order = {id(b): i for i, b in enumerate(rec.roots)}
     return dict(sorted(out.items(), key=lambda kv: order[id(kv[1])]))
 
@@ -2477,15 +2496,23 @@ def _models_root(rec: NnxRecorder, base, models: dict):
 
 
 @contextlib.contextmanager
-def _root_call(rec: NnxRecorder, root):
+def _root_call(rec: NnxRecorder, root, step: CodeRef):
     """One step of the models a step trains together: a call of the module standing for them (what the call hook
-    does for a model's call from outside every module)."""
+    does for a model's call from outside every module); what the step draws or reseeds itself is outside it."""
     rec.top.append(root)
     rec.next_step()
-    frame = Called(root, transforms=len(rec.transforms))
+    frame = Called(root, transforms=len(rec.transforms), synthetic=True)
     rec.calling.append(frame)
     try:
         yield
+        models = {id(v) for v in vars(root).values()}
+        for kind, what, *_ in frame.events:
+            if kind == "call" and id(what.obj) not in models:
+                raise UnsupportedError(
+                    rec.excluded.get(id(what.obj))
+                    or f"--step {step.text}: step {rec.invocation} calls a {type(what.obj).__name__} that is neither "
+                    "one of the models it is given nor a module of one (held in a global?)"
+                )
     finally:
         rec.calling.pop()
         _remember(rec, frame)
@@ -2636,7 +2663,8 @@ def _run_nnx_capture(
                 if fn is None:
                     model(*args, **kwargs)
                 elif models:
-                    with _root_call(rec, model):
+                    assert step is not None
+                    with _root_call(rec, model, step):
                         fn(called, *args, **kwargs)
                 else:
                     fn(model, *args, **kwargs)
@@ -2725,7 +2753,8 @@ def _run_nnx_capture(
     spec_text = header + yaml.dump(doc, Dumper=_SpecDumper, sort_keys=False)
     sites, eval_steps = check_replay(spec_text, rec.records, target.text, rec.lanes or bool(rec.bridges))
     versions = {"flax": flax.__version__, "jax": jax.__version__}
-    cap = Capture(target.text, "call", dict(seeds), settings, sites, {}, versions, flavour="nnx", eval_steps=eval_steps)
+    cap = Capture(target.text, "call", dict(seeds), settings, sites, {}, versions, flavour="nnx")
+    cap.eval_steps = eval_steps
     return cap, spec_text
 
 

@@ -357,7 +357,8 @@ class NnxSpec:
     @property
     def eval_steps(self) -> tuple[int, ...] | None:
         """The steps (calls of the model) made in eval mode, after a `eval` event and before the next `train`;
-        None when the spec has neither event (its layers draw as built)."""
+        None when the spec has neither event (its layers draw as built). The others are made in train mode, those
+        before the first event too (as `when:` draws are)."""
         if not any(isinstance(e, NnxMode) for e in self.run):
             return None
         out: list[int] = []

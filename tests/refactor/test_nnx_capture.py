@@ -3086,6 +3086,18 @@ GAN = HEADER + textwrap.dedent("""
         generator = Generator(4, 8, rngs=rngs)
         return generator, (nnx.clone(generator), None, None, jnp.ones((4, 8)))
 
+    def ema_step(generator, ema, g_opt, d_opt, real):
+        ema(4)
+
+    def ema_update_only(generator, ema, g_opt, d_opt, real):
+        # an EMA copy the step only updates (never called): no business of the keys
+        generator(4)
+        nnx.update(ema, nnx.state(generator, nnx.Param))
+
+    def reseed_one(generator, discriminator, g_opt, d_opt, real):
+        nnx.reseed(generator, noise=3)
+        discriminator(generator(4))
+
     def distill_step(student, teacher, g_opt, d_opt, real):
         # a teacher in eval mode, its student in train mode, set by the step itself
         teacher.eval()
@@ -3111,9 +3123,10 @@ def test_two_models_trained_by_one_step_are_captured_as_one_root(tmp_path):
     _assert_runs_as_captured(f, spec, doc, {"params": 0, "dropout": 1, "noise": 2}, 2, "train_step")
     # what a spec cannot say is refused, saying what it is
     for factory, step, message in [
-        ("other_rngs", "step_without_optimizers", "the step is given a Discriminator besides the model, not built"),
+        ("other_rngs", "step_without_optimizers", "the step calls a Discriminator it is given besides the model, not"),
         ("not_given", "calls_another", "calls a Discriminator that is neither the model nor a module of it"),
-        ("cloned", "step_without_optimizers", "whose RNG streams are copies of the model's, at the same keys and"),
+        ("cloned", "ema_step", "whose RNG streams are copies of the model's, at the same keys and counts"),
+        ("make_model", "reseed_one", "calls nnx.reseed of a Generator, not of the model"),
     ]:
         out = tmp_path / f"{factory}.yaml"
         r = invoke("capture", f"{f}:{factory}", "--rngs", rngs, "--step", f"{f}:{step}", "-o", out)
@@ -3124,7 +3137,10 @@ def test_two_models_trained_by_one_step_are_captured_as_one_root(tmp_path):
     assert r.exit_code == 2 and "the factory returns other models beside it, a Discriminator: give the step" in r.stderr
 
 
-@pytest.mark.parametrize("factory, step", [("forked", "step_without_optimizers"), ("make_model", "distill_step")])
+@pytest.mark.parametrize(
+    "factory, step",
+    [("forked", "step_without_optimizers"), ("make_model", "distill_step"), ("cloned", "ema_update_only")],
+)
 def test_models_forked_from_the_rngs_or_in_their_own_modes(tmp_path, factory, step):
     """Models built from rngs.fork() each (Actor(rngs=rngs.fork())), and a step that sets its teacher to eval mode
     and its student to train mode, were refused ("built from another Rngs", "some layers are deterministic and
@@ -3137,6 +3153,9 @@ def test_models_forked_from_the_rngs_or_in_their_own_modes(tmp_path, factory, st
     model = yaml.safe_load(spec.read_text())["model"]
     if factory == "forked":
         assert [m["module"].get("rngs") for m in model["init"]] == ["fork", "fork"], model["init"]
+    elif factory == "cloned":
+        # (the copy, never called, is left out: the model alone; it was refused before the step ran)
+        assert model["class"] == "Generator", model
     else:
         # (named as the step names them; the teacher's Dropout, in eval mode at every call, says so itself)
         assert model["call"] == [{"call": "student"}, {"call": "teacher"}], model

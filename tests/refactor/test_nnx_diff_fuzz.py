@@ -305,19 +305,26 @@ def test_a_key_drawn_at_another_step_is_moved_not_new_and_gone(tmp_path, before,
     assert got == [m[:4] for m in moved] and not [e for e in doc["sites"] if e["status"] in ("new", "gone", "changed")]
     # the claim holds: derive draws that key at that site and count, at the old step before and the new one now
     for path, stream, count, was, now in moved:
-        drawn = {
-            side: [
-                (c.derivation.step, tuple(c.key))
-                for c in rngaudit.derive(parse_spec(f.read_text(), str(f))).calls
-                if (c.derivation.site.split(" ")[0], c.derivation.tag, c.derivation.count) == (path, stream, count)
-            ]
-            for side, f in (("old", old), ("new", new))
-        }
+        drawn = _derived(
+            old,
+            new,
+            lambda c: (c.derivation.step, tuple(c.key)),
+            lambda c: (c.derivation.site.split(" ")[0], c.derivation.tag, c.derivation.count) == (path, stream, count),
+        )
         assert [s for s, _ in drawn["old"]] == [was] and [s for s, _ in drawn["new"]] == [now]
         assert drawn["old"][0][1] == drawn["new"][0][1]
     r = invoke("diff", old, new)
     assert r.exit_code == 0 and f"(step {moved[0][3]} -> {moved[0][4]})" in r.stdout, r.stdout
     assert "what the steps before it draw changed, not this key" in r.stdout
+
+
+def _derived(old, new, row, keep) -> dict:
+    """Each version's keys as derive gives them, `row(call)` of those `keep(call)` takes: what a diff's claims
+    are checked on."""
+    return {
+        side: [row(c) for c in rngaudit.derive(parse_spec(f.read_text(), str(f))).calls if keep(c)]
+        for side, f in (("old", old), ("new", new))
+    }
 
 
 MODE_GATE = """
@@ -351,14 +358,9 @@ def test_a_key_drawn_in_the_other_mode_now_is_changed_and_says_so(tmp_path):
     assert got == [("changed", 0, 1, "train", "eval"), ("gone", 1, None, None, None)], got
     assert doc["summary"]["failing"]
     # the claim holds: derive draws that key at step 1 (train) before and step 2 (after the eval event) now
-    drawn = {
-        side: [
-            (c.derivation.step, c.derivation.count, tuple(c.key))
-            for c in rngaudit.derive(parse_spec(f.read_text(), str(f))).calls
-            if c.derivation.tag == "noise"
-        ]
-        for side, f in (("old", old), ("new", new))
-    }
+    drawn = _derived(
+        old, new, lambda c: (c.derivation.step, c.derivation.count, tuple(c.key)), lambda c: c.derivation.tag == "noise"
+    )
     assert [d[:2] for d in drawn["old"]] == [(1, 0), (3, 1)] and [d[:2] for d in drawn["new"]] == [(2, 0)]
     assert drawn["old"][0][2] == drawn["new"][0][2]
     r = invoke("diff", old, new)
@@ -386,14 +388,12 @@ def test_draws_added_at_earlier_calls_are_named_and_a_key_drawn_elsewhere_says_w
     old.write_text(text)
     new.write_text(text.replace("keep_rngs: true}", "keep_rngs: true, call: [draw: {stream: noise, when: train}]}"))
     assert old.read_text() != new.read_text()
-    drawn = {
-        side: [
-            (c.derivation.step, c.derivation.site, c.derivation.count)
-            for c in rngaudit.derive(parse_spec(f.read_text(), str(f))).calls
-            if c.derivation.tag == "noise"
-        ]
-        for side, f in (("old", old), ("new", new))
-    }
+    drawn = _derived(
+        old,
+        new,
+        lambda c: (c.derivation.step, c.derivation.site, c.derivation.count),
+        lambda c: c.derivation.tag == "noise",
+    )
     assert drawn == {
         "old": [(1, "inject", 0), (3, "inject", 1)],
         "new": [(1, "pre", 0), (1, "inject", 1), (3, "pre", 2), (3, "inject", 3)],
@@ -417,45 +417,49 @@ model:
   class: M
   keep_rngs: true
   init:
-    - module: {name: sampler, class: S, init: [fork: {stream: noise, name: rng}], call: [draw: {stream: noise, from: rng}]}
-  call: [draw: noise, call: sampler]
+    - module: {name: sampler, class: S, keep_rngs: true, call: [draw: noise]}
+    - module: {name: mixer, class: X, init: [fork: {stream: noise, name: rng}], call: [draw: {stream: noise, from: rng}]}
+  call: [draw: noise, call: sampler, call: mixer]
 """
 
 
 def test_a_layer_that_draws_from_another_stream_now_is_said_so(tmp_path):
-    """A sampler that kept a fork of `noise` and draws from the model's stream now: its draws were called count
-    shifts of one stream ("drew 'noise' count 0 before and 1 now"), and its fork "gone ... the layer is gone"."""
+    """A sampler built from rngs.fork() now, drawing from its own fork: its draws were called count shifts of one
+    stream ("drew 'noise' count 1 before and 0 now"), two different streams' counts; and a mixer keeping a fork of
+    `noise` that draws from the model's stream now was "new ... the layer is new, was not called"."""
     from support import invoke
 
     old, new = tmp_path / "old.yaml", tmp_path / "new.yaml"
     old.write_text(KEPT_FORK)
     new.write_text(
-        KEPT_FORK.replace(
+        KEPT_FORK.replace("{name: sampler, class: S,", "{name: sampler, class: S, rngs: fork,").replace(
             "init: [fork: {stream: noise, name: rng}], call: [draw: {stream: noise, from: rng}]",
             "keep_rngs: true, call: [draw: noise]",
         )
     )
-    assert old.read_text() != new.read_text()
-    drawn = {
-        side: [
-            (c.derivation.step, c.derivation.site, c.derivation.stream, c.derivation.count)
-            for c in rngaudit.derive(parse_spec(f.read_text(), str(f))).calls
-        ]
-        for side, f in (("old", old), ("new", new))
-    }
-    assert drawn["old"][:3] == [
-        (0, "sampler", "rngs.noise", 0),
-        (1, "(root)", "rngs.noise", 1),
-        (1, "sampler", "sampler.rng", 0),
-    ]
-    assert drawn["new"][:2] == [(1, "(root)", "rngs.noise", 0), (1, "sampler", "rngs.noise", 1)], drawn
+    drawn = _derived(
+        old,
+        new,
+        lambda c: (c.derivation.step, c.derivation.site, c.derivation.stream, c.derivation.count),
+        lambda c: c.derivation.step == 1,
+    )
+    assert drawn == {
+        "old": [(1, "(root)", "rngs.noise", 1), (1, "sampler", "rngs.noise", 2), (1, "mixer.rng", "mixer.rng", 0)],
+        "new": [(1, "(root)", "rngs.noise", 1), (1, "sampler", "sampler.rngs.noise", 0), (1, "mixer", "rngs.noise", 2)],
+    }, drawn
     r = invoke("diff", old, new)
     assert r.exit_code == 1, r.stdout
-    assert "GONE     sampler  noise count 0 (init)" in r.stdout, r.stdout
-    assert "sampler is there in both versions and does not draw this key now" in r.stdout, r.stdout
     assert (
-        "sampler draws 'noise' from another stream now: rngs.noise (count 1) now, sampler.rng (count 0) before"
-        in r.stdout
+        "sampler draws 'noise' from another stream now: sampler.rngs.noise (count 0) now, rngs.noise (count 2) "
+        "before" in r.stdout
+    ), r.stdout
+    assert "NEW      mixer  noise count 2 (step 1)" in r.stdout, r.stdout
+    assert "mixer is there in both versions and did not draw this key before" in r.stdout, r.stdout
+    assert "the old version drew this key at sampler (step 1)" in r.stdout, r.stdout
+    # (the mixer's fork, whose draws are at its attribute, is gone: its key is the sampler's fork's now)
+    assert (
+        "GONE     mixer/rng  noise count 0 (init)" in r.stdout
+        and "this key is drawn at sampler now (construction)" in r.stdout
     )
 
 
@@ -481,14 +485,12 @@ def test_a_fork_no_longer_made_is_named_by_its_layer_which_is_there_still(tmp_pa
     old.write_text(ATTENTION_DROPOUT.replace("RATE", ", dropout_rate: 0.1"))
     new.write_text(ATTENTION_DROPOUT.replace("RATE", ""))
     # the claim holds: derive has attn's fork of `dropout` in the old version only, and drop's at count 1 -> 0
-    forks = {
-        side: [
-            (c.derivation.site, c.derivation.count)
-            for c in rngaudit.derive(parse_spec(f.read_text(), str(f))).calls
-            if c.derivation.kind == "fork" and c.derivation.tag == "dropout"
-        ]
-        for side, f in (("old", old), ("new", new))
-    }
+    forks = _derived(
+        old,
+        new,
+        lambda c: (c.derivation.site, c.derivation.count),
+        lambda c: c.derivation.kind == "fork" and c.derivation.tag == "dropout",
+    )
     assert forks == {"old": [("attn", 0), ("drop", 1)], "new": [("drop", 0)]}, forks
     r = invoke("diff", old, new)
     assert r.exit_code == 1 and "CHANGED  drop  dropout count 1 -> 0 (init)" in r.stdout, r.stdout
