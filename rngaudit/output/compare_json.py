@@ -4,16 +4,9 @@ version 1)."""
 from __future__ import annotations
 
 from .. import __version__
-from ..refactor.compare import Comparison, Entry, rules_of, step_mode
+from ..refactor.compare import Comparison, Entry, mode_change, rules_of
 
 DIFF_FORMAT, VERIFY_FORMAT, FORMAT_VERSION = "rngaudit.diff", "rngaudit.verify", 1
-
-
-def _modes(cmp: Comparison, e: Entry) -> dict:
-    if e.old is None or e.new is None or e.old.step == e.new.step:
-        return {}
-    was, now = step_mode(cmp.old, e.old.step), step_mode(cmp.new, e.new.step)
-    return {"old_mode": was, "mode": now} if was is not None and now is not None and was != now else {}
 
 
 def to_json(cmp: Comparison) -> dict:
@@ -41,7 +34,7 @@ def to_json(cmp: Comparison) -> dict:
                 {"old_step": e.old.step} if e.old is not None and e.new is not None and e.old.step != e.new.step else {}
             ),
             # (an NNX key drawn in the other mode now: the modes of its steps, before and now)
-            **_modes(cmp, e),
+            **dict(zip(("old_mode", "mode"), mode_change(cmp, e.old, e.new) or ())),
         }
 
     statuses = (

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..refactor.compare import Comparison, path_text, rules_of, step_mode
+from ..refactor.compare import Comparison, mode_change, path_text, rules_of
 
 
 def render_text(cmp: Comparison) -> str:
@@ -28,9 +28,9 @@ def render_text(cmp: Comparison) -> str:
                 # another step: both)
                 at = "init" if s.step == 0 else f"step {s.step}"
                 if e.old is not None and e.new is not None and e.old.step != e.new.step:
-                    mode = step_mode(cmp.old, e.old.step), step_mode(cmp.new, e.new.step)
-                    if None not in mode and mode[0] != mode[1]:  # (drawn in the other mode now)
-                        at = f"step {e.old.step} {mode[0]} -> {e.new.step} {mode[1]}"
+                    crossed = mode_change(cmp, e.old, e.new)
+                    if crossed is not None:  # (drawn in the other mode now)
+                        at = f"step {e.old.step} {crossed[0]} -> {e.new.step} {crossed[1]}"
                     else:
                         at = f"step {e.old.step} -> {e.new.step}"
                 when = [at] + ([f"scan {s.iteration}"] if s.iteration >= 0 else [])

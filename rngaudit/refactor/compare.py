@@ -773,8 +773,9 @@ def _merge_step_moves(cmp: Comparison) -> None:
             g = left.pop(0)
             assert g.old is not None
             used.add(id(g))
-            was, now = step_mode(cmp.old, g.old.step), step_mode(cmp.new, e.new.step)
-            if was is not None and now is not None and was != now:
+            crossed = mode_change(cmp, g.old, e.new)
+            if crossed is not None:
+                was, now = crossed
                 # (the key is handed to the other mode's calls: what training draws changed, which a gate fails on)
                 cause = (
                     "the test that decides whether it is drawn changed (an `if not deterministic:` that became "
@@ -806,6 +807,15 @@ def step_mode(cap: Capture | None, step: int) -> str | None:
     if cap is None or cap.eval_steps is None or step <= 0:
         return None
     return "eval" if step in cap.eval_steps else "train"  # (before the first event: train, as `when:` draws are)
+
+
+def mode_change(cmp: Comparison, old: Site | None, new: Site | None) -> tuple[str, str] | None:
+    """The modes (before, now) of a draw made at another step in the other mode now (a train step's key drawn at
+    an eval step), or None."""
+    if old is None or new is None or old.step == new.step:
+        return None
+    was, now = step_mode(cmp.old, old.step), step_mode(cmp.new, new.step)
+    return (was, now) if was is not None and now is not None and was != now else None
 
 
 def _merge_moves(cmp: Comparison, pairs: dict) -> None:

@@ -220,7 +220,7 @@ class NnxRecorder:
                     "step": self.step,
                     "tag": tag,
                     "count": int(count),
-                    "key": tuple(int(w) for w in np.asarray(jax.random.key_data(key)).ravel()),
+                    "key": _key_words(key),
                 }
             )
         if self.forks:
@@ -1353,6 +1353,29 @@ def _events(rec: NnxRecorder, target: CodeRef, fixed: dict[int, bool]) -> list |
     return run
 
 
+def _own_fork(b: Built, obj) -> object | None:
+    """The Rngs a module of yours forks from the one it is given as the first thing its __init__ does and keeps
+    (self.rngs = rngs.fork(), as timm-style DropPath ports write it), where it uses no other: None if not so (a
+    stack, a fork given to a child, a fork of some streams only or split; the model itself is not asked)."""
+    if b.stack or b.made or not b.events or b.events[0][0] != "fork":
+        return None
+    own = b.events[0][1]
+    if b.events[0][2] is not b.rngs or not any(v is own for v in vars(obj).values()):
+        return None
+    if any(e[0] == "fork" for e in b.events[1:]) or any(e[0] == "child" and e[1].rngs is b.rngs for e in b.events[1:]):
+        return None  # (it gives its callers' Rngs to a child, or forks again: not one `rngs: fork`)
+    streams = [v for v in vars(b.rngs).values() if type(v).__name__ == "RngStream"]
+    forked = [v for v in vars(own).values() if type(v).__name__ == "RngStream"]
+    if sorted(v.tag for v in streams) != sorted(v.tag for v in forked):
+        return None  # (rngs.fork() of some streams only)
+    try:
+        if any(getattr(v.key[...], "shape", ()) != () for v in forked):
+            return None  # (rngs.fork(split=N): lanes)
+    except Exception:  # noqa: BLE001 (a key capture cannot read: not said)
+        return None
+    return own
+
+
 def _kept_streams(rec: NnxRecorder, root: Built) -> dict[int, tuple[str, str]]:
     """id(stream) -> (the module keeping it: "" for the model, else its attribute path; its name) for the Rngs that
     the model and the modules of yours in it keep as built (self.rngs = rngs), the shallowest keeper first: a training
@@ -1366,9 +1389,8 @@ def _kept_streams(rec: NnxRecorder, root: Built) -> dict[int, tuple[str, str]]:
         for path, b in level:
             obj = rec.resolve(b.obj)
             kept = b.rngs if b.rngs is not None and any(v is b.rngs for v in vars(obj).values()) else None
-            if kept is None and b.events and b.events[0][0] == "fork":
-                # (self.rngs = rngs.fork(), first thing: what `rngs: fork` + `keep_rngs` say)
-                kept = next((v for v in vars(obj).values() if v is b.events[0][1]), None)
+            if kept is None and b is not root:
+                kept = _own_fork(b, obj)  # (self.rngs = rngs.fork(), first thing: `rngs: fork` + `keep_rngs`)
             if kept is not None:
                 for name, s in vars(kept).items():
                     if isinstance(s, nnx.RngStream):
@@ -1779,7 +1801,7 @@ class _SpecBuilder:
         cls = type(obj).__name__
         names = _attribute_names(obj)
         out: dict = {"class": cls}
-        own = self.own_fork(b, obj)
+        own = _own_fork(b, obj) if b is not self.root else None
         if own is not None:
             # (self.rngs = rngs.fork() first thing in __init__: what `rngs: fork` says, the fork made by its caller)
             out["rngs"] = "fork"
@@ -1992,30 +2014,6 @@ class _SpecBuilder:
         self.stream_forks.setdefault(id(obj), {})[id(out)] = name
         self.stream_forks[id(obj)][id(vars(obj)[name])] = name
         return out.tag if name == "rngs" else _Inline({"stream": out.tag, "name": name})
-
-    def own_fork(self, b: Built, obj) -> object | None:
-        """The Rngs a module of yours forks from the one it is given as the first thing its __init__ does and keeps
-        (self.rngs = rngs.fork(), as timm-style DropPath ports write it), where it uses no other: None if not so (a
-        stack, the model itself, a fork given to a child, a fork of some streams only or split)."""
-        if b is self.root or b.stack or b.made or not b.events or b.events[0][0] != "fork":
-            return None
-        own = b.events[0][1]
-        if b.events[0][2] is not b.rngs or not any(v is own for v in vars(obj).values()):
-            return None
-        if any(e[0] == "fork" for e in b.events[1:]) or any(
-            e[0] == "child" and e[1].rngs is b.rngs for e in b.events[1:]
-        ):
-            return None  # (it gives its callers' Rngs to a child, or forks again: not one `rngs: fork`)
-        streams = [v for v in vars(b.rngs).values() if type(v).__name__ == "RngStream"]
-        forked = [v for v in vars(own).values() if type(v).__name__ == "RngStream"]
-        if sorted(v.tag for v in streams) != sorted(v.tag for v in forked):
-            return None  # (rngs.fork() of some streams only)
-        try:
-            if any(getattr(v.key[...], "shape", ()) != () for v in forked):
-                return None  # (rngs.fork(split=N): lanes)
-        except Exception:  # noqa: BLE001 (a key capture cannot read: not said)
-            return None
-        return own
 
     def call_statement(self, call: list, what: int, how, built: dict[int, str], cls: str) -> None:
         """The statement of a call of module `what` (its attribute in `built`) that a call of `cls` made, added to
@@ -2440,9 +2438,11 @@ def _other_models(rec: NnxRecorder, root: Built, base, model, args: tuple, kwarg
     named = {"model": (positional[0] if positional else None, root)}
     named |= {f"arg {w}": (name(w), b) for w, b in found.values()}
     out: dict = {}
+
+    def free(a: str) -> bool:  # (an attribute of the root: not one of nnx.Module's own, train, eval, sow ...)
+        return a.isidentifier() and a not in out and not a.startswith("_") and not hasattr(nnx.Module, a)
+
     for i, (n, b) in enumerate(named.values()):
-        # (an attribute of the root: not one of nnx.Module's own, train, eval, sow ...)
-        free = lambda a: a.isidentifier() and a not in out and not a.startswith("_") and not hasattr(nnx.Module, a)
         out[n if n and free(n) else next(f"model_{j}" for j in itertools.count(i) if free(f"model_{j}"))] = b
     order = {id(b): i for i, b in enumerate(rec.roots)}
     return dict(sorted(out.items(), key=lambda kv: order[id(kv[1])]))
@@ -2465,6 +2465,7 @@ def _copied_streams(obj, model) -> bool:
 
 
 def _key_words(key) -> tuple:
+    """A concrete key's data as its words."""
     import jax
     import numpy as np
 
