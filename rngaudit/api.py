@@ -536,21 +536,20 @@ def _verify_nnx(spec: NnxSpec, target: str, inputs, rngs, method, step: str | No
             "stale_calls and nnx.reseed calls); this spec's `run:` has other events (vmap, scan or fork_rngs "
             "calls, or stale_call without --step): compare it with a keys file instead"
         )
-    if step is None and any(isinstance(e, NnxReseed) for e in spec.run):
-        raise UsageError(
-            f"{spec.file}: its `run:` reseeds the model between calls (`reseed:`); give --step STEP, the training "
-            "step that calls nnx.reseed, or compare the spec with a keys file"
-        )
-    if step is None and any(isinstance(e, NnxRunDraw) for e in spec.run):
-        raise UsageError(
-            f"{spec.file}: its `run:` draws from the model's Rngs outside its calls (`draw:`); give --step STEP, the "
-            "training step that does, or compare the spec with a keys file"
-        )
-    if step is None and any(isinstance(e, NnxMode) for e in spec.run):
-        raise UsageError(
-            f"{spec.file}: its `run:` puts the model in train/eval mode; give --step STEP, the function that does "
-            "(model.train(), model.eval() or nnx.view), or compare the spec with a keys file"
-        )
+    for kind, what, who in (
+        (NnxReseed, "reseeds the model between calls (`reseed:`)", "the training step that calls nnx.reseed"),
+        (NnxRunDraw, "draws from the model's Rngs outside its calls (`draw:`)", "the training step that does"),
+        (
+            NnxMode,
+            "puts the model in train/eval mode",
+            "the function that does (model.train(), model.eval() or nnx.view)",
+        ),
+    ):
+        event = next((e for e in spec.run if isinstance(e, kind)), None)
+        if step is None and event is not None:
+            raise UsageError(
+                f"its `run:` {what}; give --step STEP, {who}, or compare the spec with a keys file", event.loc
+            )
     ref = parse_target(target)
     step_ref = None if step is None else parse_step(step)
     with session(ref, *([step_ref] if step_ref is not None else [])):

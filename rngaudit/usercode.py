@@ -18,7 +18,12 @@ from dataclasses import dataclass
 
 from .errors import UsageError, UserCodeError
 
-_DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+def _dotted(text: str) -> bool:
+    """Dotted Python identifiers (`pkg.mod`, `Class.method`), as Python spells them: Unicode letters too."""
+    return bool(text) and all(part.isidentifier() for part in text.split("."))
+
+
 _LISTED = 12  # names listed when the attribute is missing
 
 
@@ -57,13 +62,13 @@ def parse_code_ref(text: str, option: str, kind: str, example: str) -> CodeRef:
     EXAMPLE an example ATTR."""
     where, colon, attr = text.rpartition(":")
     usage = f"write FILE.py:{kind} or package.module:{kind}, e.g. model.py:{example}"
-    if not colon or not where or not _DOTTED.fullmatch(attr):
+    if not colon or not where or not _dotted(attr):
         raise UsageError(f"{option} {text!r}: {usage}")
     if where.endswith(".py") or "/" in where or os.sep in where:
         if not os.path.isfile(where):
             raise UserCodeError(f"{option} {text}: no such file {where!r}")
         return CodeRef(text, where, None, attr)
-    if not _DOTTED.fullmatch(where):
+    if not _dotted(where):
         raise UsageError(f"{option} {text!r}: {where!r} is neither a .py file nor a module name; {usage}")
     return CodeRef(text, None, where, attr)
 
@@ -220,9 +225,8 @@ def _site_dirs() -> list[str]:
 
 def _raised(ref: CodeRef, option: str, where: str, e: BaseException) -> UserCodeError:
     if isinstance(e, SyntaxError):
-        return UserCodeError(
-            f"{option} {ref.text}: importing {where} raised SyntaxError at {e.filename}:{e.lineno}: {e.msg}"
-        )
+        at = f"{e.filename}:{e.lineno}" + (f":{e.offset}" if e.offset else "") if e.lineno else e.filename or where
+        return UserCodeError(f"{option} {ref.text}: importing {where} raised SyntaxError at {at}: {e.msg}")
     missing = e.name if isinstance(e, ModuleNotFoundError) else None
     if ref.module is not None and missing and (ref.module == missing or ref.module.startswith(missing + ".")):
         return UserCodeError(

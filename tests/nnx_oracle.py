@@ -268,6 +268,22 @@ def _rnn_call(st: NnxCall, rnn, rec) -> None:
     barrier(jnp.ones(()))
 
 
+def _reseeded(model, name: str):
+    """What `reseed: {module: NAME}` reseeds: model.NAME, or (a spec's list `blocks` of items `blocks.0`,
+    `blocks.1`, built here as attributes of those names) a module holding the items in their order, as the list
+    nnx.reseed walks."""
+    try:
+        return _attribute(model, name)
+    except AttributeError:
+        head, _, last = name.rpartition(".")
+        owner = _attribute(model, head) if head else model
+        holder = nnx.Module()
+        for attr in sorted(vars(owner)):
+            if attr.startswith(last + "."):
+                setattr(holder, attr[len(last) + 1 :], getattr(owner, attr))
+        return holder
+
+
 def _attribute(obj, name: str):
     """obj.<name>, or (a dotted spec name, `enc.drop`) a submodule's attribute: self.enc.drop."""
     if hasattr(obj, name):
@@ -580,7 +596,9 @@ def nnx_keys(spec: NnxSpec) -> list[dict]:
             if isinstance(event, NnxReseed):
                 # (reseed's own Rngs hands out the new stream keys: not keys the model draws)
                 rec.off = True
-                nnx.reseed(model, **{s: eval_key(src.expr, raw=False) for s, src in event.streams})
+                node = _reseeded(model, event.module) if event.module else model  # (nnx.reseed(model.enc, ...))
+                policy = {"policy": event.policy} if event.policy != "scalars_only" else {}
+                nnx.reseed(node, **policy, **{s: eval_key(src.expr, raw=False) for s, src in event.streams})
                 rec.off = False
                 continue
             for _ in range(event.n):
@@ -636,8 +654,10 @@ def derive_records(report) -> list[dict]:
     return out
 
 
-def _same_site(ours: str, theirs: str) -> bool:
-    return ours == theirs or ours.startswith(theirs + ".")
+def _same_site(ours: str, theirs: str, kind: str = "") -> bool:
+    """derive's site is the oracle's or under it; a split or fork of the model's streams by a transform or
+    fork_rngs (the oracle's site: the model, `(root)`) is at the layer or module keeping the stream."""
+    return ours == theirs or ours.startswith(theirs + ".") or (theirs == "(root)" and kind in ("split", "fork"))
 
 
 def both_sides(spec, flax_keys_of, raised: tuple):
@@ -710,7 +730,7 @@ def check_against_nnx(spec: NnxSpec) -> dict:
     seen = set()
     for i, (a, b) in enumerate(zip(ours, theirs)):
         same = (a["step"], a["tag"], a["count"], a["key"]) == (b["step"], b["tag"], b["count"], b["key"])
-        assert same and _same_site(a["site"], b["site"]), f"key {i}: rngaudit {a} != nnx {b}"
+        assert same and _same_site(a["site"], b["site"], a["call"].derivation.kind), f"key {i}: rngaudit {a} != nnx {b}"
         c = a["call"]
         if "value" in b:
             # the values the model drew (under nnx.vmap as jax.vmap draws them)

@@ -95,6 +95,12 @@ def _check_config(cfg, commands: dict) -> None:
             raise ConfigError(
                 f"[{s.table}] {key}: cannot be set here: {why}; give --{key} on the command line", s.location
             )
+        if key in commands:
+            # (`derive = "x"`: a command's settings are a table of their own)
+            raise ConfigError(
+                f"[{s.table}] {key}: the settings of `rngaudit {key}` are a table, [tool.rngaudit.{key}], not a value",
+                s.location,
+            )
         raise ConfigError(f"[{s.table}]: unknown key {key!r}{_did_you_mean(key, every | set(commands))}", s.location)
 
 

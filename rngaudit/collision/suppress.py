@@ -232,6 +232,10 @@ def load_baseline(path: str) -> Baseline:
         raise InputError("the baseline is not UTF-8 JSON", top) from None
     except json.JSONDecodeError as e:
         raise InputError(f"the baseline is not valid JSON: {e.msg}", Location(path, e.lineno, e.colno)) from None
+    except (ValueError, RecursionError):  # (an integer past Python's 4,300 digits; nesting past the stack)
+        raise InputError(
+            "the baseline is not an rngaudit baseline (a number or nesting JSON cannot hold)", top
+        ) from None
     if not isinstance(doc, dict) or doc.get("format") != BASELINE_FORMAT:
         raise InputError(
             f'not an rngaudit baseline (no "format": "{BASELINE_FORMAT}"): name the baseline file, or write one '

@@ -287,15 +287,18 @@ class NnxReplayer:
         seen: set[int] = set()
         out = []
         for path, s in sorted(self.graph, key=lambda ps: ps[0]):
-            if path[: len(under)] == under and id(s) not in seen:
+            # (a layer or fork named `blocks.0`, an item of a list, is under `blocks` and `blocks.0` as a module is)
+            flat = path if not under else tuple(p for part in path for p in part.split("."))
+            if flat[: len(under)] == under and id(s) not in seen:
                 seen.add(id(s))
                 out.append((path, s))
         return out
 
     def reseed(self, event: NnxReseed) -> None:
-        """nnx.reseed(model, **streams): every stream of the graph whose tag is given, in graph order, takes a
-        new key and count 0. The key: flax 0.11 and later, the next key of a fresh Rngs(**streams) (mirrors
-        flax/nnx/rnglib.py reseed); before, the given key itself."""
+        """nnx.reseed(model, **streams) (of the submodule `event.module`, if given): every stream of its graph
+        whose tag is given, in graph order, takes a new key and count 0. The key: flax 0.11 and later, the next key
+        of a fresh Rngs(**streams) (mirrors flax/nnx/rnglib.py reseed), split into a stacked stream's lanes under
+        policy='match_shape' (_match_shape: one key for all of them); before, the given key itself."""
         given = dict(event.streams)
         fresh = (
             {}
@@ -305,16 +308,17 @@ class NnxReplayer:
                 for name, src in event.streams
             }
         )
-        for path, s in self.streams_in_graph_order():
+        under = tuple(event.module.split(".")) if event.module else ()
+        split: tuple | None = None  # the stacked stream being reseeded lane by lane: (path, lane keys, chain)
+        for path, s in self.streams_in_graph_order(under):
             src = given.get(s.tag)
             if src is None:
                 continue
-            if s.lanes:
-                # (the default policy, 'scalars_only'; flax 0.10 has no other)
+            if s.lanes and event.policy != "match_shape":
                 said = (
                     f"Cannot reseed stream {s.tag!r} with a non-scalar key"
                     if self.old
-                    else f"Cannot reseed stream at path {path!r} becuase it has a non-scalar key"
+                    else f"Cannot reseed stream at path {path[len(under) :]!r} becuase it has a non-scalar key"
                 )
                 raise FlaxError(
                     "ValueError",
@@ -326,6 +330,16 @@ class NnxReplayer:
             if self.old:
                 s.chain = (f"key {src.text} (nnx.reseed)",)
                 self.set_key(s, self.engine.eval(src.expr))
+            elif s.lanes:
+                if split is None or split[0] != path:
+                    # (the lanes of one stacked stream come together, lane 0 first)
+                    new = fresh[s.tag]
+                    keys = self.engine.split_all(self.engine.fold_in(new.key, new.count), s.lanes)
+                    chain = new.chain + (f"fold_in {new.count} (nnx.reseed: {'.'.join(path)} in graph order)",)
+                    split = (path, keys, chain)
+                    new.count += 1
+                s.chain = split[2] + (f"split {s.lanes} [lane {s.lane}] (policy='match_shape')",)
+                self.set_key(s, tuple(int(w) for w in split[1][s.lane]))
             else:
                 new = fresh[s.tag]
                 s.chain = new.chain + (f"fold_in {new.count} (nnx.reseed: {'.'.join(path)} in graph order)",)
@@ -574,11 +588,11 @@ class NnxReplayer:
         split = []
         if r.st.broadcast:
             under = tuple(r.cell.path.split("."))
-            for _, s in self.streams_in_graph_order(under):
+            for at, s in self.streams_in_graph_order(under):
                 if s.tag not in r.st.broadcast:
                     continue
                 count = s.count
-                self.draw(s, r.path, "split", s.tag, st.loc)
+                self.draw(s, _owner(at), "split", s.tag, st.loc)
                 split.append((s, s.key, s.key_ix, s.chain, s.count))
                 key = self.engine.split_all(self.engine.fold_in(s.key, count), 1)[0]
                 self.set_key(s, tuple(int(w) for w in key))
@@ -929,7 +943,7 @@ class NnxReplayer:
         where = target.path or "the model"
         under = tuple(target.path.split(".")) if target.path else ()
         saved = []
-        for _, s in self.streams_in_graph_order(under):
+        for at, s in self.streams_in_graph_order(under):
             if tags and s.tag not in tags:
                 continue
             if s.lanes and self.lane >= 0 and s.lane != self.lane:
@@ -943,7 +957,7 @@ class NnxReplayer:
                     loc,
                 )
             count = s.count
-            self.draw(s, target.path or "(root)", "fork", s.tag, loc)
+            self.draw(s, _owner(at), "fork", s.tag, loc)
             saved.append((s, s.key, s.key_ix, s.chain, s.count))
             s.chain = s.chain + (f"fold_in {count} (nnx.fork_rngs for {where})",)
             self.set_key(s, self.engine.fold_in(s.key, count))
@@ -1066,10 +1080,10 @@ class NnxReplayer:
         n = t.lanes
         where = target.path or "(root)"
         split = []
-        for s in streams:
+        for at, s in self.streams_in_graph_order(under):
             if s.tag in t.streams:
                 count = s.count
-                self.draw(s, where, "split", s.tag, loc)
+                self.draw(s, _owner(at), "split", s.tag, loc)
                 chain = s.chain + (f"fold_in {count} (nnx.split_rngs for {where})",)
                 keys = self.engine.split_all(self.engine.fold_in(s.key, count), n)
                 split.append((s, s.key, s.key_ix, s.chain, s.count, keys, chain))
@@ -1296,6 +1310,8 @@ class Instance:
         submodule `keeper` keeps (self.enc.rngs), or the stream a module keeps by `fork:` (`from: rng`, `from:
         enc.rng`): the site its draws are at (the module, or the fork's attribute, as a Dropout's draws are at the
         Dropout) and the stream (a missing one: NNX's AttributeError)."""
+        if keeper in self.forks:  # (a fork kept under a dotted name, an item of a list: blocks.0)
+            return _join(self.path, keeper), self.forks[keeper]
         head, _, last = keeper.rpartition(".")
         holder = self.attr(head) if head else self
         if isinstance(holder, Instance) and last in holder.forks:
@@ -1330,6 +1346,17 @@ class Instance:
         )
 
 
+def _owner(at: tuple[str, ...]) -> str:
+    """The site a transform's draw from a stream of the graph is at: the layer or module that keeps the stream (a
+    Dropout's own, `drop.rngs`; a module's kept Rngs, `enc.rngs.dropout`; a fork kept at `rng`). Two streams of one
+    tag split or forked together are two sites."""
+    if at[-1:] == ("rngs",):
+        at = at[:-1]
+    elif at[-2:-1] == ("rngs",):
+        at = at[:-2]
+    return ".".join(at) or "(root)"
+
+
 def _join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 
@@ -1344,11 +1371,79 @@ class NnxTable:
     keys: np.ndarray  # row -> key data (rows, width)
 
 
+def _least(mod: NnxModule, statements: Sequence, memo: dict) -> tuple[int, int]:
+    """(module calls, keys drawn) that running `statements` of module `mod` surely makes, whatever the modes, as
+    the replay counts them (NnxReplayer.tick, .total): a call of a submodule, a bridge or an RNN, a layer's call in
+    each lane or scan step of a transform, each loop iteration; a draw with no `when:` its keys. What depends on a
+    mode, a branch not taken or a layer's options counts nothing: a lower bound, so that past the limits the
+    replay would be too."""
+    from ..spec.nnx import ATTRIBUTES, _attribute_of
+
+    names = {st.name: st for st in mod.init if isinstance(st, ATTRIBUTES)}
+
+    def inner(target) -> tuple[int, int]:
+        if not isinstance(target, NnxChild):
+            return 0, 0
+        key = id(target.module)
+        if key not in memo:
+            memo[key] = (0, 0)  # (a module reached again while it is counted: nothing more)
+            memo[key] = _least(target.module, target.module.call, memo)
+        return memo[key]
+
+    calls = draws = 0
+    for st in statements:
+        if isinstance(st, NnxDraw) and st.when is None:
+            draws += st.repeat
+        elif isinstance(st, NnxLoop):
+            c, d = _least(mod, st.body, memo)
+            calls, draws = calls + st.iterations * (1 + c), draws + st.iterations * d
+        elif isinstance(st, NnxCond) and 0 <= st.taken < len(st.branches):
+            c, d = _least(mod, st.branches[st.taken], memo)
+            calls, draws = calls + c, draws + d
+        elif isinstance(st, NnxCall) and st.when is None and st.key is None and not st.given_rngs:
+            target = _attribute_of(names, st.name)
+            if isinstance(target, (NnxRnn, NnxBidirectional, NnxBridge)):
+                calls += st.repeat  # (one call each, at least)
+            elif st.transform is not None:
+                stacked = isinstance(target, NnxChild) and target.stack
+                lanes = st.transform.lanes or (target.stack if stacked else 0)
+                c, d = inner(target)
+                calls, draws = calls + st.repeat * lanes * (1 + c), draws + st.repeat * lanes * d
+            elif isinstance(target, NnxChild) and not target.stack:
+                c, d = inner(target)
+                calls, draws = calls + st.repeat * (1 + c), draws + st.repeat * d
+    return calls, draws
+
+
+def _refuse_past_limits(spec: NnxSpec) -> None:
+    """A spec whose run surely makes more module calls or draws more keys than the replay allows is refused before
+    it runs (it would be, after minutes and GBs: a loop of a million iterations at each of 100 steps)."""
+    steps = sum(e.n for e in spec.run if isinstance(e, NnxStep))
+    if not steps:
+        return
+    calls, draws = _least(spec.model, spec.model.call, {})
+    if steps * (1 + calls) > MAX_NNX_CALLS:
+        raise SpecError(
+            f"the model makes more than {MAX_NNX_CALLS} module calls ({steps} step{'s' * (steps > 1)} of at least "
+            f"{1 + calls}); reduce "
+            "`repeat`, `steps`, `iterations`, `scan:`, `vmap:` or `stack:`",
+            spec.model.loc,
+        )
+    if steps * draws > MAX_NNX_DRAWS:
+        raise SpecError(
+            f"the model draws more than {MAX_NNX_DRAWS} keys ({steps} step{'s' * (steps > 1)} of at least {draws}); "
+            "reduce `repeat`, "
+            "`steps` or `iterations`",
+            spec.model.loc,
+        )
+
+
 def replay_nnx(spec: NnxSpec, engine: KeyEngine) -> NnxTable:
     """Every key the NNX model hands out, construction first, then each step's calls: fold_in(stream key,
     count) for all rows at once."""
     import numpy as np
 
+    _refuse_past_limits(spec)
     r = NnxReplayer(spec, engine)
     blocks = r.run()
     sizes = np.fromiter((k.n for k in blocks), dtype=np.int64, count=len(blocks))

@@ -25,6 +25,16 @@ def to_json(cmp: Comparison) -> dict:
             "new_key": list(e.new.key) if e.new is not None and e.new.key is not None else None,
             "why": list(e.why),
             "fix": e.fix,
+            # (an NNX site: the step it is drawn at, 0 construction, n the n-th call; its scan step; its stream)
+            **(
+                {
+                    "step": s.step,
+                    "iteration": None if s.iteration < 0 else s.iteration,
+                    "stream_path": s.stream_path,
+                }
+                if s.step >= 0
+                else {}
+            ),
             # (a moved key, or a renamed module's changed one: the old site under its old name)
             **({"old_path": list(e.old_path)} if e.old_path is not None else {}),
             # (an NNX draw whose count shifted: its count before)

@@ -108,6 +108,14 @@ def _live(sites: list[Site]) -> dict:
 # ---------------------------------------------------------------- verify
 def verify(spec_sites: Capture, observed: Capture) -> Comparison:
     """The spec's replay (old side) against what Flax handed out (new side)."""
+    if spec_sites.flavour != observed.flavour:
+        from ..errors import UsageError
+
+        raise UsageError(
+            f"{spec_sites.target} is {spec_sites.flavour} and {observed.target} is {observed.flavour}: verify checks a "
+            "spec against the model it describes (an NNX spec against an NNX model or keys file, a Linen one against "
+            "Linen)"
+        )
     ours, theirs = _live(spec_sites.sites), _live(observed.sites)
     # (a key the spec replays at a site Flax does not draw at: where Flax hands it out, if anywhere)
     handed = {tuple(t.key): t for t in theirs.values() if t.key}
@@ -479,12 +487,35 @@ def _explain_nnx(cmp: Comparison, old: Capture, new: Capture) -> None:
             s = e.new if e.status == "new" else e.old
             if s is not None and s.key is not None:
                 elsewhere[e.status].setdefault(s.key, []).append(s)
+        elif e.status == "changed":
+            # (a changed site's old key is drawn there no more, its new key was not drawn there before: either may
+            # be the key a new or gone site draws)
+            for side, t in (("gone", e.old), ("new", e.new)):
+                if t is not None and t.key is not None:
+                    elsewhere[side].setdefault(t.key, []).append(t)
     paths = {side: _module_paths(cap) for side, cap in (("old", old), ("new", new))}
     for e in cmp.entries:
         if e.status in ("new", "gone") and not e.why:
             # (an NNX site is a layer's draw at a step: a layer that is there still draws nothing where it is
             # deterministic, as in eval mode)
-            if e.site.path in paths["old" if e.status == "new" else "new"]:
+            held = {side: e.site.path in _containers(cap) for side, cap in (("old", old), ("new", new))}
+            if (
+                e.site.path in paths["old" if e.status == "new" else "new"]
+                and held["old"] != held["new"]
+                and e.site.path[-1:][0].isdigit()
+            ):
+                # (an item of a list or an nnx.Sequential that is a module in one version and a layer in the other:
+                # another thing now; a named attribute whose draws moved to or from one under it is the same one)
+                e.why.append(
+                    f"{e.site.path_str} names another layer or module now: it "
+                    + (
+                        "held draws under it before and draws itself now"
+                        if held["old"]
+                        else "draws itself before and holds draws under it now"
+                    )
+                    + " (items of a list or an nnx.Sequential inserted, removed or reordered before it?)"
+                )
+            elif e.site.path in paths["old" if e.status == "new" else "new"]:
                 # (the layer is there in both: what it draws, or from what, changed)
                 e.why.append(
                     f"{e.site.path_str} is there in both versions and "
@@ -517,6 +548,13 @@ def _explain_nnx(cmp: Comparison, old: Capture, new: Capture) -> None:
                     if e.status == "new"
                     else f"this key is drawn at {t.path_str} now ({when})"
                 )
+
+
+def _containers(cap: Capture) -> set[tuple]:
+    """A capture's paths that hold draws under them (modules, and layers whose parameters are drawn), once."""
+    if "containers" not in cap.memo:
+        cap.memo["containers"] = {t.path[:i] for t in cap.sites for i in range(1, len(t.path))}
+    return cap.memo["containers"]
 
 
 def _module_paths(cap: Capture) -> set[tuple]:
@@ -846,6 +884,8 @@ class _SameKeys:
         self.back = {q: p for p, q in self.renames.items()}
         self.old_paths = {t.path for t in cmp.old.sites}
         self.new_paths = {t.path for t in cmp.new.sites}
+        # (every layer and module of each side: a draw that is no parameter says nothing of the layer drawing it)
+        self.old_modules, self.new_modules = _module_paths(cmp.old), _module_paths(cmp.new)
         self.by_draw: dict[tuple, list[Entry]] = {}
         self.sites: dict[str, list[Site]] = {"new": [], "gone": []}
         self.whole: dict[tuple, bool] = {}  # (old path part, new path part) -> renamed whole
@@ -889,6 +929,12 @@ class _SameKeys:
             t = f.site
             a, b = (t, s) if e.status == "new" else (s, t)
             if a.path in self.new_paths or b.path in self.old_paths or not self.renamed_whole(a, b):
+                continue
+            if s.kind != "param" and (a.path in self.new_modules or b.path in self.old_modules):
+                # (a rename or a move leaves the old name and takes a new one; a name there in both versions is
+                # another layer's in one of them: items of a list or an nnx.Sequential inserted or reordered, a
+                # Dropout taking the fork another one had. A parameter's name says which layer it is, a Dropout's
+                # draw does not)
                 continue
             if not self.follows_renames(a, b):
                 continue
@@ -970,6 +1016,15 @@ class _CountShifts:
             )
         if before.count == after.count:
             return None
+        reseeded = [any("nnx.reseed" in step for step in t.chain) for t in (before, after)]
+        if reseeded[0] != reseeded[1]:
+            # (not draws added or removed before it: a reseed reaches the stream before it in one version only,
+            # setting its key anew and its count back to 0)
+            return (
+                f"count shift: {'.'.join(s.path)} drew {s.stream!r} count {before.count} before and {after.count} "
+                f"now: {_chain_change(before, after)} (nnx.reseed reaches the stream before this draw in the "
+                f"{'old' if reseeded[0] else 'new'} version only)"
+            )
         delta = after.count - before.count
         # the draws of that stream that exist on one side only, before the site: what moved it
         site = after if delta > 0 else before

@@ -220,111 +220,186 @@ def is_capture_json(doc) -> bool:
 
 
 def capture_from_json(doc: dict, file: str, source=None) -> Capture:
-    """A keys file written by `capture --keys`; every field checked."""
+    """A keys file written by `capture --keys`; every field checked (a hand-edited file gets one error at the line
+    of the field, where the file was read with its text: `source`)."""
+
+    def bad(what: str, pointer: tuple = ()) -> InputError:
+        where = source.locate([pointer]).get(pointer) if source is not None else None
+        if where is None:
+            return InputError(f"{file}: not a valid {CAPTURE_FORMAT} file: {what}")
+        return InputError(f"not a valid {CAPTURE_FORMAT} file: {what}", where)
+
     if doc.get("format_version") != CAPTURE_FORMAT_VERSION:
-        raise InputError(
-            f"{file}: capture format version {doc.get('format_version')!r} is not supported "
-            f"(this rngaudit reads version {CAPTURE_FORMAT_VERSION})"
+        raise bad(
+            f"capture format version {doc.get('format_version')!r} is not supported (this rngaudit reads version "
+            f"{CAPTURE_FORMAT_VERSION})",
+            ("format_version",) if "format_version" in doc else (),
         )
     flavour = doc.get("flavour", "linen")
     if flavour not in ("linen", "nnx"):
-        raise InputError(f"{file}: `flavour` is linen or nnx, not {flavour!r}")
-    try:
-        sites = []
-        seen: dict = {}
-        for i, c in enumerate(doc["calls"]):
-            _check_call(c, file, i)
-            sites.append(
-                Site(
-                    tuple(str(p) for p in c["path"]),
-                    str(c["stream_requested"]),
-                    str(c["stream"]),
-                    int(c["count"]),
-                    tuple(int(i) for i in c["lane"]),
-                    tuple(int(w) for w in c["key"]) if c.get("key") is not None else None,
-                    str(c.get("kind", "make_rng")),
-                    c.get("label"),
-                    tuple(c.get("context", ())),
-                    None,
-                    int(c.get("step", -1)),
-                    str(c.get("stream_path", "")),
-                    tuple(str(x) for x in c.get("chain", ())),
-                    -1 if c.get("iteration") is None else int(c["iteration"]),
-                )
+        raise bad(f"`flavour` is linen or nnx, not {flavour!r}", ("flavour",))
+    _check_top(doc, flavour, bad)
+    sites = []
+    seen: dict = {}
+    for i, c in enumerate(doc["calls"]):
+        _check_call(c, flavour, lambda what, field=None, i=i: bad(f"calls[{i}]: {what}", _at(("calls", i), field)))
+        sites.append(
+            Site(
+                tuple(c["path"]),
+                c["stream_requested"],
+                c["stream"],
+                c["count"],
+                tuple(c["lane"]),
+                tuple(c["key"]) if c.get("key") is not None else None,
+                c.get("kind", "make_rng"),
+                c.get("label"),
+                tuple(c.get("context", ())),
+                None,
+                c.get("step", -1),
+                c.get("stream_path", ""),
+                tuple(c.get("chain", ())),
+                -1 if c.get("iteration") is None else c["iteration"],
             )
-            first = seen.setdefault(sites[-1].ident, i)
-            if first != i:
-                raise InputError(
-                    f"{file}: calls[{i}] repeats the call site of calls[{first}] ({sites[-1].path_str}, stream "
-                    f"{sites[-1].stream!r}, count {sites[-1].count}); a keys file has each once"
-                )
-        modules = {}
-        for m in doc.get("modules", ()):
-            # (a spec's keys file records no naming or fields: the spec, not a live model, made its modules)
-            modules[tuple(m["path"])] = {
-                "class": str(m["class"]),
-                "naming": str(m.get("naming", "")),
-                "fields": str(m.get("fields", "")),
-            }
-            if isinstance(m.get("layer_options"), dict):  # (keys files from rngaudit 0.x before it lack them)
-                modules[tuple(m["path"])]["layer_options"] = m["layer_options"]
-        versions = dict(doc.get("versions", {}))
-        settings = {
-            "fix_rng_separator": bool(doc["flax"]["fix_rng_separator"]),
-            "prng_impl": str(doc["jax"]["prng_impl"]),
-            "threefry_partitionable": bool(doc["jax"]["threefry_partitionable"]),
-            # the releases it ran (a file that does not say, or says no release number: unknown rules)
-            "flax_version": _release(versions.get("flax")),
-            "jax_version": _release(versions.get("jax")),
-        }
-        return Capture(
-            str(doc.get("target", file)),
-            str(doc.get("phase", "init")),
-            dict(doc.get("rngs", {})),
-            settings,
-            sites,
-            modules,
-            versions,
-            source,
-            flavour,
-            method=_method(doc.get("method")),
-            eval_steps=_eval_steps(doc.get("eval_steps"), file),
         )
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise InputError(
-            f"{file}: not a valid {CAPTURE_FORMAT} file ({type(e).__name__}: {e}); write it with "
-            "`rngaudit capture TARGET --keys FILE`"
-        ) from None
+        first = seen.setdefault(sites[-1].ident, i)
+        if first != i:
+            raise bad(
+                f"calls[{i}] repeats the call site of calls[{first}] ({sites[-1].path_str}, stream "
+                f"{sites[-1].stream!r}, count {sites[-1].count}); a keys file has each once",
+                ("calls", i),
+            )
+    modules = {}
+    for i, m in enumerate(doc.get("modules", ())):
+        if not (isinstance(m, dict) and _names(m.get("path")) and isinstance(m.get("class"), str)):
+            raise bad("`modules` items are {path: [names], class: NAME, ...}", ("modules", i))
+        # (a spec's keys file records no naming or fields: the spec, not a live model, made its modules)
+        modules[tuple(m["path"])] = {
+            "class": m["class"],
+            "naming": str(m.get("naming", "")),
+            "fields": str(m.get("fields", "")),
+        }
+        if isinstance(m.get("layer_options"), dict):  # (keys files from rngaudit 0.x before it lack them)
+            modules[tuple(m["path"])]["layer_options"] = m["layer_options"]
+    versions = doc.get("versions", {})
+    settings = {
+        "fix_rng_separator": doc["flax"]["fix_rng_separator"],
+        "prng_impl": doc["jax"]["prng_impl"],
+        "threefry_partitionable": doc["jax"]["threefry_partitionable"],
+        # the releases it ran (a file that does not say, or says no release number: unknown rules)
+        "flax_version": _release(versions.get("flax")),
+        "jax_version": _release(versions.get("jax")),
+    }
+    try:
+        method = _method(doc.get("method"))
+    except ValueError as e:
+        raise bad(str(e), ("method",)) from None
+    return Capture(
+        str(doc.get("target", file)),
+        doc.get("phase", "init"),
+        dict(doc.get("rngs", {})),
+        settings,
+        sites,
+        modules,
+        versions,
+        source,
+        flavour,
+        method=method,
+        eval_steps=_eval_steps(doc.get("eval_steps"), bad),
+    )
 
 
-def _eval_steps(value, file: str) -> tuple[int, ...] | None:
+def _at(pointer: tuple, field) -> tuple:
+    return pointer if field is None else (*pointer, field)
+
+
+def _integer(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _names(v) -> bool:
+    return isinstance(v, list) and all(isinstance(p, str) for p in v)
+
+
+PHASES = ("init", "apply", "call")
+
+
+def _check_top(doc: dict, flavour: str, bad) -> None:
+    """The fields of a keys file beside its calls: their types and values."""
+    from ..spec.parse import PRNG_IMPLS
+
+    if not isinstance(doc.get("calls"), list):
+        raise bad("`calls` is the list of the keys handed out", ("calls",) if "calls" in doc else ())
+    for name, fields in (("flax", ("fix_rng_separator",)), ("jax", ("prng_impl", "threefry_partitionable"))):
+        if not isinstance(doc.get(name), dict) or any(f not in doc[name] for f in fields):
+            raise bad(f"`{name}` is a mapping with {' and '.join(fields)}", (name,) if name in doc else ())
+    for top, flag in (("flax", "fix_rng_separator"), ("jax", "threefry_partitionable")):
+        if not isinstance(doc[top][flag], bool):
+            raise bad(f"`{top}.{flag}` is true or false, not {doc[top][flag]!r}", (top, flag))
+    if doc["jax"]["prng_impl"] not in PRNG_IMPLS:
+        raise bad(
+            f"`jax.prng_impl` is one of {', '.join(PRNG_IMPLS)}, not {doc['jax']['prng_impl']!r}", ("jax", "prng_impl")
+        )
+    if doc.get("phase", "init") not in PHASES:
+        raise bad(f"`phase` is one of {', '.join(PHASES)}, not {doc['phase']!r}", ("phase",))
+    for name in ("rngs", "versions"):
+        if name in doc and not isinstance(doc[name], dict):
+            raise bad(f"`{name}` is a mapping, not {doc[name]!r}", (name,))
+    if not isinstance(doc.get("modules", []), list):
+        raise bad("`modules` is a list", ("modules",))
+    if "target" in doc and not isinstance(doc["target"], str):
+        raise bad(f"`target` is the captured TARGET's text, not {doc['target']!r}", ("target",))
+
+
+def _eval_steps(value, bad) -> tuple[int, ...] | None:
     if value is None:
         return None
-    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
-        raise InputError(f"{file}: `eval_steps` must be a list of step numbers (1, 2, ...), not {value!r}")
+    if not isinstance(value, list) or not all(_integer(v) and v > 0 for v in value):
+        raise bad(f"`eval_steps` must be a list of step numbers (1, 2, ...), not {value!r}", ("eval_steps",))
     return tuple(value)
 
 
-def _check_call(c: dict, file: str, i: int) -> None:
-    """The types and ranges a record's fields must have (a hand-edited keys file gets a clear error)."""
-
-    def bad(what: str) -> InputError:
-        return InputError(f"{file}: not a valid rngaudit.capture file: calls[{i}]: {what}")
-
-    def integer(v) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool)
-
-    if not isinstance(c.get("path"), list) or not all(isinstance(p, str) for p in c["path"]):
-        raise bad("`path` must be a list of names")
-    if not integer(c.get("count")) or c["count"] < 0:
-        raise bad(f"`count` must be a non-negative integer, not {c.get('count')!r}")
-    if "step" in c and (not integer(c["step"]) or c["step"] < -1):
-        raise bad(f"`step` must be an integer, not {c['step']!r}")
+def _check_call(c, flavour: str, bad) -> None:
+    """The types and ranges a record's fields must have (a hand-edited keys file gets a clear error): bad(what,
+    field) makes the error, at the field."""
+    if not isinstance(c, dict):
+        raise bad(f"a call record is a mapping, not {c!r}")
+    for name in ("path", "stream", "stream_requested", "count", "lane"):
+        if name not in c:
+            raise bad(f"`{name}` is missing")
+    if not _names(c["path"]):
+        raise bad("`path` must be a list of names", "path")
+    for name in ("stream", "stream_requested"):
+        if not isinstance(c[name], str):  # (Linen's make_rng('') is a stream of an empty name)
+            raise bad(f"`{name}` must be a stream name, not {c[name]!r}", name)
+    if not _integer(c["count"]) or c["count"] < 0:
+        raise bad(f"`count` must be a non-negative integer, not {c['count']!r}", "count")
+    if not isinstance(c["lane"], list) or not all(_integer(x) and x >= 0 for x in c["lane"]):
+        raise bad(f"`lane` must be a list of lane indices (0, 1, ...), not {c['lane']!r}", "lane")
+    nnx = flavour == "nnx"
+    if nnx and "step" not in c:
+        raise bad("`step` is missing (an NNX record's step: 0 construction, n the n-th call)")
+    if "step" in c and (not _integer(c["step"]) or c["step"] < (0 if nnx else -1)):
+        low = "0 construction, n the n-th call" if nnx else "-1 for Linen"
+        raise bad(f"`step` must be an integer ({low}), not {c['step']!r}", "step")
     key = c.get("key")
+    if key is None and ("key" not in c or nnx):
+        # (a Linen key that never exists, a discarded trace's, is null; every NNX key exists)
+        raise bad("`key` is missing" if "key" not in c else "`key` is null (every NNX key handed out exists)", "key")
     if key is not None and (
-        not isinstance(key, list) or len(key) not in (2, 4) or not all(integer(w) and 0 <= w < 2**32 for w in key)
+        not isinstance(key, list) or len(key) not in (2, 4) or not all(_integer(w) and 0 <= w < 2**32 for w in key)
     ):
-        raise bad(f"`key` must be 2 or 4 unsigned 32-bit words, not {key!r}")
+        raise bad(f"`key` must be 2 or 4 unsigned 32-bit words, not {key!r}", "key")
+    for name in ("kind", "stream_path"):
+        if name in c and not isinstance(c[name], str):
+            raise bad(f"`{name}` must be text, not {c[name]!r}", name)
+    if c.get("label") is not None and not isinstance(c["label"], str):
+        raise bad(f"`label` must be text or null, not {c['label']!r}", "label")
+    for name in ("context", "chain"):
+        if name in c and not _names(c[name]):
+            raise bad(f"`{name}` must be a list of text, not {c[name]!r}", name)
+    it = c.get("iteration")
+    if it is not None and (not _integer(it) or it < 0):
+        raise bad(f"`iteration` must be a scan step (0, 1, ...) or null, not {it!r}", "iteration")
 
 
 def load_source(path: str):

@@ -90,6 +90,7 @@ class Called:
     # its `train`/`training` argument; model.train()/eval() set the attribute), None where it has none
     mode: bool | None = None
     synthetic: bool = False  # the call of the root standing for several models: the step itself
+    touched: bool = False  # whether a key was drawn during the call (by it, a module it called, a fork or a split)
 
 
 @dataclass
@@ -158,6 +159,7 @@ class NnxRecorder:
         self.draws_before: dict[int, list[tuple[str | None, Any]]] = {}
         # id(an nnx.Rngs made while capture watched) -> its seeds (integers, or a concrete key's data)
         self.seeds: dict[int, dict] = {}
+        self.rngs_made: list = []  # every nnx.Rngs made while capture observes (whose streams a call may be given)
         self.call_rngs: dict[int, object] = {}  # id -> every Rngs a layer's call was given (drop(x, rngs=rngs))
         self.call_rngs_at: dict[int, dict[int, object]] = {}  # step -> the Rngs given at its calls (id -> it)
         # id(Dropout) -> the key data its calls were given (drop(x, rngs=key)); None in it: one capture cannot write
@@ -203,6 +205,8 @@ class NnxRecorder:
         import jax
         import numpy as np
 
+        for f in self.calling:
+            f.touched = True
         tag = stream.tag
         if traced:
             # inside a transform: the key exists when the computation runs (per lane under vmap)
@@ -236,6 +240,14 @@ class NnxRecorder:
                 f.drew = True
         elif self.building:
             self.building[-1].events.append(("draw", tag))
+        elif (
+            self.calling and self.calling[-1].synthetic and not traced and id(self.resolve(stream)) in self.kept_streams
+        ):
+            # a step of several models drawing from the Rngs one of them keeps (generator.rngs.noise()): a draw of
+            # their root's call, where it comes among the models' calls
+            frame = self.calling[-1]
+            frame.drew = True
+            frame.events.append(("draw", tag, id(self.resolve(stream))))
         elif self.invocation > 0 and not traced and id(self.resolve(stream)) in self.kept_streams:
             # model.rngs.<stream>() by the training step (or a method of the model other than __call__): its row
             # is the next call's step (relabelled there), a `draw` event of the spec's `run:`
@@ -313,6 +325,7 @@ def _observed(rec: NnxRecorder) -> Iterator[None]:
             # nnx.Rngs(default, **streams): its seeds, where they are integers (an Rngs a call is given is
             # written as the spec's call_rngs)
             out = construct(cls, self, *args, **kwargs)
+            rec.rngs_made.append(self)
             given = {**({"default": args[0]} if args else {}), **kwargs}
             seeds = {k: _seed(v) for k, v in given.items()}
             if given and all(v is not None for v in seeds.values()):
@@ -521,22 +534,40 @@ def _observed(rec: NnxRecorder) -> Iterator[None]:
         # keys of the fresh Rngs it draws its new keys from are not the model's)
         if not rec.active or rec.invocation <= 0 or rec.inside() or rec.building:
             return reseed(node, **kwargs)
+        synthetic = rec.calling[-1] if rec.calling and rec.calling[-1].synthetic else None
+        busy = synthetic is not None and (synthetic.events or synthetic.touched)
         held = len(rec.records)
         rec.forks += 1
         try:
             out = reseed(node, **kwargs)
         finally:
             rec.forks -= 1
+            if synthetic is not None:
+                synthetic.touched = bool(busy)  # (reseed's own Rngs' draws are not the models')
         del rec.records[held:]
         seeds = {k: _seed(v) for k, v in kwargs.items() if k not in ("graph", "policy")}
-        if rec.resolve(node) is not rec.model:
-            rec.reseeds.append(f"nnx.reseed of a {type(node).__name__}, not of the model")
-        elif kwargs.get("policy", "scalars_only") != "scalars_only":
-            rec.reseeds.append(f"nnx.reseed with policy={kwargs['policy']!r}")
+        policy = kwargs.get("policy", "scalars_only")
+        where = _reseeded(rec, node)
+        if isinstance(where, str):
+            rec.reseeds.append(where)
+        elif policy not in ("scalars_only", "match_shape"):
+            rec.reseeds.append(f"nnx.reseed with policy={policy!r}")
         elif not seeds or any(v is None for v in seeds.values()):
             rec.reseeds.append("nnx.reseed with keys that are not integer seeds or concrete keys")
+        elif busy:
+            rec.reseeds.append(
+                "nnx.reseed after it has called or drawn from the models it is given (a spec's `reseed:` comes "
+                "between the steps of several models: reseed at the start of the step)"
+            )
         else:
-            rec.pending.append((None, None, seeds))
+            # nnx.reseed(model.enc, ...) or policy='match_shape': `reseed: {streams: ..., module: enc, policy: ...}`
+            said = {"module": ".".join(where)} if where else {}
+            said |= {"policy": policy} if policy != "scalars_only" else {}
+            entry = {"streams": _Inline(seeds), **said} if said else seeds
+            if synthetic is not None:  # (at the start of a step of several models, whose call has begun)
+                rec.draws_before.setdefault(rec.step, []).append((None, entry))
+            else:
+                rec.pending.append((None, None, entry))
         return out
 
     def stream_fork_hook(self, *args, **kwargs):
@@ -979,7 +1010,7 @@ def _patch(owner: object, name: str, value: object) -> None:
 def _call_hook(rec: NnxRecorder, original):
     from flax import nnx
 
-    rngs_class = nnx.Rngs
+    rngs_class, stream_class = nnx.Rngs, nnx.RngStream
 
     def __call__(self, *args, **kwargs):
         outside = rec.resolve(self)
@@ -987,6 +1018,10 @@ def _call_hook(rec: NnxRecorder, original):
             return original(self, *args, **kwargs)
         frame = Called(outside, transforms=len(rec.transforms))
         given = kwargs.get("rngs")
+        if isinstance(given, stream_class) and _is_layer(outside):
+            # drop(x, rngs=rngs.dropout), attention(x, rngs=self.rngs.dropout): a draw from that stream, as from
+            # the Rngs holding it given whole (Dropout: rngs[rng_collection](); attention: rngs.dropout())
+            given = _holder(rec, given, outside)
         if isinstance(given, rngs_class) and _is_layer(outside):
             frame.given = rec.given(given)
         elif given is not None and type(outside).__name__ == "Dropout" and _is_layer(outside):
@@ -1039,9 +1074,65 @@ def _call_hook(rec: NnxRecorder, original):
         finally:
             rec.calling.pop()
             if not rec.calling:
+                if not frame.touched and outside is not rec.model and rec.top and rec.top[-1] is outside:
+                    # a module the step calls besides the model that draws no key (a DQN target network, a frozen
+                    # encoder without dropout): no business of the keys, left out
+                    rec.top.pop()
                 _remember(rec, frame)
 
     return __call__
+
+
+def _holder(rec: NnxRecorder, stream, layer):
+    """The nnx.Rngs whose stream a Dropout's or attention layer's call is given, where that stream is the one the
+    layer would take from the Rngs given whole (its rng_collection; attention's `dropout`); else why not."""
+    want = str(getattr(layer, "rng_collection", "dropout"))
+    stream = rec.resolve(stream)
+    for rngs in rec.rngs_made:
+        for name, s in rngs.items():
+            if rec.resolve(s) is stream:
+                if name == want:
+                    return rngs
+                raise UnsupportedError(
+                    f"{type(layer).__name__}'s call is given the stream {name!r} of an Rngs (rngs={name}), not its "
+                    f"{want!r}: an NNX spec gives a layer's call the Rngs whole (`rngs: model` or `rngs: call`); "
+                    f"write {type(layer).__name__.lower()}(x, rngs=rngs) or that part of the spec by hand"
+                )
+    raise UnsupportedError(
+        f"{type(layer).__name__}'s call is given an RngStream capture does not know the Rngs of (a copy, or one "
+        "made outside the model's factory): an NNX spec gives a layer's call an Rngs whole (`rngs: model` or `rngs: "
+        "call`); pass the Rngs (rngs=rngs)"
+    )
+
+
+def _reseeded(rec: NnxRecorder, node) -> tuple[str, ...] | str:
+    """Where in the model the node a training step reseeds is (() the model itself; attribute names), or why a
+    spec cannot say it (not the model nor a module of it, or inside a stack)."""
+    from flax import nnx
+
+    node = rec.resolve(node)
+    found = next(
+        (tuple(map(str, path)) for path, n in nnx.graph.iter_graph(rec.model) if n is node),
+        None,
+    )
+    if found is None or not isinstance(node, nnx.Module):
+        return f"nnx.reseed of a {type(node).__name__}, not of the model nor of a module of it"
+    stacks = set()
+    todo = list(rec.roots)
+    while todo:
+        b = todo.pop()
+        if b.stack or b.made:
+            stacks.add(id(rec.resolve(b.obj)))  # (the stack nnx.vmap returns, not the member it built)
+        todo += [e[1] for e in b.events if e[0] == "child"]
+    at = rec.model
+    for i, name in enumerate(found[:-1]):
+        at = getattr(at, name, None) if not isinstance(at, (list, tuple)) else at[int(name)]
+        if id(at) in stacks:
+            return (
+                f"nnx.reseed of {'.'.join(found)}, inside the stack {'.'.join(found[: i + 1])} (a spec's reseed "
+                "names the stack or a module above it)"
+            )
+    return found
 
 
 def _remember(rec: NnxRecorder, frame: Called) -> None:
@@ -1435,8 +1526,8 @@ def _with_draws(run: list | None, rec: NnxRecorder) -> list | None:
 
     def draws(tags: list[tuple[str | None, Any]]) -> None:
         for keeper, tag in tags:
-            if keeper is None:  # (nnx.reseed(model, **seeds))
-                out.append({"reseed": _Inline(tag)})
+            if keeper is None:  # (nnx.reseed(model, **seeds); of a module of it, with `streams:`)
+                out.append({"reseed": tag if isinstance(tag.get("streams"), _Inline) else _Inline(tag)})
                 continue
             last = out[-1].get("draw", {}) if out and isinstance(out[-1], dict) else {}
             if last.get("stream") == tag and last.get("from", "") == keeper:
@@ -2351,7 +2442,8 @@ def _check_step(step: CodeRef, model, rec: NnxRecorder) -> None:
     if rec.reseeds:
         raise UnsupportedError(
             f"--step {step.text}: step {rec.invocation} calls {rec.reseeds[0]}; an NNX spec's `reseed:` event is "
-            "nnx.reseed(model, stream=SEED, ...) of the whole model with integer seeds or concrete keys"
+            "nnx.reseed(model, stream=SEED, ...) of the model or a module of it (policy 'scalars_only' or "
+            "'match_shape') with integer seeds or concrete keys"
         )
     _check_copies(rec)
     dropped, rec.dropped = rec.dropped, set()
@@ -2507,6 +2599,10 @@ def _root_call(rec: NnxRecorder, root, step: CodeRef):
     try:
         yield
         models = {id(v) for v in vars(root).values()}
+        # (a module besides the models that draws no key when the step calls it: left out, as in a step of one)
+        frame.events = [
+            e for e in frame.events if not (e[0] == "call" and id(e[1].obj) not in models and not e[1].touched)
+        ]
         for kind, what, *_ in frame.events:
             if kind == "call" and id(what.obj) not in models:
                 raise UnsupportedError(

@@ -94,11 +94,23 @@ def unpack_made(made, module_type: type, target: CodeRef, called: str, what: str
             raise UserCodeError(
                 f"TARGET {target.text}: the third value the factory returns must be a dict of keyword arguments"
             )
+    elif isinstance(made, tuple) and made and isinstance(made[0], module_type):
+        raise UserCodeError(
+            f"TARGET {target.text}: {target.attr}{called} returned a tuple of {len(made)} values; return the module, "
+            "(module, args) or (module, args, kwargs)"
+        )
     else:
         module = made
     if not isinstance(module, module_type):
         first = module[0] if isinstance(module, tuple) and module else module
-        if any(k.__module__.startswith("flax.nnx") for k in type(first).__mro__):
+        mro = [k.__module__ for k in type(first).__mro__]
+        if "nnx" in what and any(m.startswith("flax.linen") for m in mro):
+            raise UserCodeError(
+                f"TARGET {target.text}: {target.attr}{called} returned a Linen module ({type(first).__name__}), and "
+                "the spec is an NNX spec: give the factory of the NNX model it describes (or verify a Linen spec "
+                "against this one)"
+            )
+        if any(m.startswith("flax.nnx") for m in mro):
             raise NnxModelError(
                 f"TARGET {target.text}: {target.attr}{called} returned an NNX model: an NNX factory takes the "
                 "nnx.Rngs it builds the model from (def make_model(rngs): return Model(rngs=rngs)), so capture sees "

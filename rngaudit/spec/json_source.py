@@ -259,13 +259,34 @@ def load_json(path: str) -> JsonDoc:
     return parse_json(text, path)
 
 
+class _Huge(Exception):
+    def __init__(self, digits: str):
+        self.digits = digits
+
+
+def _bounded_int(digits: str) -> int:
+    """An integer of a JSON document (json.loads' parse_int): one past what any field holds is refused with its
+    place, before Python's own limit (4,300 digits) raises a bare ValueError."""
+    if len(digits) > 400:
+        raise _Huge(digits)
+    return int(digits)
+
+
 def parse_json(text: str, file: str = "<json>") -> JsonDoc:
     if not text.strip():
         raise InputError(
             "the file is empty; expected JSON (a list of module paths or a params tree)", Location(file, 1, 1)
         )
     try:
-        value = json.loads(text, object_pairs_hook=_no_duplicates)
+        value = json.loads(text, object_pairs_hook=_no_duplicates, parse_int=_bounded_int)
+    except _Huge as h:
+        at = text.find(h.digits)
+        before = text[:at]
+        raise InputError(
+            f"an integer of {len(h.digits.lstrip('-'))} digits; the numbers of these files (keys, counts, seeds, "
+            "steps) have at most 20",
+            Location(file, before.count("\n") + 1, at - before.rfind("\n")),
+        ) from None
     except json.JSONDecodeError as e:
         raise InputError(f"invalid JSON: {e.msg}", Location(file, e.lineno, e.colno)) from None
     except _Duplicate as d:

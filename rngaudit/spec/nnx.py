@@ -289,9 +289,12 @@ class NnxStep(NnxStatement):
 
 @dataclass(frozen=True)
 class NnxReseed(NnxStatement):
-    """`nnx.reseed(model, stream=key, ...)` between calls."""
+    """`nnx.reseed(model, stream=key, ...)` between calls; `module`: of that submodule only (nnx.reseed(model.enc,
+    ...), dotted); `policy`: 'match_shape' splits the new key for a stacked module's streams."""
 
     streams: tuple[tuple[str, RngSource], ...]
+    module: str = ""
+    policy: str = "scalars_only"
 
 
 @dataclass(frozen=True)
@@ -392,6 +395,7 @@ SINCE = {
     "rngs: broadcast": (0, 12, 7),
     "fork_rngs": (0, 11),
     "fork": (0, 11),
+    "nnx.reseed's policy": (0, 11),
 }
 # what rngaudit models with the rules of one release on (checked against that release; older ones not)
 # what a module builds and keeps as an attribute (`name:`)
@@ -870,6 +874,8 @@ class NnxParser:
             raise SpecError("`draw` names a stream: `draw: params` or `draw: {stream: noise, repeat: 2}`", loc)
         if isinstance(arg.value, str):
             return NnxDraw(loc, arg.value)
+        if not arg.is_map:
+            raise SpecError("`draw` names a stream: `draw: params` or `draw: {stream: noise, repeat: 2}`", arg.loc)
         if where == "init" and "when" in arg.value:
             raise SpecError(
                 "`when` is for a draw in `call:` (drawn in train or eval mode only); __init__ draws once, as built",
@@ -1224,10 +1230,42 @@ def _run(node: YNode, key_source) -> tuple[NnxStep | NnxReseed | NnxMode | NnxRu
             keeper = _keeper(f)
             out.append(NnxRunDraw(loc, f.name("stream"), f.integer("repeat", 1, 1, MAX_REPEAT), keeper))
         else:
-            if arg is None or not arg.is_map or not arg.value:
-                raise SpecError("`reseed` takes the streams to reseed and their new keys: `reseed: {dropout: 5}`", loc)
-            out.append(NnxReseed(loc, tuple((s, key_source(kn)) for s, kn in arg.value.items())))
+            out.append(_reseed(arg, loc, key_source))
     return tuple(out)
+
+
+RESEED_POLICIES = ("scalars_only", "match_shape")
+
+
+def _reseed(arg, loc: Location, key_source) -> NnxReseed:
+    """`reseed: {dropout: 5}` (nnx.reseed(model, dropout=5)), or `reseed: {streams: {dropout: 5}, module: enc,
+    policy: match_shape}` (nnx.reseed(model.enc, dropout=5, policy='match_shape'))."""
+    said = (
+        "`reseed` takes the streams to reseed and their new keys, `reseed: {dropout: 5}`, or `reseed: {streams: "
+        "{dropout: 5}, module: enc, policy: match_shape}` for nnx.reseed(model.enc, dropout=5, policy='match_shape')"
+    )
+    if arg is None or not arg.is_map or not arg.value:
+        raise SpecError(said, loc)
+    sn = arg.value.get("streams")
+    if sn is None or not sn.is_map:
+        return NnxReseed(loc, tuple((s, key_source(kn)) for s, kn in arg.value.items()))
+    f = Fields(arg, "`reseed`", ("streams", "module", "policy"), ("streams",))
+    if not sn.value:
+        raise SpecError(said, sn.loc)
+    module = _named(
+        f,
+        "module",
+        "`module:` of a `reseed` names the submodule reseeded (nnx.reseed(model.enc, ...): `module: enc`, dotted for "
+        "one inside another); leave it out for the whole model",
+    )
+    policy = f.text("policy", "scalars_only")
+    if policy not in RESEED_POLICIES:
+        raise SpecError(
+            f"`policy: {policy}` of a `reseed`: nnx.reseed's policy is {' or '.join(RESEED_POLICIES)} (a callable "
+            "policy cannot be written in a spec)",
+            f.need("policy").loc,
+        )
+    return NnxReseed(loc, tuple((s, key_source(kn)) for s, kn in sn.value.items()), module, policy)
 
 
 def nnx_spec(
@@ -1273,8 +1311,23 @@ def nnx_spec(
     for e in run:
         if isinstance(e, NnxStep) and e.fork is not None and parser.lacks("fork_rngs"):
             raise parser.too_old("fork_rngs", e.loc)
+        if isinstance(e, NnxReseed) and e.policy != "scalars_only" and parser.lacks("nnx.reseed's policy"):
+            raise parser.too_old("nnx.reseed's policy", e.loc)
     model = parser.module(top.need("model"))
     names = {st.name: st for st in model.init if isinstance(st, ATTRIBUTES)}
+    for e in run:
+        if (
+            isinstance(e, NnxReseed)
+            and e.module
+            and _attribute_of(names, e.module) is None
+            and not _holds(names, e.module)
+        ):
+            raise SpecError(
+                f"`module: {e.module}` of a `reseed` names the submodule reseeded (nnx.reseed(model.{e.module}, "
+                f"...)): the model has no attribute {e.module!r} built in `init:` (dotted for one inside a submodule "
+                "built as a `module`: enc.block; not inside a stack: reseed the stack)",
+                e.loc,
+            )
     for drawn in run:
         if isinstance(drawn, NnxRunDraw) and drawn.keeper:
             _check_keeper(names, drawn.keeper, drawn.stream, f"model.{drawn.keeper}", drawn.loc)
@@ -1344,14 +1397,20 @@ def nnx_spec(
 
 def _keeper(f: Fields) -> str:
     """`from:` of a `draw`: the submodule whose kept Rngs it draws from ("": none said)."""
-    keeper = f.text("from", "")
-    if f.has("from") and not keeper.strip():
-        raise SpecError(
-            "`from:` names the submodule whose kept Rngs the draw is from (`from: enc`); leave it out for the "
-            "module's own (self.rngs)",
-            f.need("from").loc,
-        )
-    return keeper
+    return _named(
+        f,
+        "from",
+        "`from:` names the submodule whose kept Rngs the draw is from (`from: enc`); leave it out for the module's "
+        "own (self.rngs)",
+    )
+
+
+def _named(f: Fields, key: str, said: str) -> str:
+    """Field `key`, a name ("" when left out); one given empty is `said`, at it."""
+    value = f.text(key, "")
+    if f.has(key) and not value.strip():
+        raise SpecError(said, f.need(key).loc)
+    return value
 
 
 def _check_keeper(names: dict, keeper: str, stream: str, what: str, loc: Location) -> None:
@@ -1386,6 +1445,21 @@ def _check_keeper(names: dict, keeper: str, stream: str, what: str, loc: Locatio
             f"(`keep_rngs: true` on module {keeper!r})",
             loc,
         )
+
+
+def _holds(names: dict, name: str) -> bool:
+    """Whether `name` holds attributes named under it (`blocks` of `blocks.0`, `blocks.1`: an nnx.List of a module,
+    or of a submodule built as a module: `enc.blocks`)."""
+    if any(n.startswith(name + ".") for n in names):
+        return True
+    parts = name.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        head = names.get(".".join(parts[:i]))
+        if isinstance(head, NnxChild) and not head.stack:
+            inner = {st.name: st for st in head.module.init if isinstance(st, ATTRIBUTES)}
+            if _holds(inner, ".".join(parts[i:])):
+                return True
+    return False
 
 
 def _attribute_of(names: dict, name: str):

@@ -192,6 +192,13 @@ class _Converter:
                 _FLOAT: self.scalars.construct_yaml_float,
                 _BOOL: self.scalars.construct_yaml_bool,
             }[tag]
+            if tag == _INT and len(node.value) > 400:
+                # (past Python's int-to-text limit too: not a number any field holds)
+                raise SpecError(
+                    f"an integer of {len(node.value)} characters; the numbers of a spec (seeds, counts, sizes) have "
+                    "at most 20 digits",
+                    loc,
+                )
             try:
                 return YNode(construct(node), loc)
             except (ValueError, KeyError, IndexError, TypeError):

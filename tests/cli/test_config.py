@@ -321,3 +321,11 @@ def test_columns_of_the_other_flavour_are_refused(project):
     assert r.exit_code == 2 and "a Linen spec's report has no such column" in r.stderr
     # the other formats carry every column: --columns (set in [tool.rngaudit], say) does not concern them
     assert invoke("derive", "fallback.yaml", "--columns", "chain", "-f", "jsonl").exit_code == 0
+
+
+def test_a_command_written_as_a_value_says_its_settings_are_a_table(project):
+    # (it said "unknown key 'derive'; did you mean 'derive'?")
+    project('[tool.rngaudit]\nderive = "x"\n')
+    r = invoke("derive", "sharp.yaml")
+    refused(r, "pyproject.toml:2:1", "derive: the settings of `rngaudit derive` are a table, [tool.rngaudit.derive]")
+    assert "did you mean" not in r.stderr

@@ -72,7 +72,7 @@ def test_data_parallel_dropout_splits_the_dropout_stream_per_lane():
     assert [c.derivation.lane for c in lanes] == [0, 1, 2, 3] and len({c.key for c in lanes}) == 4
     assert lanes[2].derivation.chain[-1] == "split 4 [lane 2]"
     # split_rngs drew one key (count 1), put the key back with that count: the next call draws count 2
-    (split,) = drawn(r, "(root)", "split")
+    (split,) = drawn(r, "drop", "split")  # (at the Dropout whose stream it splits)
     after = [c.derivation.count for c in drawn(r, "drop", "dropout") if c.derivation.step == 3]
     assert split.derivation.count == 1 and after == [2]
 

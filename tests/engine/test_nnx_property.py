@@ -496,6 +496,19 @@ def nnx_specs(draw) -> str:
         ]
     else:
         doc["run"] = draw(st.lists(run_event(lane_safe(model), bridged(model), recurrent), min_size=1, max_size=5))
+    if "run" in doc:
+        # nnx.reseed of an attribute of the model (a submodule, a stack, a layer, a kept fork) and/or with
+        # policy='match_shape' (a stacked stream split into its lanes)
+        attrs = [
+            v["name"] for st_ in model.get("init", []) for v in st_.values() if isinstance(v, dict) and "name" in v
+        ]
+        stacked = "stack" in yaml.safe_dump(model)  # (a stacked stream reseeded needs match_shape, else ValueError)
+        for i, e in enumerate(doc["run"]):
+            if isinstance(e, dict) and "reseed" in e and maybe(draw, 0.7):
+                part = {"module": draw(st.sampled_from(attrs))} if attrs and maybe(draw, 0.7) else {}
+                policy = {"policy": "match_shape"} if not OLD and maybe(draw, 0.85 if stacked else 0.4) else {}
+                if part or policy:
+                    doc["run"][i] = {"reseed": {"streams": e["reseed"], **part, **policy}}
     keepers = [""] if model.get("keep_rngs") else []
     keepers += [
         s["module"]["name"]

@@ -121,9 +121,13 @@ def test_recurrent_dropout_is_one_mask_a_sequence_and_a_new_one_each_call():
     rows = derive(spec_of(USER)).calls
     theirs = nnx_keys(spec_of(USER))
     rdrop = [
-        (c.derivation.step, tuple(c.key)) for c in rows if c.derivation.site == "rnn.cell.rdrop" and c.derivation.step
+        (c.derivation.step, tuple(c.key))
+        for c in rows
+        if c.derivation.site == "rnn.cell.rdrop" and c.derivation.step and c.derivation.kind == "dropout"
     ]
     drop = [tuple(c.key) for c in rows if c.derivation.site == "rnn.cell.drop" and c.derivation.step]
+    # (the split of the recurrent dropout's stream at each call is at that Dropout too)
+    assert len([c for c in rows if c.derivation.site == "rnn.cell.rdrop" and c.derivation.kind == "split"]) == 3
     assert len(rdrop) == 9 and len(drop) == 9
     # within a call every step draws the same recurrent mask; the next call a new one (split_rngs drew again)
     per_step = {step: {k for s, k in rdrop if s == step} for step in (1, 2, 3)}

@@ -902,3 +902,88 @@ def test_a_fix_on_a_module_a_repeated_statement_makes_says_it_is_not_checked(tmp
     fixes = [f for f in doc["fixes"] if "Block_1" in f]
     assert fixes and all("[not checked: in NEW's spec CheckpointBlock_1 is made by a statement" in f for f in fixes)
     assert all("[checked" in f or "[not checked" in f for f in doc["fixes"]), doc["fixes"]
+
+
+NNX_KEYS_SPEC = """\
+rngaudit: 1
+flavour: nnx
+rngs: {params: 0, dropout: 1}
+run: [call, call]
+model:
+  class: M
+  init: [Linear: {name: fc}, Dropout: {name: drop, rate: 0.5}]
+  call: [call: drop]
+"""
+
+
+def _nnx_keys_doc(tmp_path) -> dict:
+    from rngaudit.refactor.keys_file import capture_to_json, spec_capture
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text(NNX_KEYS_SPEC)
+    from rngaudit import parse_spec
+
+    return capture_to_json(spec_capture(str(spec), parse_spec(NNX_KEYS_SPEC, str(spec))), str(spec))
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda d: d["calls"][1].update(iteration="x"), "calls[1]: `iteration` must be a scan step"),
+        (lambda d: d["calls"][1].update(lane=["x"]), "calls[1]: `lane` must be a list of lane indices"),
+        (lambda d: d.update(calls=None), "`calls` is the list of the keys handed out"),
+        (lambda d: d.update(calls={}), "`calls` is the list of the keys handed out"),
+        (lambda d: d["calls"].__setitem__(0, 5), "calls[0]: a call record is a mapping, not 5"),
+        (lambda d: d.update(rngs="x"), "`rngs` is a mapping, not 'x'"),
+        (lambda d: d.update(versions="0.12"), "`versions` is a mapping, not '0.12'"),
+        (lambda d: d["calls"][1].update(key=None), "calls[1]: `key` is null (every NNX key handed out exists)"),
+        (lambda d: d["calls"][1].update(step=-1), "calls[1]: `step` must be an integer (0 construction"),
+        (lambda d: d["calls"][1].pop("step"), "calls[1]: `step` is missing"),
+        (lambda d: d["calls"][1].update(chain="key 1"), "calls[1]: `chain` must be a list of text"),
+        (lambda d: d["calls"][1].update(stream=None), "calls[1]: `stream` must be a stream name, not None"),
+        (lambda d: d["calls"][1].update(context="vmap"), "calls[1]: `context` must be a list of text"),
+        (lambda d: d["jax"].update(prng_impl="bogus"), "`jax.prng_impl` is one of threefry2x32, rbg, unsafe_rbg"),
+        (lambda d: d.update(phase="bogus"), "`phase` is one of init, apply, call, not 'bogus'"),
+        (lambda d: d.update(eval_steps=[0]), "`eval_steps` must be a list of step numbers"),
+        (lambda d: d.update(flavour="jax"), "`flavour` is linen or nnx, not 'jax'"),
+    ],
+)
+def test_a_bad_keys_file_is_one_error_line_at_the_field(tmp_path, edit, message):
+    # (these were raw Python exception texts without a place, or read as if valid: exit 0 or 1)
+    good = tmp_path / "good.json"
+    doc = _nnx_keys_doc(tmp_path)
+    good.write_text(json.dumps(doc, indent=2))
+    edit(doc)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc, indent=2))
+    r = invoke("diff", good, bad)
+    assert r.exit_code == 2 and len(r.stderr.splitlines()) == 1, r.stdout + r.stderr
+    assert re.match(rf"error: {re.escape(str(bad))}:\d+:\d+: not a valid rngaudit.capture file: ", r.stderr), r.stderr
+    assert message in r.stderr, r.stderr
+    assert invoke("diff", good, good).exit_code == 0  # (the file it was edited from is valid)
+
+
+def test_a_keys_file_holding_an_integer_past_pythons_limit_is_an_error_at_it(tmp_path):
+    # (json.loads raised a bare ValueError past 4,300 digits: an internal error)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "rngaudit.capture", "format_version": 1,\n "calls": [' + "9" * 5000 + "]}")
+    r = invoke("diff", bad, bad)
+    assert r.exit_code == 2 and r.stderr.startswith(f"error: {bad}:2:12: an integer of 5000 digits"), r.stderr
+
+
+def test_verify_of_a_spec_against_keys_of_the_other_flavour_is_a_usage_error(tmp_path):
+    # (it compared them: exit 1, every key missing or extra, as diff refuses to)
+    from rngaudit import parse_spec
+    from rngaudit.refactor.keys_file import capture_to_json, spec_capture
+
+    linen = tmp_path / "linen.yaml"
+    linen.write_text("rngaudit: 1\nrngs: {params: 0}\nmodel:\n  class: M\n  body: [Dense: {}]\n")
+    nnx = tmp_path / "nnx.yaml"
+    nnx.write_text(NNX_KEYS_SPEC)
+    for spec, other in ((linen, nnx), (nnx, linen)):
+        keys = tmp_path / f"{other.stem}.json"
+        doc = capture_to_json(spec_capture(str(other), parse_spec(other.read_text(), str(other))), str(other))
+        keys.write_text(json.dumps(doc))
+        r = invoke("verify", spec, "--against", keys)
+        assert r.exit_code == 2 and len(r.stderr.splitlines()) == 1, r.stdout + r.stderr
+        assert "verify checks a spec against the model it describes" in r.stderr, r.stderr

@@ -1060,6 +1060,11 @@ def _assert_runs_as_captured(f, spec, doc, seeds: dict, steps: int, step: str, f
     assert r.exit_code == 0 and "0 differ, 0 missing, 0 extra" in r.stdout, r.stdout + r.stderr
 
 
+def mkdir(path: pathlib.Path) -> pathlib.Path:
+    path.mkdir()
+    return path
+
+
 def _keys_file_keys(doc: dict) -> list:
     return sorted((c["stream"], c["count"], tuple(c["key"])) for c in doc["calls"])
 
@@ -1273,7 +1278,12 @@ TRAIN_STEP = HEADER + textwrap.dedent("""
         model(x)
 
     def layer(model, optimizer, x, y):
-        model.l1(x)
+        model(x)
+        model.drop(model.l1(x))  # (a drawing layer of the model called outside its call)
+
+    def quiet_layer(model, optimizer, x, y):
+        model(x)
+        model.l1(x)  # (a layer that draws nothing: no business of the keys)
 
     def nothing(model, optimizer, x, y):
         pass
@@ -1364,6 +1374,15 @@ def test_a_step_sees_the_factorys_module_its_classes_and_globals(tmp_path, step)
     assert "model" not in sys.modules or not sys.modules["model"].__name__.startswith("_rngaudit_user_")
 
 
+def test_a_step_calling_a_layer_of_the_model_that_draws_nothing_is_captured(tmp_path):
+    # (model.l1(x) beside model(x) was refused: "calls Linear outside the model's call"; it draws no key)
+    f = write(tmp_path, "train.py", TRAIN_STEP)
+    spec, doc = capture(
+        tmp_path, f"{f}:make_model", "--step", f"{f}:quiet_layer", "--rngs", "params=0,dropout=1", "--steps", "2"
+    )
+    _assert_runs_as_captured(f, spec, doc, {"params": 0, "dropout": 1}, 2, "quiet_layer")
+
+
 def test_a_step_calling_an_eager_merge_of_the_model_captures_the_keys_real_nnx_draws(tmp_path):
     """nnx.merge(*nnx.split(model)) outside jax.jit shares the model's variables: its draws are the model's (it
     was refused: "calls MLP outside the model's call")."""
@@ -1380,7 +1399,7 @@ def test_a_step_calling_an_eager_merge_of_the_model_captures_the_keys_real_nnx_d
     "step, message",
     [
         ("nothing", "step 1 does not call the model"),
-        ("layer", "step 1 calls Linear outside the model's call"),
+        ("layer", "step 1 calls Dropout outside the model's call"),
         ("stray", "step 1 draws 1 key(s) outside the model's call"),
         ("not_a_function", "not_a_function is not a function (it is a int)"),
         ("nowhere", "has no 'nowhere'"),
@@ -2942,6 +2961,14 @@ RESEED = HEADER + textwrap.dedent("""
     def reseed_a_part(model, x):
         nnx.reseed(model.drop, dropout=7)
         model(x)
+
+    def reseed_by_a_policy(model, x):
+        nnx.reseed(model, dropout=7, policy=lambda path, key, shape: key)
+        model(x)
+
+    def reseed_another(model, x):
+        nnx.reseed(nnx.Dropout(0.5, rngs=nnx.Rngs(dropout=3)), dropout=7)  # (a module outside the model)
+        model(x)
 """)
 
 
@@ -2959,10 +2986,22 @@ def test_a_step_reseeding_the_model(tmp_path):
     # without the step, verify says to give it
     r = invoke("verify", spec, "--against", f"{f}:make_model", "--rngs", "params=0,dropout=1")
     assert r.exit_code == 2 and "reseeds the model between calls (`reseed:`); give --step STEP" in r.stderr, r.stderr
-    out = tmp_path / "part.yaml"
-    r = invoke("capture", f"{f}:make_model", "--rngs", "params=0,dropout=1", "--step", f"{f}:reseed_a_part", "-o", out)
-    assert r.exit_code == 2 and "calls nnx.reseed of a Dropout, not of the model" in r.stderr, r.stderr
-    assert len(r.stderr.splitlines()) == 1 and not out.exists()
+    assert re.match(rf"error: {re.escape(str(spec))}:\d+:\d+: its `run:`", r.stderr), r.stderr  # (at the event)
+    # nnx.reseed(model.drop, ...): a reseed of that module only (`module:`)
+    spec, doc = capture(
+        tmp_path, f"{f}:make_model", "--rngs", "params=0,dropout=1", "--step", f"{f}:reseed_a_part", "--steps", "2"
+    )
+    run = yaml.safe_load(spec.read_text())["run"]
+    assert run[0] == {"reseed": {"streams": {"dropout": 7}, "module": "drop"}}, run
+    _assert_runs_as_captured(f, spec, doc, {"params": 0, "dropout": 1}, 2, "reseed_a_part")
+    for step, message in [
+        ("reseed_by_a_policy", "calls nnx.reseed with policy=<function"),
+        ("reseed_another", "calls nnx.reseed of a Dropout, not of the model nor of a module of it"),
+    ]:
+        out = tmp_path / "part.yaml"
+        r = invoke("capture", f"{f}:make_model", "--rngs", "params=0,dropout=1", "--step", f"{f}:{step}", "-o", out)
+        assert r.exit_code == 2 and message in r.stderr, r.stderr
+        assert len(r.stderr.splitlines()) == 1 and not out.exists()
 
 
 def test_diff_of_a_refactor_that_inverts_a_mode_test(tmp_path):
@@ -3098,6 +3137,22 @@ GAN = HEADER + textwrap.dedent("""
         nnx.reseed(generator, noise=3)
         discriminator(generator(4))
 
+    def reseed_both(generator, discriminator, g_opt, d_opt, real):
+        nnx.reseed(generator, dropout=3)
+        nnx.reseed(discriminator, dropout=4)
+        discriminator(generator(4))
+
+    def reseed_between(generator, discriminator, g_opt, d_opt, real):
+        fake = generator(4)
+        nnx.reseed(generator, noise=3)
+        discriminator(fake)
+
+    def draw_between(generator, discriminator, g_opt, d_opt, real):
+        # the step's own draw from the Rngs the generator keeps, between the models' calls
+        fake = generator(4)
+        noise = jax.random.normal(generator.rngs.noise(), fake.shape)
+        discriminator(fake + noise)
+
     def distill_step(student, teacher, g_opt, d_opt, real):
         # a teacher in eval mode, its student in train mode, set by the step itself
         teacher.eval()
@@ -3126,15 +3181,124 @@ def test_two_models_trained_by_one_step_are_captured_as_one_root(tmp_path):
         ("other_rngs", "step_without_optimizers", "the step calls a Discriminator it is given besides the model, not"),
         ("not_given", "calls_another", "calls a Discriminator that is neither the model nor a module of it"),
         ("cloned", "ema_step", "whose RNG streams are copies of the model's, at the same keys and counts"),
-        ("make_model", "reseed_one", "calls nnx.reseed of a Generator, not of the model"),
+        ("make_model", "reseed_between", "calls nnx.reseed after it has called or drawn from the models it is given"),
     ]:
         out = tmp_path / f"{factory}.yaml"
         r = invoke("capture", f"{f}:{factory}", "--rngs", rngs, "--step", f"{f}:{step}", "-o", out)
         assert r.exit_code == 2 and message in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
         assert not out.exists()
+    # the step's own draw from the Rngs a model keeps: a draw of the root's call, where it comes
+    part, pdoc = capture(
+        mkdir(tmp_path / "draw_between"),
+        f"{f}:make_model",
+        "--rngs",
+        rngs,
+        "--step",
+        f"{f}:draw_between",
+        "--steps",
+        "2",
+    )
+    assert yaml.safe_load(part.read_text())["model"]["call"] == [
+        {"call": "generator"},
+        {"draw": {"stream": "noise", "from": "generator"}},
+        {"call": "discriminator"},
+    ]
+    _assert_runs_as_captured(f, part, pdoc, {"params": 0, "dropout": 1, "noise": 2}, 2, "draw_between")
+    # one of the models reseeded by the step: a reseed of that submodule of the root
+    part, pdoc = capture(
+        mkdir(tmp_path / "reseed_one"), f"{f}:make_model", "--rngs", rngs, "--step", f"{f}:reseed_one", "--steps", "2"
+    )
+    assert {"reseed": {"streams": {"noise": 3}, "module": "generator"}} in yaml.safe_load(part.read_text())["run"]
+    _assert_runs_as_captured(f, part, pdoc, {"params": 0, "dropout": 1, "noise": 2}, 2, "reseed_one")
+    # two of them reseeded before the step calls either (the first reseed's own draws are not the models')
+    part, pdoc = capture(
+        mkdir(tmp_path / "reseed_both"), f"{f}:make_model", "--rngs", rngs, "--step", f"{f}:reseed_both"
+    )
+    assert yaml.safe_load(part.read_text())["run"][:2] == [
+        {"reseed": {"streams": {"dropout": 3}, "module": "generator"}},
+        {"reseed": {"streams": {"dropout": 4}, "module": "discriminator"}},
+    ]
+    _assert_runs_as_captured(f, part, pdoc, {"params": 0, "dropout": 1, "noise": 2}, 1, "reseed_both")
     # without the step, the factory's models cannot be called as one: the error says to give it
     r = invoke("verify", spec, "--against", f"{f}:make_model", "--rngs", rngs)
     assert r.exit_code == 2 and "the factory returns other models beside it, a Discriminator: give the step" in r.stderr
+
+
+DQN = HEADER + textwrap.dedent("""
+    class QNet(nnx.Module):
+        def __init__(self, rngs, rate=0.0):
+            self.l1 = nnx.Linear(4, 8, rngs=rngs)
+            self.drop = nnx.Dropout(rate, rngs=rngs)
+            self.l2 = nnx.Linear(8, 2, rngs=rngs)
+
+        def __call__(self, x):
+            return self.l2(self.drop(nnx.relu(self.l1(x))))
+
+    def make_model(rngs):
+        # a DQN: the target network a copy of the online one, called by every step
+        online = QNet(rngs)
+        return online, (nnx.clone(online), jnp.ones((3, 4)))
+
+    def eval_target(rngs):
+        online = QNet(rngs, 0.2)
+        target = nnx.clone(online)
+        target.eval()
+        return online, (target, jnp.ones((3, 4)))
+
+    def train_target(rngs):
+        online = QNet(rngs, 0.2)
+        return online, (nnx.clone(online), jnp.ones((3, 4)))
+
+    @nnx.jit
+    def train_step(model, target, x):
+        def loss(m):
+            q = m(x)
+            tq = jax.lax.stop_gradient(target(x))
+            return jnp.mean((q - tq.max(-1, keepdims=True)) ** 2)
+
+        nnx.value_and_grad(loss)(model)
+
+    def plain_step(model, target, x):
+        model(x)
+        target(x)
+
+    def actor_critic(rngs):
+        # an actor and a critic trained together, the critic's target network a copy of it (DDPG, SAC)
+        actor = QNet(rngs, 0.1)
+        critic = QNet(rngs)
+        return actor, (critic, nnx.clone(critic), jnp.ones((3, 4)))
+
+    def actor_critic_step(actor, critic, target_critic, x):
+        actor(x)
+        critic(x)
+        target_critic(x)
+""")
+
+
+def test_a_copy_the_step_calls_that_draws_no_key_is_left_out(tmp_path):
+    # a DQN's target network (nnx.clone of the model) without dropout, or in eval mode: its calls draw nothing,
+    # so the keys are the model's alone; one that draws repeats the model's keys and is refused
+    f = write(tmp_path, "dqn.py", DQN)
+    seeds = {"params": 0, "dropout": 1}
+    for factory, step in [
+        ("make_model", "train_step"),
+        ("eval_target", "train_step"),
+        ("actor_critic", "actor_critic_step"),
+    ]:
+        spec, doc = capture(
+            tmp_path, f"{f}:{factory}", "--rngs", "params=0,dropout=1", "--step", f"{f}:{step}", "--steps", "2"
+        )
+        model = yaml.safe_load(spec.read_text())["model"]
+        if factory == "actor_critic":
+            assert [m["module"]["name"] for m in model["init"]] == ["actor", "critic"], model
+            assert model["call"] == [{"call": "actor"}, {"call": "critic"}], model["call"]
+        else:
+            assert model["class"] == "QNet", model
+        _assert_runs_as_captured(f, spec, doc, seeds, 2, step, factory)
+    out = tmp_path / "refused.yaml"
+    r = invoke("capture", f"{f}:train_target", "--rngs", "params=0,dropout=1", "--step", f"{f}:plain_step", "-o", out)
+    assert r.exit_code == 2 and "whose RNG streams are copies of the model's" in r.stderr, r.stderr
+    assert len(r.stderr.splitlines()) == 1 and not out.exists()
 
 
 @pytest.mark.parametrize(
@@ -3208,3 +3372,182 @@ def test_verify_says_where_flax_hands_out_a_key_the_spec_replays_elsewhere(tmp_p
     r = invoke("verify", spec, "--against", f"{g}:make_model", "--rngs", "params=0,dropout=1")
     assert r.exit_code == 1, r.stdout + r.stderr
     assert "Flax hands it out at first/kernel" in r.stdout and "never hands it out" not in r.stdout, r.stdout
+
+
+SPLIT_TWO_DROPOUTS = HEADER + textwrap.dedent("""
+    class Tower(nnx.Module):
+        def __init__(self, *, rngs):
+            self.fc = nnx.Linear(4, 4, rngs=rngs)
+            self.drop = nnx.Dropout(0.1, rngs=rngs)
+            self.drop2 = nnx.Dropout(0.3, rngs=rngs)
+
+        def __call__(self, x):
+            return self.drop2(self.drop(self.fc(x)))
+
+    class Model(nnx.Module):
+        def __init__(self, *, rngs):
+            self.tower = Tower(rngs=rngs)
+
+        def __call__(self, x):
+            # the Randomness guide's data-parallel dropout: split the dropout streams, vmap over the batch
+            @nnx.split_rngs(splits=2, only="dropout")
+            @nnx.vmap(in_axes=(nnx.StateAxes({"dropout": 0, ...: None}), 0), out_axes=0)
+            def f(tower, xs):
+                return tower(xs)
+
+            return f(self.tower, x)
+
+    def make_model(rngs):
+        return Model(rngs=rngs), (jnp.ones((2, 3, 4)),)
+""")
+
+
+def test_the_split_of_two_streams_of_one_tag_is_two_sites(tmp_path):
+    # nnx.split_rngs draws one key from each Dropout's stream: both were at (tower, dropout, count 0, step 1), so
+    # capture's own keys file was refused ("repeats the call site") and verify compared one of the two
+    f = write(tmp_path, "m.py", SPLIT_TWO_DROPOUTS)
+    spec, doc = capture(tmp_path, f"{f}:make_model", "--rngs", "params=0,dropout=1", "--steps", "2")
+    split = sorted(c["path_str"] for c in doc["calls"] if c["kind"] == "split" and c["step"] == 1)
+    assert split == ["tower/drop", "tower/drop2"], split
+    assert_real_nnx_agrees(spec, doc)
+    n = len(doc["calls"])
+    keys = tmp_path / "keys.json"
+    for against in ((str(keys),), (f"{f}:make_model", "--rngs", "params=0,dropout=1")):
+        r = invoke("verify", spec, "--against", *against)
+        assert r.exit_code == 0 and f"{n} same, 0 differ, 0 missing, 0 extra" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_target_file_that_does_not_compile_says_where_and_a_unicode_factory_is_found(tmp_path):
+    bad = tmp_path / "syn.py"
+    bad.write_text("def make(:\n    pass\n")
+    r = invoke("capture", f"{bad}:make")
+    assert r.exit_code == 2 and f"raised SyntaxError at {bad}:1:10: invalid syntax" in r.stderr, r.stderr
+    nul = tmp_path / "nul.py"
+    nul.write_bytes(b"def make():\n    return 1\x00\n")
+    r = invoke("capture", f"{nul}:make")
+    assert r.exit_code == 2 and "None" not in r.stderr and "null bytes" in r.stderr, r.stderr
+    # a factory named in another script (a Python identifier all the same)
+    f = write(tmp_path, "m.py", MLP.replace("def make_model(", "def 模型("))
+    _, doc = capture(tmp_path, f"{f}:模型", "--rngs", "params=0,dropout=1")
+    assert doc["calls"]
+
+
+STREAM_GIVEN = HEADER + textwrap.dedent("""
+    class Model(nnx.Module):
+        def __init__(self, *, rngs):
+            self.fc = nnx.Linear(4, 4, rngs=rngs)
+            self.drop = nnx.Dropout(0.5)
+            self.drop2 = nnx.Dropout(0.5)
+            self.attn = nnx.MultiHeadAttention(
+                num_heads=2, in_features=4, dropout_rate=0.5, decode=False, deterministic=False, keep_rngs=False,
+                rngs=rngs,
+            )
+            self.rngs = rngs
+
+        def __call__(self, x, rngs: nnx.Rngs):
+            # layers given a stream, not an Rngs: the call's, and the one the model keeps
+            y = self.drop(self.fc(x), rngs=rngs.dropout)
+            return self.attn(y[:, None, :], rngs=rngs.dropout)
+
+    def make_model(rngs):
+        return Model(rngs=rngs), (jnp.ones((2, 4)), nnx.Rngs(dropout=7))
+
+    class Own(Model):
+        def __call__(self, x, rngs: nnx.Rngs):
+            return self.drop2(self.fc(x), rngs=self.rngs.dropout)
+
+    def own(rngs):
+        return Own(rngs=rngs), (jnp.ones((2, 4)), nnx.Rngs(dropout=7))
+
+    class Other(Model):
+        def __call__(self, x, rngs: nnx.Rngs):
+            return self.drop(x, rngs=self.rngs.params)
+
+    def other(rngs):
+        return Other(rngs=rngs), (jnp.ones((2, 4)), nnx.Rngs(dropout=7))
+""")
+
+
+def test_a_layer_given_a_stream_at_its_call_draws_from_it(tmp_path):
+    # (a Dropout given rngs=rngs.dropout was read as given a key: "NNX handed out 5 keys and the spec replays 2";
+    # an attention layer without rngs of its own given one: an internal error)
+    f = write(tmp_path, "m.py", STREAM_GIVEN)
+    for factory, drawing in (("make_model", ["attn", "drop"]), ("own", ["drop2"])):
+        spec, doc = capture(mkdir(tmp_path / factory), f"{f}:{factory}", "--rngs", "params=0,dropout=1", "--steps", "2")
+        assert_real_nnx_agrees(spec, doc)
+        assert sorted({c["path_str"] for c in doc["calls"] if c["step"]}) == drawing, doc["calls"]
+        r = invoke("verify", spec, "--against", f"{f}:{factory}", "--rngs", "params=0,dropout=1")
+        assert r.exit_code == 0 and "0 differ, 0 missing, 0 extra" in r.stdout, r.stdout + r.stderr
+    # a stream of another name than the layer takes from an Rngs: said, not guessed
+    out = tmp_path / "other.yaml"
+    r = invoke("capture", f"{f}:other", "--rngs", "params=0,dropout=1", "-o", out)
+    assert r.exit_code == 2 and "is given the stream 'params' of an Rngs (rngs=params), not its 'dropout'" in r.stderr
+    assert len(r.stderr.splitlines()) == 1 and not out.exists()
+
+
+def test_a_factory_returning_what_capture_cannot_use_says_what_it_returned(tmp_path):
+    f = write(
+        tmp_path,
+        "m.py",
+        MLP
+        + textwrap.dedent("""
+            def four(rngs):
+                return MLP(4, 8, 2, rngs=rngs), (jnp.ones((3, 4)),), {}, 1
+
+            import flax.linen as nn
+
+            def linen():
+                return nn.Dense(3), (jnp.ones((1, 2)),)
+        """),
+    )
+    # (it said the factory "returned an NNX model" and should take an Rngs, which it does)
+    r = invoke("capture", f"{f}:four", "--rngs", "params=0,dropout=1")
+    assert r.exit_code == 2 and "four(rngs) returned a tuple of 4 values; return the module, (module, args)" in r.stderr
+    spec, _ = capture(tmp_path, f"{f}:make_model", "--rngs", "params=0,dropout=1")
+    # an NNX spec verified against a Linen factory (it said "returned a tuple, not an nnx.Module")
+    r = invoke("verify", spec, "--against", f"{f}:linen")
+    assert r.exit_code == 2 and "returned a Linen module (Dense), and the spec is an NNX spec" in r.stderr, r.stderr
+
+
+LIST_RESEED = HEADER + textwrap.dedent("""
+    class Block(nnx.Module):
+        def __init__(self, rngs):
+            self.fc = nnx.Linear(4, 4, rngs=rngs)
+            self.drop = nnx.Dropout(0.5, rngs=rngs)
+
+        def __call__(self, x):
+            return self.drop(self.fc(x))
+
+    class Model(nnx.Module):
+        def __init__(self, rngs):
+            self.blocks = nnx.List([Block(rngs), Block(rngs)])
+            self.head = nnx.Dropout(0.5, rngs=rngs)
+
+        def __call__(self, x):
+            for b in self.blocks:
+                x = b(x)
+            return self.head(x)
+
+    def make_model(rngs):
+        return Model(rngs), (jnp.ones((2, 4)),)
+
+    def reseed_list(model, x):
+        nnx.reseed(model.blocks, dropout=7)
+        model(x)
+
+    def reseed_item(model, x):
+        nnx.reseed(model.blocks[1], dropout=7)
+        model(x)
+""")
+
+
+@pytest.mark.parametrize("step, module", [("reseed_list", "blocks"), ("reseed_item", "blocks.1")])
+def test_a_reseed_of_an_nnx_list_or_one_of_its_items(tmp_path, step, module):
+    # (a reseed of the list was an internal error: `module: blocks` named no attribute of the spec, whose
+    # attributes are the items, blocks.0 and blocks.1)
+    f = write(tmp_path, "m.py", LIST_RESEED)
+    spec, doc = capture(
+        tmp_path, f"{f}:make_model", "--rngs", "params=0,dropout=1", "--step", f"{f}:{step}", "--steps", "2"
+    )
+    assert yaml.safe_load(spec.read_text())["run"][0] == {"reseed": {"streams": {"dropout": 7}, "module": module}}
+    _assert_runs_as_captured(f, spec, doc, {"params": 0, "dropout": 1}, 2, step)

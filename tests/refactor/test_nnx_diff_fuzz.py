@@ -671,3 +671,70 @@ def test_a_linen_module_inside_to_nnx_is_explained_as_linen(tmp_path, edit, stat
         assert len(c["why"]) == 1 and c["why"][0].startswith("a Linen key inside bridge.ToNNX"), c["why"]
         assert why in c["why"][0], c["why"]
         assert c["path"][0] == "enc"
+
+
+INSERTED_DROPOUT = """
+rngaudit: 1
+flavour: nnx
+rngs: {params: 0, dropout: 1}
+model:
+  class: M
+  init:
+    - Linear: {name: fc}
+    - Dropout: {name: drop, rate: 0.1}
+    - Dropout: {name: drop2, rate: 0.1}
+  call: [call: drop, call: drop2]
+"""
+
+
+def test_a_new_layer_drawing_the_key_a_changed_site_drew_before_says_where(tmp_path):
+    """A Dropout inserted before another takes the fork (and so the masks) the other had: its NEW draws are keys
+    the old version drew at a site that is CHANGED now, and diff says where (it looked only at GONE sites)."""
+    from support import invoke
+
+    old, new = tmp_path / "old.yaml", tmp_path / "new.yaml"
+    old.write_text(INSERTED_DROPOUT)
+    new.write_text(
+        INSERTED_DROPOUT.replace(
+            "    - Dropout: {name: drop,", "    - Dropout: {name: drop0, rate: 0.1}\n    - Dropout: {name: drop,"
+        ).replace("call: [call: drop,", "call: [call: drop0, call: drop,")
+    )
+    drawn = _derived(
+        old,
+        new,
+        lambda c: (c.derivation.step, c.derivation.site, tuple(c.key)),
+        lambda c: c.derivation.stream.endswith("drop.rngs") or c.derivation.stream == "drop0.rngs",
+    )
+    # (the claim holds: drop0 draws now the key drop drew at step 1 before, and drop draws another)
+    ((_, _, was),) = [r for r in drawn["old"] if r[:2] == (1, "drop")]
+    assert [r for r in drawn["new"] if r[2] == was] == [(1, "drop0", was)], drawn
+    r = invoke("diff", old, new, "--format", "json")
+    assert r.exit_code == 1, r.stdout + r.stderr
+    sites = {(s["status"], s["path_str"], s["step"]): s for s in json.loads(r.stdout)["sites"]}
+    assert sites[("changed", "drop", 1)]["old_key"] == list(was)
+    assert "the old version drew this key at drop (step 1)" in sites[("new", "drop0", 1)]["why"], sites
+    assert "the old version drew this key at drop (construction)" in sites[("new", "drop0", 0)]["why"], sites
+
+
+def test_a_count_shift_from_a_draw_added_is_not_put_down_to_the_streams_key(tmp_path):
+    """A Dropout inserted before `drop` changes drop's fork (its stream's key), and drop called twice a step
+    shifts its counts: the count shift is the added call's, not the stream made differently (the chain is named
+    where a reseed reaches the stream in one version only)."""
+    from support import invoke
+
+    old, new = tmp_path / "old.yaml", tmp_path / "new.yaml"
+    base = (
+        "rngaudit: 1\nflavour: nnx\nrngs: {params: 0, dropout: 1}\nsteps: 2\nmodel:\n  class: M\n"
+        "  init: [Linear: {name: fc}, Dropout: {name: drop, rate: 0.1}]\n  call: [call: drop]\n"
+    )
+    old.write_text(base)
+    new.write_text(
+        base.replace(
+            "    - Dropout: {name: drop,", "    - Dropout: {name: d0, rate: 0.1}\n    - Dropout: {name: drop,"
+        ).replace("call: [call: drop]", "call: [call: {name: drop, repeat: 2}]")
+    )
+    r = invoke("diff", old, new, "--format", "json")
+    assert r.exit_code == 1, r.stdout + r.stderr
+    shifted = [x for x in json.loads(r.stdout)["sites"] if x["path_str"] == "drop" and x["step"] == 2]
+    assert shifted and all("made differently" not in " ".join(x["why"]) for x in shifted), shifted
+    assert any("1 more keys of drop.rngs handed out before it" in " ".join(x["why"]) for x in shifted), shifted
