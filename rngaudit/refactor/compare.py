@@ -1075,7 +1075,9 @@ class _CountShifts:
         return (
             f"count shift: {'.'.join(s.path)} drew {s.stream!r} count {before.count} before and {after.count} now, "
             f"{abs(delta)} {'more' if delta > 0 else 'fewer'} keys of {site.stream_path} handed out before it"
-            f"{where}. {advice}"
+            f"{where}. {advice}" + (f". And {_chain_change(before, after)}" if before.chain != after.chain else "")
+            # (its key was made another way too: both versions reseed it, at other steps or with other seeds; a fork
+            # made at another count)
         )
 
     def what(self, t: Site, side: str) -> str:
