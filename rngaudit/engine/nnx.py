@@ -1048,7 +1048,8 @@ class NnxReplayer:
             self.vmapping = outer_vmap
             return
         under = tuple(target.path.split(".")) if target.path else ()
-        streams = [s for _, s in self.streams_in_graph_order(under)]
+        graph = self.streams_in_graph_order(under)
+        streams = [s for _, s in graph]
         if t.kind == "scan":
             # mirrors nnx.scan with StateAxes({broadcast: None, ...: nnx.Carry}): carried counts thread through
             # the steps; a broadcast stream starts every step at its count and its update is dropped
@@ -1080,7 +1081,7 @@ class NnxReplayer:
         n = t.lanes
         where = target.path or "(root)"
         split = []
-        for at, s in self.streams_in_graph_order(under):
+        for at, s in graph:
             if s.tag in t.streams:
                 count = s.count
                 self.draw(s, _owner(at), "split", s.tag, loc)
@@ -1425,15 +1426,13 @@ def _refuse_past_limits(spec: NnxSpec) -> None:
     if steps * (1 + calls) > MAX_NNX_CALLS:
         raise SpecError(
             f"the model makes more than {MAX_NNX_CALLS} module calls ({steps} step{'s' * (steps > 1)} of at least "
-            f"{1 + calls}); reduce "
-            "`repeat`, `steps`, `iterations`, `scan:`, `vmap:` or `stack:`",
+            f"{1 + calls}); reduce `repeat`, `steps`, `iterations`, `scan:`, `vmap:` or `stack:`",
             spec.model.loc,
         )
     if steps * draws > MAX_NNX_DRAWS:
         raise SpecError(
             f"the model draws more than {MAX_NNX_DRAWS} keys ({steps} step{'s' * (steps > 1)} of at least {draws}); "
-            "reduce `repeat`, "
-            "`steps` or `iterations`",
+            "reduce `repeat`, `steps` or `iterations`",
             spec.model.loc,
         )
 

@@ -498,12 +498,9 @@ def _explain_nnx(cmp: Comparison, old: Capture, new: Capture) -> None:
         if e.status in ("new", "gone") and not e.why:
             # (an NNX site is a layer's draw at a step: a layer that is there still draws nothing where it is
             # deterministic, as in eval mode)
+            both = e.site.path in paths["old" if e.status == "new" else "new"]
             held = {side: e.site.path in _containers(cap) for side, cap in (("old", old), ("new", new))}
-            if (
-                e.site.path in paths["old" if e.status == "new" else "new"]
-                and held["old"] != held["new"]
-                and e.site.path[-1:][0].isdigit()
-            ):
+            if both and held["old"] != held["new"] and e.site.path[-1:][0].isdigit():
                 # (an item of a list or an nnx.Sequential that is a module in one version and a layer in the other:
                 # another thing now; a named attribute whose draws moved to or from one under it is the same one)
                 e.why.append(
@@ -515,7 +512,7 @@ def _explain_nnx(cmp: Comparison, old: Capture, new: Capture) -> None:
                     )
                     + " (items of a list or an nnx.Sequential inserted, removed or reordered before it?)"
                 )
-            elif e.site.path in paths["old" if e.status == "new" else "new"]:
+            elif both:
                 # (the layer is there in both: what it draws, or from what, changed)
                 e.why.append(
                     f"{e.site.path_str} is there in both versions and "

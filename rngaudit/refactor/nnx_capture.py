@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from ..errors import InternalError, RngauditError, UnsupportedError, UsageError, UserCodeError
-from ..spec.nnx import CARRY_DRAWS, CELLS, LAYER_OPTIONS
+from ..spec.nnx import CARRY_DRAWS, CELLS, LAYER_OPTIONS, RESEED_POLICIES
 from ..usercode import CodeRef, first_line, load
 from .keys_file import Capture, Site
 from .specgen import jax_doc
@@ -550,7 +550,7 @@ def _observed(rec: NnxRecorder) -> Iterator[None]:
         where = _reseeded(rec, node)
         if isinstance(where, str):
             rec.reseeds.append(where)
-        elif policy not in ("scalars_only", "match_shape"):
+        elif policy not in RESEED_POLICIES:
             rec.reseeds.append(f"nnx.reseed with policy={policy!r}")
         elif not seeds or any(v is None for v in seeds.values()):
             rec.reseeds.append("nnx.reseed with keys that are not integer seeds or concrete keys")
