@@ -528,13 +528,15 @@ def _verify_nnx(spec: NnxSpec, target: str, inputs, rngs, method, step: str | No
     if any(
         not isinstance(e, (NnxStep, NnxMode, NnxRunDraw, NnxReseed))
         or isinstance(e, NnxStep)
-        and ((e.stale and step is None) or e.transform or e.fork is not None)
+        and (e.stale or e.transform or e.fork is not None)
+        and step is None
         for e in spec.run
     ):
         raise UsageError(
-            f"{spec.file}: verify against a live NNX model runs plain calls (and, with --step, the step's "
-            "stale_calls and nnx.reseed calls); this spec's `run:` has other events (vmap, scan or fork_rngs "
-            "calls, or stale_call without --step): compare it with a keys file instead"
+            f"{spec.file}: its `run:` calls the model under nnx.vmap/nnx.scan or nnx.fork_rngs, or as a pure "
+            "jax.jit step dropping its state (stale_call), and verify against a live NNX model makes plain calls "
+            "without --step: give --step STEP, the training step that makes those calls, or compare the spec with "
+            "a keys file"
         )
     for kind, what, who in (
         (NnxReseed, "reseeds the model between calls (`reseed:`)", "the training step that calls nnx.reseed"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -284,6 +285,43 @@ def _reseeded(model, name: str):
         return holder
 
 
+class _Items(nnx.Module):
+    """What an nnx.List is to graph order: items held as attributes "0", "1", ... walked by their index."""
+
+    _pytree__has_int_keys = True
+
+
+def _nest(module) -> None:
+    """A spec's dotted layer names (`blocks.0`, `head.layers.2`: what capture writes for the items of an nnx.List
+    or Sequential), built first as attributes of those names, moved into the containers real NNX has: `blocks` an
+    nnx.List-like `_Items` holding "0", "1", ..., so nnx.graph walks `blocks.2` before `blocks.10` as it does a
+    real model's (a name whose head is a layer of its own is left where it is)."""
+    for name in [a for a in vars(module) if "." in a]:
+        parts = name.split(".")
+        holder, fits = module, True
+        for part in parts[:-1]:
+            holder = vars(holder).get(part)
+            if holder is None:
+                break
+            if not isinstance(holder, (_Items, _Holder)):
+                fits = False
+                break
+        if not fits:
+            continue
+        value = getattr(module, name)
+        delattr(module, name)
+        holder = module
+        for part, after in itertools.pairwise(parts):
+            if part not in vars(holder):
+                setattr(holder, part, _Items() if after.isdigit() else _Holder())
+            holder = getattr(holder, part)
+        setattr(holder, parts[-1], value)
+
+
+class _Holder(nnx.Module):
+    """A module holding what a dotted name puts under it (`head` of `head.layers.2`)."""
+
+
 def _attribute(obj, name: str):
     """obj.<name>, or (a dotted spec name, `enc.drop`) a submodule's attribute: self.enc.drop."""
     if hasattr(obj, name):
@@ -347,6 +385,7 @@ def _class(mod: NnxModule, rec: _Recorder, path: str, cache: dict):
             elif isinstance(st, NnxStreamFork):
                 rec.site = join(st.name)  # (the fork's draws, as a Dropout's, are at its attribute)
                 setattr(self, st.name, getattr(rngs, st.stream).fork())
+        _nest(self)
         if mod.keep_rngs:
             self.rngs = rngs
         if _has_when(mod.call):

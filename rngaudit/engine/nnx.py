@@ -175,6 +175,13 @@ class Rngs:
         return s
 
 
+def _graph_sort_key(path: tuple[str, ...]) -> tuple[tuple[int, int, str], ...]:
+    """Where nnx.graph's walk puts `path` among its siblings: attributes by name, and the items of an nnx.List
+    (`blocks.10`, held as attribute "10") by their index, so `blocks.2` before `blocks.10` (mirrors
+    graphlib._type_aware_sort over the int keys of a Pytree with _pytree__has_int_keys)."""
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for part in path for p in part.split("."))
+
+
 class NnxReplayer:
     """Runs an NNX spec's model: construction, then `steps` calls, recording every key handed out."""
 
@@ -286,7 +293,7 @@ class NnxReplayer:
         together."""
         seen: set[int] = set()
         out = []
-        for path, s in sorted(self.graph, key=lambda ps: ps[0]):
+        for path, s in sorted(self.graph, key=lambda ps: _graph_sort_key(ps[0])):
             # (a layer or fork named `blocks.0`, an item of a list, is under `blocks` and `blocks.0` as a module is)
             flat = path if not under else tuple(p for part in path for p in part.split("."))
             if flat[: len(under)] == under and id(s) not in seen:
@@ -1314,7 +1321,10 @@ class Instance:
         if keeper in self.forks:  # (a fork kept under a dotted name, an item of a list: blocks.0)
             return _join(self.path, keeper), self.forks[keeper]
         head, _, last = keeper.rpartition(".")
-        holder = self.attr(head) if head else self
+        try:
+            holder = self.attr(head) if head else self
+        except KeyError:
+            holder = None  # (`blocks` of a module kept as `blocks.0`, an item of a list: no attribute of its own)
         if isinstance(holder, Instance) and last in holder.forks:
             return _join(holder.path, last), holder.forks[last]
         owner = self.attr(keeper) if keeper else self

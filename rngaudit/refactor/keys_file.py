@@ -11,13 +11,19 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .. import __version__
-from ..errors import InputError, Location, RngauditError
+from ..errors import InputError, Location, RngauditError, UnsupportedError
 
 if TYPE_CHECKING:
     from ..spec.json_source import JsonDoc
 
 CAPTURE_FORMAT = "rngaudit.capture"
 CAPTURE_FORMAT_VERSION = 1
+
+
+def _fork_depth(chain: tuple[str, ...]) -> tuple[int, ...]:
+    """How many nnx.fork_rngs/nnx.split_rngs a key's chain went through, where any: (n,), else ()."""
+    n = sum(1 for link in chain if "(nnx.fork_rngs for " in link or "(nnx.split_rngs for " in link)
+    return (n,) if n else ()
 
 
 @dataclass
@@ -43,8 +49,9 @@ class Site:
     def ident(self) -> tuple:
         if self.step >= 0:
             # (a module built from rngs.fork() that draws itself: the fork's key and its own first draw are at the
-            # same path, stream and count)
-            fork = ("fork",) if self.kind == "fork" else ()
+            # same path, stream and count; nnx.fork_rngs of the model and then of a module in it fork one stream at
+            # one count twice, the second time the first fork: told apart by how many forks its key went through)
+            fork = ("fork", *_fork_depth(self.chain)) if self.kind == "fork" else ()
             return (self.path, self.stream, self.count, self.lane, self.step, self.iteration, *fork)
         return (self.path, self.stream, self.count, self.lane)
 
@@ -519,6 +526,15 @@ def _spec_capture(name: str, spec) -> Capture:
         }
         rngs = {s: src.text for s, src in spec.rngs.items()}
         sites = nnx_sites(derive_nnx(spec, values=False))
+        seen: dict[tuple, Site] = {}
+        for s in sites:
+            if seen.setdefault(s.ident, s) is not s:
+                # (diff and verify pair keys by their site: two at one site would hide each other)
+                raise UnsupportedError(
+                    f"{spec.file}: step {s.step} draws two keys at {s.path_str} (stream {s.stream!r}, count "
+                    f"{s.count}{', a fork' if s.kind == 'fork' else ''}) that diff and verify cannot tell apart; "
+                    "please report this spec"
+                )
         return Capture(name, "call", rngs, settings, sites, {}, flavour="nnx", eval_steps=spec.eval_steps)
     settings = {
         "fix_rng_separator": spec.fix_rng_separator,

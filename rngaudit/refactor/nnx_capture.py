@@ -91,6 +91,7 @@ class Called:
     mode: bool | None = None
     synthetic: bool = False  # the call of the root standing for several models: the step itself
     touched: bool = False  # whether a key was drawn during the call (by it, a module it called, a fork or a split)
+    fork: tuple[str, ...] | None = None  # called in `with nnx.fork_rngs(it, split=...)`: the tags forked (() all)
 
 
 @dataclass
@@ -171,6 +172,16 @@ class NnxRecorder:
         self.dropped: set[str] = set()  # "model" / "rngs": a copy's counts were not written back this step
         self.split_of: dict[int, tuple] = {}  # id(an nnx.split graphdef) -> (it, what it was split from)
         self.stale: set[int] = set()  # the model's calls whose RNG counts were not written back (stale_call)
+        # call of the model -> (the transform, the model's place among its arguments, depth): the step calls the
+        # model under nnx.vmap/nnx.scan (the Randomness guide's data-parallel dropout and sample_from_model)
+        self.root_how: dict[int, tuple] = {}
+        self.root_fields: dict[int, dict] = {}  # call of the model -> its transform as a spec says it (root_how's)
+        self.ahead: list[int] = []  # records of the keys nnx.split_rngs draws in a step before the call it splits for
+        # nnx.fork_rngs(node, split=...) at work: [node (outside), the tags forked (() every stream), its backups,
+        # whether node has been called under it]
+        self.forked: list[list] = []
+        self.fork_problems: list[str] = []  # nnx.fork_rngs used as a spec cannot say (said when the step ends)
+        self.root_fork: dict[int, tuple[str, ...]] = {}  # call of the model -> the tags the step forked for it
 
     def reset(self) -> None:
         """Empty, as made (and active)."""
@@ -179,6 +190,10 @@ class NnxRecorder:
     def resolve(self, obj):
         return self.alias.get(id(obj), obj)
 
+    def between_calls(self) -> bool:
+        """Whether a step is running and no module is being built or called (the step's own code)."""
+        return bool(self.invocation) and not self.calling and not self.building
+
     def inside(self) -> bool:
         """Whether a module's call is running (not the step of several models, which stands for their root's)."""
         return bool(self.calling) and not self.calling[-1].synthetic
@@ -186,6 +201,9 @@ class NnxRecorder:
     def next_step(self) -> None:
         """A call of the model starts (a step of the spec): the draws the training step made before it are its."""
         self.step += 1
+        for j in self.ahead:
+            self.records[j]["step"] = self.step
+        self.ahead = []
         if self.pending:
             for i, _, _ in self.pending:
                 if i is not None:
@@ -230,6 +248,8 @@ class NnxRecorder:
         if self.forks:
             return
         if self.splits and not self.splits[-1].body:
+            if self.between_calls() and not traced:
+                self.ahead.append(len(self.records) - 1)  # (in a step, before the call of the model it splits for)
             return  # nnx.split_rngs drawing the keys it splits
         tag = self.asked.get(id(stream), tag)
         if self.inside():
@@ -310,7 +330,7 @@ def _seed(value) -> int | list[int] | None:
 def _observed(rec: NnxRecorder) -> Iterator[None]:
     import jax
     from flax import nnx
-    from flax.nnx import pytreelib
+    from flax.nnx import pytreelib, rnglib
 
     meta = pytreelib.PytreeMeta
     construct = meta._pytree_meta_construct
@@ -380,6 +400,57 @@ def _observed(rec: NnxRecorder) -> Iterator[None]:
         if not rec.active or node is not _MISSING or "splits" not in kw:
             # as a function or context manager: not followed (what it splits shows as draws no spec explains)
             return split_rngs(**kw) if node is _MISSING else split_rngs(node, **kw)
+        return splitting(split_rngs, kw, kw["splits"], kw.get("only", ...))
+
+    def fork_rngs_hook(node=_MISSING, /, **kw):
+        # @nnx.fork_rngs(split={'dropout': 5}) (the Randomness guide's sample_from_model): what
+        # @nnx.split_rngs(splits=5, only='dropout') does (the same keys and counts, checked against real NNX)
+        plain = set(kw) <= {"split"}
+        if rec.active and plain and node is not _MISSING:
+            tags = _fork_tags(kw.get("split"))
+            if tags is not None:
+                return forking(node, kw, tags)
+        n, only = _fork_split(kw.get("split")) if plain else (None, None)
+        if not rec.active or node is not _MISSING or n is None:
+            return fork_rngs(**kw) if node is _MISSING else fork_rngs(node, **kw)
+        return splitting(fork_rngs, kw, n, only)
+
+    def forking(node, kw: dict, tags: tuple[str, ...]):
+        """`with nnx.fork_rngs(node, split={tags: None})` (or its backups restored by nnx.restore_rngs): the keys
+        it draws (one per stream forked, the spec's `fork_rngs` says them), and node's call under it."""
+        first = len(rec.records)
+        ahead = rec.between_calls() and not rec.transforms
+        if rec.transforms and (not rec.calling or len(rec.transforms) > rec.calling[-1].transforms):
+            rec.fork_problems.append(
+                f"nnx.fork_rngs of a {type(rec.resolve(node)).__name__} inside the function of nnx.vmap/nnx.scan (an "
+                "NNX spec forks outside the transform: `call: {name: X, vmap: N, fork_rngs: true}`)"
+            )
+            return fork_rngs(node, **kw)  # type: ignore[misc]
+        rec.forks += 1
+        try:
+            backups = fork_rngs(node, **kw)  # type: ignore[misc]  # (hooked only where Flax has it)
+        finally:
+            rec.forks -= 1
+        if ahead:
+            rec.ahead.extend(range(first, len(rec.records)))  # (a step's, before the call of the model it forks)
+        rec.forked.append([rec.resolve(node), tags, backups, False])
+        return backups
+
+    def restore_hook(backups, /):
+        for i in range(len(rec.forked) - 1, -1, -1):
+            if rec.forked[i][2] is backups:
+                node, _, _, called = rec.forked.pop(i)
+                if not called:
+                    rec.fork_problems.append(
+                        f"nnx.fork_rngs of a {type(node).__name__} that is not called under it (or only under "
+                        "another nnx.fork_rngs inside it, or not as a module of the model, whose call an NNX spec "
+                        "marks `fork_rngs:`); capture reads `with nnx.fork_rngs(module): module(x)`"
+                    )
+                break
+        return restore_rngs(backups)
+
+    def splitting(original, kw: dict, n, only):
+        """The decorator `original(**kw)` makes, noting the split it makes (Split) while the function it wraps runs."""
 
         def decorator(f):
             def body(*a, **k):
@@ -387,15 +458,14 @@ def _observed(rec: NnxRecorder) -> Iterator[None]:
                 return f(*a, **k)
 
             functools.update_wrapper(body, f)
-            wrapped = split_rngs(**kw)(body)
-            plain = split_rngs(**kw)(f)
+            wrapped = original(**kw)(body)
+            plain = original(**kw)(f)
 
             @functools.wraps(f)
             def outer(*a, **k):
                 if not rec.active:  # (applied at import, called after capture: Flax's own)
                     return plain(*a, **k)
-                n = kw["splits"]
-                rec.splits.append(Split(n if isinstance(n, int) else -1, kw.get("only", ...), (*a, *k.values())))
+                rec.splits.append(Split(n if isinstance(n, int) else -1, only, (*a, *k.values())))
                 try:
                     return wrapped(*a, **k)
                 finally:
@@ -498,6 +568,8 @@ def _observed(rec: NnxRecorder) -> Iterator[None]:
         return tonnx_call(self, *args, **kwargs)
 
     split_rngs, vmap, scan = nnx.split_rngs, nnx.vmap, nnx.scan
+    fork_rngs = getattr(nnx, "fork_rngs", None)  # (flax 0.11 and later)
+    restore_rngs = getattr(rnglib, "restore_rngs", None)
     get_stream = getattr(nnx.Rngs, "_get_stream", None)
 
     def get_stream_hook(self, name, *args, **kwargs):
@@ -691,6 +763,12 @@ def _observed(rec: NnxRecorder) -> Iterator[None]:
         (nnx.RngStream, "fork", stream_fork, stream_fork_hook),
         *(((nnx, "reseed", reseed, reseed_hook),) if reseed is not None else ()),
         (nnx, "split_rngs", split_rngs, split_hook),
+        *(((nnx, "fork_rngs", fork_rngs, fork_rngs_hook),) if fork_rngs is not None else ()),
+        *(
+            ((rnglib, "restore_rngs", restore_rngs, restore_hook), (nnx, "restore_rngs", restore_rngs, restore_hook))
+            if restore_rngs is not None and getattr(nnx, "restore_rngs", None) is restore_rngs
+            else ()
+        ),
         (nnx, "vmap", vmap, transform_hook("vmap", vmap)),
         (nnx, "scan", scan, transform_hook("scan", scan)),
     ]
@@ -1029,12 +1107,27 @@ def _call_hook(rec: NnxRecorder, original):
             frame.key = True
             data = _seed(given)
             rec.given_keys.setdefault(id(outside), set()).add(None if data is None else tuple(data))
+        if rec.forked and rec.forked[-1][0] is outside:
+            if rec.forked[-1][3]:
+                rec.fork_problems.append(
+                    f"a {type(outside).__name__} is called twice under one nnx.fork_rngs (an NNX spec's `fork_rngs:` "
+                    "forks at each call it marks: fork for each call)"
+                )
+            rec.forked[-1][3] = True
+            frame.fork = rec.forked[-1][1]
         if _is_rnn(outside) or _is_bidi(outside):
             frame.rnn = _rnn_call(rec, outside, args, kwargs, bool(rec.calling) and _is_bidi(rec.calling[-1].obj))
         if not rec.calling:
             rec.top.append(outside)
             if outside is rec.model and rec.invocation:
                 rec.next_step()
+                if frame.fork is not None:
+                    rec.root_fork[rec.step] = frame.fork  # (`call: {fork_rngs: ...}` in run:)
+                if rec.transforms:
+                    # the step calls the model under nnx.vmap/nnx.scan (`call: {vmap: N, split: dropout}` in run:)
+                    t = rec.transforms[-1]
+                    pos = next((i for i, a in enumerate(t.outer) if rec.resolve(a) is outside), None)
+                    rec.root_how[rec.step] = (t, pos, len(rec.transforms))
         if _is_layer(outside) and _draws_unless_deterministic(self):
             given_mode = _as_mode(kwargs.get("deterministic"))
             mode = _as_mode(getattr(self, "deterministic", None)) if given_mode is None else given_mode
@@ -1149,6 +1242,8 @@ def _remember(rec: NnxRecorder, frame: Called) -> None:
             elif what.given is not None:
                 # drop(x, rngs=rngs): a draw from the Rngs the call was given (under a transform: not said)
                 out.append(("call", id(what.obj), "call_rngs" if how[0] is None else "call_rngs_transformed"))
+            elif what.fork is not None:
+                out.append(("call", id(what.obj), ("fork", what.fork, how[0])))  # (in nnx.fork_rngs(it))
             elif what.key and how[0] is None:
                 out.append(("call", id(what.obj), "key"))  # (drop(x, rngs=key): its key, if one, in the spec)
             elif what.quiet and how[0] is None:
@@ -1205,10 +1300,17 @@ def _signature(rec: NnxRecorder, x: list) -> list:
             if k == "draw"
             else h
             if h is None or isinstance(h, str) or h[0] == "rnn"
-            else (h[0].kind, h[1], h[2]),
+            else ("fork", h[1], _how_signature(h[2]))
+            if h[0] == "fork"
+            else _how_signature(h),
         )
         for k, w, h in x
     ]
+
+
+def _how_signature(how) -> tuple | None:
+    """A call's transform (t, the module's place among its arguments, depth) as compared from call to call."""
+    return None if how is None else (how[0].kind, how[1], how[2])
 
 
 # a __call__'s signature, read once per function (_user_mode runs at every call of every module of yours)
@@ -1434,10 +1536,10 @@ def _events(rec: NnxRecorder, target: CodeRef, fixed: dict[int, bool]) -> list |
             (value,) = values
             run.append("eval" if value else "train")
             state = dict.fromkeys(state, value)
-        _add_call(run)
+        _add_call(run, rec.root_fields.get(n))
     if not any(e in ("train", "eval") for e in run):
         rec.built_modes.update(fixed)  # (the spec's layer says `deterministic:` as every call gave it)
-        return None
+        return run if rec.root_fields else None
     # beside model.train()/eval(), a layer every call gives the same `deterministic=` says it at its calls (the
     # call's argument wins over what the events set)
     rec.pinned = fixed
@@ -1502,14 +1604,28 @@ def _kept_streams(rec: NnxRecorder, root: Built) -> dict[int, tuple[str, str]]:
     return out
 
 
-def _add_call(run: list) -> None:
-    """One more call of the model at the end of `run:` (consecutive calls are one `{call: N}`)."""
-    if run and isinstance(run[-1], dict) and "call" in run[-1]:
-        run[-1]["call"] += 1
-    elif run and run[-1] == "call":
+def _add_call(run: list, fields: dict | None = None) -> None:
+    """One more call of the model at the end of `run:` (consecutive calls are one `{call: N}`); `fields`: the
+    transform the step calls it under (`{vmap: 4, split: [dropout]}`: consecutive ones `{n: 2, vmap: 4, ...}`)."""
+    last = run[-1] if run else None
+    if fields:
+        if isinstance(last, dict) and isinstance(last.get("call"), dict) and _call_fields(last) == fields:
+            last["call"] = {"n": last["call"].get("n", 1) + 1, **fields}
+        else:
+            run.append({"call": dict(fields)})
+    elif isinstance(last, dict) and isinstance(last.get("call"), int):
+        last["call"] += 1
+    elif last == "call":
         run[-1] = {"call": 2}
     else:
         run.append("call")
+
+
+def _call_fields(event) -> dict | None:
+    """The transform fields of a `run:` call event (None for a plain `call` / `{call: N}`)."""
+    if isinstance(event, dict) and isinstance(event.get("call"), dict):
+        return {k: v for k, v in event["call"].items() if k != "n"}
+    return None
 
 
 def _with_draws(run: list | None, rec: NnxRecorder) -> list | None:
@@ -1521,7 +1637,11 @@ def _with_draws(run: list | None, rec: NnxRecorder) -> list | None:
         return run
     flat: list = []
     for e in run if run is not None else [{"call": len(rec.modes)}]:
-        flat += ["call"] * e["call"] if isinstance(e, dict) else [e]
+        if e == "call" or (isinstance(e, dict) and "call" in e):
+            made = e["call"] if isinstance(e, dict) else 1
+            flat += [("call", _call_fields(e))] * (made if isinstance(made, int) else made.get("n", 1))
+        else:
+            flat.append(e)
     out: list = []
 
     def draws(tags: list[tuple[str | None, Any]]) -> None:
@@ -1537,10 +1657,10 @@ def _with_draws(run: list | None, rec: NnxRecorder) -> list | None:
 
     n = 0
     for e in flat:
-        if e == "call":
+        if isinstance(e, tuple):
             n += 1
             draws(rec.draws_before.get(n, []))
-            _add_call(out)
+            _add_call(out, e[1])
         else:
             out.append(e)
     draws(after)
@@ -1630,6 +1750,35 @@ def _containers() -> tuple[tuple[type, ...], tuple[type, ...]]:
     from flax import nnx
 
     return tuple(t for t in (getattr(nnx, "List", None),) if t), tuple(t for t in (getattr(nnx, "Dict", None),) if t)
+
+
+def _text_ordered_numbers(obj) -> str | None:
+    """The attribute path of a dict (nnx.Dict or a plain one) the object holds whose keys are numbers as text that
+    sort otherwise as text than as numbers ('10' < '2'): a spec names its items as a list's (`d.10`), which graph
+    order walks by index. None if there is none."""
+    _, dicts = _containers()
+    found: list[str] = []
+
+    def visit(value: Any, path: str, depth: int) -> None:
+        if depth > 3 or found:
+            return
+        if isinstance(value, (dict, *dicts)):
+            held: Any = value
+            keys = [k for k in held if isinstance(k, str) and k.isdigit()]
+            if sorted(keys) != sorted(keys, key=int):
+                found.append(path)
+                return
+            for k, v in held.items():
+                visit(v, f"{path}.{k}", depth + 1)
+        elif isinstance(value, (list, tuple)) or _transparent(value):
+            items = enumerate(value) if isinstance(value, (list, tuple)) else vars(value).items()
+            for k, v in items:
+                visit(v, f"{path}.{k}", depth + 1)
+
+    for name, value in vars(obj).items():
+        if not name.startswith("_"):
+            visit(value, name, 0)
+    return found[0] if found else None
 
 
 def _transparent(obj) -> bool:
@@ -1891,6 +2040,13 @@ class _SpecBuilder:
         obj = self.rec.resolve(b.obj)
         cls = type(obj).__name__
         names = _attribute_names(obj)
+        numbered = _text_ordered_numbers(obj)
+        if numbered is not None:
+            raise self.unsupported(
+                f"{cls}.{numbered} is a dict keyed by numbers ('2', '10'), which NNX walks as text ('10' before "
+                f"'2'), and a spec's `{numbered}.10` names the item of a list, walked by its index: key it by names "
+                "that are not numbers, or write that part of the spec by hand"
+            )
         out: dict = {"class": cls}
         own = _own_fork(b, obj) if b is not self.root else None
         if own is not None:
@@ -2134,6 +2290,11 @@ class _SpecBuilder:
                 # the same key at every call (the same mask each time: collisions' keyless_dropout)
                 call.append({"call": {"name": name, "key": _KeyData(next(iter(keys))), **mode}})
             return  # (keys that differ from call to call: the spec cannot say them; none is drawn)
+        if isinstance(how, tuple) and len(how) == 3 and isinstance(how[0], str) and how[0] == "fork":
+            _, tags, inner = how
+            fields = self.transform(inner, what, f"{cls}.{name}") if inner else {}
+            call.append({"call": {"name": name, **fields, "fork_rngs": _fork_field(tags), **mode}})
+            return
         if how == "rnn_transformed":
             raise self.unsupported(f"{cls}.{name} (nnx.RNN) is called under nnx.vmap/nnx.scan")
         if isinstance(how, tuple) and how[0] == "rnn":
@@ -2246,6 +2407,57 @@ def _check_linen(model: dict, c) -> None:
         "model": model,
     }
     verify_spec_text(yaml.safe_dump(doc, sort_keys=False), c)
+
+
+def _check_forks(rec: NnxRecorder, where: str) -> None:
+    """At the end of a step (or a call of the model): nnx.fork_rngs used as an NNX spec cannot say it, or left
+    unrestored (a spec's `fork_rngs:` gives the streams their keys back after the call), refused."""
+    if rec.fork_problems:
+        raise UnsupportedError(f"{where}: {rec.fork_problems[0]}; write that part of the spec by hand")
+    if rec.forked:
+        node = rec.forked[-1][0]
+        raise UnsupportedError(
+            f"{where} leaves nnx.fork_rngs of a {type(node).__name__} unrestored (no `with` around it ended, and its "
+            "backups were not given to nnx.restore_rngs); an NNX spec's `fork_rngs:` gives the streams their keys "
+            "back after the call: restore them, or write that part of the spec by hand"
+        )
+
+
+def _fork_field(tags: tuple[str, ...]) -> list[str] | bool:
+    """A spec's `fork_rngs:` for the tags nnx.fork_rngs forked (`true`: every stream)."""
+    return list(tags) if tags else True
+
+
+def _fork_tags(split) -> tuple[str, ...] | None:
+    """nnx.fork_rngs's `split=` as a spec's `fork_rngs:` where it is one: None or {...: None} (every stream: ()),
+    {tags: None, ...} (those streams); None for any other (splits, filters other than tags, a stream matched
+    twice)."""
+    if split is None:
+        return ()
+    if not isinstance(split, dict) or any(v is not None for v in split.values()):
+        return None
+    if list(split) == [...]:
+        return ()
+    out: list[str] = []
+    for flt in split:
+        tags = _tags(flt)
+        if tags is None:
+            return None
+        out += tags
+    return tuple(out) if out and len(set(out)) == len(out) else None
+
+
+def _fork_split(split) -> tuple[int | None, object]:
+    """nnx.fork_rngs's `split=` as nnx.split_rngs's (splits, only) where it is one: N (every stream split N ways)
+    or {filter: N} (the streams it matches; the others untouched); (None, None) for any other (a scalar fork, or
+    several entries)."""
+    if isinstance(split, int) and not isinstance(split, bool):
+        return split, ...
+    if isinstance(split, dict) and len(split) == 1:
+        ((only, n),) = split.items()
+        if isinstance(n, int) and not isinstance(n, bool):
+            return n, only
+    return None, None
 
 
 def _axis_of(in_axes, pos: int):
@@ -2781,6 +2993,7 @@ def _run_nnx_capture(
                 raise UserCodeError(
                     f"TARGET {target.text}: {what} (step {n}) raises {type(e).__name__}: {first_line(e)}{hint}"
                 ) from None
+            _check_forks(rec, f"--step {step.text}: step {n}" if step else f"capture of {target.text}: call {n}")
             if step is not None:
                 _check_step(step, model, rec)
             elif not rec.top:
@@ -2812,6 +3025,16 @@ def _run_nnx_capture(
         rec.records = [r for r in rec.records if r["step"] <= calls]
         del rec.modes[calls:]
         rec.pending = []
+    builder = _SpecBuilder(rec, target.text, root)
+    model_id = id(rec.resolve(root.obj))
+    rec.root_fields = {
+        n: {
+            **(builder.transform(rec.root_how[n], model_id, "the model") if n in rec.root_how else {}),
+            **({"fork_rngs": _fork_field(rec.root_fork[n])} if n in rec.root_fork else {}),
+        }
+        for n in sorted({*rec.root_how, *rec.root_fork})
+        if n <= len(rec.modes)
+    }
     run = _with_draws(_run_events(rec, target), rec)
     calls = len(rec.modes)
     stale = {n for n in rec.stale if n <= calls}
@@ -2839,7 +3062,7 @@ def _run_nnx_capture(
             if run
             else {"steps": calls}
         ),
-        "model": _SpecBuilder(rec, target.text, root).module(root),
+        "model": builder.module(root),
     }
     header = f"# captured from {target.text} by rngaudit (flax {flax.__version__}, jax {jax.__version__})\n"
     if models:

@@ -300,6 +300,8 @@ def module(draw, depth: int, n: list, lanes: bool = False, no_keep: bool = False
     moded: set[str] = set()  # Dropout and attention layers: their calls may be given `deterministic=`
     rnns: set[str] = set()
     forks: dict[str, str] = {}  # self.<name> = rngs.<stream>.fork(): name -> stream
+    # the items of an nnx.List (`l.8`, `l.9`, `l.10`: graph order walks them by index) or attributes
+    prefix, offset = ("l.", draw(st.sampled_from((0, 8)))) if maybe(draw, 0.15) else ("a", 0)
     for i in range(draw(st.integers(1 if depth == 2 else 0, 5))):
         kinds = ("layer", "layer", "layer", "draw") + (("module",) if depth > 0 else ())
         kinds += ("fork",) if has("fork") else ()
@@ -307,7 +309,7 @@ def module(draw, depth: int, n: list, lanes: bool = False, no_keep: bool = False
         what = draw(st.sampled_from(kinds + (("stack",) if depth > 0 and not lanes else ())))
         if not lanes and has("ToNNX") and maybe(draw, 0.08):
             what = "bridge"
-        name = f"a{i}"
+        name = f"{prefix}{i + offset}"
         if what == "rnn":
             init.append(rnn(draw, name, n))
             names.append(name)

@@ -159,3 +159,41 @@ def test_a_reseed_of_a_list_reaches_its_items_in_order():
     assert "fold_in 0 (nnx.reseed: blocks.0 in graph order)" in drawn[(3, "blocks.0")].chain
     assert "fold_in 1 (nnx.reseed: blocks.1.rngs in graph order)" in drawn[(3, "blocks.1.rngs")].chain
     assert drawn[(3, "blocks_2.rngs")].count == 2  # (not in the list: not reseeded)
+
+
+def _twelve(run: str) -> str:
+    items = "\n".join(f"    - Dropout: {{name: blocks.{i}, rate: 0.5}}" for i in range(12))
+    calls = ", ".join(f"call: blocks.{i}" for i in range(12))
+    return f"rngs: {{params: 0, dropout: 1}}\nrun:\n{run}\nmodel:\n  class: M\n  init:\n{items}\n  call: [{calls}]\n"
+
+
+@pytest.mark.parametrize(
+    "run",
+    [
+        "  - call\n  - reseed: {streams: {dropout: 3}}\n  - call",
+        "  - call\n  - reseed: {streams: {dropout: 3}, module: blocks}\n  - call",
+        "  - call: {fork_rngs: dropout}\n  - call",
+    ],
+    ids=["reseed", "reseed-list", "fork_rngs"],
+)
+def test_graph_order_walks_the_items_of_a_list_by_index(run):
+    # nnx.graph walks an nnx.List's items by their index (blocks.2 before blocks.10), not by their names as text:
+    # with 12 items, a reseed or fork_rngs handed blocks.10 the third key (capture refused such models)
+    text = _twelve(run)
+    assert agree(text)["keys"] > 0
+    chains = {
+        c.derivation.stream: " ".join(c.derivation.chain) for c in derive(spec_of(text)).calls if c.derivation.step == 2
+    }
+    if "reseed" in run:
+        assert "fold_in 2 (nnx.reseed: blocks.2.rngs in graph order)" in chains["blocks.2.rngs"], chains
+        assert "fold_in 10 (nnx.reseed: blocks.10.rngs in graph order)" in chains["blocks.10.rngs"], chains
+
+
+def test_a_module_kept_as_a_list_item_is_drawn_from_as_in_nnx():
+    # (`draw: {stream: params, from: l.0}` of a module that is an item of a list and keeps its Rngs was an internal
+    # error, KeyError 'l'; found by the random-model generator naming items as list items)
+    text = (
+        "rngs: {params: 0, dropout: 0}\nmodel:\n  class: M1\n  init:\n  - module: {class: M2, keep_rngs: true, "
+        "name: l.0, rngs: fork}\n  call:\n  - draw: {stream: params, from: l.0}\nsteps: 2\n"
+    )
+    assert agree(text)["keys"] == 4
