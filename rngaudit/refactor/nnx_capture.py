@@ -180,6 +180,7 @@ class NnxRecorder:
         # nnx.fork_rngs(node, split=...) at work: [node (outside), the tags forked (() every stream), its backups,
         # whether node has been called under it]
         self.forked: list[list] = []
+        self.split_backups: list[tuple[object, Split]] = []  # `with nnx.split_rngs(node, ...)` at work: backups
         self.fork_problems: list[str] = []  # nnx.fork_rngs used as a spec cannot say (said when the step ends)
         self.root_fork: dict[int, tuple[str, ...]] = {}  # call of the model -> the tags the step forked for it
 
@@ -397,10 +398,26 @@ def _observed(rec: NnxRecorder) -> Iterator[None]:
         return key
 
     def split_hook(node=_MISSING, /, **kw):
+        if rec.active and node is not _MISSING and set(kw) <= {"splits", "only"} and "splits" in kw:
+            return split_within(split_rngs, node, kw, kw["splits"], kw.get("only", ...))
         if not rec.active or node is not _MISSING or "splits" not in kw:
-            # as a function or context manager: not followed (what it splits shows as draws no spec explains)
+            # as a function (graph_updates=False, ...): not followed (what it splits shows as draws no spec explains)
             return split_rngs(**kw) if node is _MISSING else split_rngs(node, **kw)
         return splitting(split_rngs, kw, kw["splits"], kw.get("only", ...))
+
+    def split_within(original, node, kw: dict, n, only):
+        """`with nnx.split_rngs(node, splits=N, only=...)` / `with nnx.fork_rngs(node, split={tag: N})` around a
+        transform: the split the decorator makes (Split), until nnx.restore_rngs gives the streams back."""
+        split = Split(n if isinstance(n, int) else -1, only, (node,))
+        rec.splits.append(split)
+        try:
+            backups = original(node, **kw)
+        except BaseException:
+            rec.splits.remove(split)
+            raise
+        split.body = True  # (its keys drawn: what runs now runs under it)
+        rec.split_backups.append((backups, split))
+        return backups
 
     def fork_rngs_hook(node=_MISSING, /, **kw):
         # @nnx.fork_rngs(split={'dropout': 5}) (the Randomness guide's sample_from_model): what
@@ -411,6 +428,8 @@ def _observed(rec: NnxRecorder) -> Iterator[None]:
             if tags is not None:
                 return forking(node, kw, tags)
         n, only = _fork_split(kw.get("split")) if plain else (None, None)
+        if rec.active and node is not _MISSING and n is not None:
+            return split_within(fork_rngs, node, kw, n, only)
         if not rec.active or node is not _MISSING or n is None:
             return fork_rngs(**kw) if node is _MISSING else fork_rngs(node, **kw)
         return splitting(fork_rngs, kw, n, only)
@@ -437,6 +456,12 @@ def _observed(rec: NnxRecorder) -> Iterator[None]:
         return backups
 
     def restore_hook(backups, /):
+        for i in range(len(rec.split_backups) - 1, -1, -1):
+            if rec.split_backups[i][0] is backups:
+                _, split = rec.split_backups.pop(i)
+                if split in rec.splits:
+                    rec.splits.remove(split)
+                break
         for i in range(len(rec.forked) - 1, -1, -1):
             if rec.forked[i][2] is backups:
                 node, _, _, called = rec.forked.pop(i)
@@ -2414,6 +2439,11 @@ def _check_forks(rec: NnxRecorder, where: str) -> None:
     unrestored (a spec's `fork_rngs:` gives the streams their keys back after the call), refused."""
     if rec.fork_problems:
         raise UnsupportedError(f"{where}: {rec.fork_problems[0]}; write that part of the spec by hand")
+    if rec.split_backups:
+        raise UnsupportedError(
+            f"{where} leaves the streams nnx.split_rngs/nnx.fork_rngs split unrestored (no `with` around it ended, "
+            "and its backups were not given to nnx.restore_rngs); restore them, or write that part of the spec by hand"
+        )
     if rec.forked:
         node = rec.forked[-1][0]
         raise UnsupportedError(

@@ -3621,10 +3621,22 @@ SAMPLE_FROM_MODEL = HEADER + textwrap.dedent("""
 
     def split(model, x):
         return sample_split(model, x)
+
+    @nnx.vmap(in_axes=(rng_axes, None), out_axes=0)
+    def lanes(model, x):
+        return model(x)
+
+    def fork_with(model, x):
+        with nnx.fork_rngs(model, split={'dropout': 5}):
+            return lanes(model, x)
+
+    def split_with(model, x):
+        with nnx.split_rngs(model, splits=5, only='dropout'):
+            return lanes(model, x)
 """)
 
 
-@pytest.mark.parametrize("step", ["fork", "split"])
+@pytest.mark.parametrize("step", ["fork", "split", "fork_with", "split_with"])
 def test_a_step_calling_the_model_under_split_or_forked_vmap(tmp_path, step):
     # (the step's split draws were put at the step before and the vmap not seen: "the NNX spec does not reproduce
     # key 1"; nnx.fork_rngs(split=...) was "draws 1 key(s) outside the model's calls")
