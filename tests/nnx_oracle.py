@@ -269,22 +269,6 @@ def _rnn_call(st: NnxCall, rnn, rec) -> None:
     barrier(jnp.ones(()))
 
 
-def _reseeded(model, name: str):
-    """What `reseed: {module: NAME}` reseeds: model.NAME, or (a spec's list `blocks` of items `blocks.0`,
-    `blocks.1`, built here as attributes of those names) a module holding the items in their order, as the list
-    nnx.reseed walks."""
-    try:
-        return _attribute(model, name)
-    except AttributeError:
-        head, _, last = name.rpartition(".")
-        owner = _attribute(model, head) if head else model
-        holder = nnx.Module()
-        for attr in sorted(vars(owner)):
-            if attr.startswith(last + "."):
-                setattr(holder, attr[len(last) + 1 :], getattr(owner, attr))
-        return holder
-
-
 class _Items(nnx.Module):
     """What an nnx.List is to graph order: items held as attributes "0", "1", ... walked by their index."""
 
@@ -635,7 +619,7 @@ def nnx_keys(spec: NnxSpec) -> list[dict]:
             if isinstance(event, NnxReseed):
                 # (reseed's own Rngs hands out the new stream keys: not keys the model draws)
                 rec.off = True
-                node = _reseeded(model, event.module) if event.module else model  # (nnx.reseed(model.enc, ...))
+                node = _attribute(model, event.module) if event.module else model  # (nnx.reseed(model.enc, ...))
                 policy = {"policy": event.policy} if event.policy != "scalars_only" else {}
                 nnx.reseed(node, **policy, **{s: eval_key(src.expr, raw=False) for s, src in event.streams})
                 rec.off = False

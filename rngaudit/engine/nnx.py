@@ -175,11 +175,11 @@ class Rngs:
         return s
 
 
-def _graph_sort_key(path: tuple[str, ...]) -> tuple[tuple[int, int, str], ...]:
-    """Where nnx.graph's walk puts `path` among its siblings: attributes by name, and the items of an nnx.List
-    (`blocks.10`, held as attribute "10") by their index, so `blocks.2` before `blocks.10` (mirrors
-    graphlib._type_aware_sort over the int keys of a Pytree with _pytree__has_int_keys)."""
-    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for part in path for p in part.split("."))
+def _graph_sort_key(parts: tuple[str, ...]) -> tuple[tuple[int, int, str], ...]:
+    """Where nnx.graph's walk puts a path (its parts, `blocks.10` as `blocks`, `10`) among its siblings: attributes
+    by name, and the items of an nnx.List (held as attribute "10") by their index, so `blocks.2` before `blocks.10`
+    (mirrors graphlib._type_aware_sort over the int keys of a Pytree with _pytree__has_int_keys)."""
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in parts)
 
 
 class NnxReplayer:
@@ -293,10 +293,10 @@ class NnxReplayer:
         together."""
         seen: set[int] = set()
         out = []
-        for path, s in sorted(self.graph, key=lambda ps: _graph_sort_key(ps[0])):
-            # (a layer or fork named `blocks.0`, an item of a list, is under `blocks` and `blocks.0` as a module is)
-            flat = path if not under else tuple(p for part in path for p in part.split("."))
-            if flat[: len(under)] == under and id(s) not in seen:
+        # (a layer or fork named `blocks.0`, an item of a list, is under `blocks` and `blocks.0` as a module is)
+        flat = [(tuple(p for part in path for p in part.split(".")), path, s) for path, s in self.graph]
+        for parts, path, s in sorted(flat, key=lambda e: _graph_sort_key(e[0])):
+            if parts[: len(under)] == under and id(s) not in seen:
                 seen.add(id(s))
                 out.append((path, s))
         return out

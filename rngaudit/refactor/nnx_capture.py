@@ -175,7 +175,6 @@ class NnxRecorder:
         # call of the model -> (the transform, the model's place among its arguments, depth): the step calls the
         # model under nnx.vmap/nnx.scan (the Randomness guide's data-parallel dropout and sample_from_model)
         self.root_how: dict[int, tuple] = {}
-        self.root_fields: dict[int, dict] = {}  # call of the model -> its transform as a spec says it (root_how's)
         self.ahead: list[int] = []  # records of the keys nnx.split_rngs draws in a step before the call it splits for
         # nnx.fork_rngs(node, split=...) at work: [node (outside), the tags forked (() every stream), its backups,
         # whether node has been called under it]
@@ -398,12 +397,13 @@ def _observed(rec: NnxRecorder) -> Iterator[None]:
         return key
 
     def split_hook(node=_MISSING, /, **kw):
-        if rec.active and node is not _MISSING and set(kw) <= {"splits", "only"} and "splits" in kw:
-            return split_within(split_rngs, node, kw, kw["splits"], kw.get("only", ...))
-        if not rec.active or node is not _MISSING or "splits" not in kw:
-            # as a function (graph_updates=False, ...): not followed (what it splits shows as draws no spec explains)
+        if not rec.active or "splits" not in kw or (node is not _MISSING and not set(kw) <= {"splits", "only"}):
+            # (as a function with other arguments, graph_updates=False, ...: not followed; what it splits shows as
+            # draws no spec explains)
             return split_rngs(**kw) if node is _MISSING else split_rngs(node, **kw)
-        return splitting(split_rngs, kw, kw["splits"], kw.get("only", ...))
+        if node is _MISSING:
+            return splitting(split_rngs, kw, kw["splits"], kw.get("only", ...))
+        return split_within(split_rngs, node, kw, kw["splits"], kw.get("only", ...))
 
     def split_within(original, node, kw: dict, n, only):
         """`with nnx.split_rngs(node, splits=N, only=...)` / `with nnx.fork_rngs(node, split={tag: N})` around a
@@ -428,11 +428,11 @@ def _observed(rec: NnxRecorder) -> Iterator[None]:
             if tags is not None:
                 return forking(node, kw, tags)
         n, only = _fork_split(kw.get("split")) if plain else (None, None)
-        if rec.active and node is not _MISSING and n is not None:
-            return split_within(fork_rngs, node, kw, n, only)
-        if not rec.active or node is not _MISSING or n is None:
+        if not rec.active or n is None:
             return fork_rngs(**kw) if node is _MISSING else fork_rngs(node, **kw)
-        return splitting(fork_rngs, kw, n, only)
+        if node is _MISSING:
+            return splitting(fork_rngs, kw, n, only)
+        return split_within(fork_rngs, node, kw, n, only)
 
     def forking(node, kw: dict, tags: tuple[str, ...]):
         """`with nnx.fork_rngs(node, split={tags: None})` (or its backups restored by nnx.restore_rngs): the keys
@@ -1509,8 +1509,9 @@ def _as_mode(v):
         return v
 
 
-def _run_events(rec: NnxRecorder, target: CodeRef) -> list | None:
-    """The calls of the model and the model.train()/model.eval() between them (`run:`), from whether its Dropout
+def _run_events(rec: NnxRecorder, target: CodeRef, fields: dict[int, dict]) -> list | None:
+    """The calls of the model (each under the transform or fork `fields` gives it, if any: `{vmap: 4, split:
+    [dropout]}`) and the model.train()/model.eval() between them (`run:`), from whether its Dropout
     and attention layers were deterministic at each call (as built, then as model.train()/eval() or a view set
     them, or as the call's `deterministic=` said: the keys are the same); None when that never changes (`steps:`
     says the calls). A layer every call gives the same `deterministic=` keeps it (its spec option says it, or its
@@ -1526,14 +1527,14 @@ def _run_events(rec: NnxRecorder, target: CodeRef) -> list | None:
     # step that trains its student, a layer built deterministic whose model.train() was never called)
     broader = {i: v for i, (v, _) in constant.items() if isinstance(v, bool)}
     try:
-        return _events(rec, target, fixed)
+        return _events(rec, target, fixed, fields)
     except UnsupportedError:
         if broader == fixed:
             raise
-        return _events(rec, target, broader)
+        return _events(rec, target, broader, fields)
 
 
-def _events(rec: NnxRecorder, target: CodeRef, fixed: dict[int, bool]) -> list | None:
+def _events(rec: NnxRecorder, target: CodeRef, fixed: dict[int, bool], fields: dict[int, dict]) -> list | None:
     """`run:` with the layers `fixed` says are in one mode at every call left out of the train/eval events (they
     say their mode themselves)."""
     state = {i: bool(v) for i, v in rec.built_modes.items()}  # (what the spec's layers say, then its events)
@@ -1561,10 +1562,10 @@ def _events(rec: NnxRecorder, target: CodeRef, fixed: dict[int, bool]) -> list |
             (value,) = values
             run.append("eval" if value else "train")
             state = dict.fromkeys(state, value)
-        _add_call(run, rec.root_fields.get(n))
+        _add_call(run, fields.get(n))
     if not any(e in ("train", "eval") for e in run):
         rec.built_modes.update(fixed)  # (the spec's layer says `deterministic:` as every call gave it)
-        return run if rec.root_fields else None
+        return run if fields else None
     # beside model.train()/eval(), a layer every call gives the same `deterministic=` says it at its calls (the
     # call's argument wins over what the events set)
     rec.pinned = fixed
@@ -1782,28 +1783,13 @@ def _text_ordered_numbers(obj) -> str | None:
     sort otherwise as text than as numbers ('10' < '2'): a spec names its items as a list's (`d.10`), which graph
     order walks by index. None if there is none."""
     _, dicts = _containers()
-    found: list[str] = []
-
-    def visit(value: Any, path: str, depth: int) -> None:
-        if depth > 3 or found:
-            return
-        if isinstance(value, (dict, *dicts)):
+    for path, value, depth in _held(obj):
+        if depth <= 3 and isinstance(value, (dict, *dicts)):
             held: Any = value
             keys = [k for k in held if isinstance(k, str) and k.isdigit()]
             if sorted(keys) != sorted(keys, key=int):
-                found.append(path)
-                return
-            for k, v in held.items():
-                visit(v, f"{path}.{k}", depth + 1)
-        elif isinstance(value, (list, tuple)) or _transparent(value):
-            items = enumerate(value) if isinstance(value, (list, tuple)) else vars(value).items()
-            for k, v in items:
-                visit(v, f"{path}.{k}", depth + 1)
-
-    for name, value in vars(obj).items():
-        if not name.startswith("_"):
-            visit(value, name, 0)
-    return found[0] if found else None
+                return path
+    return None
 
 
 def _transparent(obj) -> bool:
@@ -1820,32 +1806,39 @@ def _hollow(b: Built) -> bool:
     return _transparent(b.obj) and all(e[0] == "child" and _hollow(e[1]) for e in b.events)
 
 
-def _attribute_names(obj) -> dict[int, str]:
-    """id(value) -> attribute path of every module and Rngs an object holds (lists and dicts inside too)."""
-    names: dict[int, str] = {}
+def _held(obj) -> Iterator[tuple[str, Any, int]]:
+    """(attribute path, value, depth) of everything an object holds, depth first: its attributes, and through
+    lists, dicts and Flax's containers what they hold (`blocks.0`, `heads.a`), four levels down."""
     lists, dicts = _containers()
     lists, dicts = (list, tuple, *lists), (dict, *dicts)
 
-    def visit(value: Any, path: str, depth: int) -> None:
-        if id(value) not in names and not isinstance(value, (str, bytes, int, float, bool)) and value is not None:
-            names.setdefault(id(value), path)
+    def visit(value: Any, path: str, depth: int) -> Iterator[tuple[str, Any, int]]:
+        yield path, value, depth
         if depth > 3:
             return
         held: Any = value
         if _transparent(value) and not isinstance(value, (lists, dicts)):
             for name, v in vars(value).items():
                 if not name.startswith("_"):
-                    visit(v, f"{path}.{name}", depth + 1)
+                    yield from visit(v, f"{path}.{name}", depth + 1)
         elif isinstance(value, lists):
             for i, v in enumerate(held):
-                visit(v, f"{path}.{i}", depth + 1)
+                yield from visit(v, f"{path}.{i}", depth + 1)
         elif isinstance(value, dicts):
             for k, v in held.items():
-                visit(v, f"{path}.{k}", depth + 1)
+                yield from visit(v, f"{path}.{k}", depth + 1)
 
     for name, value in vars(obj).items():
         if not name.startswith("_"):
-            visit(value, name, 0)
+            yield from visit(value, name, 0)
+
+
+def _attribute_names(obj) -> dict[int, str]:
+    """id(value) -> attribute path of every module and Rngs an object holds (lists and dicts inside too)."""
+    names: dict[int, str] = {}
+    for path, value, _ in _held(obj):
+        if not isinstance(value, (str, bytes, int, float, bool)) and value is not None:
+            names.setdefault(id(value), path)
     return names
 
 
@@ -3057,7 +3050,7 @@ def _run_nnx_capture(
         rec.pending = []
     builder = _SpecBuilder(rec, target.text, root)
     model_id = id(rec.resolve(root.obj))
-    rec.root_fields = {
+    root_fields = {
         n: {
             **(builder.transform(rec.root_how[n], model_id, "the model") if n in rec.root_how else {}),
             **({"fork_rngs": _fork_field(rec.root_fork[n])} if n in rec.root_fork else {}),
@@ -3065,7 +3058,7 @@ def _run_nnx_capture(
         for n in sorted({*rec.root_how, *rec.root_fork})
         if n <= len(rec.modes)
     }
-    run = _with_draws(_run_events(rec, target), rec)
+    run = _with_draws(_run_events(rec, target, root_fields), rec)
     calls = len(rec.modes)
     stale = {n for n in rec.stale if n <= calls}
     if stale:
