@@ -150,14 +150,16 @@ def derive(
             _columns_of_flavour(picked, getattr(report.spec, "flavour", "linen"))
         for warning in report.unmatched:  # (a typo in a filter must not pass for an empty answer)
             sys.stderr.write(f"warning: {warning}\n")
+        # (no bar while the rows themselves go to the terminal: they would interleave)
+        rows_shown = output in (None, "-") and sys.stdout.isatty()
         if o.fmt is DeriveFormat.jsonl:
-            with progress(len(report.calls), "writing") as advance:
+            with nullcontext(None) if rows_shown else progress(len(report.calls), "writing") as advance:
                 write_stream(jsonl_lines(report, advance), output)
         elif o.fmt is DeriveFormat.json:
             # encoded as it is written (flat memory), byte for byte the whole document's encoding
             from ..output.derive_json import json_chunks
 
-            with progress(len(report.calls), "writing") as advance:
+            with nullcontext(None) if rows_shown else progress(len(report.calls), "writing") as advance:
                 write_stream(json_chunks(report, advance), output)
         elif o.fmt is DeriveFormat.text:
             # streamed as it is made (flat memory), fitted to the terminal without cropping what matters
@@ -165,7 +167,6 @@ def derive(
 
             width, color = terminal(output)
             n = len(report.calls)
-            # (no bar while the rows themselves go to the terminal: they would interleave)
             bar = progress(min(o.max_rows, n) if o.max_rows else n, "writing") if width is None else nullcontext(None)
             with bar as written:
                 write_stream(

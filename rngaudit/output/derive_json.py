@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
 from .. import __version__
 from ..engine.derive import DeriveReport, KeyedCall, TableCalls
 from ..engine.nnx import NnxDeriveReport, NnxKeyedCall
-from .table_records import Layout, indented, nnx_records, slot, table_records
+from .halves import in_two
+from .table_records import CHUNK, Layout, indented, nnx_records, slot, table_records
 
 JSON_FORMAT = "rngaudit.derive"
 JSON_FORMAT_VERSION = 1
@@ -143,10 +144,15 @@ def json_chunks(report: DeriveReport | NnxDeriveReport, advance=None):
             if isinstance(report, NnxDeriveReport):
                 nnx = report.calls
                 layout = _item_layout(lambda j: nnx_call_json(nnx[j]))
-                chunks = nnx_records(nnx, layout, lambda b: _nnx_template(nnx.table.blocks[b]))
+                chunks = in_two(
+                    lambda a, b: nnx_records(nnx, layout, lambda x: _nnx_template(nnx.table.blocks[x]), a, b),
+                    len(nnx),
+                    CHUNK,
+                )
             else:
-                linen = calls
-                chunks = table_records(linen, _item_layout(lambda j: call_json(linen[j])))  # type: ignore[arg-type]
+                linen: TableCalls = calls  # type: ignore[assignment]
+                item = _item_layout(lambda j: call_json(linen[j]))
+                chunks = in_two(lambda a, b: table_records(linen, item, a, b), len(linen.rows), CHUNK)
             for text, rows in chunks:
                 yield text
                 if advance is not None:
@@ -235,16 +241,18 @@ def _nnx_meta(report: NnxDeriveReport) -> dict:
     }
 
 
-def nnx_call_lines(report: NnxDeriveReport, encode):
-    """`{"record": "call", ...}` lines of an NNX report: byte for byte what `encode` (sorted keys, compact)
-    makes of nnx_call_json's objects, with what a block of consecutive draws fixes encoded once."""
+def nnx_call_lines(report: NnxDeriveReport, encode, start: int = 0, stop: int | None = None):
+    """`{"record": "call", ...}` lines of an NNX report (its rows at positions start..stop-1): byte for byte what
+    `encode` (sorted keys, compact) makes of nnx_call_json's objects, with what a block of consecutive draws fixes
+    encoded once."""
     calls = report.calls
     table = calls.table
     consts: dict = {}
     rows = calls.rows()
     step = 1 << 15
-    for j0 in range(0, len(rows), step):
-        r = rows[j0 : j0 + step]
+    stop = len(rows) if stop is None else stop
+    for j0 in range(start, stop, step):
+        r = rows[j0 : min(j0 + step, stop)]
         for j, i, b, c, key in zip(
             range(j0, j0 + len(r)),
             r.tolist(),
@@ -283,6 +291,18 @@ def nnx_call_lines(report: NnxDeriveReport, encode):
                 f'{{{head},"count":{c},"fallback":{fallback},"index":{i},"iteration":{it},'
                 f'"key":[{",".join(map(str, key))}],{rest}}}'
             )
+
+
+def _lined(lines: Iterable[str]) -> Iterator[tuple[str, int]]:
+    """Lines as (text, lines) chunks of 4096, each line ended."""
+    chunk: list[str] = []
+    for line in lines:
+        chunk.append(line)
+        if len(chunk) == 4096:
+            yield "\n".join(chunk) + "\n", len(chunk)
+            chunk = []
+    if chunk:
+        yield "\n".join(chunk) + "\n", len(chunk)
 
 
 def _nnx_template(k) -> dict:
@@ -337,10 +357,9 @@ def jsonl_lines(report: DeriveReport | NnxDeriveReport, advance=None):
         yield dumps({"record": "header", **_nnx_meta(report)}) + "\n"
     else:
         yield dumps({"record": "header", **_meta(report)}) + "\n"
-    chunk: list[str] = []
-    records: Iterable[str]
+    chunks: Iterable[tuple[str, int]]
     if isinstance(report, NnxDeriveReport):
-        records = nnx_call_lines(report, dumps)
+        chunks = in_two(lambda a, b: _lined(nnx_call_lines(report, dumps, a, b)), len(report.calls), 1)
     elif isinstance(report.calls, TableCalls):
         # the fast path: records laid out from the columns a chunk at a time
         calls = report.calls
@@ -354,24 +373,13 @@ def jsonl_lines(report: DeriveReport | NnxDeriveReport, advance=None):
             extra={"record": "call"},
             whole=lambda j: dumps({"record": "call", **call_json(calls[j])}),
         )
-        for text, rows in table_records(calls, layout):
-            yield text
-            if advance is not None:
-                advance(rows)
-        records = ()
+        chunks = in_two(lambda a, b: table_records(calls, layout, a, b), len(calls.rows), CHUNK)
     else:
-        records = (dumps({"record": "call", **call_json(c)}) for c in report.calls)
-    for line in records:
-        chunk.append(line)
-        if len(chunk) == 4096:
-            yield "\n".join(chunk) + "\n"
-            if advance is not None:
-                advance(len(chunk))
-            chunk = []
-    if chunk:
-        yield "\n".join(chunk) + "\n"
+        chunks = _lined(dumps({"record": "call", **call_json(c)}) for c in report.calls)
+    for text, rows in chunks:
+        yield text
         if advance is not None:
-            advance(len(chunk))
+            advance(rows)
     for run in () if isinstance(report, NnxDeriveReport) else report.to_linen:
         yield dumps({"record": "to_linen", **to_linen_json(run)}) + "\n"
     yield dumps({"record": "summary", **_summary(report)}) + "\n"

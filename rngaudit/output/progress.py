@@ -64,7 +64,9 @@ def progress(
     if total is not None:
         columns += [BarColumn(), MofNCompleteColumn()]
     columns.append(TimeElapsedColumn())
-    bar = Progress(*columns, console=console, transient=True, refresh_per_second=8)
+    # stdout is the report's: rich would otherwise swap sys.stdout for a proxy drawing it above the bar on stderr
+    # (a report redirected to a file would end up on the terminal instead, and take minutes to get there)
+    bar = Progress(*columns, console=console, transient=True, refresh_per_second=8, redirect_stdout=False)
     task = bar.add_task(description, total=total)
     lock = threading.Lock()
     state = {"started": False, "stopped": False}

@@ -218,9 +218,12 @@ class LaneTexts:
         return out
 
 
-def table_records(calls: TableCalls, layout: Layout) -> Iterator[tuple[str, int]]:
-    """The call records of `calls`' rows, in order, as (text, rows) a chunk at a time; a record with drawn values,
-    or of a template whose names hold a placeholder's text, is `layout.whole` of its row."""
+def table_records(
+    calls: TableCalls, layout: Layout, start: int = 0, stop: int | None = None
+) -> Iterator[tuple[str, int]]:
+    """The call records of `calls`' rows (those at positions start..stop-1; start a multiple of CHUNK), in order,
+    as (text, rows) a chunk at a time; a record with drawn values, or of a template whose names hold a
+    placeholder's text, is `layout.whole` of its row."""
     table, rows, keys = calls.table, calls.rows, calls.keys
     texts = _Texts(table, layout)
     lanes = LaneTexts(table, layout.open, layout.between, layout.close, "[]")
@@ -228,8 +231,9 @@ def table_records(calls: TableCalls, layout: Layout) -> Iterator[tuple[str, int]
     width = keys.shape[1] if keys.ndim == 2 else 0
     n_cols = 21 + 2 * width
     step = CHUNK
-    for j0 in range(0, len(rows), step):
-        r = rows[j0 : j0 + step]
+    stop = len(rows) if stop is None else stop
+    for j0 in range(start, stop, step):
+        r = rows[j0 : min(j0 + step, stop)]
         m = len(r)
         t = table.block[r]
         texts.templates(t)
@@ -256,7 +260,7 @@ def table_records(calls: TableCalls, layout: Layout) -> Iterator[tuple[str, int]
         cols[:, 14] = list(map(str, r.tolist()))
         cols[:, 15] = p[7, t]
         exists = b >= 0
-        k = keys[j0 : j0 + step]
+        k = keys[j0 : j0 + m]
         for w in range(width):
             cols[:, 16 + 2 * w] = layout.open if w == 0 else layout.between
             cols[:, 17 + 2 * w] = list(map(str, k[:, w].tolist()))
@@ -276,8 +280,11 @@ def table_records(calls: TableCalls, layout: Layout) -> Iterator[tuple[str, int]
 _NNX_MARKERS = tuple(json.dumps(slot(name)) for name in ("count", "index", "key"))
 
 
-def nnx_records(calls, layout: Layout, template: Callable[[int], dict]) -> Iterator[tuple[str, int]]:
-    """The call records of an NNX report's rows (NnxCalls), in order, as (text, rows) a chunk at a time:
+def nnx_records(
+    calls, layout: Layout, template: Callable[[int], dict], start: int = 0, stop: int | None = None
+) -> Iterator[tuple[str, int]]:
+    """The call records of an NNX report's rows (NnxCalls; those at positions start..stop-1, start a multiple of
+    CHUNK), in order, as (text, rows) a chunk at a time:
     `template(b)` is block b's record with placeholders for the count, index and key (a block's rows differ in
     those only); a row with drawn values, or of a block whose names hold a placeholder's text, is
     `layout.whole` of its row."""
@@ -290,8 +297,9 @@ def nnx_records(calls, layout: Layout, template: Callable[[int], dict]) -> Itera
     special = np.array(sorted(calls.values), dtype=np.int64)
     width = table.keys.shape[1]
     step = CHUNK
-    for j0 in range(0, len(rows), step):
-        r = rows[j0 : j0 + step]
+    stop = len(rows) if stop is None else stop
+    for j0 in range(start, stop, step):
+        r = rows[j0 : min(j0 + step, stop)]
         m = len(r)
         t = table.block[r]
         for b in np.unique(t[~made[t]]).tolist():

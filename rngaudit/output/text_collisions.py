@@ -106,35 +106,63 @@ def _print(console: Console, text: Text) -> None:
         console.print(text)
 
 
-def _print_rows(rows: list[list[str]], console: Console, bold: int = 1) -> None:
+def _print_rows(rows: list[list[str]], console: Console, bold: int = 1, optional: Sequence[int] = ()) -> None:
     """Rows of cells in aligned columns, two spaces apart, column `bold` in bold: what a borderless rich
     Table (_table) prints, without the cost of measuring (a report of a large model has thousands of
-    these). A table wider than the console, or with a cell rich would treat specially (a tab, an
-    escape, a combining character), is left to rich.table."""
+    these). No cell is ever cropped: on a terminal too narrow for the rows, the `optional` columns are left
+    out (in that order) until they fit, and rows still wider run past its edge (the terminal wraps them);
+    a file or pipe gets every column. Rows that fit with a cell rich would treat specially (a wide or
+    combining character) are left to rich.table."""
     if not rows:
         return
     ncols = len(rows[0])
     widths = [max(cell_len(r[c]) for r in rows) for c in range(ncols)]
     widths[-1] = max(widths[-1], 1)  # (as rich.table: an empty last column is one space wide)
+    plain = _plain(console)
+    keep = list(range(ncols))
+
+    def wide(cols: list[int]) -> int:
+        return sum(widths[c] for c in cols) + 2 * (len(cols) - 1)
+
+    for c in () if plain else optional:
+        if wide(keep) <= console.width:
+            break
+        keep.remove(c)
+    if keep[-1] != ncols - 1:
+        widths[keep[-1]] = max(widths[keep[-1]], 1)
+    fits = wide(keep) <= console.width
     special = not all(cell.isprintable() and cell_len(cell) >= len(cell) for r in rows for cell in r)
-    if special or sum(widths) + 2 * (ncols - 1) > console.width:
-        table = _table(*(str(c) for c in range(ncols)))
+    if special and fits:
+        table = _table(*(str(c) for c in keep))
         for r in rows:
-            table.add_row(*(Text(cell, style="bold" if c == bold else "") for c, cell in enumerate(r)))
+            table.add_row(*(Text(r[c], style="bold" if c == bold else "") for c in keep))
         console.print(table)
         return
-    plain = _plain(console)
     for r in rows:
-        cells = [cell + " " * (w - cell_len(cell)) for cell, w in zip(r, widths)]
+        cells = [r[c] + " " * (widths[c] - cell_len(r[c])) for c in keep]
         if plain:
-            console.file.write("  ".join(cells) + "\n")
+            console.file.write("  ".join(cells).rstrip(" ") + "\n")
             continue
         line = Text()
-        for c, cell in enumerate(cells):
-            if c:
+        for k, cell in enumerate(cells):
+            if k:
                 line.append("  ")
-            line.append(cell, style="bold" if c == bold else "")
-        console.print(line)
+            line.append(cell, style="bold" if keep[k] == bold else "")
+        console.print(line, soft_wrap=not fits)
+
+
+def _print_keyed(console: Console, head: Text, key) -> None:
+    """`head` then the key (if any) on one line; on a terminal too narrow for it, the key on a line of its own (a
+    wrapped line would split the key between its words)."""
+    if key is None:
+        _print(console, head)
+        return
+    if _plain(console) or cell_len(head.plain) + 1 + len(_key(key)) <= console.width:
+        head.append(f" {_key(key)}")
+        _print(console, head)
+        return
+    _print(console, head)
+    _print(console, _line("key", _key(key)))
 
 
 def _site_table(rows: list[tuple[CallSite, str]], console: Console) -> None:
@@ -149,12 +177,12 @@ def _site_table(rows: list[tuple[CallSite, str]], console: Console) -> None:
                 _shown(stream) + lane,
                 f"count {s.count}",
                 _shown(s.label or s.kind),
-                str(s.location),
+                _shown(str(s.location)),
                 _items(s.hash_items),
                 extra,
             ]
         )
-    _print_rows(lines, console)
+    _print_rows(lines, console, optional=(6, 4))  # (narrow: the hash items, then the kind, left out)
 
 
 def _more(n: int, what: str, console: Console) -> None:
@@ -231,9 +259,7 @@ def render_collision(c: Collision, input_kind: str, console: Console) -> None:
         _more(len(c.inputs) - len(shown), "shared keys", console)
     else:
         head.append(f"{len(sites)} call sites get the same key")
-        if keys[0] is not None:
-            head.append(f" {_key(keys[0])}")
-        _print(console, head)
+        _print_keyed(console, head, keys[0])
         _site_table([(s, "") for s in sites[:MAX_SHOWN]], console)
         _more(len(sites) - MAX_SHOWN, "call sites", console)
         if len(c.inputs) == 1:
@@ -273,11 +299,11 @@ def render_latent(lt: LatentCollision, input_kind: str, console: Console) -> Non
                 _INDENT,
                 _path(p.site.path),
                 f"count {long} (reaches {p.max_count}) = {_path(s.path)} count {short} (0x{short:x})",
-                str(p.site.location),
+                _shown(str(p.site.location)),
                 f"both hash {p.data!r}",
             ]
         )
-    _print_rows(lines, console)
+    _print_rows(lines, console, optional=(4,))
     _more(n - MAX_SHOWN, "paths", console)
     _print(console, _line("why", _WHY[COUNT_MEETS_NAME]))
     _separator(lt.separator, console)
@@ -328,7 +354,14 @@ def render_nnx_audit(a: NnxAudit, console: Console) -> None:
             )
             _print(console, line)
             rows = [
-                [_INDENT, s.where, _shown(s.stream_path), f"count {s.count}", _key(s.key), str(s.location)]
+                [
+                    _INDENT,
+                    _shown(s.where),
+                    _shown(s.stream_path),
+                    f"count {s.count}",
+                    _key(s.key),
+                    _shown(str(s.location)),
+                ]
                 for s in c.sites[:MAX_SHOWN]
             ]
             _print_rows(rows, console)
@@ -345,20 +378,20 @@ def render_nnx_audit(a: NnxAudit, console: Console) -> None:
             else:
                 line.append(f"stream {_shown(s.requested)} is served by 'default' at {len(group)} statements")
                 _print(console, line)
-                rows = [[_INDENT, g.sites[0].site, str(g.sites[0].location)] for g in group[:MAX_SHOWN]]
+                rows = [[_INDENT, _shown(g.sites[0].site), _shown(str(g.sites[0].location))] for g in group[:MAX_SHOWN]]
                 _print_rows(rows, console)
                 _more(len(group) - MAX_SHOWN, "statements", console)
         else:
-            line.append(f"{len(c.sites)} draws get the key {_key(c.key)}")
-            _print(console, line)
+            line.append(f"{len(c.sites)} draws get the key")
+            _print_keyed(console, line, c.key)
             rows = [
                 [
                     _INDENT,
                     "init" if s.step == 0 else f"step {s.step}",
-                    s.where,
+                    _shown(s.where),
                     _shown(s.stream_path),
                     f"count {s.count}",
-                    str(s.location),
+                    _shown(str(s.location)),
                 ]
                 for s in c.sites[:MAX_SHOWN]
             ]

@@ -29,9 +29,11 @@ def _spaces(prefix: str, n: int) -> np.ndarray:
     return objects([prefix + " " * k for k in range(n + 1)])
 
 
-def table_lines(calls: TableCalls, cols: list[str], widths: dict[str, int], limit: int) -> Iterator[tuple[str, int]]:
-    """The first `limit` rows' lines, as (text, rows) a chunk at a time: `#` then `cols` (the last one `key`),
-    each cell padded to its column's width, GAP between."""
+def table_lines(
+    calls: TableCalls, cols: list[str], widths: dict[str, int], limit: int, start: int = 0
+) -> Iterator[tuple[str, int]]:
+    """The lines of the rows at positions start..limit-1 (start a multiple of CHUNK), as (text, rows) a chunk at a
+    time: `#` then `cols` (the last one `key`), each cell padded to its column's width, GAP between."""
     from .text_rows import cells, shown
 
     assert cols and cols[-1] == "key"
@@ -75,7 +77,7 @@ def table_lines(calls: TableCalls, cols: list[str], widths: dict[str, int], limi
     counts = objects(list(map(str, range(1 << 12))))
     hexes = objects([c.to_bytes((c.bit_length() + 7) // 8, "big").hex() for c in range(1 << 12)])
     width = keys.shape[1] if keys.ndim == 2 else 0
-    for j0 in range(0, len(rows), CHUNK):
+    for j0 in range(start, len(rows), CHUNK):
         r = rows[j0 : j0 + CHUNK]
         m = len(r)
         t = table.block[r]

@@ -14,6 +14,8 @@ import numpy as np
 
 from ..engine.derive import DeriveReport, TableCalls
 from ..engine.hashing import encode_item, hash_input
+from .halves import in_two
+from .table_records import CHUNK
 from .text_columns import table_lines
 from .text_derive import _items, _notes, _ranges, _values
 
@@ -336,7 +338,8 @@ def render_rows(
     limit = n if not max_rows else min(max_rows, n)
     if rows.table is not None and not st.color and cols and cols[-1] == "key":
         # the fast path's rows, laid out from the columns (uncoloured: no row needs styling)
-        for text, m in table_lines(report.calls, cols, widths, limit):  # type: ignore[arg-type]
+        calls = report.calls
+        for text, m in in_two(lambda a, b: table_lines(calls, cols, widths, b, a), limit, CHUNK):  # type: ignore[arg-type]
             yield text
             if advance is not None:
                 advance(m)

@@ -292,7 +292,8 @@ def test_a_spec_written_as_json_is_a_spec(tmp_path):
 
 # ---------------------------------------------------------------- the text tables
 CELLS = st.text(
-    alphabet=st.sampled_from(["a", "Z", "_", "/", " ", "é", "日", "本", "🙂", "\x07", "\x1b", "(", "'", "\u0301"]),
+    # (no control codes: every cell is shown escaped, `\x07`, by the renderers)
+    alphabet=st.sampled_from(["a", "Z", "_", "/", " ", "é", "日", "本", "🙂", "(", "'", "\u0301"]),
     max_size=8,
 )
 
@@ -304,11 +305,14 @@ CELLS = st.text(
 )
 def test_rows_print_as_the_rich_table_does(rows, console_kind):
     """render_collisions prints its tables without rich.table's measuring (thousands of tables in the
-    report of a large model): the characters are those of the rich Table it replaces, on a plain file
-    console and on a coloured terminal, wide characters and control codes included; a table wider than
-    the console is left to rich, which shrinks it."""
+    report of a large model): rows that fit are the characters of the rich Table it replaces, on a plain file
+    console (without its trailing spaces) and on a coloured terminal, wide characters and control codes
+    included. Rows wider than the console are never cropped (rich.table would shrink them with "…"): every
+    cell is printed whole, in order, and the terminal wraps the line."""
     import io
+    import re
 
+    from rich.cells import cell_len
     from rich.console import Console
     from rich.text import Text
 
@@ -321,11 +325,58 @@ def test_rows_print_as_the_rich_table_does(rows, console_kind):
 
     ours, theirs = io.StringIO(), io.StringIO()
     _print_rows([list(r) for r in rows], console(ours))
-    table = _table(*(str(c) for c in range(len(rows[0]))))
-    for r in rows:
-        table.add_row(*(Text(cell, style="bold" if c == 1 else "") for c, cell in enumerate(r)))
-    console(theirs).print(table)
-    assert ours.getvalue() == theirs.getvalue()
+    widths = [max(max(cell_len(r[c]) for r in rows), 1 if c == len(rows[0]) - 1 else 0) for c in range(len(rows[0]))]
+    if sum(widths) + 2 * (len(widths) - 1) <= width or not tty:
+        table = _table(*(str(c) for c in range(len(rows[0]))))
+        for r in rows:
+            table.add_row(*(Text(cell, style="bold" if c == 1 else "") for c, cell in enumerate(r)))
+        wide = Console(file=theirs, force_terminal=tty, no_color=not tty, width=max(width, 400), highlight=False)
+        (console(theirs) if tty else wide).print(table)
+        expected, got = theirs.getvalue(), ours.getvalue()
+        if not tty:  # (a file gets no trailing spaces)
+            expected = "\n".join(line.rstrip(" ") for line in expected.split("\n"))
+            got = "\n".join(line.rstrip(" ") for line in got.split("\n"))
+        assert got == expected
+        return
+
+    def bare(text: str) -> str:  # (without colour codes)
+        return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+    shown = bare(ours.getvalue()).split("\n")
+    assert len(shown) == len(rows) + 1 and shown[-1] == ""
+    for line, r in zip(shown, rows):
+        at = 0
+        for cell in map(bare, r):
+            found = line.find(cell, at)
+            assert found >= 0, (cell, line)
+            at = found + len(cell)
+
+
+def test_a_narrow_terminal_leaves_out_optional_columns_and_crops_nothing():
+    """On a terminal too narrow for a collision's call sites, the hash items and then the kind are left out; the
+    path, stream, count, location and a shared key stay whole (they were cropped to `ab/cd…  count…`), and the
+    finding's key goes on a line of its own rather than being split by a wrap."""
+    import io
+    import re
+
+    from rich.console import Console
+
+    from rngaudit.output.text_collisions import render_collisions
+
+    report = rngaudit.collisions(fx("sharp_edge.yaml"))
+    for width, kept_items in ((200, True), (75, False), (50, False)):
+        buf = io.StringIO()
+        render_collisions(report.audits, Console(file=buf, force_terminal=True, no_color=True, width=width))
+        text = re.sub(r"\x1b\[[0-9;]*m", "", buf.getvalue())
+        for whole in ("ab/cdef", "abc/def", "count 1", "sharp_edge.yaml:8:", "[2583384977 2116611972]"):
+            assert whole in text, (width, whole, text)
+        assert "…" not in text
+        assert ("('abc', 'def', 1)" in text) is kept_items
+        if width < 100:
+            assert "\n   key        [2583384977 2116611972]\n" in text
+    # piped or written to a file: every column, whatever the width
+    out = invoke(fx("sharp_edge.yaml")).stdout
+    assert "('abc', 'def', 1)" in out and "same key [2583384977 2116611972]" in out
 
 
 def test_fail_on_takes_every_rule_by_the_name_annotations_and_sarif_show():

@@ -392,3 +392,27 @@ def test_progress_is_a_no_op_off_a_terminal_and_transient_on_one(capsys):
         advance(1)
     assert fast.getvalue() == ""
     assert capsys.readouterr().out == ""  # never on stdout
+
+
+def test_a_drawn_bar_leaves_stdout_to_the_report(capsys):
+    """With the bar on a terminal (stderr), what is written to stdout meanwhile (a report redirected to a file,
+    `derive -f jsonl > out.jsonl`) still goes to stdout: rich would swap sys.stdout for a proxy that draws it on
+    the terminal above the bar (the report then missed its file, and took minutes to draw)."""
+    import io
+    import time
+
+    from rngaudit.output.progress import progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    term = Terminal()
+    stdout = sys.stdout
+    with progress(3, "writing", stream=term, delay=0.0) as advance:
+        time.sleep(0.3)  # the bar is up
+        assert sys.stdout is stdout
+        print('{"record": "call"}')
+        advance(3)
+    assert "writing" in term.getvalue() and "record" not in term.getvalue()
+    assert capsys.readouterr().out == '{"record": "call"}\n'

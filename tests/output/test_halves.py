@@ -1,0 +1,127 @@
+"""A long report written by two processes (rngaudit.output.halves): derive's jsonl, json and text reports of Linen
+and NNX specs are byte for byte what one process writes, across the row where the child takes over (drawn values
+load JAX, and nothing forks beside it: these specs draw none); a child that fails, a fork that fails, and a reader that
+stops early (the child ended and reaped) all still give the one-process text. In a fresh process: the fork is
+refused once JAX is loaded, and this test must see it happen."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from support import REPO
+
+CODE = r"""
+import os, sys
+import rngaudit.output.halves as halves
+from rngaudit import api
+from rngaudit.output.derive_json import json_chunks, jsonl_lines
+from rngaudit.output.text_rows import derive_text
+
+assert halves.can_fork(), "expected to fork here"
+LINEN = '''
+rngaudit: 1
+rngs: {params: 0, dropout: 1}
+model:
+  class: Model
+  body:
+    - module:
+        class: Block
+        repeat: 40
+        body:
+          - make_rng: {stream: dropout, repeat: 300}
+          - Dense: {features: 2}
+    - vmap:
+        module: {class: Mlp, body: [{make_rng: {stream: dropout, repeat: 50}}]}
+        axis_size: 30
+        split_rngs: {params: true, dropout: true}
+    - make_rng: {stream: dropout, repeat: 3}
+'''
+NNX = '''
+rngaudit: 1
+flavour: nnx
+rngs: {params: 0, dropout: 1}
+steps: 30
+model:
+  class: M
+  keep_rngs: true
+  init: [{Linear: {name: l}}, {Dropout: {name: d, rate: 0.5}}]
+  call:
+    - {call: {name: d, repeat: 400}}
+    - {draw: {stream: dropout, repeat: 400}}
+'''
+forks = []
+real_fork = os.fork
+def counting_fork():
+    pid = real_fork()
+    if pid:
+        forks.append(pid)
+    return pid
+os.fork = counting_fork
+
+def outputs(report):
+    return (
+        "".join(jsonl_lines(report)),
+        "".join(json_chunks(report)),
+        "".join(derive_text(report, width=None, color=False, max_rows=0)),
+    )
+
+for name, text in (("linen.yaml", LINEN), ("nnx.yaml", NNX)):
+    with open(name, "w") as f:
+        f.write(text)
+    report = api.derive(name)
+    assert len(report.calls) > 10000, len(report.calls)
+    halves.PARALLEL_ROWS = 10**12
+    one = outputs(report)
+    assert not forks
+    halves.PARALLEL_ROWS = 1000
+    two = outputs(report)
+    # jsonl, json and (Linen's) text: NNX's text rows are written by one process
+    assert len(forks) == (3 if name == "linen.yaml" else 2), (name, forks)
+    for a, b in zip(one, two):
+        assert a == b, name
+    real_write = os.write
+    def failing_write(fd, data):  # only the child writes (its text, to its file): the child fails
+        raise OSError(28, "No space left on device")
+    os.write = failing_write
+    failed = outputs(report)
+    os.write = real_write
+    assert failed == one, name
+    def failing_fork():
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+    os.fork = failing_fork
+    no_fork = outputs(report)
+    os.fork = counting_fork
+    assert no_fork == one, name
+    # the reader stops after the first chunks: the child is ended and reaped, nothing left running
+    lines = jsonl_lines(report)
+    next(lines), next(lines)
+    lines.close()
+    try:
+        os.waitpid(-1, os.WNOHANG)
+        raise AssertionError("a child is left")
+    except ChildProcessError:
+        pass
+    forks.clear()
+assert "jax" not in sys.modules
+print("ok")
+"""
+
+
+def test_two_processes_write_what_one_writes(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "RNGAUDIT_HASH_PROCESSES"}
+    env["PYTHONPATH"] = str(REPO)
+    r = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    if (os.cpu_count() or 1) < 2 or not hasattr(os, "fork"):
+        assert "expected to fork here" in r.stderr
+        return
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+def test_one_process_when_asked():
+    """RNGAUDIT_HASH_PROCESSES=1 keeps the writing to one process too."""
+    code = "import rngaudit.output.halves as h; print(h.can_fork())"
+    env = dict(os.environ, RNGAUDIT_HASH_PROCESSES="1", PYTHONPATH=str(REPO))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert r.stdout.strip() == "False", r.stderr
