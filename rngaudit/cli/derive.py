@@ -54,9 +54,7 @@ def derive(
         help="Draw values from every key without a `draw:`, e.g. normal:2,2 or uniform:3.",
     ),
     values: bool = typer.Option(True, "--values/--no-values", help="Compute the values of `draw`s (needs JAX)."),
-    strict: bool = typer.Option(
-        False, "--strict/--no-strict", help="Exit 1 when any key has a note (e.g. a fallback to 'params')."
-    ),
+    strict: bool = typer.Option(False, "--strict/--no-strict", help="Exit 1 when any stream falls back to 'params'."),
     stream: list[str] | None = typer.Option(
         None,
         "--stream",

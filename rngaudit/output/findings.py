@@ -586,9 +586,10 @@ def compare_findings(cmp: Comparison) -> list[Finding]:
     for t in cmp.things:
         moved = "" if t.old_module == t.new_module else f" (the module that was {path_text(t.old_module)})"
         lane = f" lane {list(t.lane)}" if t.lane else ""
+        count = f"{t.old.count} -> {t.new.count}" if t.old.count != t.new.count else f"{t.new.count}"
         msg = (
             f"thing changed: {t.name} ({t.stream}{lane}) of {path_text(t.new_module)}{moved} draws another key: count "
-            f"{t.old.count} -> {t.new.count}, key {list(t.old.key or ())} -> {list(t.new.key or ())}"
+            f"{count}, key {list(t.old.key or ())} -> {list(t.new.key or ())}"
         )
         where = t.new.location or Location(cmp.new_name, 1, 1)
         out.append(Finding("diff/thing-changed", ERROR, msg, where))

@@ -422,12 +422,20 @@ def derive_text(
 MODULES_SHOWN = 10
 
 
+def _natural(name: str) -> tuple:
+    """A sort key reading the digit runs of `name` as numbers."""
+    import re
+
+    return tuple((0, int(part), part) if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name) if part)
+
+
 def more_rows(more: int, first: int, last: int, by_stream: Counter, by_module: Counter, what: str) -> Iterator[str]:
     """The lines after the first rows of a long report: how many more (and which), per stream and per top-level
     module (the largest first), and how to see them."""
 
     def listed(counts: Counter, cap: int | None = None) -> str:
-        items = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        # the largest first; ties in the order a person numbers them (Block_2 before Block_10)
+        items = sorted(counts.items(), key=lambda kv: (-kv[1], _natural(str(kv[0]))))
         shown_items = items[:cap] if cap else items
         text = ", ".join(f"{shown(str(k))} {v:,}" for k, v in shown_items)
         return text + (f" and {len(items) - cap:,} more" if cap and len(items) > cap else "")

@@ -96,25 +96,17 @@ def spec_from_node(root: YNode, release: Release | None = None) -> Spec | NnxSpe
             "a keys file too",
             root.loc,
         )
-    top = Fields(
-        root,
-        "the spec",
-        (
-            "rngaudit",
-            "flavour",
-            "flax",
-            "jax",
-            "phase",
-            "method",
-            "mutable",
-            "rngs",
-            "model",
-            "steps",
-            "run",
-            "call_rngs",
-        ),
-        (),
-    )
+    keys = ("rngaudit", "flavour", "flax", "jax", "phase", "method", "mutable", "rngs", "model", "steps", "run")
+    keys += ("call_rngs",)
+    if root.is_map and "rngaudit" not in root.value:
+        other = [repr(k) for k in root.value if k not in keys]
+        if other:  # (another YAML file: a CI workflow, a config, named by a pattern or by hand)
+            raise SpecError(
+                f"not an rngaudit spec: no `rngaudit: 1` at the top, and keys a spec does not have "
+                f"({', '.join(other[:3])}{', ...' if len(other) > 3 else ''}); a spec starts with `rngaudit: 1`",
+                root.loc,
+            )
+    top = Fields(root, "the spec", keys, ())
     vn = top.get("rngaudit")
     if vn is None:
         raise SpecError("the spec needs `rngaudit: 1` (the spec format version) at the top", root.loc)

@@ -66,3 +66,10 @@ def test_help_shows_choices_as_the_readme_writes_them(command):
     options = [line.strip().split("  ")[0] for line in text.splitlines() if line.lstrip().startswith("-")]
     assert not [o for o in options if "<" in o], options
     assert any("--format text|json|github|sarif" in o for o in options)
+
+
+@pytest.mark.parametrize("command", [(), ("derive",), ("collisions",), ("diff",), ("verify",), ("shard-check",)])
+def test_dash_h_is_help(command):
+    """-h is --help, as ruff, mypy and pytest take it, for the tool and every command."""
+    short, long = invoke(*command, "-h"), invoke(*command, "--help")
+    assert short.exit_code == long.exit_code == 0 and short.stdout == long.stdout and "Usage:" in short.stdout

@@ -321,6 +321,10 @@ def test_pre_commit_hook_runs_collisions_on_matching_specs(tmp_path):
         assert files.search(name), name
     for name in ("model.yaml", "ci/workflow.yml", "rngaudit.json"):
         assert not files.search(name), name
+    # the README's own workflow file is named rngaudit.yml: the hook leaves .github/ alone
+    exclude = re.compile(hook["exclude"])
+    assert files.search(".github/workflows/rngaudit.yml") and exclude.search(".github/workflows/rngaudit.yml")
+    assert not any(exclude.search(n) for n in ("rngaudit.yaml", "specs/rngaudit_model.yml", "a/.github.yaml"))
     # pre-commit runs `entry` with the changed files appended
     argv = shlex.split(hook["entry"])
     assert argv[0] == "rngaudit"

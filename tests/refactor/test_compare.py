@@ -431,6 +431,9 @@ def test_diff_of_specs_annotates_the_new_specs_lines(tmp_path, base):
     things = [a for a in every if a[4] == "rngaudit diff/thing-changed"]
     assert len(got) == len(failing) and len(things) == len(doc["things"]) == 5
     assert all(a[1] == str(new_spec) and (a[2], a[3]) in rows.values() for a in things)  # at the draw's new row
+    for a, t in zip(things, doc["things"]):  # a count that moved is shown moving; one that did not, once
+        old, new = t["old_count"], t["new_count"]
+        assert f"count {old} -> {new}, key" in a[5] if old != new else f"count {new}, key" in a[5]
     for (kind, file, line, col, title, message), s in zip(got, failing):
         assert kind == "error" and file == str(new_spec) and title == f"rngaudit diff/{s['status']}"
         if s["status"] == "new":  # a row of the new spec: exactly its statement

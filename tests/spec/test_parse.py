@@ -456,3 +456,17 @@ def test_bad_specs_through_every_command(command, monkeypatch):
         except AssertionError as e:
             wrong.append(f"{case.name}: {str(e).splitlines()[0]}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_another_yaml_file_is_said_to_be_no_spec():
+    """A YAML file that is not a spec (a CI workflow named rngaudit.yml, a config a directory walk or a hook
+    pattern picked) is said to be no spec, not "unknown key 'name' in the spec"; a spec that only forgot its
+    version line still gets that error."""
+    from rngaudit.errors import SpecError
+    from rngaudit.spec.parse import parse_spec
+
+    with pytest.raises(SpecError, match=r"not an rngaudit spec: .*\('name', 'jobs'\); a spec starts") as ei:
+        parse_spec("name: ci\njobs: {test: {runs-on: ubuntu-latest}}\n", "rngaudit.yml")
+    assert (ei.value.location.line, ei.value.location.col) == (1, 1)
+    with pytest.raises(SpecError, match=r"the spec needs `rngaudit: 1`"):
+        parse_spec("rngs: {params: 0}\nmodel: {class: M}\n", "m.yaml")
