@@ -96,8 +96,8 @@ def spec_from_node(root: YNode, release: Release | None = None) -> Spec | NnxSpe
             "a keys file too",
             root.loc,
         )
-    keys = ("rngaudit", "flavour", "flax", "jax", "phase", "method", "mutable", "rngs", "model", "steps", "run")
-    keys += ("call_rngs",)
+    keys: tuple[str, ...] = ("rngaudit", "flavour", "flax", "jax", "phase", "method", "mutable", "rngs", "model")
+    keys += ("steps", "run", "call_rngs")
     if root.is_map and "rngaudit" not in root.value:
         other = [repr(k) for k in root.value if k not in keys]
         if other:  # (another YAML file: a CI workflow, a config, named by a pattern or by hand)
