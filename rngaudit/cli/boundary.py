@@ -58,11 +58,31 @@ def run(fn: Callable[[], None]) -> None:
     except RecursionError:
         sys.stderr.write("error: the spec nests too deeply to replay\n")
         raise typer.Exit(EXIT_ERROR) from None
+    except UnicodeEncodeError as e:
+        if not 0xD800 <= ord(str(e.object[e.start : e.start + 1]) or "\0") <= 0xDFFF:
+            raise _internal(e) from None
+        # a name of bytes that are not UTF-8 (a file found in a directory walk): no report can write it
+        bad = str(e.object).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        sys.stderr.write(f"error: '{one_line(bad)}' is not UTF-8 (a file name?); rename it\n")
+        raise typer.Exit(EXIT_ERROR) from None
     except MemoryError:
         sys.stderr.write("error: out of memory; the spec asks for too many keys or values\n")
         raise typer.Exit(EXIT_ERROR) from None
     except Exception as e:  # noqa: BLE001 - a bug of ours: say so, briefly, with its own exit code
         raise _internal(e) from None
+    except SystemExit as e:
+        if type(e) is not SystemExit:  # (rngaudit's own: a SIGTERM's way out of shard-check)
+            raise
+        # rngaudit never calls sys.exit inside a command: the user's model, factory or step did, and nothing was
+        # checked (exit 0 here would pass a CI gate)
+        sys.stderr.write(
+            f"error: the user's code rngaudit ran (the model, its factory or the step) called sys.exit({e.code!r}): "
+            "nothing was checked; return instead of exiting\n"
+        )
+        raise typer.Exit(EXIT_ERROR) from None
+    except BaseException as e:  # noqa: BLE001 (GeneratorExit and other bare BaseExceptions: the user's code raised it)
+        sys.stderr.write(f"error: the user's code rngaudit ran raised {type(e).__name__}: {one_line(str(e))}\n")
+        raise typer.Exit(EXIT_ERROR) from None
 
 
 def _internal(e: BaseException) -> typer.Exit:

@@ -179,7 +179,7 @@ def collisions(
         from .boundary import finish, one_line, spec_limits
         from .defaults import config_dir, configured
         from .inputs import expand
-        from .writing import check_writable, emit, write_output
+        from .writing import check_not_an_input, check_writable, emit, write_output
 
         o = configured(ctx, "collisions", config, given)
         if write_baseline and o.baseline is None:
@@ -188,6 +188,9 @@ def collisions(
             check_writable(o.baseline, "--baseline")
         with spec_limits(o.max_spec_mib, o.max_yaml_nodes):
             sources, missing = expand(inputs, o.include, o.exclude or (), stdin_filename)
+        check_not_an_input(output, [s for s in sources if isinstance(s, str)])
+        if write_baseline and o.baseline is not None:
+            check_not_an_input(o.baseline, [s for s in sources if isinstance(s, str)], "--baseline")
         with spec_limits(o.max_spec_mib, o.max_yaml_nodes), progress(len(sources), "collisions") as advance:
             report = api.collisions(
                 *sources,

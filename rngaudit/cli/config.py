@@ -179,6 +179,10 @@ def discover(explicit: str | None = None) -> Config:
     """The configuration a command runs with: `--config FILE` if given, else the pyproject.toml found from the
     working directory, else none."""
     if explicit is not None:
+        if not explicit:
+            from ..errors import UsageError
+
+            raise UsageError("--config '': name a pyproject.toml (or leave --config out to find one)")
         return load(explicit)
     found = find_pyproject()
     return load(found) if found is not None else Config()

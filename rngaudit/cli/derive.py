@@ -126,9 +126,10 @@ def derive(
         from .boundary import finish, spec_limits, values_on_the_cpu
         from .defaults import configured
         from .inputs import STDIN, stdin_spec
-        from .writing import emit, write_stream
+        from .writing import check_not_an_input, emit, write_stream
 
         values_on_the_cpu()
+        check_not_an_input(output, (spec,))
 
         o = configured(ctx, "derive", config, given)
         with spec_limits(o.max_spec_mib, o.max_yaml_nodes), progress(None, f"replaying {os.path.basename(spec)}"):

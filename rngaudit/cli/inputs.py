@@ -39,9 +39,16 @@ STDIN = "-"
 def stdin_spec(name: str | None = None) -> SpecBytes:
     """`-`: the spec on standard input, shown as `name` (default `<stdin>`); read up to one byte past the spec size
     limit (the parser then says it is too large)."""
+    from ..errors import UsageError
     from ..spec.limits import current_limits
 
-    return SpecBytes(sys.stdin.buffer.read(current_limits().max_bytes + 1), name or "<stdin>")
+    if sys.stdin is None:  # (started with standard input closed: `<&-`)
+        raise UsageError("-: standard input is closed; give the spec on it, or name the file")
+    try:
+        data = sys.stdin.buffer.read(current_limits().max_bytes + 1)
+    except OSError as e:
+        raise UsageError(f"-: cannot read standard input ({e.strerror or e})") from None
+    return SpecBytes(data, name or "<stdin>")
 
 
 def _excluded(rel: str, patterns: Sequence[str]) -> bool:

@@ -105,6 +105,11 @@ def main() -> None:
     # stops traversing it at every collection the rest of the start triggers (about 10 ms of a 150 ms
     # start; benchmarks/bench_startup.py).
     gc.freeze()
+    for arg in sys.argv[1:]:
+        if not _utf8(arg):  # (a file name of bytes that are not UTF-8: no report could show it)
+            shown = arg.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            sys.stderr.write(f"error: '{shown}' is not UTF-8 (a file name?); rename it or give it as UTF-8 text\n")
+            sys.exit(EXIT_ERROR)
     try:
         app(prog_name="rngaudit")
     except SystemExit as e:
@@ -114,4 +119,36 @@ def main() -> None:
         if not isinstance(code, int):
             code = EXIT_ERROR
         # click reports usage errors with exit 2, which is ours for usage errors too
-        sys.exit(code)
+        sys.exit(_flushed(code))
+    except OSError as e:  # (outside a command's boundary only --help and --version write: to stdout)
+        from .writing import stdout_gone
+
+        stdout_gone()
+        sys.stderr.write(f"error: cannot write to standard output ({e.strerror or e})\n")
+        sys.exit(EXIT_ERROR)
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _flushed(code: int) -> int:
+    """`code`, or 2 if what is left of stdout (--help, --version) cannot be written (a full disk, /dev/full)."""
+    try:
+        if sys.stdout is not None:
+            sys.stdout.flush()
+    except BrokenPipeError:
+        from .writing import stdout_gone
+
+        stdout_gone()
+    except OSError as e:
+        from .writing import stdout_gone
+
+        stdout_gone()
+        sys.stderr.write(f"error: cannot write to standard output ({e.strerror or e})\n")
+        return EXIT_ERROR
+    return code

@@ -19,6 +19,8 @@ def write_output(text: str, output: str | None, option: str = "--output") -> Non
 
 def _target(output: str, option: str) -> str:
     """The file `output` names (a symlink's file is replaced, not the link); not a directory."""
+    if os.path.exists(output) and not os.path.isfile(output) and not os.path.isdir(output):
+        return output  # (a device, a FIFO, /dev/stdout on a pipe: its link's text names no file)
     target = os.path.realpath(output)
     if os.path.isdir(target):
         raise OutputError(f"{option} {output}: is a directory")
@@ -36,6 +38,19 @@ def _temporary_beside(target: str, output: str, option: str) -> tuple[int, str]:
         return tempfile.mkstemp(prefix=".rngaudit-", dir=os.path.dirname(target))
     except OSError as e:
         raise OutputError(f"{option} {output}: cannot write there ({e.strerror or e})") from None
+
+
+def check_not_an_input(output: str | None, inputs: Iterable[str], option: str = "--output") -> None:
+    """Refuse to write the report over a file the command reads (a spec replaced by its own report)."""
+    if output is None or output == "-" or not os.path.isfile(output):
+        return
+    for name in inputs:
+        try:
+            same = name != "-" and os.path.samefile(output, name)
+        except OSError:
+            continue
+        if same:
+            raise OutputError(f"{option} {output}: that is the input {name}; write the report to another file")
 
 
 def check_writable(output: str, option: str) -> None:
@@ -59,9 +74,10 @@ def write_stream(chunks: Iterable[str], output: str | None, option: str = "--out
         except BrokenPipeError:
             # the reader stopped (`... | head`): that is its choice, not an error of ours; stop
             # writing, and keep Python's own flush at exit from failing again
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-            os.close(devnull)
+            stdout_gone()
+        except OSError as e:  # a full disk, /dev/full, an I/O error
+            stdout_gone()
+            raise OutputError(f"cannot write to standard output ({e.strerror or e})") from None
         return
     target = _target(output, option)
     if _special(target):
@@ -77,10 +93,15 @@ def write_stream(chunks: Iterable[str], output: str | None, option: str = "--out
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             for text in chunks:
                 f.write(text)
-        # mkstemp creates 0600; give the report the permissions any new file gets here
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
+        # mkstemp creates 0600: give the report the permissions of the file it replaces, else those any new file
+        # gets here
+        try:
+            mode = os.stat(target).st_mode & 0o7777
+        except OSError:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        os.chmod(tmp, mode)
         os.replace(tmp, target)
     except BaseException as e:
         if os.path.exists(tmp):
@@ -88,6 +109,17 @@ def write_stream(chunks: Iterable[str], output: str | None, option: str = "--out
         if isinstance(e, OSError):
             raise OutputError(f"{option} {output}: cannot write ({e.strerror or e})") from None
         raise
+
+
+def stdout_gone() -> None:
+    """Standard output cannot take more: point it at the null device, so that Python's own flush at exit does not
+    fail again (with a traceback)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # (no stdout at all)
+        pass
 
 
 def emit(fmt: str, output: str | None, report: Report) -> None:

@@ -22,7 +22,16 @@ def _values_json(v: np.ndarray):
         return v.tolist()
     if np.issubdtype(v.dtype, np.integer):
         return v.astype(np.int64).tolist()
-    return v.astype(np.float64).tolist()
+    f = v.astype(np.float64)
+    if np.isfinite(f).all():
+        return f.tolist()
+    # JSON has no NaN or infinities (Python's encoder writes bare NaN, which parsers refuse): as strings, the way
+    # protobuf's JSON mapping writes them
+    out = f.astype(object)
+    out[np.isnan(f)] = "NaN"
+    out[f == np.inf] = "Infinity"
+    out[f == -np.inf] = "-Infinity"
+    return out.tolist()
 
 
 def _drawn_json(draw, values: np.ndarray) -> dict:

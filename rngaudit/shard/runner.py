@@ -65,6 +65,10 @@ def _error(kind: str, message: str) -> RngauditError:
     return cls(message)
 
 
+class Terminated(SystemExit):
+    """SIGTERM's way out (the command's error boundary lets it through, as it does no user's sys.exit)."""
+
+
 @contextlib.contextmanager
 def _terminated_as_exit():
     """SIGTERM (a CI job cancelled, `kill`) ends the command as an exception would: the device processes are
@@ -76,7 +80,7 @@ def _terminated_as_exit():
         return
 
     def terminate(signum, frame):
-        raise SystemExit(128 + signum)
+        raise Terminated(128 + signum)
 
     previous = signal.signal(signal.SIGTERM, terminate)
     try:

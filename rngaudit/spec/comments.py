@@ -13,8 +13,33 @@ _COMMENT = re.compile(r"(?:^|\s)#\s*rngaudit:\s*ignore\b(?:\[([^\]]*)\])?", re.I
 
 
 def ignore_comment(line: str) -> re.Match | None:
-    """The ignore comment on `line`; its group 1 is the text between the brackets (None: no brackets)."""
-    return _COMMENT.search(line)
+    """The ignore comment on `line`; its group 1 is the text between the brackets (None: no brackets). A `#` inside
+    a quoted string (`label: "x # rngaudit: ignore"`) is the string's, no comment."""
+    for m in _COMMENT.finditer(line):
+        if not _quoted(line, line.index("#", m.start())):
+            return m
+    return None
+
+
+def _quoted(line: str, pos: int) -> bool:
+    """Whether `pos` of `line` is inside a quoted string: one that opens at the start of a value (YAML's quoted
+    scalars, Python's strings), `''` inside single quotes and backslash escapes inside double ones."""
+    quote = ""
+    i = 0
+    while i < pos:
+        ch = line[i]
+        if not quote:
+            if ch in "'\"" and (i == 0 or line[i - 1] in " \t[{(,:="):
+                quote = ch
+        elif ch == "\\" and quote == '"':
+            i += 1
+        elif ch == quote:
+            if quote == "'" and line[i + 1 : i + 2] == "'":
+                i += 1
+            else:
+                quote = ""
+        i += 1
+    return bool(quote)
 
 
 def ignore_comments(text: str) -> Iterator[tuple[int, re.Match]]:

@@ -294,4 +294,37 @@ def parse_json(text: str, file: str = "<json>") -> JsonDoc:
         raise InputError(f"duplicate key {d.key!r} in one JSON object; keep one", doc.duplicate_key(d.key)) from None
     except RecursionError:
         raise InputError("JSON nested too deeply", Location(file, 1, 1)) from None
+    lone = _lone_surrogate(text)
+    if lone is not None:
+        before = text[:lone]
+        raise InputError(
+            f"{text[lone : lone + 6]} is half of a UTF-16 pair and no character; write the character (or its pair)",
+            Location(file, before.count("\n") + 1, lone - before.rfind("\n")),
+        )
     return JsonDoc(file, text, value)
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _lone_surrogate(text: str) -> int | None:
+    """Where a `\\udXXX` escape of the (valid) JSON text stands for half a UTF-16 pair alone, if one does (json.loads
+    takes it, and the string then cannot be written as UTF-8); a backslash escaped itself starts none."""
+    if "\\u" not in text:
+        return None
+    pending = -1  # a high half's position, waiting for its low half right after it
+    for m in _SURROGATE_ESCAPE.finditer(text):
+        at = m.start()
+        slashes = len(text[:at]) - len(text[:at].rstrip("\\"))
+        if slashes % 2:  # (`\\udxxx`: a backslash, then text)
+            continue
+        low = m.group()[3] in "cdefCDEF"
+        if pending >= 0:
+            if low and at == pending + 6:
+                pending = -1
+                continue
+            return pending
+        if low:
+            return at
+        pending = at
+    return pending if pending >= 0 else None

@@ -60,7 +60,8 @@ class FoldIn(KeyExpr):
 
 _TOKEN = re.compile(
     r"\s*(?:(?P<int>-?(?:0[xX][0-9a-fA-F]+|0[bB][01]+|0[oO][0-7]+|\d+))(?![A-Za-z_0-9])"
-    r"|(?P<name>[A-Za-z_][A-Za-z_0-9.]*)|(?P<punct>[(),\[\]]))"
+    r"|(?P<name>[A-Za-z_][A-Za-z_0-9.]*)|(?P<punct>[(),\[\]]))",
+    re.ASCII,  # (\d is 0-9 only: Python's int() would read '٣' and '３' too)
 )
 _SPACE = re.compile(r"\s*")
 _PREFIXES = ("jax.random.", "random.", "jr.")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,6 +131,7 @@ class _Loader(yaml.SafeLoader):
         return node
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _SCALAR_KIND = {_INT: "integer", _FLOAT: "number", _BOOL: "boolean"}
 
 
@@ -185,6 +187,13 @@ class _Converter:
             return YNode([self.convert(n, depth + 1) for n in node.value], loc)
         assert isinstance(node, yaml.ScalarNode)  # (a document holds mappings, sequences and scalars only)
         if tag == _STR:
+            if _SURROGATE.search(node.value):  # ("\ud800" in a double-quoted string: no character at all)
+                ch = _SURROGATE.search(node.value).group()  # type: ignore[union-attr]
+                raise SpecError(
+                    f"the string holds \\u{ord(ch):04x}, half of a UTF-16 pair and no character: write the "
+                    "character itself (or its \\U escape)",
+                    loc,
+                )
             return YNode(node.value, loc, quoted=node.style in ("'", '"'))
         if tag in _SCALAR_KIND:
             construct = {

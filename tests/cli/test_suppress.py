@@ -53,6 +53,17 @@ def _one_error(r, *parts):
 
 
 # ---------------------------------------------------------------- ignore comments
+def test_an_ignore_comment_inside_a_quoted_string_is_no_comment(project):
+    """`label: "x # rngaudit: ignore"` is a label that holds the text; it left the finding out."""
+    for quoted in ('"x # rngaudit: ignore"', "'it''s # rngaudit: ignore'"):
+        line = ABC.replace("{make_rng: rng}", "{make_rng: {stream: rng, label: " + quoted + "}}")
+        (project / "sharp.yaml").write_text(SHARP.replace(ABC, line))
+        r = invoke("collisions", "sharp.yaml")
+        assert r.exit_code == 1 and "left out" not in r.stdout, r.stdout
+        (project / "sharp.yaml").write_text(SHARP.replace(ABC, line + "  # rngaudit: ignore[concatenation]"))
+        assert invoke("collisions", "sharp.yaml").exit_code == 0
+
+
 def test_an_ignore_comment_on_a_call_site_line_leaves_that_finding_out(project):
     (project / "sharp.yaml").write_text(SHARP.replace(ABC, ABC + "  # rngaudit: ignore[concatenation]"))
     r = invoke("collisions", "sharp.yaml")

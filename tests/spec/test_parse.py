@@ -470,3 +470,13 @@ def test_another_yaml_file_is_said_to_be_no_spec():
     assert (ei.value.location.line, ei.value.location.col) == (1, 1)
     with pytest.raises(SpecError, match=r"the spec needs `rngaudit: 1`"):
         parse_spec("rngs: {params: 0}\nmodel: {class: M}\n", "m.yaml")
+
+
+@pytest.mark.parametrize("expr", ["key(٣)", "split(key(０), ３)[１]", "fold_in(key(0), ²)"])
+def test_key_expressions_take_ascii_digits_only(expr):
+    """Python's int() reads Arabic-Indic and full-width digits; a key expression is decimal, 0x, 0o or 0b only."""
+    from rngaudit.errors import SpecError
+    from rngaudit.spec.parse import parse_spec
+
+    with pytest.raises(SpecError, match="is not a number"):
+        parse_spec(f"rngaudit: 1\nrngs: {{params: '{expr}'}}\nmodel: {{class: M, body: [make_rng]}}\n", "k.yaml")
