@@ -100,14 +100,13 @@ def derive(
     call sites before any key is computed; `engine` "plain" is the reference path (no filters). An NNX spec
     (`flavour: nnx`) gives an NnxDeriveReport: every key its streams hand out, construction and steps."""
     from .engine.derive import derive as run_derive
-    from .spec.nnx import NnxSpec
     from .spec.parse import SpecBytes, load_spec
     from .spec.tree import Spec
 
     if isinstance(spec, SpecBytes):
         spec = spec.load()
-    loaded = spec if isinstance(spec, (Spec, NnxSpec)) else load_spec(os.fspath(spec))
-    if isinstance(loaded, NnxSpec):
+    loaded = load_spec(os.fspath(spec)) if isinstance(spec, (str, os.PathLike)) else spec
+    if not isinstance(loaded, Spec):  # (an NnxSpec: its machinery imported only for one)
         return _derive_nnx(loaded, phase, values, draw, streams, paths, limit)
     s = load(loaded, phase)
     default_draw, text = _draw(draw)

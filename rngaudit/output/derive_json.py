@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .. import __version__
 from ..engine.derive import DeriveReport, KeyedCall, TableCalls
-from ..engine.nnx import NnxDeriveReport, NnxKeyedCall
 from .halves import in_two
 from .table_records import CHUNK, Layout, indented, nnx_records, slot, table_records
+
+if TYPE_CHECKING:  # (an NNX spec's report: imported where one is written, a Linen run imports none of it)
+    from ..engine.nnx import NnxDeriveReport, NnxKeyedCall
 
 JSON_FORMAT = "rngaudit.derive"
 JSON_FORMAT_VERSION = 1
@@ -99,7 +102,7 @@ def _summary(report: DeriveReport | NnxDeriveReport) -> dict:
 
 
 def to_json(report: DeriveReport | NnxDeriveReport) -> dict:
-    if isinstance(report, NnxDeriveReport):
+    if not isinstance(report, DeriveReport):
         return {**_nnx_meta(report), "calls": [nnx_call_json(c) for c in report.calls], "summary": _summary(report)}
     return {
         **_meta(report),
@@ -140,17 +143,17 @@ def json_chunks(report: DeriveReport | NnxDeriveReport, advance=None):
     of a Linen replay come from the columns, each record laid out from its template's text encoded once
     (indented_call_records); others are encoded one at a time, the same way."""
     calls = report.calls
-    meta = _nnx_meta(report) if isinstance(report, NnxDeriveReport) else {**_meta(report), **_to_linen(report)}
+    meta = _nnx_meta(report) if not isinstance(report, DeriveReport) else {**_meta(report), **_to_linen(report)}
     encoder = json.JSONEncoder(sort_keys=True, indent=2, ensure_ascii=False)
     head, tail = encoder.encode({**meta, "calls": _CALLS, "summary": _summary(report)}).split(json.dumps(_CALLS))
     yield head
     if not len(calls):
         yield "[]"
     else:
-        if isinstance(calls, TableCalls) or isinstance(report, NnxDeriveReport):
+        if isinstance(calls, TableCalls) or not isinstance(report, DeriveReport):
             # laid out from the replay's columns, a template's (a block's) record encoded once
             yield "[\n" + _ITEM
-            if isinstance(report, NnxDeriveReport):
+            if not isinstance(report, DeriveReport):
                 nnx = report.calls
                 layout = _item_layout(lambda j: nnx_call_json(nnx[j]))
                 chunks = in_two(
@@ -320,6 +323,8 @@ def _nnx_template(k) -> dict:
 
     d = copy.copy(k)
     object.__setattr__(d, "count", slot("count"))
+    from ..engine.nnx import NnxKeyedCall
+
     out = nnx_call_json(NnxKeyedCall(d, (), None, None, slot("index")))  # type: ignore[arg-type]
     out["key"] = slot("key")
     return out
@@ -362,12 +367,12 @@ def jsonl_lines(report: DeriveReport | NnxDeriveReport, advance=None):
     record (the JSON format's fields but calls and summary), one `call` record per call site (the
     JSON format's call objects), and a closing `summary` record."""
     dumps = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":")).encode
-    if isinstance(report, NnxDeriveReport):
+    if not isinstance(report, DeriveReport):
         yield dumps({"record": "header", **_nnx_meta(report)}) + "\n"
     else:
         yield dumps({"record": "header", **_meta(report)}) + "\n"
     chunks: Iterable[tuple[str, int]]
-    if isinstance(report, NnxDeriveReport):
+    if not isinstance(report, DeriveReport):
         chunks = in_two(lambda a, b: _lined(nnx_call_lines(report, dumps, a, b)), len(report.calls), 1)
     elif isinstance(report.calls, TableCalls):
         # the fast path: records laid out from the columns a chunk at a time
@@ -389,6 +394,6 @@ def jsonl_lines(report: DeriveReport | NnxDeriveReport, advance=None):
         yield text
         if advance is not None:
             advance(rows)
-    for run in () if isinstance(report, NnxDeriveReport) else report.to_linen:
+    for run in () if not isinstance(report, DeriveReport) else report.to_linen:
         yield dumps({"record": "to_linen", **to_linen_json(run)}) + "\n"
     yield dumps({"record": "summary", **_summary(report)}) + "\n"

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from ..engine.hash_words import can_fork
 
 PARALLEL_ROWS = 100_000  # reports with at least this many rows are written by two processes
-PARENT_SHARE = 0.47  # of the rows, this process makes this share (it also copies the child's text after)
+PARENT_SHARE = 0.5  # of the rows, this process makes this share (it also copies the child's text after)
 READ = 1 << 20  # characters of the child's text read back at a time
 
 Chunks = Iterator[tuple[str, int]]

@@ -394,9 +394,7 @@ def derive_text(
 ):
     """derive's text report of either flavour, in chunks: Linen's streamed rows, an NNX spec's rows (`advance(n)`
     is called as a Linen report's rows are written)."""
-    from ..engine.nnx import NnxDeriveReport
-
-    if isinstance(report, NnxDeriveReport):
+    if not isinstance(report, DeriveReport):  # (an NNX spec's)
         from .text_nnx import render_nnx_rows
 
         yield from render_nnx_rows(report, width=width, color=color, wide=wide, columns=columns, max_rows=max_rows)

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..errors import SpecError
 from . import keyexpr
 from .budget import check_budget
+
+if TYPE_CHECKING:
+    from .nnx import NnxSpec
 from .fields import Fields, as_str, suggest, type_name
-from .nnx import NnxSpec, nnx_spec
 from .releases import (
     NEWEST,
     OLDEST_FLAX,
@@ -201,6 +204,8 @@ def spec_from_node(root: YNode, release: Release | None = None) -> Spec | NnxSpe
             # a bare key means {'params': key} in Linen, and nnx.Rngs(key) (the `default` stream) in NNX
             rngs["default" if flavour == "nnx" else "params"] = _rng_source(rn, width, impl)
     if flavour == "nnx":
+        from .nnx import nnx_spec  # (an NNX spec's machinery: a Linen spec's run imports none of it)
+
         spec = nnx_spec(
             top,
             file,
@@ -290,7 +295,7 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec | NnxSpec:
 
 def linen_only(spec: Spec | NnxSpec, command: str) -> Spec:
     """The spec, for a command that reads Linen specs only; an NNX spec is an input error naming what reads it."""
-    if isinstance(spec, NnxSpec):
+    if not isinstance(spec, Spec):  # (an NnxSpec)
         raise SpecError(
             f"{command} reads Linen specs, and this one is `flavour: nnx`; NNX specs work with `derive`, "
             "`collisions`, `verify` and `diff`",
