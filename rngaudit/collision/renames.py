@@ -20,6 +20,9 @@ RENAME_TRIES = 40  # candidate names tried per module
 RENAME_BUDGET = 4_000_000  # call sites re-derived per module at most (fewer tries for a module with many keys)
 RENAME_MAX_EXPECTED = 3  # a rename expected to meet more keys by chance than this is not tried
 REPLAY_TRIES = 4  # candidate names per module when each costs a replay
+# call sites an audit replays to check renames (each check runs the whole model again): a model of hundreds of
+# sibling layers has a latent finding per layer, each checked as it comes; past this the later findings say so
+REPLAY_BUDGET = 150_000
 
 
 @dataclass
@@ -42,6 +45,7 @@ class RenameSearch:
         self._paths_sorted: list[int] | None = None
         self._by_path: dict | tuple | None = None
         self._base: tuple[list[int], set] | None = None
+        self.replayed = 0  # call sites replayed by rename checks so far (REPLAY_BUDGET)
 
     def _sorted_paths(self) -> list[int]:
         """Path ids in the order of their paths (ids, not (path, id) pairs: a million paths)."""
@@ -272,6 +276,7 @@ class RenameSearch:
     def _check_replayed(self, changes, ending: set) -> Grouping | None:
         """The audit of the renamed model, if it shares no key and has no latent pair that the original
         does not (and none of `ending`)."""
+        self.replayed += self.ctx.s.n
         sites = self.ctx.s.renamed(changes)
         if sites is None or sites.n != self.ctx.s.n:
             return None
@@ -289,6 +294,12 @@ class RenameSearch:
     def _replayed_renames(self, members: list[int], ending: set) -> tuple[list[Rename], str]:
         """The greedy of for_collision, each step checked on the renamed model run again: exact, including
         Flax's auto-naming (naming a module explicitly shifts the auto-names of its later siblings)."""
+        if self.replayed >= REPLAY_BUDGET:
+            return [], (
+                f"not checked: the rename checks of earlier findings replayed the model {self.replayed:,} call sites' "
+                "worth (each check runs it again), and the later findings are left unchecked; rename as one of "
+                "those findings says, then audit again"
+            )
         changes: list[tuple[RenameTarget, str]] = []
         renames: list[Rename] = []
         now = self.ctx
