@@ -54,7 +54,10 @@ def parse_draw(text: str) -> Draw:
     loc = Location("--draw", 1, 1)
     kind, _, shape = text.partition(":")
     try:
-        dims = [int(s) for s in shape.split(",") if s.strip()] if shape.strip() else []
+        parts = [s.strip() for s in shape.split(",")] if shape.strip() else []
+        if not all(p.isascii() and p.lstrip("-").isdigit() for p in parts):  # (`2,,2`, `,`: no shape)
+            raise ValueError
+        dims = [int(p) for p in parts]
     except ValueError:
         raise UsageError(f"--draw {text!r}: the shape must be integers, e.g. normal:2,2", loc) from None
     node = YNode({kind: YNode([YNode(d, loc) for d in dims], loc)}, loc, {kind: loc})

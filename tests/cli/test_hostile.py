@@ -178,3 +178,11 @@ def test_output_to_a_pipe_keeps_modes_and_never_overwrites_an_input(tmp_path):
         r = invoke(*args)
         assert r.exit_code == 2 and f"that is the input {spec}; write the report to another file" in r.stderr
         assert spec.read_text() == GUIDE.read_text()
+
+
+def test_a_draw_shape_with_an_empty_dimension_is_refused():
+    """`--draw normal:2,,2` was read as [2, 2] and `normal:,` as a scalar."""
+    for text in ("normal:2,,2", "normal:,", "normal:2,x"):
+        r = invoke("derive", GUIDE, "--draw", text)
+        assert r.exit_code == 2 and f"--draw {text!r}: the shape must be integers" in r.stderr
+    assert invoke("derive", GUIDE, "--draw", "normal:2,2").exit_code == 0
