@@ -204,7 +204,8 @@ def _columns(text: str) -> list[str]:
     from ..output.text_nnx import NNX_COLUMNS
     from ..output.text_rows import COLUMNS
 
-    names = [c.strip() for c in text.split(",") if c.strip()]
+    # (a column as its heading spells it, `hash input`, names it too)
+    names = [c.strip().replace(" ", "-") for c in text.split(",") if c.strip()]
     known = COLUMNS + tuple(c for c in NNX_COLUMNS if c not in COLUMNS)
     unknown = [c for c in names if c not in known]
     if unknown or not names:

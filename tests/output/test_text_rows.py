@@ -95,6 +95,9 @@ def test_wide_and_columns_choose():
     picked = invoke("derive", GUIDE, "--columns", "path,key")
     assert picked.exit_code == 0
     assert picked.stdout.splitlines()[4].split() == ["#", "path", "key"]
+    # a column as its heading spells it names it too
+    spelled = invoke("derive", GUIDE, "--columns", "path,hash input,key")
+    assert spelled.exit_code == 0 and spelled.stdout.splitlines()[4].split() == ["#", "path", "hash", "input", "key"]
     bad = invoke("derive", GUIDE, "--columns", "path,nope")
     assert bad.exit_code == 2 and "nope: name columns among" in bad.stderr
 
