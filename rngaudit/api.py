@@ -55,7 +55,9 @@ def parse_draw(text: str) -> Draw:
     kind, _, shape = text.partition(":")
     try:
         parts = [s.strip() for s in shape.split(",")] if shape.strip() else []
-        if not all(p.isascii() and p.lstrip("-").isdigit() for p in parts):  # (`2,,2`, `,`: no shape)
+        if len(parts) > 1 and not parts[-1]:  # (`3,`: Python's one-tuple)
+            parts.pop()
+        if not all(p.isascii() and p for p in parts):  # (`2,,2`, `,`: a dimension missing)
             raise ValueError
         dims = [int(p) for p in parts]
     except ValueError:

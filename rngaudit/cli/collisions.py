@@ -188,9 +188,10 @@ def collisions(
             check_writable(o.baseline, "--baseline")
         with spec_limits(o.max_spec_mib, o.max_yaml_nodes):
             sources, missing = expand(inputs, o.include, o.exclude or (), stdin_filename)
-        check_not_an_input(output, [s for s in sources if isinstance(s, str)])
+        read = [s if isinstance(s, str) else "-" for s in sources]  # (a spec read from standard input: -)
+        check_not_an_input(output, read)
         if write_baseline and o.baseline is not None:
-            check_not_an_input(o.baseline, [s for s in sources if isinstance(s, str)], "--baseline")
+            check_not_an_input(o.baseline, read, "--baseline")
         with spec_limits(o.max_spec_mib, o.max_yaml_nodes), progress(len(sources), "collisions") as advance:
             report = api.collisions(
                 *sources,

@@ -46,8 +46,12 @@ def check_not_an_input(output: str | None, inputs: Iterable[str], option: str = 
         return
     for name in inputs:
         try:
-            same = name != "-" and os.path.samefile(output, name)
-        except OSError:
+            if name == "-":  # (standard input redirected from the file: `derive - -o spec.yaml < spec.yaml`)
+                same = os.path.samestat(os.fstat(0), os.stat(output))
+                name = "on standard input"
+            else:
+                same = os.path.samefile(output, name)
+        except (OSError, ValueError):
             continue
         if same:
             raise OutputError(f"{option} {output}: that is the input {name}; write the report to another file")
@@ -81,10 +85,19 @@ def write_stream(chunks: Iterable[str], output: str | None, option: str = "--out
         return
     target = _target(output, option)
     if _special(target):
+        f = None
         try:
-            with open(target, "w", encoding="utf-8") as f:
-                for text in chunks:
-                    f.write(text)
+            f = open(target, "w", encoding="utf-8")  # noqa: SIM115 (closed below, a broken pipe's too)
+            for text in chunks:
+                f.write(text)
+            f.close()
+        except BrokenPipeError:
+            # the reader stopped (`-o /dev/stdout | head`, a FIFO's reader gone): its choice, as on stdout
+            if f is not None:
+                try:
+                    f.close()
+                except BrokenPipeError:
+                    pass
         except OSError as e:
             raise OutputError(f"{option} {output}: cannot write ({e.strerror or e})") from None
         return

@@ -104,11 +104,13 @@ class _Child:
     def _reap(self) -> int:
         if self.pid is None:
             return 1
-        pid, self.pid = self.pid, None
         while True:
             try:
-                return os.waitpid(pid, 0)[1]
+                status = os.waitpid(self.pid, 0)[1]
             except InterruptedError:
                 continue
             except ChildProcessError:
-                return 1
+                status = 1
+            # (cleared only now: an interrupt while waiting leaves the pid for close() to kill and reap)
+            self.pid = None
+            return status

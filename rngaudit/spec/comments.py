@@ -39,7 +39,11 @@ def _quoted(line: str, pos: int) -> bool:
             else:
                 quote = ""
         i += 1
-    return bool(quote)
+    if not quote:
+        return False
+    # a quote that never closes on the line opened no string (`rock 'n roll`, `say "hi`): the `#` is a comment's
+    rest = line[pos:]
+    return quote in (rest.replace("''", "") if quote == "'" else re.sub(r"\\.", "", rest))
 
 
 def ignore_comments(text: str) -> Iterator[tuple[int, re.Match]]:

@@ -315,8 +315,10 @@ def _lone_surrogate(text: str) -> int | None:
     pending = -1  # a high half's position, waiting for its low half right after it
     for m in _SURROGATE_ESCAPE.finditer(text):
         at = m.start()
-        slashes = len(text[:at]) - len(text[:at].rstrip("\\"))
-        if slashes % 2:  # (`\\udxxx`: a backslash, then text)
+        j = at
+        while j and text[j - 1] == "\\":
+            j -= 1
+        if (at - j) % 2:  # (`\\udxxx`: a backslash, then text)
             continue
         low = m.group()[3] in "cdefCDEF"
         if pending >= 0:

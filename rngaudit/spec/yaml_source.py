@@ -132,6 +132,31 @@ class _Loader(yaml.SafeLoader):
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _paired(text: str, loc: Location) -> str:
+    """`text` with each UTF-16 pair of halves (as JSON writes a character past U+FFFF, `\\ud83d\\ude00`) joined
+    into its character; a half alone is no character at all: an error."""
+    try:
+        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le")
+    except UnicodeDecodeError:
+        i, half = 0, 0
+        while i < len(text):  # the first half that has no partner
+            c = ord(text[i])
+            if 0xD800 <= c <= 0xDBFF and i + 1 < len(text) and 0xDC00 <= ord(text[i + 1]) <= 0xDFFF:
+                i += 2
+                continue
+            if 0xD800 <= c <= 0xDFFF:
+                half = c
+                break
+            i += 1
+        raise SpecError(
+            f"the string holds \\u{half:04x}, half of a UTF-16 pair and no character: write the character itself "
+            "(or its \\U escape)",
+            loc,
+        ) from None
+
+
 _SCALAR_KIND = {_INT: "integer", _FLOAT: "number", _BOOL: "boolean"}
 
 
@@ -187,14 +212,10 @@ class _Converter:
             return YNode([self.convert(n, depth + 1) for n in node.value], loc)
         assert isinstance(node, yaml.ScalarNode)  # (a document holds mappings, sequences and scalars only)
         if tag == _STR:
-            if _SURROGATE.search(node.value):  # ("\ud800" in a double-quoted string: no character at all)
-                ch = _SURROGATE.search(node.value).group()  # type: ignore[union-attr]
-                raise SpecError(
-                    f"the string holds \\u{ord(ch):04x}, half of a UTF-16 pair and no character: write the "
-                    "character itself (or its \\U escape)",
-                    loc,
-                )
-            return YNode(node.value, loc, quoted=node.style in ("'", '"'))
+            value = node.value
+            if _SURROGATE.search(value):  # ("\ud83d\ude00" in double quotes: PyYAML leaves the pair's two halves)
+                value = _paired(value, loc)
+            return YNode(value, loc, quoted=node.style in ("'", '"'))
         if tag in _SCALAR_KIND:
             construct = {
                 _INT: self.scalars.construct_yaml_int,

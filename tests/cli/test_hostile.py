@@ -186,3 +186,42 @@ def test_a_draw_shape_with_an_empty_dimension_is_refused():
         r = invoke("derive", GUIDE, "--draw", text)
         assert r.exit_code == 2 and f"--draw {text!r}: the shape must be integers" in r.stderr
     assert invoke("derive", GUIDE, "--draw", "normal:2,2").exit_code == 0
+
+
+def test_stdin_from_the_output_file_a_broken_pipe_and_a_one_tuple_draw(tmp_path):
+    """`derive - -o spec.yaml < spec.yaml` overwrote the spec; `-o /dev/stdout | head` said "cannot write (Broken
+    pipe)", exit 2 (as `| head` on stdout: the reader's choice, exit 0); `--draw normal:3,` is the one-tuple (3,)."""
+    spec = tmp_path / "m.yaml"
+    spec.write_text(GUIDE.read_text())
+    with open(spec) as stdin:
+        r = subprocess.run(
+            [sys.executable, "-m", "rngaudit", "derive", "-", "-o", str(spec)],
+            stdin=stdin,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=REPO,
+        )
+    assert r.returncode == 2 and "that is the input on standard input" in r.stderr
+    assert spec.read_text() == GUIDE.read_text()
+    big = write(
+        tmp_path,
+        "big.yaml",
+        """
+        rngaudit: 1
+        rngs: {params: 0}
+        model: {class: M, body: [{make_rng: {repeat: 20000}}]}
+    """,
+    )
+    r = subprocess.run(
+        f"{sys.executable} -m rngaudit derive {big} -f jsonl -o /dev/stdout | head -c 100",
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert r.stderr == "" and len(r.stdout) == 100
+    one = write(tmp_path, "one.yaml", "rngaudit: 1\nrngs: {params: 0}\nmodel: {class: M, body: [make_rng]}\n")
+    doc = json.loads(invoke("derive", one, "--draw", "normal:3,", "-f", "json").stdout)
+    assert doc["calls"][0]["values"]["shape"] == [3]

@@ -55,6 +55,11 @@ def _one_error(r, *parts):
 # ---------------------------------------------------------------- ignore comments
 def test_an_ignore_comment_inside_a_quoted_string_is_no_comment(project):
     """`label: "x # rngaudit: ignore"` is a label that holds the text; it left the finding out."""
+    # (and a quote that never closes on its line opened no string: `rock 'n roll  # rngaudit: ignore` is a comment)
+    from rngaudit.spec.comments import ignore_comment
+
+    assert ignore_comment("label: rock 'n roll  # rngaudit: ignore") is not None
+    assert ignore_comment('label: say "hi  # rngaudit: ignore') is not None
     for quoted in ('"x # rngaudit: ignore"', "'it''s # rngaudit: ignore'"):
         line = ABC.replace("{make_rng: rng}", "{make_rng: {stream: rng, label: " + quoted + "}}")
         (project / "sharp.yaml").write_text(SHARP.replace(ABC, line))

@@ -125,3 +125,43 @@ def test_one_process_when_asked():
     env = dict(os.environ, RNGAUDIT_HASH_PROCESSES="1", PYTHONPATH=str(REPO))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert r.stdout.strip() == "False", r.stderr
+
+
+def test_an_interrupt_while_waiting_for_the_child_ends_it():
+    """Ctrl-C while this process waits for the child (its own half done first, the usual case with -o) kills and
+    reaps the child: none is left running, holding the terminal or a CI log's pipe open."""
+    code = """
+import os, signal, sys, time
+import rngaudit.output.halves as h
+assert h.can_fork(), "expected to fork here"
+def make(a, b):
+    if a:  # the child's half: slow
+        time.sleep(30)
+    yield "x" * (b - a), b - a
+def interrupt(*_):
+    raise KeyboardInterrupt
+signal.signal(signal.SIGALRM, interrupt)
+signal.setitimer(signal.ITIMER_REAL, 0.5)
+g = h.in_two(make, 200_000, 1)
+t = time.perf_counter()
+try:
+    for _ in g:
+        pass
+    raise AssertionError("not interrupted")
+except KeyboardInterrupt:
+    g.close()
+assert time.perf_counter() - t < 10
+try:
+    os.waitpid(-1, os.WNOHANG)
+    raise AssertionError("a child is left")
+except ChildProcessError:
+    pass
+print("ok")
+"""
+    env = {k: v for k, v in os.environ.items() if k != "RNGAUDIT_HASH_PROCESSES"}
+    env["PYTHONPATH"] = str(REPO)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    if (os.cpu_count() or 1) < 2 or not hasattr(os, "fork"):
+        assert "expected to fork here" in r.stderr
+        return
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr

@@ -480,3 +480,16 @@ def test_key_expressions_take_ascii_digits_only(expr):
 
     with pytest.raises(SpecError, match="is not a number"):
         parse_spec(f"rngaudit: 1\nrngs: {{params: '{expr}'}}\nmodel: {{class: M, body: [make_rng]}}\n", "k.yaml")
+
+
+def test_a_utf16_pair_in_double_quotes_is_its_character():
+    """JSON writes a character past U+FFFF as a pair of escapes (`"\\ud83d\\ude00"`); PyYAML leaves the pair's two
+    halves, which are joined into the character (a half alone is an error, tests/cli/test_hostile.py)."""
+    from rngaudit.spec.parse import parse_spec
+
+    spec = parse_spec(
+        '{"rngaudit": 1, "rngs": {"params": 0}, "model": {"class": "M", "body": [{"module": {"class": "B", '
+        '"name": "drop\\ud83d\\ude00", "body": ["make_rng"]}}]}}',
+        "s.json",
+    )
+    assert spec.model.body[0].module.name == "drop\U0001f600"
