@@ -64,6 +64,29 @@ def can_fork() -> bool:
         return (os.cpu_count() or 1) >= 2
 
 
+def fork() -> int | None:
+    """os.fork() where can_fork() allowed it (Python 3.12+'s warning of a fork beside threads silenced: a progress
+    bar's hold nothing the child needs); None if no child could be made."""
+    import os
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return os.fork()
+    except OSError:  # e.g. EAGAIN under a process limit, ENOMEM
+        return None
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write every byte of `data` to `fd` (a pipe or a file takes what it can at a time)."""
+    import os
+
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def hash_templates(templates, sep: bool, total: int) -> np.ndarray:
     """Hash words of `templates`' inputs, in order: one tight SHA-1 loop, words taken in chunks."""
     sha1 = _sha1
@@ -111,18 +134,13 @@ class WordsChild:
     def start(cls, make, n: int) -> WordsChild | None:
         """Fork a child that writes make() (n uint32 words); None if no child could be made."""
         import os
-        import warnings
 
         try:
             r, w = os.pipe()
         except OSError:
             return None
-        try:
-            with warnings.catch_warnings():
-                # Python 3.12+ warns of any fork beside threads; can_fork allowed only a progress bar's
-                warnings.simplefilter("ignore", DeprecationWarning)
-                pid = os.fork()
-        except OSError:  # e.g. EAGAIN under a process limit, ENOMEM
+        pid = fork()
+        if pid is None:
             os.close(r)
             os.close(w)
             return None
@@ -130,9 +148,7 @@ class WordsChild:
             code = 1
             try:
                 os.close(r)
-                data = memoryview(np.ascontiguousarray(make(), dtype=np.uint32).tobytes())
-                while data:
-                    data = data[os.write(w, data) :]
+                write_all(w, np.ascontiguousarray(make(), dtype=np.uint32).tobytes())
                 code = 0
             finally:
                 os._exit(code)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 
-from ..engine.hash_words import can_fork
+from ..engine.hash_words import can_fork, fork, write_all
 
 PARALLEL_ROWS = 100_000  # reports with at least this many rows are written by two processes
 PARENT_SHARE = 0.5  # of the rows, this process makes this share (it also copies the child's text after)
@@ -42,18 +42,13 @@ class _Child:
     @classmethod
     def start(cls, make: Callable[[int, int], Chunks], a: int, b: int) -> _Child | None:
         import tempfile
-        import warnings
 
         try:
             spill = tempfile.TemporaryFile()  # noqa: SIM115 (closed by close(), after the child has written it)
         except OSError:
             return None
-        try:
-            with warnings.catch_warnings():
-                # Python 3.12+ warns of any fork beside threads; can_fork allowed only a progress bar's
-                warnings.simplefilter("ignore", DeprecationWarning)
-                pid = os.fork()
-        except OSError:  # e.g. EAGAIN under a process limit, ENOMEM
+        pid = fork()
+        if pid is None:
             spill.close()
             return None
         if pid == 0:  # the child: make the rows' text, write it, leave without running any cleanup
@@ -61,9 +56,7 @@ class _Child:
             try:
                 fd = spill.fileno()
                 for text, _ in make(a, b):
-                    data = memoryview(text.encode("utf-8"))
-                    while data:
-                        data = data[os.write(fd, data) :]
+                    write_all(fd, text.encode("utf-8"))
                 code = 0
             finally:
                 os._exit(code)
