@@ -38,10 +38,37 @@ def spec_limits(max_spec_mib: int | None, max_yaml_nodes: int | None) -> Abstrac
     return limits(None if max_spec_mib is None else max_spec_mib * 1024 * 1024, max_yaml_nodes)
 
 
+class _OsExit(SystemExit):
+    """os._exit called by the user's code in this process (see _no_os_exit)."""
+
+
+def _no_os_exit(fn: Callable[[], None]) -> Callable[[], None]:
+    """`fn` with os._exit raising _OsExit in this process while it runs: the user's model, factory or step calling
+    os._exit(0) ended the command with exit 0 and nothing checked (a CI gate passed). A forked child (the two-process
+    hashing and writing) still leaves by the real one."""
+    import os
+
+    def guarded() -> None:
+        real, me = os._exit, os.getpid()
+
+        def refused(code: int) -> None:
+            if os.getpid() != me:
+                real(code)
+            raise _OsExit(code)
+
+        os._exit = refused  # type: ignore[assignment]
+        try:
+            fn()
+        finally:
+            os._exit = real
+
+    return guarded
+
+
 def run(fn: Callable[[], None]) -> None:
     """Run a command's body: its errors end the command here, each as one line."""
     try:
-        fn()
+        _no_os_exit(fn)()
     except typer.Exit:
         raise
     except RngauditError as e:
@@ -71,6 +98,12 @@ def run(fn: Callable[[], None]) -> None:
     except Exception as e:  # noqa: BLE001 - a bug of ours: say so, briefly, with its own exit code
         raise _internal(e) from None
     except SystemExit as e:
+        if type(e) is _OsExit:
+            sys.stderr.write(
+                f"error: the user's code rngaudit ran (the model, its factory or the step) called os._exit({e.code!r}): "
+                "nothing was checked; return instead of exiting\n"
+            )
+            raise typer.Exit(EXIT_ERROR) from None
         if type(e) is not SystemExit:  # (rngaudit's own: a SIGTERM's way out of shard-check)
             raise
         # rngaudit never calls sys.exit inside a command: the user's model, factory or step did, and nothing was

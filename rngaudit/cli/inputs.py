@@ -87,6 +87,14 @@ def walk(directory: str, include: Sequence[str], exclude: Sequence[str]) -> list
     return found
 
 
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def expand(
     inputs: Sequence[str],
     include: Sequence[str] | None = None,
@@ -107,7 +115,12 @@ def expand(
             out.append(stdin_spec(stdin_filename))
         elif os.path.isdir(given):
             specs = [os.path.normpath(p) for p in walk(given, include, exclude)]
-            if not specs:
+            unnamed = [p for p in specs if not _utf8(p)]  # (no report could write their names)
+            for bad in unnamed:
+                shown = bad.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+                errors.append(SpecError("the file name is not UTF-8; rename it", Location(shown, 1, 1)))
+                specs.remove(bad)
+            if not specs and not unnamed:
                 errors.append(
                     SpecError(
                         f"no spec under this directory (files matching {', '.join(include)} with a top-level "

@@ -2,6 +2,8 @@
 (only rngaudit/cli imports typer)."""
 
 # (no `from __future__ import annotations`: see cli/derive.py)
+import errno
+import io
 import sys
 
 import typer
@@ -105,6 +107,8 @@ def main() -> None:
     # stops traversing it at every collection the rest of the start triggers (about 10 ms of a 150 ms
     # start; benchmarks/bench_startup.py).
     gc.freeze()
+    if sys.stdout is None:  # (started with stdout closed, `>&-`: a report to it is an error, one to -o is not)
+        sys.stdout = _Closed()
     for arg in sys.argv[1:]:
         if not _utf8(arg):  # (a file name of bytes that are not UTF-8: no report could show it)
             shown = arg.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
@@ -126,6 +130,17 @@ def main() -> None:
         stdout_gone()
         sys.stderr.write(f"error: cannot write to standard output ({e.strerror or e})\n")
         sys.exit(EXIT_ERROR)
+
+
+class _Closed(io.TextIOBase):
+    """Standard output when the process started without one: writing to it fails as writing to a closed file
+    does."""
+
+    def write(self, s: str) -> int:
+        raise OSError(errno.EBADF, "standard output is closed")
+
+    def isatty(self) -> bool:
+        return False
 
 
 def _utf8(text: str) -> bool:

@@ -192,6 +192,15 @@ class _Converter:
                         kloc,
                     )
                 key = self.convert(knode, depth + 1).value
+                if (isinstance(key, bool) or key is None) and depth == 0 and not any(
+                    isinstance(k, yaml.ScalarNode) and k.value == "rngaudit" for k, _ in node.value
+                ):  # (a CI workflow's `on:` says first that this is no spec at all)
+                    raise SpecError(
+                        "not an rngaudit spec: no `rngaudit: 1` at the top (and the key "
+                        f"{knode.value!r} reads as {'a boolean' if isinstance(key, bool) else 'null'} in YAML); a "
+                        "spec starts with `rngaudit: 1`",
+                        _loc(self.file, node.start_mark),
+                    )
                 if isinstance(key, bool) or key is None:
                     raise SpecError(
                         f"the key {knode.value!r} reads as {'a boolean' if isinstance(key, bool) else 'null'}"

@@ -41,6 +41,12 @@ def raises_base():
     raise BaseException("base")
 
 
+def os_exits():
+    import os
+
+    os._exit(0)
+
+
 def exits_in_call():
     return Exits(), (jnp.ones((1, 2)),)
 """
@@ -56,6 +62,7 @@ def test_the_users_sys_exit_is_an_error_not_a_pass(tmp_path):
         ("exits5", "called sys.exit(5)"),
         ("exits_in_call", "called sys.exit(0)"),
         ("raises_base", "raised BaseException: base"),
+        ("os_exits", "called os._exit(0)"),
     ):
         r = run_cli("capture", f"{code}:{name}", "-o", out, cwd=tmp_path)
         assert r.returncode == 2, (name, r.returncode, r.stderr)
@@ -225,3 +232,35 @@ def test_stdin_from_the_output_file_a_broken_pipe_and_a_one_tuple_draw(tmp_path)
     one = write(tmp_path, "one.yaml", "rngaudit: 1\nrngs: {params: 0}\nmodel: {class: M, body: [make_rng]}\n")
     doc = json.loads(invoke("derive", one, "--draw", "normal:3,", "-f", "json").stdout)
     assert doc["calls"][0]["values"]["shape"] == [3]
+
+
+def test_closed_stdout_a_non_utf8_name_in_a_walk_and_a_workflow_named_as_a_spec(tmp_path):
+    """stdout closed (`>&-`) was exit 3 (an AttributeError): a report to it is exit 2, one to -o is written; a
+    directory walk that finds a file name that is not UTF-8 reports it as that input's error and audits the others
+    (its raw byte went into the JSON); a GitHub workflow named rngaudit.yml is said to be no spec (it was "the key
+    'on' reads as a boolean")."""
+    out = tmp_path / "r.txt"
+    for args, code in (([GUIDE], 2), ([GUIDE, "--no-values", "-o", out], 0)):
+        r = subprocess.run(
+            [sys.executable, "-m", "rngaudit", "derive", *map(str, args)],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            preexec_fn=lambda: os.close(1),
+        )
+        assert r.returncode == code, r.stderr
+    assert r.stderr == "" and "6 keys" in out.read_text()
+    walk = tmp_path / "specs"
+    walk.mkdir()
+    (walk / "ok.yaml").write_text(GUIDE.read_text())
+    with open(os.fsencode(walk) + b"/c\xff.yaml", "w") as f:
+        f.write(GUIDE.read_text())
+    r = run_cli("collisions", walk, "-f", "json")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 2 and [i["file"] for i in doc["inputs"]] == [str(walk / "ok.yaml")], r.stdout
+    assert doc["errors"][0]["message"] == "the file name is not UTF-8; rename it"
+    flow = write(tmp_path, "rngaudit.yml", "name: ci\non: [push]\njobs: {}\n")
+    r = run_cli("collisions", flow)
+    assert r.returncode == 2 and "not an rngaudit spec: no `rngaudit: 1` at the top" in r.stderr
