@@ -192,8 +192,10 @@ class _Converter:
                         kloc,
                     )
                 key = self.convert(knode, depth + 1).value
-                if (isinstance(key, bool) or key is None) and depth == 0 and not any(
-                    isinstance(k, yaml.ScalarNode) and k.value == "rngaudit" for k, _ in node.value
+                if (
+                    (isinstance(key, bool) or key is None)
+                    and depth == 0
+                    and not any(isinstance(k, yaml.ScalarNode) and k.value == "rngaudit" for k, _ in node.value)
                 ):  # (a CI workflow's `on:` says first that this is no spec at all)
                     raise SpecError(
                         "not an rngaudit spec: no `rngaudit: 1` at the top (and the key "
