@@ -26,7 +26,7 @@ from .releases import (
 from .releases import release as read_release
 from .statements import BodyParser
 from .tree import PHASES, RngSource, Spec
-from .yaml_source import YNode, load_bytes, load_file, load_text
+from .yaml_source import YNode, load_bytes, load_file, load_text, not_a_spec
 
 FORMAT_VERSION = 1
 JAX_KEYS = ("prng_impl", "threefry_partitionable", "version")
@@ -104,11 +104,8 @@ def spec_from_node(root: YNode, release: Release | None = None) -> Spec | NnxSpe
     if root.is_map and "rngaudit" not in root.value:
         other = [repr(k) for k in root.value if k not in keys]
         if other:  # (another YAML file: a CI workflow, a config, named by a pattern or by hand)
-            raise SpecError(
-                f"not an rngaudit spec: no `rngaudit: 1` at the top, and keys a spec does not have "
-                f"({', '.join(other[:3])}{', ...' if len(other) > 3 else ''}); a spec starts with `rngaudit: 1`",
-                root.loc,
-            )
+            shown = ", ".join(other[:3]) + (", ..." if len(other) > 3 else "")
+            raise not_a_spec(f", and keys a spec does not have ({shown})", root.loc)
     top = Fields(root, "the spec", keys, ())
     vn = top.get("rngaudit")
     if vn is None:

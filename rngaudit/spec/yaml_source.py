@@ -134,6 +134,12 @@ class _Loader(yaml.SafeLoader):
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+def not_a_spec(more: str, loc: Location) -> SpecError:
+    """A YAML document that is no spec at all (a CI workflow, a config): it has no `rngaudit:` key, and `more` says
+    what else shows it."""
+    return SpecError(f"not an rngaudit spec: no `rngaudit: 1` at the top{more}; a spec starts with `rngaudit: 1`", loc)
+
+
 def _paired(text: str, loc: Location) -> str:
     """`text` with each UTF-16 pair of halves (as JSON writes a character past U+FFFF, `\\ud83d\\ude00`) joined
     into its character; a half alone is no character at all: an error."""
@@ -192,23 +198,11 @@ class _Converter:
                         kloc,
                     )
                 key = self.convert(knode, depth + 1).value
-                if (
-                    (isinstance(key, bool) or key is None)
-                    and depth == 0
-                    and not any(isinstance(k, yaml.ScalarNode) and k.value == "rngaudit" for k, _ in node.value)
-                ):  # (a CI workflow's `on:` says first that this is no spec at all)
-                    raise SpecError(
-                        "not an rngaudit spec: no `rngaudit: 1` at the top (and the key "
-                        f"{knode.value!r} reads as {'a boolean' if isinstance(key, bool) else 'null'} in YAML); a "
-                        "spec starts with `rngaudit: 1`",
-                        _loc(self.file, node.start_mark),
-                    )
                 if isinstance(key, bool) or key is None:
-                    raise SpecError(
-                        f"the key {knode.value!r} reads as {'a boolean' if isinstance(key, bool) else 'null'}"
-                        f' in YAML; quote it ("{knode.value}") to use it as a name',
-                        kloc,
-                    )
+                    reads = f"the key {knode.value!r} reads as {'a boolean' if isinstance(key, bool) else 'null'}"
+                    if depth == 0 and not any(k.value == "rngaudit" for k, _ in node.value):  # (a workflow's on:)
+                        raise not_a_spec(f" (and {reads} in YAML)", _loc(self.file, node.start_mark))
+                    raise SpecError(f'{reads} in YAML; quote it ("{knode.value}") to use it as a name', kloc)
                 if not isinstance(key, str):
                     key = knode.value  # 1, 0x10, 1.5: the name as written
                 if key in items:
