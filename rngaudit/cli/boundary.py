@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 import sys
 import traceback
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 
 import typer
 
@@ -38,37 +38,44 @@ def spec_limits(max_spec_mib: int | None, max_yaml_nodes: int | None) -> Abstrac
     return limits(None if max_spec_mib is None else max_spec_mib * 1024 * 1024, max_yaml_nodes)
 
 
+def not_utf8(text: str) -> str | None:
+    """`text` as it can be shown (`s\\xff.yaml`) if it holds bytes that are not UTF-8 (a file name, read with
+    surrogateescape: no report can write it), else None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return None
+
+
 class _OsExit(SystemExit):
-    """os._exit called by the user's code in this process (see _no_os_exit)."""
+    """os._exit called by the user's code in this process (see _os_exit_refused)."""
 
 
-def _no_os_exit(fn: Callable[[], None]) -> Callable[[], None]:
-    """`fn` with os._exit raising _OsExit in this process while it runs: the user's model, factory or step calling
-    os._exit(0) ended the command with exit 0 and nothing checked (a CI gate passed). A forked child (the two-process
-    hashing and writing) still leaves by the real one."""
-    import os
+@contextmanager
+def _os_exit_refused() -> Iterator[None]:
+    """os._exit raises _OsExit in this process inside the block: the user's model, factory or step calling
+    os._exit(0) ended the command with exit 0 and nothing checked (a CI gate passed). A forked child (the
+    two-process hashing and writing) still leaves by the real one."""
+    real, me = os._exit, os.getpid()
 
-    def guarded() -> None:
-        real, me = os._exit, os.getpid()
+    def refused(code: int) -> None:
+        if os.getpid() != me:
+            real(code)
+        raise _OsExit(code)
 
-        def refused(code: int) -> None:
-            if os.getpid() != me:
-                real(code)
-            raise _OsExit(code)
-
-        os._exit = refused  # type: ignore[assignment]
-        try:
-            fn()
-        finally:
-            os._exit = real
-
-    return guarded
+    os._exit = refused  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        os._exit = real
 
 
 def run(fn: Callable[[], None]) -> None:
     """Run a command's body: its errors end the command here, each as one line."""
     try:
-        _no_os_exit(fn)()
+        with _os_exit_refused():
+            fn()
     except typer.Exit:
         raise
     except RngauditError as e:
@@ -86,10 +93,9 @@ def run(fn: Callable[[], None]) -> None:
         sys.stderr.write("error: the spec nests too deeply to replay\n")
         raise typer.Exit(EXIT_ERROR) from None
     except UnicodeEncodeError as e:
-        if not 0xD800 <= ord(str(e.object[e.start : e.start + 1]) or "\0") <= 0xDFFF:
+        bad = not_utf8(str(e.object))
+        if bad is None:
             raise _internal(e) from None
-        # a name of bytes that are not UTF-8 (a file found in a directory walk): no report can write it
-        bad = str(e.object).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
         sys.stderr.write(f"error: '{one_line(bad)}' is not UTF-8 (a file name?); rename it\n")
         raise typer.Exit(EXIT_ERROR) from None
     except MemoryError:
@@ -98,18 +104,13 @@ def run(fn: Callable[[], None]) -> None:
     except Exception as e:  # noqa: BLE001 - a bug of ours: say so, briefly, with its own exit code
         raise _internal(e) from None
     except SystemExit as e:
-        if type(e) is _OsExit:
-            sys.stderr.write(
-                f"error: the user's code rngaudit ran (the model, its factory or the step) called os._exit({e.code!r}): "
-                "nothing was checked; return instead of exiting\n"
-            )
-            raise typer.Exit(EXIT_ERROR) from None
-        if type(e) is not SystemExit:  # (rngaudit's own: a SIGTERM's way out of shard-check)
+        if type(e) not in (SystemExit, _OsExit):  # (rngaudit's own: a SIGTERM's way out of shard-check)
             raise
-        # rngaudit never calls sys.exit inside a command: the user's model, factory or step did, and nothing was
-        # checked (exit 0 here would pass a CI gate)
+        # rngaudit never exits inside a command: the user's model, factory or step did, and nothing was checked
+        # (exit 0 here would pass a CI gate)
+        how = "os._exit" if type(e) is _OsExit else "sys.exit"
         sys.stderr.write(
-            f"error: the user's code rngaudit ran (the model, its factory or the step) called sys.exit({e.code!r}): "
+            f"error: the user's code rngaudit ran (the model, its factory or the step) called {how}({e.code!r}): "
             "nothing was checked; return instead of exiting\n"
         )
         raise typer.Exit(EXIT_ERROR) from None

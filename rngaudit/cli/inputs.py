@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from ..errors import Location, SpecError
 from ..spec.parse import SpecBytes
+from .boundary import not_utf8
 
 DEFAULT_INCLUDE = ("*.yaml", "*.yml")
 # never walked into (ruff's defaults, less what cannot hold specs): tools' caches, environments, VCS data
@@ -87,14 +88,6 @@ def walk(directory: str, include: Sequence[str], exclude: Sequence[str]) -> list
     return found
 
 
-def _utf8(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def expand(
     inputs: Sequence[str],
     include: Sequence[str] | None = None,
@@ -115,11 +108,11 @@ def expand(
             out.append(stdin_spec(stdin_filename))
         elif os.path.isdir(given):
             specs = [os.path.normpath(p) for p in walk(given, include, exclude)]
-            unnamed = [p for p in specs if not _utf8(p)]  # (no report could write their names)
-            for bad in unnamed:
-                shown = bad.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-                errors.append(SpecError("the file name is not UTF-8; rename it", Location(shown, 1, 1)))
-                specs.remove(bad)
+            unnamed = {p: shown for p in specs if (shown := not_utf8(p)) is not None}  # (no report could write them)
+            errors.extend(
+                SpecError("the file name is not UTF-8; rename it", Location(s, 1, 1)) for s in unnamed.values()
+            )
+            specs = [p for p in specs if p not in unnamed]
             if not specs and not unnamed:
                 errors.append(
                     SpecError(

@@ -109,9 +109,11 @@ def main() -> None:
     gc.freeze()
     if sys.stdout is None:  # (started with stdout closed, `>&-`: a report to it is an error, one to -o is not)
         sys.stdout = _Closed()
+    from .boundary import not_utf8
+
     for arg in sys.argv[1:]:
-        if not _utf8(arg):  # (a file name of bytes that are not UTF-8: no report could show it)
-            shown = arg.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        shown = not_utf8(arg)  # (a file name of bytes that are not UTF-8: no report could show it)
+        if shown is not None:
             sys.stderr.write(f"error: '{shown}' is not UTF-8 (a file name?); rename it or give it as UTF-8 text\n")
             sys.exit(EXIT_ERROR)
     try:
@@ -123,13 +125,13 @@ def main() -> None:
         if not isinstance(code, int):
             code = EXIT_ERROR
         # click reports usage errors with exit 2, which is ours for usage errors too
-        sys.exit(_flushed(code))
+        try:  # (what is left of --help or --version)
+            sys.stdout.flush()
+        except OSError as flush_error:
+            code = _stdout_failed(flush_error, code)
+        sys.exit(code)
     except OSError as e:  # (outside a command's boundary only --help and --version write: to stdout)
-        from .writing import stdout_gone
-
-        stdout_gone()
-        sys.stderr.write(f"error: cannot write to standard output ({e.strerror or e})\n")
-        sys.exit(EXIT_ERROR)
+        sys.exit(_stdout_failed(e, EXIT_ERROR))
 
 
 class _Closed(io.TextIOBase):
@@ -143,27 +145,13 @@ class _Closed(io.TextIOBase):
         return False
 
 
-def _utf8(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+def _stdout_failed(e: OSError, code: int) -> int:
+    """Writing --help or --version failed: a reader that stopped (`| head`) keeps `code`; a full disk or a closed
+    stdout is said as one line, exit 2."""
+    from .writing import stdout_gone
 
-
-def _flushed(code: int) -> int:
-    """`code`, or 2 if what is left of stdout (--help, --version) cannot be written (a full disk, /dev/full)."""
-    try:
-        if sys.stdout is not None:
-            sys.stdout.flush()
-    except BrokenPipeError:
-        from .writing import stdout_gone
-
-        stdout_gone()
-    except OSError as e:
-        from .writing import stdout_gone
-
-        stdout_gone()
-        sys.stderr.write(f"error: cannot write to standard output ({e.strerror or e})\n")
-        return EXIT_ERROR
-    return code
+    stdout_gone()
+    if isinstance(e, BrokenPipeError):
+        return code
+    sys.stderr.write(f"error: cannot write to standard output ({e.strerror or e})\n")
+    return EXIT_ERROR
