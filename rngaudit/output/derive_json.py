@@ -143,7 +143,7 @@ def json_chunks(report: DeriveReport | NnxDeriveReport, advance=None):
     of a Linen replay come from the columns, each record laid out from its template's text encoded once
     (indented_call_records); others are encoded one at a time, the same way."""
     calls = report.calls
-    meta = _nnx_meta(report) if not isinstance(report, DeriveReport) else {**_meta(report), **_to_linen(report)}
+    meta = {**_meta(report), **_to_linen(report)} if isinstance(report, DeriveReport) else _nnx_meta(report)
     encoder = json.JSONEncoder(sort_keys=True, indent=2, ensure_ascii=False)
     head, tail = encoder.encode({**meta, "calls": _CALLS, "summary": _summary(report)}).split(json.dumps(_CALLS))
     yield head
@@ -367,10 +367,8 @@ def jsonl_lines(report: DeriveReport | NnxDeriveReport, advance=None):
     record (the JSON format's fields but calls and summary), one `call` record per call site (the
     JSON format's call objects), and a closing `summary` record."""
     dumps = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":")).encode
-    if not isinstance(report, DeriveReport):
-        yield dumps({"record": "header", **_nnx_meta(report)}) + "\n"
-    else:
-        yield dumps({"record": "header", **_meta(report)}) + "\n"
+    meta = _meta(report) if isinstance(report, DeriveReport) else _nnx_meta(report)
+    yield dumps({"record": "header", **meta}) + "\n"
     chunks: Iterable[tuple[str, int]]
     if not isinstance(report, DeriveReport):
         chunks = in_two(lambda a, b: _lined(nnx_call_lines(report, dumps, a, b)), len(report.calls), 1)
@@ -394,6 +392,6 @@ def jsonl_lines(report: DeriveReport | NnxDeriveReport, advance=None):
         yield text
         if advance is not None:
             advance(rows)
-    for run in () if not isinstance(report, DeriveReport) else report.to_linen:
+    for run in report.to_linen if isinstance(report, DeriveReport) else ():
         yield dumps({"record": "to_linen", **to_linen_json(run)}) + "\n"
     yield dumps({"record": "summary", **_summary(report)}) + "\n"
