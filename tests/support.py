@@ -30,6 +30,32 @@ def write(directory: Path, name: str, text: str) -> str:
     return str(path)
 
 
+# Lines of a script (run_forking's) that count the children os.fork makes, in `forks`.
+COUNT_FORKS = """
+forks = []
+real_fork = os.fork
+def counting_fork():
+    pid = real_fork()
+    if pid:
+        forks.append(pid)
+    return pid
+os.fork = counting_fork
+"""
+
+
+def run_forking(code: str, timeout: float = 300, cwd: Path | str | None = None, forks: bool = True) -> None:
+    """Run the script `code` in a fresh Python (no JAX loaded, the two-process paths allowed) and assert it printed
+    `ok`; with `forks`, a machine without two CPUs or os.fork must have stopped it at its `assert ...can_fork(),
+    "expected to fork here"` instead."""
+    env = {k: v for k, v in os.environ.items() if k != "RNGAUDIT_HASH_PROCESSES"}
+    env["PYTHONPATH"] = str(REPO)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+    if forks and ((os.cpu_count() or 1) < 2 or not hasattr(os, "fork")):
+        assert "expected to fork here" in r.stderr
+        return
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
 def invoke(*args: object):
     """`rngaudit ARGS` in this process (typer's CliRunner): exit_code, stdout and stderr apart."""
     return CliRunner().invoke(app, [str(a) for a in args], catch_exceptions=False)

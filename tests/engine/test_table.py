@@ -18,7 +18,7 @@ from rngaudit.engine.derive import derive
 from rngaudit.output.derive_json import to_json
 
 EXAMPLES = int(os.environ.get("RNGAUDIT_FASTPATH_EXAMPLES", "150"))
-from support import LINEN_EXAMPLES, REPO
+from support import COUNT_FORKS, LINEN_EXAMPLES, REPO, run_forking
 
 ROOT = str(REPO)
 FIXTURES = sorted(
@@ -218,10 +218,9 @@ def test_two_process_hashing_gives_the_same_words(tmp_path):
     """A large replay is hashed by this process and a forked child; in a fresh process (no JAX, no
     threads) the forked words equal one process's, and a fork that fails, or a child that fails,
     falls back to this process."""
-    import subprocess
-    import sys
 
-    code = """
+    code = (
+        """
 import os, sys
 import numpy as np
 import rngaudit.engine.hash_words as hashing
@@ -236,15 +235,9 @@ model: {class: M, body: [{module: {class: B, repeat: 300, body: [{make_rng: {str
 ''', 't.yaml')
 hashing.PARALLEL_HASHES = 1000
 assert hashing.can_fork(), "expected to fork here"
-forks = []
-real_fork = os.fork
-def counting_fork():
-    pid = real_fork()
-    if pid:
-        forks.append(pid)
-    return pid
-os.fork = counting_fork
-two = key_table(spec).word
+"""
+        + COUNT_FORKS
+        + """two = key_table(spec).word
 assert len(forks) == 1, forks
 real_write = os.write
 def failing_write(fd, data):  # only the child writes (its words, to the pipe): the child fails
@@ -264,12 +257,8 @@ assert np.array_equal(two, one) and np.array_equal(fallback, one) and np.array_e
 assert "jax" not in sys.modules
 print("ok")
 """
-    env = {k: v for k, v in os.environ.items() if k != "RNGAUDIT_HASH_PROCESSES"}
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
-    if (os.cpu_count() or 1) < 2 or not hasattr(os, "fork"):
-        assert "expected to fork here" in r.stderr
-        return
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+    )
+    run_forking(code)
 
 
 def test_counts_beyond_the_encoding_cache():
@@ -294,8 +283,6 @@ def test_hashing_forks_beside_a_progress_bar_only():
     """An interactive run draws a progress bar from its own threads: those hold nothing the forked
     hashing child needs, so the fork still happens (in a fresh process: no JAX); any other thread
     stops it."""
-    import subprocess
-    import sys
 
     code = """
 import io, os, threading, time
@@ -318,6 +305,4 @@ stop.set()
 other.join()
 print("ok")
 """
-    env = {k: v for k, v in os.environ.items() if k != "RNGAUDIT_HASH_PROCESSES"}
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+    run_forking(code, timeout=120, forks=False)

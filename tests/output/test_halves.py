@@ -10,9 +10,10 @@ import os
 import subprocess
 import sys
 
-from support import REPO
+from support import COUNT_FORKS, REPO, run_forking
 
-CODE = r"""
+CODE = (
+    r"""
 import os, sys
 import rngaudit.output.halves as halves
 from rngaudit import api
@@ -51,15 +52,9 @@ model:
     - {call: {name: d, repeat: 400}}
     - {draw: {stream: dropout, repeat: 400}}
 '''
-forks = []
-real_fork = os.fork
-def counting_fork():
-    pid = real_fork()
-    if pid:
-        forks.append(pid)
-    return pid
-os.fork = counting_fork
-
+"""
+    + COUNT_FORKS
+    + r"""
 def outputs(report):
     return (
         "".join(jsonl_lines(report)),
@@ -107,16 +102,11 @@ for name, text in (("linen.yaml", LINEN), ("nnx.yaml", NNX)):
 assert "jax" not in sys.modules
 print("ok")
 """
+)
 
 
 def test_two_processes_write_what_one_writes(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "RNGAUDIT_HASH_PROCESSES"}
-    env["PYTHONPATH"] = str(REPO)
-    r = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
-    if (os.cpu_count() or 1) < 2 or not hasattr(os, "fork"):
-        assert "expected to fork here" in r.stderr
-        return
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+    run_forking(CODE, cwd=tmp_path)
 
 
 def test_one_process_when_asked():
@@ -158,10 +148,4 @@ except ChildProcessError:
     pass
 print("ok")
 """
-    env = {k: v for k, v in os.environ.items() if k != "RNGAUDIT_HASH_PROCESSES"}
-    env["PYTHONPATH"] = str(REPO)
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
-    if (os.cpu_count() or 1) < 2 or not hasattr(os, "fork"):
-        assert "expected to fork here" in r.stderr
-        return
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+    run_forking(code, timeout=120)
