@@ -11,7 +11,8 @@ import numpy as np
 from .. import __version__
 from ..engine.derive import DeriveReport, KeyedCall, TableCalls
 from .halves import in_two
-from .table_records import CHUNK, Layout, indented, nnx_records, slot, table_records
+from .json_text import indented
+from .table_records import CHUNK, Layout, nnx_records, slot, table_records
 
 if TYPE_CHECKING:  # (an NNX spec's report: imported where one is written, a Linen run imports none of it)
     from ..engine.nnx import NnxDeriveReport, NnxKeyedCall

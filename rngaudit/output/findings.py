@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -15,7 +16,7 @@ from ..errors import Location
 if TYPE_CHECKING:
     from ..collision.results import CollisionsReport
     from ..refactor.compare import Comparison, Entry
-    from ..refactor.keys_file import Site
+    from ..refactor.keys_file import Capture
 
 ERROR, WARNING, NOTE = "error", "warning", "note"  # SARIF levels; `github` maps them to ::error/::warning/::notice
 
@@ -450,6 +451,19 @@ def repository_root(start: str | None = None) -> str | None:
         here = parent
 
 
+def report_paths() -> Callable[[str], str]:
+    """report_path, each file's answer kept: a report's thousands of findings name a few files, and each answer
+    resolves links and looks for the repository."""
+    known: dict[str, str] = {}
+
+    def path(file: str) -> str:
+        if file not in known:
+            known[file] = report_path(file)
+        return known[file]
+
+    return path
+
+
 def report_path(file: str) -> str:
     """A path as CI tools resolve it: relative to the repository root (GitHub resolves annotations and SARIF
     `%SRCROOT%` there, whichever directory the command ran in), else to the working directory when inside it;
@@ -522,18 +536,20 @@ VERIFY_RULES = (
 )
 
 
-def _nearest(sites: list[Site], path: tuple):
-    """The located site whose module path shares the longest prefix with `path` (ties: the first)."""
-    best, depth = None, -1
-    for t in sites:
-        if t.location is None:
-            continue
-        n = 0
-        while n < min(len(t.path), len(path)) and t.path[n] == path[n]:
-            n += 1
-        if n > depth:
-            best, depth = t, n
-    return best
+def _nearest(cap: Capture, path: tuple):
+    """The located site whose module path shares the longest prefix with `path` (ties: the first). Looked up by
+    prefix in an index made once per capture (a diff of 100,000 moved sites asks for each)."""
+    firsts = cap.memo.get("nearest")
+    if firsts is None:  # each module path prefix -> the first located site under it
+        firsts = cap.memo["nearest"] = {}
+        for t in cap.sites:
+            if t.location is not None:
+                for n in range(len(t.path) + 1):
+                    firsts.setdefault(t.path[:n], t)
+    for n in range(len(path), -1, -1):
+        if (near := firsts.get(path[:n])) is not None:
+            return near
+    return None
 
 
 def _where(cmp: Comparison, e: Entry):
@@ -543,7 +559,7 @@ def _where(cmp: Comparison, e: Entry):
     file = cmp.new_name if cmp.kind == "diff" else cmp.old_name
     if site is not None and site.location is not None:
         return site.location, ""
-    near = _nearest(cap.sites, e.site.path) if cap is not None else None
+    near = _nearest(cap, e.site.path) if cap is not None else None
     if near is not None:
         return (
             near.location,

@@ -45,9 +45,9 @@ class Report(NamedTuple):
 
 def dumps(doc: dict[str, Any]) -> str:
     """JSON as every report writes it: sorted keys, indented, UTF-8 text, one trailing newline."""
-    import json  # (not on --help's path)
+    from .json_text import dumps  # (not on --help's path)
 
-    return json.dumps(doc, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
+    return dumps(doc)
 
 
 class TextFormat:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from .findings import ERROR, NOTE, WARNING, Finding, report_path
+from .findings import ERROR, NOTE, WARNING, Finding, report_path, report_paths
 
 _COMMAND = {ERROR: "error", WARNING: "warning", NOTE: "notice"}
 
@@ -19,14 +19,15 @@ def _property(text: str) -> str:
     return _data(text).replace(":", "%3A").replace(",", "%2C")
 
 
-def annotation(f: Finding) -> str:
+def annotation(f: Finding, paths: Callable[[str], str] = report_path) -> str:
     props = []
     if f.location is not None:
-        props += [f"file={_property(report_path(f.location.file))}", f"line={f.location.line}", f"col={f.location.col}"]
+        props += [f"file={_property(paths(f.location.file))}", f"line={f.location.line}", f"col={f.location.col}"]
     props.append(f"title={_property('rngaudit ' + f.rule)}")
     return f"::{_COMMAND[f.level]} {','.join(props)}::{_data(f.message)}"
 
 
 def render_github(findings: Sequence[Finding]) -> str:
     """One annotation per line; nothing at all for a clean run."""
-    return "".join(annotation(f) + "\n" for f in findings)
+    paths = report_paths()
+    return "".join(annotation(f, paths) + "\n" for f in findings)

@@ -5,27 +5,27 @@ from __future__ import annotations
 import os
 import pathlib
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .. import __version__
 from ..errors import Location
-from .findings import Finding, Rule, report_path
+from .findings import Finding, Rule, report_paths
 
 SARIF_VERSION = "2.1.0"
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 
 
-def _uri(file: str) -> dict:
-    path = report_path(file)
+def _uri(file: str, paths: Callable[[str], str]) -> dict:
+    path = paths(file)
     if os.path.isabs(path):
         return {"uri": pathlib.Path(path).as_uri()}
     return {"uri": urllib.parse.quote(path.replace(os.sep, "/")), "uriBaseId": "%SRCROOT%"}
 
 
-def _physical(loc: Location) -> dict:
+def _physical(loc: Location, paths: Callable[[str], str]) -> dict:
     return {
         "physicalLocation": {
-            "artifactLocation": _uri(loc.file),
+            "artifactLocation": _uri(loc.file, paths),
             "region": {"startLine": max(1, loc.line), "startColumn": max(1, loc.col)},
         }
     }
@@ -52,13 +52,14 @@ def to_sarif(command: str, findings: Sequence[Finding], rules: Sequence[Rule]) -
             index[f.rule] = len(rules)
             rules.append(Rule(f.rule, f.rule, f.rule, f.rule))
     results = []
+    paths = report_paths()
     for f in findings:
         result = {"ruleId": f.rule, "ruleIndex": index[f.rule], "level": f.level, "message": {"text": f.message}}
         if f.location is not None:
-            result["locations"] = [_physical(f.location)]
+            result["locations"] = [_physical(f.location, paths)]
         if f.related:
             result["relatedLocations"] = [
-                dict(_physical(loc), id=i, message={"text": text}) for i, (loc, text) in enumerate(f.related)
+                dict(_physical(loc, paths), id=i, message={"text": text}) for i, (loc, text) in enumerate(f.related)
             ]
         if f.suppression is not None:
             result["suppressions"] = [{"kind": f.suppression[0], "justification": f.suppression[1]}]

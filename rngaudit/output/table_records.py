@@ -85,41 +85,6 @@ def record_template(table: KeyTable, t: int, layout: Layout) -> list[str] | None
 _MARKERS = tuple(json.dumps(slot(name))[1:-1] if name == "hash_hex" else json.dumps(slot(name)) for name in SLOTS)
 
 
-def indented(value, level: int = 0, step: str = "  ") -> str:
-    """`json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)` of a record's JSON values (dicts with
-    string keys, lists, strings, ints, bools, None), without the pure-Python encoder's generators: it lays out
-    every template of a report."""
-    if isinstance(value, str):
-        return _string(value)
-    if type(value) is int:
-        return int.__repr__(value)
-    if value is None or value is True or value is False:
-        return _CONSTANTS[value]
-    inner = "\n" + step * (level + 1)
-    if isinstance(value, dict):
-        if not value:
-            return "{}"
-        if not all(type(k) is str for k in value):
-            return _nest(_INDENTED.encode(value), level, step)
-        items = sorted(value.items())
-        body = ("," + inner).join(_string(k) + ": " + indented(v, level + 1, step) for k, v in items)
-        return "{" + inner + body + "\n" + step * level + "}"
-    if isinstance(value, list | tuple):
-        if not value:
-            return "[]"
-        return "[" + inner + ("," + inner).join(indented(v, level + 1, step) for v in value) + "\n" + step * level + "]"
-    return _nest(_INDENTED.encode(value), level, step)  # (a float or another type: as json lays it out)
-
-
-def _nest(text: str, level: int, step: str) -> str:
-    return text.replace("\n", "\n" + step * level)
-
-
-_string = json.encoder.encode_basestring  # (ensure_ascii=False)
-_CONSTANTS = {None: "null", True: "true", False: "false"}
-_INDENTED = json.JSONEncoder(sort_keys=True, indent=2, ensure_ascii=False)
-
-
 def objects(texts) -> np.ndarray:
     out = np.empty(len(texts), dtype=object)
     out[:] = texts
@@ -352,7 +317,6 @@ __all__ = [
     "SLOTS",
     "LaneTexts",
     "Layout",
-    "indented",
     "nnx_records",
     "objects",
     "record_template",

@@ -1566,7 +1566,9 @@ def _check(
             ), None
         if new.renamed is not None:
             # (NEW's spec makes those modules with a statement shared by other paths, or makes none there)
-            where = ", ".join(_p(p) for p in names)
+            # (the modules of a fix checked together can be thousands: a few are named, as elsewhere)
+            moved = [_p(p) for p in names]
+            where = ", ".join(moved[:4]) + (f" and {len(moved) - 4} more" if len(moved) > 4 else "")
             return (
                 f" [not checked: in NEW's spec {where} is made by a statement that makes other modules too (a "
                 "`repeat:`, or a module definition used at several paths), which a name would rename alike]"

@@ -20,21 +20,8 @@ from rngaudit.errors import RngauditError
 from rngaudit.output import table_records
 from rngaudit.output.derive_json import json_chunks, jsonl_lines, to_json
 from rngaudit.output.formats import dumps
-from rngaudit.output.table_records import indented
 
 GOLDEN = sorted((REPO / "tests" / "golden" / "specs").glob("*.yaml"))
-
-_json = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4),
-    max_leaves=20,
-)
-
-
-@settings(max_examples=300, deadline=None)
-@given(_json)
-def test_indented_is_the_json_modules_layout(value):
-    assert indented(value) == json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
 
 
 def _plain_jsonl(spec, **kw) -> str:

@@ -990,3 +990,78 @@ def test_verify_of_a_spec_against_keys_of_the_other_flavour_is_a_usage_error(tmp
         r = invoke("verify", spec, "--against", keys)
         assert r.exit_code == 2 and len(r.stderr.splitlines()) == 1, r.stdout + r.stderr
         assert "verify checks a spec against the model it describes" in r.stderr, r.stderr
+
+
+_MANY = """\
+rngaudit: 1
+rngs: {params: 0, dropout: 1}
+model:
+  class: Model
+  body:
+    - module:
+        class: CLASS
+        repeat: 60
+        body:
+          - make_rng: {stream: dropout, repeat: 2}
+"""
+
+
+def test_a_rename_of_many_repeated_modules_names_a_few_of_them_in_each_fix(tmp_path):
+    """Renaming the class of a `repeat: 1000` statement listed all 1,000 new paths in the fix of every one of its
+    100,000 keys (1.9 GB of text); the fix names four and counts the rest. Each gone key's annotation still points
+    at the row of the new spec nearest its old module (looked up by path prefix now, not by a scan per key)."""
+    old = write(tmp_path, "old.yaml", _MANY.replace("CLASS", "Block"))
+    new = write(tmp_path, "new.yaml", _MANY.replace("CLASS", "Blk"))
+    doc = json.loads(invoke("diff", old, new, "-f", "json").stdout)
+    fixes = [s["fix"] for s in doc["sites"] if s["status"] == "gone"]
+    assert len(fixes) == 120
+    assert all("[not checked: in NEW's spec Blk_0, Blk_1, Blk_2, Blk_3 and 56 more is made by" in f for f in fixes)
+    r = invoke("diff", old, new, "-f", "github")
+    assert r.exit_code == 1
+    gone = [a for a in annotations(r.stdout) if a[4] == "rngaudit diff/gone"]
+    rows = spec_rows(new)
+    assert len(gone) == 120 and all((a[2], a[3]) in rows.values() for a in gone)
+    # no module of NEW shares a name with Block_*: every gone key is shown at the first row (the root's nearest)
+    assert {a[5].rsplit("[", 1)[1] for a in gone} == {f"{new} has no such call site; shown at Blk_0 dropout count 1]"}
+
+
+def test_the_nearest_row_is_the_longest_shared_prefix_first_in_order():
+    """output.findings._nearest (an index by path prefix) against its definition: the located site sharing the
+    longest module-path prefix with the path, the first such in site order; unlocated sites never."""
+    import random
+
+    from rngaudit.errors import Location
+    from rngaudit.output.findings import _nearest
+    from rngaudit.refactor.keys_file import Capture, Site
+
+    def brute(sites, path):
+        best, depth = None, -1
+        for t in sites:
+            if t.location is None:
+                continue
+            n = 0
+            while n < min(len(t.path), len(path)) and t.path[n] == path[n]:
+                n += 1
+            if n > depth:
+                best, depth = t, n
+        return best
+
+    rng = random.Random(7)
+    names = ["a", "b", "c"]
+    for trial in range(200):
+        sites = [
+            Site(
+                tuple(rng.choice(names) for _ in range(rng.randrange(4))),
+                "params",
+                "params",
+                i + 1,
+                (),
+                (0, i),
+                location=None if rng.random() < 0.3 else Location("x.yaml", i + 1, 1),
+            )
+            for i in range(rng.randrange(6))
+        ]
+        cap = Capture("x", "init", {}, {}, sites, {})
+        for _ in range(5):
+            path = tuple(rng.choice(names) for _ in range(rng.randrange(5)))
+            assert _nearest(cap, path) is brute(sites, path), (trial, sites, path)
