@@ -288,7 +288,9 @@ def parse_json(text: str, file: str = "<json>") -> JsonDoc:
             Location(file, before.count("\n") + 1, at - before.rfind("\n")),
         ) from None
     except json.JSONDecodeError as e:
-        raise InputError(f"invalid JSON: {e.msg}", Location(file, e.lineno, e.colno)) from None
+        # (the json module's message reads on into the position it leaves out: "Unterminated string starting at")
+        msg = e.msg.removesuffix(" at").removesuffix(" starting")
+        raise InputError(f"invalid JSON: {msg}", Location(file, e.lineno, e.colno)) from None
     except _Duplicate as d:
         doc = JsonDoc(file, text, None)
         raise InputError(f"duplicate key {d.key!r} in one JSON object; keep one", doc.duplicate_key(d.key)) from None

@@ -77,6 +77,22 @@ def test_errors_carry_line_and_column(text, message, where):
     assert (e.value.location.file, e.value.location.line, e.value.location.col) == ("bad.json", *where)
 
 
+@pytest.mark.parametrize(
+    "text, message, where",
+    [
+        ('{"a": "x', "invalid JSON: Unterminated string", (1, 7)),
+        ('{"a": "x\x01"}', "invalid JSON: Invalid control character", (1, 9)),
+    ],
+)
+def test_a_json_message_ends_where_its_position_was_cut(text, message, where):
+    """The json module's message reads on into the position ("Unterminated string starting at: line 1 ..."); the
+    position is the error's line:col, and the message no longer trails off ("... starting at")."""
+    with pytest.raises(InputError) as e:
+        parse_json(text, "bad.json")
+    assert e.value.message == message
+    assert (e.value.location.line, e.value.location.col) == where
+
+
 def test_file_errors(tmp_path):
     p = tmp_path / "x.json"
     p.write_bytes(b'["a",\n "\xff"]')
