@@ -1682,10 +1682,17 @@ def _pair_by_fields(old: Capture, new: Capture) -> dict:
     for parent, olds in co.items():
         if parent not in new.modules and parent:
             continue
+        # a child with a name no insertion shifts (not Cls_N, layers_N: `m0`, `encoder`) that is the same thing
+        # at the same path on both sides stays itself: the queue below would pair it with an inserted sibling
+        # made before it (every module of a class, named or not, is alike there)
+        same = {path for path, key in olds if _auto(path[-1]) is None and ids_new.get(path, ()) == key}
         news: dict = {}  # identity -> the new children that have it, in creation order
         for p, k in cn.get(parent, ()):
-            news.setdefault(k, deque()).append(p)
+            if p not in same:
+                news.setdefault(k, deque()).append(p)
         for path, key in olds:
+            if path in same:
+                continue
             if news.get(key):
                 match = news[key].popleft()
                 if match != path:
@@ -1763,7 +1770,15 @@ def _inserted_at(old: Capture, new: Capture, parent: tuple, cls: str, n_new: int
     if None in fo or None in fn:
         fo = [_signature(old, p) for p in paths_old]
         fn = [_signature(new, p) for p in paths_new]
-    return [i for i in range(n_new) if fn[:i] + fn[i + 1 :] == fo]
+    # removing fn[i] leaves fo exactly when fn[:i] == fo[:i] and fn[i + 1:] == fo[i:]: i at most the common prefix's
+    # length, and at least where the common suffix starts (one pass each, not a list built per i)
+    prefix = 0
+    while prefix < len(fo) and fn[prefix] == fo[prefix]:
+        prefix += 1
+    suffix = 0
+    while suffix < len(fo) and fn[-1 - suffix] == fo[-1 - suffix]:
+        suffix += 1
+    return list(range(max(0, n_new - 1 - suffix), min(prefix, n_new - 1) + 1))
 
 
 _FORKERS = {"jit_fork": "nn.jit", "fold_rngs_fork": "nn.fold_rngs"}

@@ -1065,3 +1065,80 @@ def test_the_nearest_row_is_the_longest_shared_prefix_first_in_order():
         for _ in range(5):
             path = tuple(rng.choice(names) for _ in range(rng.randrange(5)))
             assert _nearest(cap, path) is brute(sites, path), (trial, sites, path)
+
+
+def _keys_file(tmp_path, name: str, text: str):
+    """A spec and the keys file of its keys (what `capture --keys` writes, made from the spec's replay)."""
+    from rngaudit.refactor.keys_file import capture_to_json, spec_capture
+    from rngaudit.spec.parse import load_spec
+
+    spec = write(tmp_path, f"{name}.yaml", text)
+    keys = tmp_path / f"{name}.keys.json"
+    keys.write_text(json.dumps(capture_to_json(spec_capture(str(spec), load_spec(str(spec))), str(spec))))
+    return spec, keys
+
+
+def _named_then_repeated(insert: bool) -> str:
+    head = "rngaudit: 1\nrngs: {params: 0, dropout: 1}\nmodel:\n  class: Model\n  body:\n"
+    inserted = "    - module: {class: Block, body: [{make_rng: {stream: dropout, repeat: 2}}]}\n" if insert else ""
+    named = "".join(
+        f"    - module: {{class: Block, name: m{i}, body: [{{make_rng: {{stream: dropout, repeat: 2}}}}]}}\n"
+        for i in range(3)
+    )
+    return head + inserted + named + "    - module: {class: Block, repeat: 3, body: [{make_rng: {stream: dropout}}]}\n"
+
+
+def test_a_block_inserted_before_named_siblings_moves_none_of_them(tmp_path):
+    """An unnamed Block inserted before m0, m1, m2 (explicitly named Blocks) and auto-named ones: every key of the
+    named modules is kept. The keys files' diff paired its modules in creation order by class alone and said
+    'the module that was m0 is now Block_0', 'm1 is now m0', ... with a failed fix for each (and re-derived the
+    model once per module: 21 s for 1,000 of them). It now says what the specs' diff says."""
+    old_spec, old_keys = _keys_file(tmp_path, "old", _named_then_repeated(False))
+    new_spec, new_keys = _keys_file(tmp_path, "new", _named_then_repeated(True))
+    specs = invoke("diff", old_spec, new_spec)
+    keys = invoke("diff", old_keys, new_keys)
+    assert specs.exit_code == keys.exit_code == 1
+    assert specs.stdout.splitlines()[-1] == keys.stdout.splitlines()[-1] == "9 kept, 0 changed, 2 new, 0 gone"
+    assert "the module that was" not in keys.stdout and "NameInUseError" not in keys.stdout, keys.stdout
+    doc = json.loads(invoke("diff", old_keys, new_keys, "-f", "json").stdout)
+    assert doc["things"] == [] and [s["path_str"] for s in doc["sites"] if s["status"] == "new"] == [
+        "Block_0",
+        "Block_3",
+    ]
+
+
+def test_where_a_sibling_was_inserted_is_every_place_its_removal_explains():
+    """compare._inserted_at (one pass from each end) against its definition: every i whose removal from the new
+    siblings leaves the old ones."""
+    import random
+
+    from rngaudit.refactor import compare
+    from rngaudit.refactor.keys_file import Capture
+
+    rng = random.Random(3)
+    for _ in range(3000):
+        n = rng.randrange(1, 7)
+        new = [rng.randrange(3) for _ in range(n)]
+        old = [rng.randrange(3) for _ in range(n - 1)]
+        if rng.random() < 0.5:
+            i = rng.randrange(n)
+            old = new[:i] + new[i + 1 :]
+        cls = "Block"
+        cap_old = Capture(
+            "o",
+            "init",
+            {},
+            {},
+            [],
+            {("x", f"{cls}_{i}"): {"class": cls, "fields": f"({v})"} for i, v in enumerate(old)},
+        )
+        cap_new = Capture(
+            "n",
+            "init",
+            {},
+            {},
+            [],
+            {("x", f"{cls}_{i}"): {"class": cls, "fields": f"({v})"} for i, v in enumerate(new)},
+        )
+        want = [i for i in range(n) if new[:i] + new[i + 1 :] == old]
+        assert compare._inserted_at(cap_old, cap_new, ("x",), cls, n) == want, (old, new)
