@@ -919,14 +919,18 @@ model:
 """
 
 
-def _nnx_keys_doc(tmp_path) -> dict:
+def _keys_doc(spec) -> dict:
+    """The keys document of a spec file's keys (what `capture --keys` writes, made from the spec's replay)."""
     from rngaudit.refactor.keys_file import capture_to_json, spec_capture
+    from rngaudit.spec.parse import load_spec
 
+    return capture_to_json(spec_capture(str(spec), load_spec(str(spec))), str(spec))
+
+
+def _nnx_keys_doc(tmp_path) -> dict:
     spec = tmp_path / "s.yaml"
     spec.write_text(NNX_KEYS_SPEC)
-    from rngaudit import parse_spec
-
-    return capture_to_json(spec_capture(str(spec), parse_spec(NNX_KEYS_SPEC, str(spec))), str(spec))
+    return _keys_doc(spec)
 
 
 @pytest.mark.parametrize(
@@ -976,17 +980,13 @@ def test_a_keys_file_holding_an_integer_past_pythons_limit_is_an_error_at_it(tmp
 
 def test_verify_of_a_spec_against_keys_of_the_other_flavour_is_a_usage_error(tmp_path):
     # (it compared them: exit 1, every key missing or extra, as diff refuses to)
-    from rngaudit import parse_spec
-    from rngaudit.refactor.keys_file import capture_to_json, spec_capture
-
     linen = tmp_path / "linen.yaml"
     linen.write_text("rngaudit: 1\nrngs: {params: 0}\nmodel:\n  class: M\n  body: [Dense: {}]\n")
     nnx = tmp_path / "nnx.yaml"
     nnx.write_text(NNX_KEYS_SPEC)
     for spec, other in ((linen, nnx), (nnx, linen)):
         keys = tmp_path / f"{other.stem}.json"
-        doc = capture_to_json(spec_capture(str(other), parse_spec(other.read_text(), str(other))), str(other))
-        keys.write_text(json.dumps(doc))
+        keys.write_text(json.dumps(_keys_doc(other)))
         r = invoke("verify", spec, "--against", keys)
         assert r.exit_code == 2 and len(r.stderr.splitlines()) == 1, r.stdout + r.stderr
         assert "verify checks a spec against the model it describes" in r.stderr, r.stderr
@@ -1068,13 +1068,10 @@ def test_the_nearest_row_is_the_longest_shared_prefix_first_in_order():
 
 
 def _keys_file(tmp_path, name: str, text: str):
-    """A spec and the keys file of its keys (what `capture --keys` writes, made from the spec's replay)."""
-    from rngaudit.refactor.keys_file import capture_to_json, spec_capture
-    from rngaudit.spec.parse import load_spec
-
+    """A spec and its keys file (_keys_doc)."""
     spec = write(tmp_path, f"{name}.yaml", text)
     keys = tmp_path / f"{name}.keys.json"
-    keys.write_text(json.dumps(capture_to_json(spec_capture(str(spec), load_spec(str(spec))), str(spec))))
+    keys.write_text(json.dumps(_keys_doc(spec)))
     return spec, keys
 
 
@@ -1142,3 +1139,33 @@ def test_where_a_sibling_was_inserted_is_every_place_its_removal_explains():
         )
         want = [i for i in range(n) if new[:i] + new[i + 1 :] == old]
         assert compare._inserted_at(cap_old, cap_new, ("x",), cls, n) == want, (old, new)
+
+
+_NAMED = HEADER + textwrap.dedent("""
+    class Model(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        INSERTED
+        x = nn.Dense(4, name='proj')(x)
+        x = nn.Dense(4, name='head')(x)
+        return nn.Dense(4)(x)
+
+    def make():
+      return Model(), (jnp.ones((1, 4)),)
+""")
+
+
+def test_a_dense_inserted_before_named_denses_matches_flax(tmp_path):
+    """The keys-file case above on a live Flax model: an unnamed Dense inserted before Dense(name='proj') and
+    Dense(name='head'). Flax initialises proj and head exactly as before; the diff reports exactly the param
+    sites whose values real Flax changed, and never says proj or head moved."""
+    old_f, old_keys = capture(tmp_path, "old", _NAMED.replace("    INSERTED\n", ""))
+    new_f, new_keys = capture(tmp_path, "new", _NAMED.replace("INSERTED", "x = nn.Dense(4)(x)"))
+    code, doc = run_diff(tmp_path, old_keys, new_keys)
+    expected = flax_changed(flax_params(old_f), flax_params(new_f))
+    assert expected and not any(k[0] in ("proj", "head") for k in expected)
+    assert code == 1 and param_sites(doc) == expected
+    moved = [t for t in doc["things"] if t["old_module"] != t["new_module"]]
+    assert not any(t["old_module"][:1] in (["proj"], ["head"]) for t in moved), doc["things"]
+    text = invoke("diff", old_keys, new_keys).stdout
+    assert "the module that was proj" not in text and "the module that was head" not in text, text
