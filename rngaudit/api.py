@@ -99,11 +99,14 @@ def derive(
     paths: Sequence[str] = (),
     limit: int | None = None,
     engine: str = "fast",
+    keyed: int | None = None,
 ) -> DeriveReport | NnxDeriveReport:
     """Every key the spec's model receives (`report.calls`), and the values of its draws. `draw` (e.g.
     "normal:2,2") is drawn from every key without a `draw:`; `streams`, `paths` (globs) and `limit` select
-    call sites before any key is computed; `engine` "plain" is the reference path (no filters). An NNX spec
-    (`flavour: nnx`) gives an NnxDeriveReport: every key its streams hand out, construction and steps."""
+    call sites before any key is computed; `engine` "plain" is the reference path (no filters). `keyed`:
+    hash, key and draw only the first `keyed` call sites now (an NNX spec: draw), every other one when the
+    report first reads it (what a report listing its first rows needs). An NNX spec (`flavour: nnx`) gives
+    an NnxDeriveReport: every key its streams hand out, construction and steps."""
     from .engine.derive import derive as run_derive
     from .spec.parse import SpecBytes, load_spec
     from .spec.tree import Spec
@@ -112,7 +115,7 @@ def derive(
         spec = spec.load()
     loaded = load_spec(os.fspath(spec)) if isinstance(spec, (str, os.PathLike)) else spec
     if not isinstance(loaded, Spec):  # (an NnxSpec: its machinery imported only for one)
-        return _derive_nnx(loaded, phase, values, draw, streams, paths, limit)
+        return _derive_nnx(loaded, phase, values, draw, streams, paths, limit, keyed)
     s = load(loaded, phase)
     default_draw, text = _draw(draw)
     if default_draw is not None and values:
@@ -129,10 +132,11 @@ def derive(
         streams=tuple(streams),
         paths=tuple(paths),
         limit=limit,
+        keyed=keyed if engine == "fast" else None,
     )
 
 
-def _derive_nnx(spec, phase, values, draw, streams, paths, limit) -> NnxDeriveReport:
+def _derive_nnx(spec, phase, values, draw, streams, paths, limit, keyed) -> NnxDeriveReport:
     from .engine.nnx import derive_nnx
 
     if phase is not None:
@@ -142,7 +146,13 @@ def _derive_nnx(spec, phase, values, draw, streams, paths, limit) -> NnxDeriveRe
         )
     default_draw, _ = _draw(draw)
     return derive_nnx(
-        spec, values=values, default_draw=default_draw, streams=tuple(streams), paths=tuple(paths), limit=limit
+        spec,
+        values=values,
+        default_draw=default_draw,
+        streams=tuple(streams),
+        paths=tuple(paths),
+        limit=limit,
+        keyed=keyed,
     )
 
 

@@ -143,6 +143,8 @@ def derive(
                 paths=tuple(o.path or ()),
                 limit=o.limit,
                 engine=engine,
+                # (the text report lists its first rows: only theirs are hashed, keyed and drawn)
+                keyed=o.max_rows if o.fmt is DeriveFormat.text and o.max_rows else None,
             )
         picked = _columns(o.columns) if o.columns else None
         if picked and o.fmt is DeriveFormat.text:  # (columns are the text report's; other formats carry them all)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -17,6 +17,8 @@ from .nnx_bridge import ToLinenRun, to_linen_runs
 from .records import Derivation, LazyRows
 from .replay import Replayer
 from .table import KeyTable, key_table
+
+PARTIAL_FROM = 100_000  # derive(keyed=N) with N at least this: every row is hashed up front anyway
 
 
 @dataclass(frozen=True)
@@ -53,22 +55,66 @@ class ListCalls(Calls):
 
 
 class TableCalls(LazyRows, Calls):
-    """The fast path's calls: a KeyedCall made when a row is read (1,000,000 rows stay columns)."""
+    """The fast path's calls: a KeyedCall made when a row is read (1,000,000 rows stay columns). The keys and
+    values may be made for the first rows only (a report listing its first rows): `keys_upto`/`values_upto` read
+    those; `keys`, `values` or a later row make the rest first (`rest(k0)`: the keys and values of rows k0..,
+    the values keyed from k0)."""
 
-    def __init__(self, table: KeyTable, rows: np.ndarray, keys: np.ndarray, default_draw: Draw | None, values: dict):
+    def __init__(
+        self,
+        table: KeyTable,
+        rows: np.ndarray,
+        keys: np.ndarray,
+        default_draw: Draw | None,
+        values: dict,
+        rest: Callable[[int], tuple[np.ndarray, dict]] | None = None,
+    ):
         self.table = table
         self.rows = rows
-        self.keys = keys
+        self._keys = keys
         self.default_draw = default_draw
-        self.values = values
+        self._values = values
+        self._rest = rest if len(keys) < len(rows) else None
 
     def __len__(self) -> int:
         return len(self.rows)
 
+    def _complete(self) -> None:
+        rest = self._rest
+        if rest is not None:
+            self._rest = None
+            k0 = len(self._keys)
+            keys, values = rest(k0)
+            self._keys = np.concatenate([self._keys, keys])
+            self._values = {**self._values, **{k0 + j: v for j, v in values.items()}}
+
+    @property
+    def keys(self) -> np.ndarray:
+        """Every row's key data (zeros where the key never exists)."""
+        self._complete()
+        return self._keys
+
+    @property
+    def values(self) -> dict:
+        """Row position -> the values drawn there, for every row that draws."""
+        self._complete()
+        return self._values
+
+    def keys_upto(self, n: int) -> np.ndarray:
+        """The key data of the first n rows (making no other row's)."""
+        return self._keys[:n] if n <= len(self._keys) else self.keys[:n]
+
+    def values_upto(self, n: int) -> dict:
+        """`values` of the first n rows (making no other row's)."""
+        values = self._values if n <= len(self._keys) else self.values
+        return {j: v for j, v in values.items() if j < n}
+
     def _at(self, j: int) -> KeyedCall:
+        if j >= len(self._keys):
+            self._complete()
         d = self.table.derivation(int(self.rows[j]))
-        key = tuple(int(w) for w in self.keys[j]) if d.base is not None else None
-        return KeyedCall(d, key, d.draw or self.default_draw, self.values.get(j))
+        key = tuple(int(w) for w in self._keys[j]) if d.base is not None else None
+        return KeyedCall(d, key, d.draw or self.default_draw, self._values.get(j))
 
     def fallbacks(self) -> int:
         table = self.table
@@ -189,13 +235,15 @@ def derive(
     streams: Sequence[str] = (),
     paths: Sequence[str] = (),
     limit: int | None = None,
+    keyed: int | None = None,
 ) -> DeriveReport:
     """Replay the spec and compute every key (and the requested draws). `engine` "fast" (columns,
     vectorised keys) or "plain" (one Derivation per call, the reference). `streams`, `paths` (globs)
-    and `limit` select call sites before any key is computed."""
+    and `limit` select call sites before any key is computed. `keyed` (fast engine): hash, key and draw
+    only the first `keyed` selected call sites now, the others when first read (TableCalls)."""
     keng = engine_for(spec)
     if engine == "fast":
-        return _derive_fast(spec, keng, values, default_draw, streams, paths, limit)
+        return _derive_fast(spec, keng, values, default_draw, streams, paths, limit, keyed)
     if engine != "plain":
         raise ValueError(f"engine must be 'fast' or 'plain', not {engine!r}")
     return _derive_plain(spec, keng, values, default_draw)
@@ -209,33 +257,43 @@ def _derive_fast(
     streams: Sequence[str],
     paths: Sequence[str],
     limit: int | None,
+    keyed: int | None = None,
 ) -> DeriveReport:
-    table = key_table(spec)
+    # (the first rows only: hashed one by one as they are keyed; every row: hashed up front, by two processes)
+    table = key_table(spec, hashed=keyed is None or keyed >= PARTIAL_FROM)
     filtered = bool(streams or paths or limit is not None)
     rows = table.select(streams, paths, limit)
-    keys = table.keys(keng, rows)
-    drawn: dict[int, np.ndarray] = {}
-    if values:
-        tdraw = [tpl.draw or default_draw for tpl in table.templates]
-        has_draw = np.array([d is not None for d in tdraw], dtype=bool)
-        lane_draws = None
-        if spec.prng_impl in RBG_IMPLS:
+    lane_draws = None
+    if values and spec.prng_impl in RBG_IMPLS:
 
-            def lane_keys(members: list):
-                m = np.asarray(members, dtype=np.int64)
-                return None if (table.base[m] < 0).any() else table.keys(keng, m)
+        def lane_keys(members: list):
+            m = np.asarray(members, dtype=np.int64)
+            return None if (table.base[m] < 0).any() else table.keys(keng, m)
 
-            lane_draws = _LaneDraws(spec, lane_keys)
+        lane_draws = _LaneDraws(spec, lane_keys)
+    tdraw = [tpl.draw or default_draw for tpl in table.templates]
+    has_draw = np.array([d is not None for d in tdraw], dtype=bool)
+
+    def keyed_rows(k0: int, k1: int | None = None) -> tuple[np.ndarray, dict]:
+        # the keys of rows[k0:k1] and the values drawn there (keyed by position from k0)
+        part = rows[k0:k1]
+        keys = table.keys(keng, part)
+        drawn: dict[int, np.ndarray] = {}
+        if not values:
+            return keys, drawn
         # only the rows whose statement draws, and whose key exists
-        for j in np.flatnonzero(has_draw[table.block[rows]] & (table.base[rows] >= 0)).tolist():
-            row = int(rows[j])
+        for j in np.flatnonzero(has_draw[table.block[part]] & (table.base[part] >= 0)).tolist():
+            row = int(part[j])
             draw = tdraw[int(table.block[row])]
             assert draw is not None
             vals = None
             if lane_draws is not None and table.templates[int(table.block[row])].batched:
                 vals = _fast_lane_draw(table, lane_draws, row, draw)
             drawn[j] = _draw(spec, tuple(int(w) for w in keys[j]), draw) if vals is None else vals
-    calls = TableCalls(table, rows, keys, default_draw, drawn)
+        return keys, drawn
+
+    keys, drawn = keyed_rows(0, keyed)
+    calls = TableCalls(table, rows, keys, default_draw, drawn, keyed_rows)
     bridged: tuple[ToLinenRun, ...] = ()
     if table.to_linen:
 

@@ -23,8 +23,9 @@ The rules (FLAX_NNX_RULES.md, flax/nnx/rnglib.py, flax/nnx/nn/*.py, Flax 0.11 an
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import TYPE_CHECKING
 
 from ..errors import FlaxError, Location, SpecError
@@ -1517,9 +1518,11 @@ def derive_nnx(
     streams: tuple[str, ...] = (),
     paths: tuple[str, ...] = (),
     limit: int | None = None,
+    keyed: int | None = None,
 ) -> NnxDeriveReport:
     """Replay the NNX spec, with every key (and the requested draws). `streams` (requested or serving),
-    `paths` (globs over the site) and `limit` select keys before any value is drawn."""
+    `paths` (globs over the site) and `limit` select keys before any value is drawn; `keyed`: draw the values
+    of the first `keyed` selected keys now, the others' when first read (NnxCalls)."""
     from fnmatch import fnmatchcase
 
     from ..errors import SpecError
@@ -1555,29 +1558,39 @@ def derive_nnx(
         )
         if limit is not None:
             selected = selected[:limit]
-    calls = NnxCalls(table, selected, default_draw, {})
-    if values:
+    if not values:
+        calls = NnxCalls(table, selected, default_draw, {})
+    else:
         draws = [k.draw or (default_draw if k.kind != "fork" else None) for k in blocks]
         has = np.array([d is not None for d in draws], dtype=bool)
         rows = np.arange(len(table.block)) if selected is None else selected
         lanes = _lane_groups(table) if spec.prng_impl in RBG_IMPLS else {}
         done: dict = {}
-        for j in np.flatnonzero(has[table.block[rows]] if len(rows) else np.zeros(0, dtype=bool)).tolist():
-            i = int(rows[j])
-            draw = draws[int(table.block[i])]
-            assert draw is not None
-            try:
-                group = lanes.get(i)
-                if group is None:
-                    calls.values[j] = draw_values(spec, tuple(int(w) for w in table.keys[i]), draw)
-                    continue
-                # inside jax.vmap with rbg keys every lane's bits are a row of one draw from lane 0's key
-                members, lane = group
-                if members not in done:
-                    done[members] = draw_values_lanes(spec, table.keys[np.asarray(members)], draw)
-                calls.values[j] = done[members][lane]
-            except (ValueError, TypeError, ArithmeticError, IndexError) as e:
-                raise SpecError(f"cannot draw {draw.describe()}: {e}", draw.loc) from None
+
+        def drawn(j0: int, j1: int | None = None) -> dict:
+            # the values of the keys at positions j0..j1-1 (by position)
+            out: dict = {}
+            part = rows[j0:j1]
+            for j in np.flatnonzero(has[table.block[part]] if len(part) else np.zeros(0, dtype=bool)).tolist():
+                i = int(part[j])
+                draw = draws[int(table.block[i])]
+                assert draw is not None
+                try:
+                    group = lanes.get(i)
+                    if group is None:
+                        out[j0 + j] = draw_values(spec, tuple(int(w) for w in table.keys[i]), draw)
+                        continue
+                    # inside jax.vmap with rbg keys every lane's bits are a row of one draw from lane 0's key
+                    members, lane = group
+                    if members not in done:
+                        done[members] = draw_values_lanes(spec, table.keys[np.asarray(members)], draw)
+                    out[j0 + j] = done[members][lane]
+                except (ValueError, TypeError, ArithmeticError, IndexError) as e:
+                    raise SpecError(f"cannot draw {draw.describe()}: {e}", draw.loc) from None
+            return out
+
+        rest = None if keyed is None or keyed >= len(rows) else partial(drawn, keyed)
+        calls = NnxCalls(table, selected, default_draw, drawn(0, keyed), rest, keyed or 0)
     roots = {name: engine.eval(src.expr) for name, src in spec.rngs.items()}
     return NnxDeriveReport(spec, roots, calls, len(table.block) if filtered else None, rules_of(spec), unmatched)
 
@@ -1611,11 +1624,34 @@ def _lane_groups(table: NnxTable) -> dict:
 class NnxCalls(LazyRows, Sequence[NnxKeyedCall]):
     """A report's keys: an NnxKeyedCall made when one is read (a million stay columns)."""
 
-    def __init__(self, table: NnxTable, selected, default_draw: Draw | None, values: dict):
+    def __init__(
+        self,
+        table: NnxTable,
+        selected,
+        default_draw: Draw | None,
+        values: dict,
+        rest: Callable[[], dict] | None = None,
+        drawn_upto: int = 0,
+    ):
         self.table = table
         self.selected = selected  # row numbers kept by the filters; None: every row
         self.default_draw = default_draw
-        self.values = values  # position -> drawn values
+        self._values = values  # position -> drawn values (of positions < drawn_upto only while `rest` is left)
+        self._rest = rest  # the other positions' values, drawn when first read
+        self._upto = drawn_upto
+
+    @property
+    def values(self) -> dict:
+        """Position -> the values drawn there, for every key that draws."""
+        if self._rest is not None:
+            rest, self._rest = self._rest, None
+            self._values.update(rest())
+        return self._values
+
+    def values_upto(self, n: int) -> dict:
+        """`values` of the first n positions (drawing no other position's)."""
+        values = self._values if self._rest is None or n <= self._upto else self.values
+        return {j: v for j, v in values.items() if j < n}
 
     def row(self, j: int) -> int:
         return j if self.selected is None else int(self.selected[j])
@@ -1639,4 +1675,5 @@ class NnxCalls(LazyRows, Sequence[NnxKeyedCall]):
             object.__setattr__(k, "count", int(self.table.count[i]))
             object.__setattr__(k, "n", 1)
         draw = k.draw or (self.default_draw if k.kind != "fork" else None)
-        return NnxKeyedCall(k, tuple(int(w) for w in self.table.keys[i]), draw, self.values.get(j), i)
+        values = self._values if self._rest is None or j < self._upto else self.values
+        return NnxKeyedCall(k, tuple(int(w) for w in self.table.keys[i]), draw, values.get(j), i)

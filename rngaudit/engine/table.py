@@ -13,8 +13,8 @@ import numpy as np
 
 from ..gcpause import paused
 from ..spec.tree import Spec
-from .hash_words import start_words
-from .hashing import hash_input
+from .hash_words import hash_templates, start_words
+from .hashing import hash_input, hash_word
 from .keys import BaseKeys, KeyData, KeyEngine, root_keys
 from .records import Derivation
 from .refs import ForkKey, RootKey
@@ -25,9 +25,11 @@ from .replay import Replayer
 class KeyTable:
     """Every key request of a replay, as columns (one entry per row, rows in execution order):
     `block` (its template), `count`, `word` (the hash word), `base` (an index into `bases`, -1 for a
-    key that never exists), `lane_ix` (index of its lane in the template's lanes) and `discarded`."""
+    key that never exists), `lane_ix` (index of its lane in the template's lanes) and `discarded`.
+    `hashed=False` leaves the words to be hashed when first read: `words_of(rows)` then hashes only those rows
+    (a report that lists its first rows need not hash a million), `word` every row."""
 
-    def __init__(self, r: Replayer):
+    def __init__(self, r: Replayer, hashed: bool = True):
         self.spec: Spec = r.spec
         self.unmatched: tuple[str, ...] = ()  # set by select(): the filters that match no call site
         self.sep = r.sep
@@ -54,6 +56,11 @@ class KeyTable:
         self.n = n
         self.word_off = np.zeros(nt + 1, dtype=np.int64)
         np.cumsum(n_counts, out=self.word_off[1:])
+        self._word: np.ndarray | None = None
+        self._seen: dict[int, int] = {}  # row -> its word, of the rows words_of hashed one by one
+        if not hashed:
+            self._columns(nt, n, per, n_lanes, count0)
+            return
         # the hash words: a large replay's last ones come from a forked child while this process
         # makes the other columns
         head, child = start_words(self.templates, self.sep, self.word_off)
@@ -63,9 +70,35 @@ class KeyTable:
             if child is not None:
                 child.cancel()
             raise
-        self.words = head if child is None else np.concatenate([head, child.finish()])
-        self.word = self.words[self._word_ix]
+        words = head if child is None else np.concatenate([head, child.finish()])
+        self._word = words[self._word_ix]
         del self._word_ix
+
+    @property
+    def word(self) -> np.ndarray:
+        """The hash word of every row (hashed now if the table was made with hashed=False)."""
+        if self._word is None:
+            self._word = hash_templates(self.templates, self.sep, int(self.word_off[-1]))[self._word_ix]
+            del self._word_ix
+        return self._word
+
+    def word_at(self, i: int) -> int:
+        """Row i's hash word."""
+        w = self._word
+        return int(w[i]) if w is not None else int(self.words_of(np.asarray([i]))[0])
+
+    def words_of(self, rows: np.ndarray) -> np.ndarray:
+        """The hash words of `rows`, hashing only those rows if the words are not yet all made."""
+        if self._word is not None or 4 * len(rows) >= self.n:  # (most rows: hash them all, in one loop)
+            return self.word[rows]
+        out = np.empty(len(rows), dtype=np.uint32)
+        templates, block, count, sep, seen = self.templates, self.block, self.count, self.sep, self._seen
+        for j, i in enumerate(np.asarray(rows, dtype=np.int64).tolist()):
+            w = seen.get(i)
+            if w is None:
+                w = seen[i] = hash_word(hash_input(templates[int(block[i])].suffix + (int(count[i]),), sep))
+            out[j] = w
+        return out
 
     def _columns(self, nt: int, n: int, per: np.ndarray, n_lanes: np.ndarray, count0: np.ndarray) -> None:
         """Every column but the words: rows, counts, lanes, bases."""
@@ -186,7 +219,7 @@ class KeyTable:
             label,
             items,
             hash_input(items, self.sep),
-            int(self.word[i]),
+            self.word_at(i),
             self.bases[b] if b >= 0 else None,
             loc,
             draw,
@@ -235,7 +268,7 @@ class KeyTable:
         words = words or {}
 
         def fork(i: int) -> KeyData:
-            word = words[i] if i in words else int(self.word[i])
+            word = words[i] if i in words else self.word_at(i)
             return engine.fold_in(bases.key(self.bases[int(self.base[i])]), word)
 
         bases = BaseKeys(engine, root_keys(self.spec, engine), fork, split_rows=True)
@@ -257,7 +290,7 @@ class KeyTable:
         for b in used.tolist():
             table[b] = resolver.key(self.bases[b])
         sel = np.flatnonzero(exists)
-        out[sel] = engine.fold_in_rows(table[base[sel]], self.word[rows[sel]])
+        out[sel] = engine.fold_in_rows(table[base[sel]], self.words_of(rows[sel]))
         return out
 
     def keys_with_words(self, engine: KeyEngine, words: dict[int, int]) -> np.ndarray:
@@ -300,9 +333,10 @@ def _lane_index(lane, axes, sizes) -> int:
 
 
 @paused
-def key_table(spec: Spec, blocks: Replayer | None = None) -> KeyTable:
-    """Replay `spec` on the fast path (or expand the replay `blocks` already made of it)."""
-    return KeyTable(Replayer(spec, blocks=True).walk() if blocks is None else blocks)
+def key_table(spec: Spec, blocks: Replayer | None = None, hashed: bool = True) -> KeyTable:
+    """Replay `spec` on the fast path (or expand the replay `blocks` already made of it); `hashed=False`: hash
+    words as they are read (KeyTable)."""
+    return KeyTable(Replayer(spec, blocks=True).walk() if blocks is None else blocks, hashed)
 
 
 __all__ = ["KeyTable", "key_table"]

@@ -37,7 +37,7 @@ def table_lines(
     from .text_rows import cells, shown
 
     assert cols and cols[-1] == "key"
-    table, rows, keys = calls.table, calls.rows[:limit], calls.keys
+    table, rows, keys = calls.table, calls.rows[:limit], calls.keys_upto(limit)
     nt = len(table.templates)
     sep = "00" if table.sep else ""
     widest = max(widths.values()) + 2
@@ -108,7 +108,7 @@ def table_lines(
             elif col == "count":
                 pieces += [gap_pad[np.maximum(w - nd, 0)], cs]
             elif col == "word":
-                word = table.word[r]
+                word = table.words_of(r)
                 pieces += [gap_pad[np.maximum(w - digits(word), 0)], objects(list(map(str, word.tolist())))]
             elif col == "hash-input":
                 one = one_item[t]

@@ -141,7 +141,7 @@ def render_nnx_rows(
     if left_out:
         yield left_out_line(st, width, left_out)
     lanes = []
-    for j in sorted(x for x in calls.values if x < limit):
+    for j in sorted(calls.values_upto(limit)):
         c = calls[j]
         if c.values is not None and c.draw is not None:
             d = c.derivation

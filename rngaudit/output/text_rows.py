@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from itertools import islice
 
 import numpy as np
 
@@ -103,8 +104,9 @@ class _Rows:
         blocks = np.unique(t.block[rows])
         return any(t.templates[int(b)].axes for b in blocks) or bool(t.discarded[rows].any())
 
-    def widths(self) -> dict[str, int]:
-        """The widest cell of each column (headers included)."""
+    def widths(self, listing: int | None = None) -> dict[str, int]:
+        """The widest cell of each column (headers included); the hash word and the key of the first `listing`
+        rows only (None: of every row), the rows a report lists: it need not hash the others."""
         w = {c: len(_TITLE.get(c, c)) for c in COLUMNS}
         w["#"] = max(1, _digits(max(self.n - 1, 0)))
         if self.table is None:
@@ -132,9 +134,11 @@ class _Rows:
         if t.discarded[rows].any():
             w["lane"] = max(w["lane"], len("discarded"))
         w["count"] = max(w["count"], _digits(int(t.count[rows].max())))
-        w["word"] = max(w["word"], _digits(int(t.word[rows].max())))
-        keys = self.report.calls.keys  # type: ignore[attr-defined]
-        exists = t.base[rows] >= 0
+        listed = rows[:listing]
+        if len(listed):
+            w["word"] = max(w["word"], _digits(int(t.words_of(listed).max())))
+        keys = self.report.calls.keys_upto(len(listed))  # type: ignore[attr-defined]
+        exists = t.base[listed] >= 0
         if exists.any():
             k = keys[exists]
             w["key"] = max(w["key"], 2 + sum(_digits(int(k[:, j].max())) for j in range(k.shape[1])) + k.shape[1] - 1)
@@ -142,10 +146,11 @@ class _Rows:
             w["key"] = max(w["key"], len("(traced, discarded)"))
         return w
 
-    def cells(self) -> Iterator[tuple[dict[str, str], bool, bool]]:
-        """Per row: its cells, whether its stream fell back, whether Flax discards it."""
+    def cells(self, limit: int | None = None) -> Iterator[tuple[dict[str, str], bool, bool]]:
+        """Per row (the first `limit`; None: every row): its cells, whether its stream fell back, whether Flax
+        discards it."""
         if self.table is None:
-            for c in self.report.calls:
+            for c in islice(self.report.calls, limit):
                 d = c.derivation
                 yield (
                     {
@@ -164,13 +169,14 @@ class _Rows:
                     d.discarded,
                 )
             return
-        yield from self._table_cells()
+        yield from self._table_cells(limit)
 
-    def _table_cells(self) -> Iterator[tuple[dict[str, str], bool, bool]]:
+    def _table_cells(self, limit: int | None) -> Iterator[tuple[dict[str, str], bool, bool]]:
         t = self.table
         assert t is not None
         calls = self.report.calls
-        rows, keys = calls.rows, calls.keys  # type: ignore[attr-defined]
+        rows = calls.rows[:limit]  # type: ignore[attr-defined]
+        keys = calls.keys_upto(len(rows))  # type: ignore[attr-defined]
         consts: dict = {}
         sep = t.sep
         for j0 in range(0, len(rows), _CHUNK):
@@ -180,7 +186,7 @@ class _Rows:
                 r.tolist(),
                 t.block[r].tolist(),
                 t.count[r].tolist(),
-                t.word[r].tolist(),
+                t.words_of(r).tolist(),
                 t.base[r].tolist(),
                 t.discarded[r].tolist(),
                 keys[j0 : j0 + _CHUNK].tolist(),
@@ -325,17 +331,17 @@ def render_rows(
     yield f"  rules: {spec.rules.name}" + (f"; jax {spec.jax_version}" if spec.jax_version else "") + "\n"
     for s in sorted(report.roots):
         yield f"  rngs[{s!r}] = {spec.rngs[s].text} -> {list(report.roots[s])}\n"
+    n = len(report.calls)
+    limit = n if not max_rows else min(max_rows, n)
     rows = _Rows(report)
     lanes = rows.lanes()
-    widths = rows.widths()
+    widths = rows.widths(limit)
     cols, left_out = choose_columns(widths, lanes, width, wide, columns)
     head = {c: _TITLE.get(c, c) for c in COLUMNS}
     head["#"] = "#"
     yield st.bold(_line(head, cols, widths)) + "\n"
     chunk: list[str] = []
     yellow = {"stream": st.yellow} if st.color else None
-    n = len(report.calls)
-    limit = n if not max_rows else min(max_rows, n)
     if rows.table is not None and not st.color and cols and cols[-1] == "key":
         # the fast path's rows, laid out from the columns (uncoloured: no row needs styling)
         calls = report.calls
@@ -345,7 +351,7 @@ def render_rows(
                 advance(m)
         limit_rows: Iterator = iter(())
     else:
-        limit_rows = enumerate(rows.cells())
+        limit_rows = enumerate(rows.cells(limit))
     for k, (cells, fallback, discarded) in limit_rows:
         if k == limit:
             break
@@ -371,7 +377,7 @@ def render_rows(
         yield st.yellow(f"note: {_ranges(at)} ({loc}): {note}") + "\n"
     calls = report.calls
     if isinstance(calls, TableCalls):
-        drawn = (calls[j] for j in sorted(calls.values) if j < limit)
+        drawn = (calls[j] for j in sorted(calls.values_upto(limit)))
     else:
         drawn = (calls[j] for j in range(limit))
     for c in drawn:

@@ -498,3 +498,45 @@ def test_collisions_command_on_nnx_specs(tmp_path):
     assert invoke("collisions", NNX_GUIDE, "--fail-on", "reseed_order").exit_code == 1
     both = invoke("collisions", NNX_GUIDE, REPO / "rngaudit" / "examples" / "guide.yaml")
     assert both.exit_code == 1 and "total:" in both.stdout
+
+
+@pytest.mark.parametrize("impl", ("threefry2x32", "rbg"))
+def test_keyed_draws_the_first_values_now_and_the_rest_when_read(impl, monkeypatch):
+    """derive(keyed=k) of an NNX spec draws the values of the first k keys (what the text report lists) and the
+    others when first read: each is the whole report's (rbg lanes of an nnx.vmap stack drawn from lane 0 too)."""
+    import numpy as np
+
+    text = f"""
+rngaudit: 1
+flavour: nnx
+jax: {{prng_impl: {impl}}}
+rngs: {{params: 0, dropout: 1}}
+run: [{{call: {{n: 2}}}}]
+model:
+  class: M
+  init:
+    - Linear: {{name: a}}
+    - module: {{name: ens, class: E, stack: 3, init: [Linear, {{Dropout: {{name: d, rate: 0.5}}}}]}}
+    - {{Dropout: {{name: d, rate: 0.5}}}}
+  call: [{{call: d}}]
+"""
+    spec = parse_spec(text, "nnx.yaml")
+    whole = derive(spec, draw="normal:2")
+    n = len(whole.calls)
+    assert len(whole.calls.values) >= 8
+    for k in (0, 1, 5, n - 1, n, n + 3):
+        report = derive(spec, draw="normal:2", keyed=k)
+        early = report.calls.values_upto(k)
+        assert sorted(early) == sorted(j for j in whole.calls.values if j < k)
+        assert all(np.array_equal(v, whole.calls.values[j]) for j, v in early.items())
+        for a, b in zip(report.calls, whole.calls, strict=True):
+            assert a.key == b.key and (a.values is None) == (b.values is None)
+            assert a.values is None or np.array_equal(a.values, b.values)
+    # the first key's values are drawn, no other's
+    from rngaudit.engine import draws
+
+    made = []
+    real = draws.draw_values_lanes  # (draw_values draws through it)
+    monkeypatch.setattr(draws, "draw_values_lanes", lambda *a: made.append(a) or real(*a))
+    derive(spec, draw="normal:2", keyed=1).calls.values_upto(1)
+    assert len(made) == 1

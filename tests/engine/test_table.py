@@ -306,3 +306,94 @@ other.join()
 print("ok")
 """
     run_forking(code, timeout=120, forks=False)
+
+
+# ---------------------------------------------------------------- keyed: the first rows only
+def _rows_json(report, n):
+    """The first n rows of a report as to_json writes them."""
+    return to_json(report)["calls"][:n]
+
+
+@settings(max_examples=max(EXAMPLES // 3, 10), deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.one_of(specs(), transform_specs()), st.data())
+def test_keying_the_first_rows_gives_the_whole_reports_rows(text, data):
+    """derive(keyed=k) hashes and keys the first k rows now (what the text report lists) and the others when read:
+    the first rows' keys, then the whole report, are the unkeyed report's, row for row."""
+    spec = parse_spec(text, "<hypothesis>")
+    full = outcome(spec, "fast", values=False)
+    if not isinstance(full, dict):
+        return
+    n = len(full["calls"])
+    k = data.draw(st.integers(0, n + 1))
+    report = derive(spec, values=False, keyed=k)
+    head = report.calls.keys_upto(k)
+    want = [c["key"] for c in full["calls"][:k]]
+    assert [list(key) if c is not None else None for key, c in zip(head.tolist(), want)] == want
+    assert to_json(report) == full
+
+
+def _big_spec(blocks: int):
+    return parse_spec(
+        f"""
+rngaudit: 1
+rngs: {{params: 0, dropout: 1}}
+model:
+  class: M
+  body:
+    - module: {{class: Block, repeat: {blocks}, body: [{{make_rng: {{stream: dropout, repeat: 50}}}}, Dense]}}
+""",
+        "big.yaml",
+    )
+
+
+def test_the_text_report_of_the_first_rows_hashes_only_them(monkeypatch):
+    """A report that lists its first rows hashes those rows only (no SHA-1 of the other 5,000), and reads as the
+    report of the whole table (same widths, rows and summary)."""
+    from rngaudit.engine import table as table_mod
+    from rngaudit.output.text_rows import derive_text
+
+    spec = _big_spec(100)
+    whole = "".join(derive_text(derive(spec), width=None, color=False, max_rows=40))
+    hashed = []
+
+    def counted(data):
+        hashed.append(data)
+        return table_mod.hash_word.__wrapped__(data)
+
+    def refused(*a, **k):
+        raise AssertionError("every row hashed")
+
+    counted.__wrapped__ = table_mod.hash_word  # type: ignore[attr-defined]
+    monkeypatch.setattr(table_mod, "hash_word", counted)
+    monkeypatch.setattr(table_mod, "hash_templates", refused)
+    monkeypatch.setattr(table_mod, "start_words", refused)
+    report = derive(spec, keyed=40)
+    assert "".join(derive_text(report, width=None, color=False, max_rows=40)) == whole
+    assert len(report.calls) == 5200
+    assert sorted(hashed) == sorted(set(hashed)) and len(hashed) == 40
+
+
+def test_reading_a_later_row_keys_the_rest():
+    spec = _big_spec(3)
+    whole = derive(spec)
+    report = derive(spec, keyed=2)
+    assert report.calls[100].key == whole.calls[100].key
+    assert (report.calls.keys == whole.calls.keys).all()
+
+
+@pytest.mark.parametrize("model", ("vmap", "nested"))
+def test_keying_the_first_rows_draws_their_values_as_the_whole_report(model):
+    """Values (rbg lanes drawn from their first lane's key included) of the keyed rows, and of the rows read
+    later, are the whole report's."""
+    import numpy as np
+
+    from engine.test_rbg_lanes import LINEN_MODELS, linen
+
+    spec = parse_spec(linen("rbg", LINEN_MODELS[model]))
+    whole = derive(spec).calls
+    for k in range(len(whole) + 1):
+        calls = derive(spec, keyed=k).calls
+        early = calls.values_upto(k)
+        assert sorted(early) == [j for j in range(k) if whole[j].values is not None]
+        assert all(np.array_equal(v, whole[j].values) for j, v in early.items())
+        assert all(np.array_equal(a.values, b.values) for a, b in zip(calls, whole, strict=True))
