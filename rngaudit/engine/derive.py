@@ -259,8 +259,10 @@ def _derive_fast(
     limit: int | None,
     keyed: int | None = None,
 ) -> DeriveReport:
-    # (the first rows only: hashed one by one as they are keyed; every row: hashed up front, by two processes)
-    table = key_table(spec, hashed=keyed is None or keyed >= PARTIAL_FROM)
+    # (the first rows only, of --limit or of a text report: hashed one by one as they are keyed; every row: hashed
+    # up front, by two processes)
+    first = min((x for x in (keyed, limit) if x is not None), default=None)
+    table = key_table(spec, hashed=first is None or first >= PARTIAL_FROM)
     filtered = bool(streams or paths or limit is not None)
     rows = table.select(streams, paths, limit)
     lane_draws = None

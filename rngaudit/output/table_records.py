@@ -220,7 +220,7 @@ def table_records(
         cols[:, 9] = p[4, t]
         cols[:, 10] = cs
         cols[:, 11] = p[5, t]
-        cols[:, 12] = list(map(str, table.word[r].tolist()))
+        cols[:, 12] = list(map(str, table.words_of(r).tolist()))
         cols[:, 13] = p[6, t]
         cols[:, 14] = list(map(str, r.tolist()))
         cols[:, 15] = p[7, t]
