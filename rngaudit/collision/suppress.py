@@ -73,6 +73,7 @@ class PathIgnore:
     glob: str
     categories: frozenset[str] | None
     base: str | None = None  # from [tool.rngaudit]: input paths also match relative to the pyproject.toml's folder
+    text: str = field(default="", compare=False)  # as written
 
     @classmethod
     def parse(cls, text: str, base: str | None = None) -> PathIgnore:
@@ -86,7 +87,7 @@ class PathIgnore:
         if not names:
             raise ValueError(f"{text!r}: name the rules after ':' (or '*' for every rule)")
         cats = None if [r.strip() for r in names] == ["*"] else parse_rules(names, text)
-        return cls(glob.strip(), cats, base)
+        return cls(glob.strip(), cats, base, text.strip())
 
 
 @dataclass(frozen=True)
@@ -340,6 +341,7 @@ def apply(report: CollisionsReport, policy: Policy, texts: dict[str, str] | None
         report,
         audits=tuple(audits),
         suppressed=tuple(Suppressed(r, a) for r in REASONS for a in dropped[r]),
+        warnings=report.warnings + _unmatched_path_ignores(policy.per_path, report),
         # (entries of inputs this run did not audit are not stale: pre-commit passes the changed specs only)
         baseline_unmatched=sum(
             n for k, n in left.items() if k[0] in audited and _possible(policy, audited[k[0]], k[1])
@@ -403,12 +405,37 @@ def _split(a, name: str, policy: Policy, comments, left: Counter):
     return kept, out
 
 
-def _path_ignored(rules: tuple[PathIgnore, ...], source: str, it: Item) -> bool:
-    c = _category(it)
+def _unmatched_path_ignores(rules: tuple[PathIgnore, ...], report: CollisionsReport) -> tuple[str, ...]:
+    """A warning for each --per-path-ignore of the command line whose GLOB matches no input's path and no module
+    path of any finding (a typo must not pass for a clean run). Entries of [tool.rngaudit] are left alone: a run
+    of pre-commit audits only the changed specs."""
+    given = [p for p in rules if p.base is None]
+    if not given:
+        return ()
+    names = {n for a in report.audits for n in _input_names(a.source)}
+    paths = {m for a in report.audits for it in items(a) for m in _module_paths(it)}
+    return tuple(
+        f"--per-path-ignore {p.text or p.glob} left out nothing: {p.glob!r} matches no input's path and no module "
+        "path of a finding (GLOB is an input's path, as given or relative to the working directory, or a call site's "
+        "module path such as 'encoder/layers_*')"
+        for p in given
+        if not any(fnmatch.fnmatchcase(n, p.glob) for n in names)
+        and not any(fnmatch.fnmatchcase(m, p.glob) for m in paths)
+    )
+
+
+def _input_names(source: str) -> list[str]:
+    """The names an input's path matches a per-path-ignore by: as given, with '/', relative to the working
+    directory."""
     names = [source, source.replace(os.sep, "/")]
     if not source.startswith("<"):
-        rel = os.path.relpath(os.path.abspath(source)).replace(os.sep, "/")
-        names.append(rel)
+        names.append(os.path.relpath(os.path.abspath(source)).replace(os.sep, "/"))
+    return names
+
+
+def _path_ignored(rules: tuple[PathIgnore, ...], source: str, it: Item) -> bool:
+    c = _category(it)
+    names = _input_names(source)
     paths = _module_paths(it)
     for p in rules:
         if p.categories is not None and c not in p.categories:

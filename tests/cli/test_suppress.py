@@ -150,6 +150,26 @@ def test_per_path_ignore_by_input_path_or_module_path(project):
         _one_error(r, part)
 
 
+def test_a_per_path_ignore_that_matches_nothing_is_a_warning(project):
+    """A command line's --per-path-ignore whose glob matches no input and no finding's module path (a typo) says
+    so on stderr, the exit code unchanged; one that matches, or one of [tool.rngaudit] (pre-commit passes only the
+    changed specs), says nothing."""
+    r, doc = _json("sharp.yaml", "--per-path-ignore", "abd/*:concatenation", "--per-path-ignore", "abc/*:latent")
+    assert r.exit_code == 1 and _rules(doc) == ["concatenation"]
+    assert r.stderr == (
+        "warning: --per-path-ignore abd/*:concatenation left out nothing: 'abd/*' matches no input's path and no module "
+        "path of a finding (GLOB is an input's path, as given or relative to the working directory, or a call site's "
+        "module path such as 'encoder/layers_*')\n"
+    )
+    r = invoke(
+        "collisions", "latent.yaml", "--per-path-ignore", "sharp.yaml:*", "--per-path-ignore", "layer1:hash-word"
+    )
+    assert r.exit_code == 0 and "warning: --per-path-ignore sharp.yaml:*" in r.stderr and "layer1" not in r.stderr
+    (project / "pyproject.toml").write_text('[tool.rngaudit.collisions]\nper-path-ignore = ["legacy/*:latent"]\n')
+    r = invoke("collisions", "sharp.yaml")
+    assert r.exit_code == 1 and r.stderr == ""
+
+
 def test_suppressions_from_the_configuration(project):
     (project / "pyproject.toml").write_text(
         textwrap.dedent("""
