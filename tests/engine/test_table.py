@@ -332,6 +332,27 @@ def test_keying_the_first_rows_gives_the_whole_reports_rows(text, data):
     assert to_json(report) == full
 
 
+@settings(max_examples=max(EXAMPLES // 3, 10), deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.one_of(specs(), transform_specs()), st.data())
+def test_the_text_report_of_the_first_rows_is_the_same_keyed_or_not(text, data):
+    """derive's text report listing the first k rows reads the same whether only those rows were keyed (what the
+    CLI does) or every row was: widths, rows, notes and summary."""
+    from rngaudit.output.text_rows import derive_text
+
+    spec = parse_spec(text, "<hypothesis>")
+    try:
+        whole = derive(spec, values=False)
+    except (SpecError, FlaxError):
+        return
+    k = data.draw(st.integers(1, len(whole.calls) + 1))
+    width = data.draw(st.sampled_from([None, 80, 120]))
+
+    def report(r):
+        return "".join(derive_text(r, width=width, color=False, max_rows=k))
+
+    assert report(derive(spec, values=False, keyed=k)) == report(whole)
+
+
 def _big_spec(blocks: int):
     return parse_spec(
         f"""
