@@ -111,6 +111,8 @@ def derive(
     from .spec.parse import SpecBytes, load_spec
     from .spec.tree import Spec
 
+    if keyed is not None and keyed < 0:
+        raise UsageError(f"keyed={keyed}: key at least 0 call sites up front (None: every one)")
     if isinstance(spec, SpecBytes):
         spec = spec.load()
     loaded = load_spec(os.fspath(spec)) if isinstance(spec, (str, os.PathLike)) else spec

@@ -82,9 +82,9 @@ class TableCalls(LazyRows, Calls):
     def _complete(self) -> None:
         rest = self._rest
         if rest is not None:
-            self._rest = None
             k0 = len(self._keys)
-            keys, values = rest(k0)
+            keys, values = rest(k0)  # (may raise: a draw that fails; nothing changes then)
+            self._rest = None
             self._keys = np.concatenate([self._keys, keys])
             self._values = {**self._values, **{k0 + j: v for j, v in values.items()}}
 

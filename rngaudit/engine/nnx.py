@@ -1644,8 +1644,8 @@ class NnxCalls(LazyRows, Sequence[NnxKeyedCall]):
     def values(self) -> dict:
         """Position -> the values drawn there, for every key that draws."""
         if self._rest is not None:
-            rest, self._rest = self._rest, None
-            self._values.update(rest())
+            self._values.update(self._rest())  # (may raise: a draw that fails; nothing changes then)
+            self._rest = None
         return self._values
 
     def values_upto(self, n: int) -> dict:

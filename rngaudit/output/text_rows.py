@@ -110,9 +110,10 @@ class _Rows:
         w = {c: len(_TITLE.get(c, c)) for c in COLUMNS}
         w["#"] = max(1, _digits(max(self.n - 1, 0)))
         if self.table is None:
-            for row, _, _ in self.cells():
+            for j, (row, _, _) in enumerate(self.cells()):
                 for c, v in row.items():
-                    w[c] = max(w[c], cells(v))
+                    if listing is None or j < listing or c not in ("word", "key"):
+                        w[c] = max(w[c], cells(v))
             return w
         t = self.table
         rows = self.report.calls.rows  # type: ignore[attr-defined]

@@ -394,6 +394,56 @@ def test_the_text_report_of_the_first_rows_hashes_only_them(monkeypatch):
     assert sorted(hashed) == sorted(set(hashed)) and len(hashed) == 40
 
 
+@settings(max_examples=max(EXAMPLES // 3, 10), deadline=None, suppress_health_check=list(HealthCheck))
+@given(specs(), st.data())
+def test_the_first_rows_text_report_of_both_engines_is_the_same(text, data):
+    """The key and word columns are as wide as the rows listed need, on the fast path and the plain one alike."""
+    from rngaudit.output.text_rows import derive_text
+
+    spec = parse_spec(text, "<hypothesis>")
+    try:
+        plain = derive(spec, values=False, engine="plain")
+    except (SpecError, FlaxError):
+        return
+    k = data.draw(st.integers(1, len(plain.calls) + 1))
+
+    def report(r):
+        return "".join(derive_text(r, width=None, color=False, max_rows=k))
+
+    assert report(derive(spec, values=False, keyed=k)) == report(plain)
+
+
+def test_a_failing_draw_of_the_rows_left_fails_each_time_they_are_read(monkeypatch):
+    """A draw that fails while the rows left are keyed leaves the calls as they were: reading them again tries
+    again (it does not hand out the first rows as if they were all)."""
+    from rngaudit.engine import derive as derive_mod
+
+    spec = parse_spec(
+        "rngaudit: 1\nrngs: {params: 0}\nmodel: {class: M, body: [{make_rng: {stream: params, repeat: 5, "
+        "draw: {normal: [2]}}}]}\n",
+        "d.yaml",
+    )
+    whole = derive(spec)
+    report = derive(spec, keyed=2)
+    real = derive_mod._draw
+    monkeypatch.setattr(derive_mod, "_draw", lambda *a: (_ for _ in ()).throw(SpecError("cannot draw")))
+    for _ in range(2):
+        with pytest.raises(SpecError):
+            report.calls.keys  # noqa: B018 (reading the property keys the rows)
+        with pytest.raises(SpecError):
+            report.calls[4]
+    monkeypatch.setattr(derive_mod, "_draw", real)
+    assert len(report.calls.keys) == 5 and (report.calls.keys == whole.calls.keys).all()
+    assert all((a.values == b.values).all() for a, b in zip(report.calls, whole.calls, strict=True))
+
+
+def test_keyed_is_never_negative():
+    from rngaudit import UsageError, api
+
+    with pytest.raises(UsageError, match="keyed=-5"):
+        api.derive(_big_spec(1), keyed=-5)
+
+
 def test_reading_a_later_row_keys_the_rest():
     spec = _big_spec(3)
     whole = derive(spec)
