@@ -413,6 +413,8 @@ def _unmatched_path_ignores(rules: tuple[PathIgnore, ...], report: CollisionsRep
     if not given:
         return ()
     names = {n for a in report.audits for n in _input_names(a.source)}
+    # (and the inputs that could not be audited: the glob may name one)
+    names |= {n for e in report.errors if e.location is not None for n in _input_names(e.location.file)}
     paths = {m for a in report.audits for it in items(a) for m in _module_paths(it)}
     return tuple(
         f"--per-path-ignore {p.text or p.glob} left out nothing: {p.glob!r} matches no input's path and no module "

@@ -73,7 +73,13 @@ def draw_values_lanes(spec: Spec | NnxSpec, keys: np.ndarray, d: Draw) -> np.nda
     for _ in range(keys.ndim - 1):
         f = jax.vmap(f)
     with jax.threefry_partitionable(spec.threefry_partitionable), jax.default_device(_cpu(jax)):
-        return np.asarray(f(jax.random.wrap_key_data(jnp.asarray(keys, jnp.uint32), impl=spec.prng_impl)))
+        typed = jax.random.wrap_key_data(jnp.asarray(keys, jnp.uint32), impl=spec.prng_impl)
+        if 0 in d.shape:
+            # no values: the empty array jax returns, without letting it lay out the other dimensions (an rbg draw
+            # in vmap lanes of shape [10000000, 0] ran out of memory)
+            out = jax.eval_shape(f, typed)
+            return np.zeros(out.shape, out.dtype)
+        return np.asarray(f(typed))
 
 
 def _cpu(jax):

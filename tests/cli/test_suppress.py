@@ -168,6 +168,19 @@ def test_a_per_path_ignore_that_matches_nothing_is_a_warning(project):
     (project / "pyproject.toml").write_text('[tool.rngaudit.collisions]\nper-path-ignore = ["legacy/*:latent"]\n')
     r = invoke("collisions", "sharp.yaml")
     assert r.exit_code == 1 and r.stderr == ""
+    # an input that could not be read is an input the glob names
+    (project / "bad.yaml").write_text("rngaudit: 1\nmodel: [\n")
+    r = invoke(
+        "collisions",
+        "sharp.yaml",
+        "bad.yaml",
+        "missing.yaml",
+        "--per-path-ignore",
+        "bad.yaml:*",
+        "--per-path-ignore",
+        "missing.yaml:*",
+    )
+    assert r.exit_code == 2 and "warning" not in r.stderr, r.stderr
 
 
 def test_suppressions_from_the_configuration(project):

@@ -233,3 +233,31 @@ def test_unsafe_rbg_outside_lanes_is_still_derived():
     text = "rngaudit: 1\nflavour: nnx\njax: {prng_impl: unsafe_rbg}\nrngs: {params: 0}\nmodel:\n  class: M\n"
     text += "  init:\n    - Linear: {name: lin}\n"
     assert agree_nnx(text.split("\n", 2)[2])["keys"] == 2
+
+
+@pytest.mark.parametrize("impl", ("rbg", "threefry2x32"))
+def test_a_draw_with_a_zero_dimension_is_empty_without_laying_out_the_others(impl):
+    """`uniform: [10000000, 0]` in 1,000 vmap lanes has no values: it is drawn as the empty array jax returns (its
+    dtype and shape), without jax laying out 10,000,000 x 1,000 bits (it ran out of memory with rbg keys)."""
+    from rngaudit.engine.draws import draw_values_lanes
+
+    model = (
+        "  vmap:\n    module: {class: B, body: [{param: {name: w, draw: {uniform: [%s, 0]}}}, "
+        "{param: {name: b, draw: {bernoulli: {shape: [0, 3], p: 0.5}}}}]}\n"
+        "    axis_size: %d\n    split_rngs: {params: true}\n    variable_axes: {params: 0}\n"
+    )
+    spec = parse_spec(f"rngaudit: 1\njax: {{prng_impl: {impl}}}\nrngs: {{params: 0}}\nmodel:\n" + model % (10**7, 1000))
+    calls = derive(spec).calls
+    assert len(calls) == 2000
+    w = next(c.values for c in calls if c.derivation.label == "w")
+    b = next(c.values for c in calls if c.derivation.label == "b")
+    assert w.shape == (10**7, 0) and w.dtype == np.float32 and b.shape == (0, 3) and b.dtype == np.bool_
+    # what jax itself draws for a small one, lanes included
+    small = parse_spec(f"rngaudit: 1\njax: {{prng_impl: {impl}}}\nrngs: {{params: 0}}\nmodel:\n" + model % (4, 3))
+    keys = np.asarray([c.key for c in derive(small).calls if c.derivation.label == "w"], dtype=np.uint32)
+    import jax
+
+    want = jax.vmap(lambda k: jax.random.uniform(k, (4, 0)))(jax.random.wrap_key_data(keys, impl=impl))
+    draw = next(c.draw for c in derive(small).calls if c.derivation.label == "w")
+    got = draw_values_lanes(small, keys, draw)
+    assert got.shape == want.shape == (3, 4, 0) and got.dtype == want.dtype
