@@ -67,13 +67,10 @@ def parse_draw(node: YNode, what: str = "draw") -> Draw:
     if not shape_node.is_seq:
         raise SpecError("`shape` must be a list of integers, e.g. [2, 2] ([] for a scalar)", shape_node.loc)
     shape = tuple(as_int(d, "a shape dimension", 0, 2**31 - 1) for d in shape_node.value)
-    if math.prod(shape) > MAX_DRAW_ELEMENTS:
-        raise SpecError(f"the draw has more than {MAX_DRAW_ELEMENTS} values; draw a smaller shape", shape_node.loc)
-    if math.prod(d for d in shape if d) > MAX_DRAW_ELEMENTS:  # (jax may lay out the other dimensions anyway)
-        raise SpecError(
-            f"the draw's dimensions other than 0 make more than {MAX_DRAW_ELEMENTS} values; draw a smaller shape",
-            shape_node.loc,
-        )
+    # (a draw with a 0 dimension has no values, but jax may lay out its other dimensions anyway)
+    if math.prod(d for d in shape if d) > MAX_DRAW_ELEMENTS:
+        what = "the draw's dimensions other than 0 make" if 0 in shape else "the draw has"
+        raise SpecError(f"{what} more than {MAX_DRAW_ELEMENTS} values; draw a smaller shape", shape_node.loc)
     is_int = kind == "randint"
     dtype = "int32" if is_int else ("bool" if kind == "bernoulli" else "float32")
     params = []
